@@ -1,0 +1,253 @@
+//! [`RedlockBuilder`]: nodes and options, validated in [`build`](RedlockBuilder::build).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::{Redlock, Shared};
+use crate::error::ConfigError;
+use crate::node::Node;
+use crate::retry::RetryPolicy;
+
+/// The default TTL of a lock: 10 s.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// The default per-node operation timeout: 100 ms.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
+/// The default clock-drift factor: the drift allowance is `ttl * 0.01 + 2 ms`.
+pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// The default key prefix.
+pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
+
+enum NodeSpec {
+    Url(String),
+    Pool(deadpool_redis::Pool),
+}
+
+/// Builds a [`Redlock`]: add nodes, set options, then [`build`](Self::build), which
+/// checks everything and contacts no node.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_core::{ConfigError, Redlock, RetryPolicy};
+///
+/// let redlock = Redlock::builder()
+///     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+///     .key_prefix("payments:lock:")
+///     .ttl(Duration::from_secs(30))
+///     .node_timeout(Duration::from_millis(50))
+///     .retry(RetryPolicy::deadline(Duration::from_secs(5)))
+///     .build()?;
+/// # let _ = redlock;
+///
+/// // Mistakes are reported before anything is sent.
+/// let err = Redlock::builder().node("redis://a:1").node("redis://a:1").build().unwrap_err();
+/// assert!(matches!(err, ConfigError::DuplicateNode { .. }));
+/// # Ok::<(), ConfigError>(())
+/// ```
+#[must_use = "a builder does nothing until `build()`"]
+pub struct RedlockBuilder {
+    nodes: Vec<NodeSpec>,
+    key_prefix: String,
+    ttl: Duration,
+    retry: RetryPolicy,
+    drift_factor: f64,
+    node_timeout: Duration,
+}
+
+impl std::fmt::Debug for RedlockBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockBuilder")
+            .field("nodes", &self.nodes.len())
+            .field("key_prefix", &self.key_prefix)
+            .field("ttl", &self.ttl)
+            .field("retry", &self.retry)
+            .field("drift_factor", &self.drift_factor)
+            .field("node_timeout", &self.node_timeout)
+            .finish()
+    }
+}
+
+impl Default for RedlockBuilder {
+    fn default() -> Self {
+        Self {
+            nodes: Vec::new(),
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            ttl: DEFAULT_TTL,
+            retry: RetryPolicy::default(),
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+        }
+    }
+}
+
+impl RedlockBuilder {
+    /// Adds a node by URL: `redis://[user:password@]host:port[/db]`, or `rediss://…` for
+    /// TLS (feature `tls`, on by default). Each node must be an independent master: not
+    /// a replica of another node, not a Redis Cluster shard of the same data.
+    pub fn node(mut self, url: impl Into<String>) -> Self {
+        self.nodes.push(NodeSpec::Url(url.into()));
+        self
+    }
+
+    /// Adds several nodes by URL.
+    pub fn nodes<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.nodes
+            .extend(urls.into_iter().map(|url| NodeSpec::Url(url.into())));
+        self
+    }
+
+    /// Adds a node reached through a ready connection pool. Pools cannot be checked for
+    /// duplicates: give each node once.
+    pub fn pool(mut self, pool: deadpool_redis::Pool) -> Self {
+        self.nodes.push(NodeSpec::Pool(pool));
+        self
+    }
+
+    /// The prefix put before every resource name to form its Redis key
+    /// (default `"redlock:"`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The TTL of locks taken without an explicit one (default 10 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How [`Redlock::lock`] retries a busy or unreachable lock (default: 10 attempts,
+    /// 50 ms + up to 50 ms of jitter apart).
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The clock-drift factor (default 0.01): a lock's validity is
+    /// `ttl - elapsed - (ttl * factor + 2 ms)`. From 0 to 0.5.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// How long one node may take for one operation, connecting included (default
+    /// 100 ms). Keep it small compared to the TTL: a dead node costs at most this much.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// Checks the configuration and builds the client. No node is contacted: nodes are
+    /// connected on first use, so a node that is down now does not prevent start-up.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for: no nodes, an unparsable URL, the same node twice, a zero
+    /// TTL, a TTL not above the drift allowance, a per-node timeout of zero or not below
+    /// the TTL, a drift factor outside `[0, 0.5]`, a retry policy with zero attempts.
+    pub fn build(self) -> Result<Redlock, ConfigError> {
+        if self.nodes.is_empty() {
+            return Err(ConfigError::NoNodes);
+        }
+        if !(self.drift_factor.is_finite() && (0.0..=0.5).contains(&self.drift_factor)) {
+            return Err(ConfigError::InvalidDriftFactor {
+                factor: self.drift_factor,
+            });
+        }
+        if self.node_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        self.retry.validate()?;
+
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        let mut seen = HashSet::new();
+        let mut wants_tls = false;
+        for (index, spec) in self.nodes.into_iter().enumerate() {
+            match spec {
+                NodeSpec::Url(url) => {
+                    let client = redis::Client::open(url.as_str()).map_err(|err| {
+                        ConfigError::InvalidUrl {
+                            url: redact(&url),
+                            reason: err.to_string(),
+                        }
+                    })?;
+                    let info = client.get_connection_info();
+                    let db = info.redis_settings().db();
+                    let name = if db == 0 {
+                        info.addr().to_string()
+                    } else {
+                        format!("{}/{db}", info.addr())
+                    };
+                    if !seen.insert(name.clone()) {
+                        return Err(ConfigError::DuplicateNode { node: name });
+                    }
+                    wants_tls |= url.starts_with("rediss:");
+                    nodes.push(Node::direct(name, client));
+                }
+                NodeSpec::Pool(pool) => nodes.push(Node::pool(format!("pool#{index}"), pool)),
+            }
+        }
+        if wants_tls {
+            install_tls_provider();
+        }
+        if nodes.len() % 2 == 0 {
+            tracing::warn!(
+                nodes = nodes.len(),
+                "an even number of Redis nodes tolerates no more failures than one node fewer; prefer an odd count"
+            );
+        }
+
+        let shared = Shared {
+            nodes,
+            node_timeout: self.node_timeout,
+            key_prefix: self.key_prefix,
+            default_ttl: self.ttl,
+            retry: self.retry,
+            drift_factor: self.drift_factor,
+        };
+        shared.check_ttl(self.ttl)?;
+        Ok(Redlock::from_shared(Arc::new(shared)))
+    }
+}
+
+/// Replaces the password of a URL by `***`, for error messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(feature = "tls")]
+fn install_tls_provider() {
+    // Fails only if a provider is installed already, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(not(feature = "tls"))]
+fn install_tls_provider() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_passwords_only() {
+        assert_eq!(redact("redis://u:secret@h:1/2"), "redis://u:***@h:1/2");
+        assert_eq!(redact("redis://:secret@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(redact("nonsense"), "nonsense");
+    }
+}

@@ -1,0 +1,457 @@
+//! [`Redlock`]: the client, and [`Acquire`]: one acquisition request.
+
+use std::collections::HashSet;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tracing::Instrument;
+
+use crate::builder::RedlockBuilder;
+use crate::error::{ConfigError, Error};
+use crate::lock::Lock;
+use crate::node::Node;
+use crate::quorum::{Fanout, OpKind, Target, majority};
+use crate::retry::RetryPolicy;
+use crate::value::random_value;
+
+/// The longest TTL accepted: 30 days.
+pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The fixed part of the clock-drift allowance (the reference algorithm's 2 ms).
+const DRIFT_FIXED: Duration = Duration::from_millis(2);
+
+/// A distributed lock client over N independent Redis masters (the Redlock algorithm;
+/// N = 1 is the plain single-instance lock).
+///
+/// Cheap to clone (an `Arc` inside): build one per process and share it. See the
+/// [crate documentation](crate) for an example.
+#[derive(Clone)]
+pub struct Redlock {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redlock")
+            .field("nodes", &self.node_names())
+            .field("quorum", &self.quorum())
+            .field("key_prefix", &self.shared.key_prefix)
+            .finish()
+    }
+}
+
+/// Configuration and nodes, shared by the client, its locks and their background tasks.
+pub(crate) struct Shared {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) node_timeout: Duration,
+    pub(crate) key_prefix: String,
+    pub(crate) default_ttl: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) drift_factor: f64,
+}
+
+impl Shared {
+    pub(crate) fn quorum(&self) -> usize {
+        majority(self.nodes.len())
+    }
+
+    /// The clock-drift allowance for `ttl`: `ttl * factor + 2 ms`.
+    pub(crate) fn drift(&self, ttl: Duration) -> Duration {
+        // `ttl <= MAX_TTL` and `factor <= 0.5` are checked before, so this cannot overflow.
+        ttl.mul_f64(self.drift_factor).saturating_add(DRIFT_FIXED)
+    }
+
+    /// Checks a TTL against the configuration; returns it in whole milliseconds (what
+    /// Redis will apply).
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<u64, ConfigError> {
+        if ttl > MAX_TTL {
+            return Err(ConfigError::TtlTooLong { ttl, max: MAX_TTL });
+        }
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 {
+            return Err(ConfigError::ZeroTtl { ttl });
+        }
+        let effective = Duration::from_millis(ms);
+        let drift = self.drift(effective);
+        if effective <= drift {
+            return Err(ConfigError::TtlNotAboveDrift { ttl, drift });
+        }
+        if self.node_timeout >= effective {
+            return Err(ConfigError::TimeoutNotBelowTtl {
+                timeout: self.node_timeout,
+                ttl,
+            });
+        }
+        Ok(ms)
+    }
+
+    pub(crate) fn key(&self, resource: &str) -> String {
+        let mut key = String::with_capacity(self.key_prefix.len() + resource.len());
+        key.push_str(&self.key_prefix);
+        key.push_str(resource);
+        key
+    }
+}
+
+impl Redlock {
+    /// Starts building a client.
+    pub fn builder() -> RedlockBuilder {
+        RedlockBuilder::default()
+    }
+
+    pub(crate) fn from_shared(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Locks `resource`, retrying by the configured policy; `.await` it, optionally after
+    /// setting [`ttl`](Acquire::ttl) or [`retry`](Acquire::retry).
+    ///
+    /// The returned [`Lock`] is valid for [`Lock::validity`] (the TTL minus the time
+    /// acquiring took and the drift allowance). Release it with [`Lock::release`];
+    /// dropping it releases in the background.
+    pub fn lock(&self, resource: impl Into<String>) -> Acquire<'_> {
+        Acquire::new(self, vec![resource.into()])
+    }
+
+    /// Makes exactly one attempt to lock `resource`: `Err(Error::Taken)` at once if busy.
+    pub fn try_lock(&self, resource: impl Into<String>) -> Acquire<'_> {
+        self.lock(resource).retry(RetryPolicy::once())
+    }
+
+    /// Locks several resources as one lock: on each node either all of them are set or
+    /// none (one script call per node), and the usual majority rule applies to that
+    /// all-or-nothing vote. Release and extension cover all of them.
+    pub fn lock_many<I, S>(&self, resources: I) -> Acquire<'_>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Acquire::new(self, resources.into_iter().map(Into::into).collect())
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.shared.nodes.len()
+    }
+
+    /// Nodes needed for a majority: `n / 2 + 1`.
+    pub fn quorum(&self) -> usize {
+        self.shared.quorum()
+    }
+
+    /// The nodes' addresses (no credentials), in configuration order.
+    pub fn node_names(&self) -> Vec<&str> {
+        self.shared.nodes.iter().map(Node::name).collect()
+    }
+
+    /// The Redis key used for `resource` (prefix + resource).
+    pub fn key_for(&self, resource: &str) -> String {
+        self.shared.key(resource)
+    }
+
+    /// The TTL used when a lock call gives none.
+    pub fn default_ttl(&self) -> Duration {
+        self.shared.default_ttl
+    }
+
+    /// The clock-drift allowance subtracted from a lock of this TTL.
+    pub fn drift_for(&self, ttl: Duration) -> Duration {
+        self.shared.drift(ttl)
+    }
+}
+
+/// A lock request: set options, then `.await` it. Created by [`Redlock::lock`],
+/// [`Redlock::try_lock`] and [`Redlock::lock_many`].
+///
+/// Dropping the future while it runs (a timeout, a `select!`, a client that went away)
+/// leaves nothing behind: whatever the attempt in flight had set is released in the
+/// background, after the in-flight commands.
+#[must_use = "an Acquire does nothing until awaited"]
+#[derive(Debug)]
+pub struct Acquire<'a> {
+    redlock: &'a Redlock,
+    resources: Vec<String>,
+    ttl: Option<Duration>,
+    retry: Option<RetryPolicy>,
+}
+
+impl<'a> Acquire<'a> {
+    fn new(redlock: &'a Redlock, resources: Vec<String>) -> Self {
+        Self {
+            redlock,
+            resources,
+            ttl: None,
+            retry: None,
+        }
+    }
+
+    /// The lock's TTL (default: the client's).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// The retry policy for this request (default: the client's).
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = Some(retry);
+        self
+    }
+
+    async fn run(self) -> Result<Lock, Error> {
+        let shared = Arc::clone(&self.redlock.shared);
+        let ttl = self.ttl.unwrap_or(shared.default_ttl);
+        let retry = self.retry.unwrap_or(shared.retry);
+        let ttl_ms = shared.check_ttl(ttl)?;
+        retry.validate()?;
+        check_resources(&self.resources)?;
+        let keys: Vec<String> = self.resources.iter().map(|r| shared.key(r)).collect();
+        let ttl = Duration::from_millis(ttl_ms);
+
+        let started = Instant::now();
+        let mut attempts: u32 = 0;
+        loop {
+            attempts = attempts.saturating_add(1);
+            let target = Arc::new(Target {
+                keys: keys.clone(),
+                value: random_value(),
+            });
+            let failure = match attempt(&shared, target, ttl).await {
+                Ok((valid_until, acquired_at, target)) => {
+                    tracing::debug!(
+                        attempts,
+                        elapsed_us = started.elapsed().as_micros() as u64,
+                        validity_ms = valid_until
+                            .saturating_duration_since(Instant::now())
+                            .as_millis() as u64,
+                        "acquired"
+                    );
+                    return Ok(Lock::new(
+                        shared,
+                        self.resources,
+                        target,
+                        ttl,
+                        acquired_at,
+                        valid_until,
+                    ));
+                }
+                Err(failure) => failure,
+            };
+            tracing::debug!(attempts, ?failure, "attempt failed");
+            match retry.next_delay(attempts, started.elapsed()) {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => {
+                    let resource = self.resources.into_iter().next().unwrap_or_default();
+                    let err = failure.into_error(resource, &shared, attempts);
+                    tracing::debug!(attempts, error = %err, "giving up");
+                    return Err(err);
+                }
+            }
+        }
+    }
+}
+
+impl<'a> IntoFuture for Acquire<'a> {
+    type Output = Result<Lock, Error>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<Lock, Error>> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let span = tracing::debug_span!(
+            "redlock.acquire",
+            resource = %self.resources.first().map(String::as_str).unwrap_or(""),
+            resources = self.resources.len(),
+        );
+        Box::pin(self.run().instrument(span))
+    }
+}
+
+fn check_resources(resources: &[String]) -> Result<(), ConfigError> {
+    if resources.is_empty() || resources.iter().any(String::is_empty) {
+        return Err(ConfigError::EmptyResource);
+    }
+    if resources.len() > 1 {
+        let mut seen = HashSet::with_capacity(resources.len());
+        for resource in resources {
+            if !seen.insert(resource.as_str()) {
+                return Err(ConfigError::DuplicateResource {
+                    resource: resource.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why one attempt failed.
+#[derive(Debug)]
+enum AttemptFailure {
+    /// A majority said yes, but after the validity had run out.
+    TooSlow,
+    /// Enough nodes hold someone else's value that no majority is possible.
+    Taken { nodes: Vec<String> },
+    /// Too many nodes failed.
+    Unreachable { failures: Vec<crate::NodeFailure> },
+}
+
+impl AttemptFailure {
+    fn into_error(self, resource: String, shared: &Shared, attempts: u32) -> Error {
+        let total = shared.nodes.len();
+        match self {
+            Self::TooSlow => Error::Expired {
+                resource,
+                reason: "a majority granted it only after its validity (TTL minus drift) had run out; use a longer TTL or a shorter node timeout",
+            },
+            Self::Taken { nodes } => Error::Taken {
+                resource,
+                nodes,
+                total,
+                attempts,
+            },
+            Self::Unreachable { failures } => Error::NoQuorum {
+                resource,
+                needed: shared.quorum(),
+                total,
+                failures,
+            },
+        }
+    }
+}
+
+/// One attempt: fan out, count, and on failure release everywhere before returning.
+/// On success returns `(valid_until, acquired_at, target)`.
+async fn attempt(
+    shared: &Arc<Shared>,
+    target: Arc<Target>,
+    ttl: Duration,
+) -> Result<(Instant, Instant, Arc<Target>), AttemptFailure> {
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    let start = Instant::now();
+    let fanout = Fanout::start(shared, &target, OpKind::Acquire { ttl_ms }, None);
+    let mut guard = AttemptGuard {
+        shared: Arc::clone(shared),
+        target,
+        fanout: Some(fanout),
+    };
+    let tally = guard.fanout_mut().until_decided().await;
+    // validity = ttl - elapsed - drift, on the monotonic clock; None if nothing is left.
+    let validity = ttl
+        .checked_sub(start.elapsed())
+        .and_then(|left| left.checked_sub(shared.drift(ttl)))
+        .filter(|left| !left.is_zero());
+    if tally.won()
+        && let Some(validity) = validity
+    {
+        let valid_until = Instant::now()
+            .checked_add(validity)
+            .unwrap_or_else(Instant::now);
+        let (target, fanout) = guard.disarm();
+        // Slower nodes still get their SET: the lock is then held there too, and
+        // release covers every node.
+        fanout.finish_in_background();
+        return Ok((valid_until, start, target));
+    }
+    let failure = {
+        let fanout = guard.fanout_mut();
+        if tally.won() {
+            AttemptFailure::TooSlow
+        } else if tally.failed > tally.nodes - tally.quorum {
+            AttemptFailure::Unreachable {
+                failures: fanout.failures(),
+            }
+        } else {
+            AttemptFailure::Taken {
+                nodes: fanout.names_answering(false),
+            }
+        }
+    };
+    guard.clean_up().await;
+    Err(failure)
+}
+
+/// Owns an acquisition in flight; if dropped before it is disarmed or cleaned up, it
+/// releases on every node in the background, after the in-flight commands.
+struct AttemptGuard {
+    shared: Arc<Shared>,
+    target: Arc<Target>,
+    /// `None` once disarmed or cleaned up.
+    fanout: Option<Fanout>,
+}
+
+impl AttemptGuard {
+    fn fanout_mut(&mut self) -> &mut Fanout {
+        // Only `disarm` and `clean_up` take it, and both consume the attempt's result.
+        self.fanout
+            .get_or_insert_with(|| Fanout::empty(&self.shared))
+    }
+
+    /// The attempt succeeded: the lock now belongs to the caller.
+    fn disarm(mut self) -> (Arc<Target>, Fanout) {
+        let fanout = self
+            .fanout
+            .take()
+            .unwrap_or_else(|| Fanout::empty(&self.shared));
+        (Arc::clone(&self.target), fanout)
+    }
+
+    /// The attempt failed: release on every node. Nodes that answered are released now
+    /// (the caller waits, so a retry starts from a clean slate); nodes that failed or are
+    /// still in flight are released in the background once their acquire completes.
+    async fn clean_up(&mut self) {
+        let Some(mut fanout) = self.fanout.take() else {
+            return;
+        };
+        let answered = fanout.nodes_answering(true);
+        let mut answered_no = fanout.nodes_answering(false);
+        let unknown = fanout.nodes_not_answered();
+        let pending = fanout.take_pending();
+        release_after(&self.shared, &self.target, pending, unknown);
+        let mut nodes = answered;
+        nodes.append(&mut answered_no);
+        if !nodes.is_empty() {
+            let mut release =
+                Fanout::start(&self.shared, &self.target, OpKind::Release, Some(&nodes));
+            release.until_done().await;
+        }
+    }
+}
+
+impl Drop for AttemptGuard {
+    fn drop(&mut self) {
+        let Some(mut fanout) = self.fanout.take() else {
+            return;
+        };
+        let pending = fanout.take_pending();
+        let all: Vec<usize> = (0..self.shared.nodes.len()).collect();
+        tracing::debug!("acquire dropped mid-flight: releasing in the background");
+        release_after(&self.shared, &self.target, pending, all);
+    }
+}
+
+/// In the background: wait for the in-flight node operations `pending`, then release
+/// `target` on `nodes`. Without a runtime (dropped outside one) the keys expire by TTL.
+fn release_after(
+    shared: &Arc<Shared>,
+    target: &Arc<Target>,
+    mut pending: futures_util::stream::FuturesUnordered<crate::quorum::NodeFuture>,
+    nodes: Vec<usize>,
+) {
+    if nodes.is_empty() && pending.is_empty() {
+        return;
+    }
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!("no tokio runtime: partial locks will expire by TTL instead");
+        return;
+    };
+    let shared = Arc::clone(shared);
+    let target = Arc::clone(target);
+    handle.spawn(async move {
+        while pending.next().await.is_some() {}
+        if !nodes.is_empty() {
+            Fanout::start(&shared, &target, OpKind::Release, Some(&nodes))
+                .until_done()
+                .await;
+        }
+    });
+}

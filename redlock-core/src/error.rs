@@ -1,0 +1,218 @@
+//! Typed errors: what went wrong and what to do next.
+//!
+//! Every fallible call returns [`Error`]. Building a [`Redlock`](crate::Redlock) returns
+//! [`ConfigError`] alone, since nothing but configuration can fail there (no node is
+//! contacted at build time).
+
+use std::fmt;
+use std::time::Duration;
+
+/// The error type of every lock operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The resource is locked by another holder: the listed nodes hold someone else's
+    /// value. Retry later (the holder's lock ends at release or TTL), or use a retry
+    /// policy with more attempts or a longer deadline.
+    #[error(
+        "`{resource}` is locked by another holder on {} of {total} nodes ({}) after {attempts} attempt(s); retry later or wait longer",
+        nodes.len(), nodes.join(", ")
+    )]
+    Taken {
+        /// The resource (the first one, for a multi-resource lock).
+        resource: String,
+        /// Nodes (address, no credentials) that answered "already locked" on the last attempt.
+        nodes: Vec<String>,
+        /// Number of nodes in the set.
+        total: usize,
+        /// Attempts made.
+        attempts: u32,
+    },
+
+    /// Too many nodes failed (unreachable, timed out, error reply) for a majority to
+    /// answer. Nothing is held. Check the listed nodes; the call can be retried once a
+    /// majority is reachable again.
+    #[error(
+        "no quorum for `{resource}`: {} of {total} nodes failed and {needed} are needed [{}]; check those nodes",
+        failures.len(), fmt_failures(failures)
+    )]
+    NoQuorum {
+        /// The resource (the first one, for a multi-resource lock).
+        resource: String,
+        /// Nodes needed for a majority.
+        needed: usize,
+        /// Number of nodes in the set.
+        total: usize,
+        /// What went wrong on each failed node.
+        failures: Vec<NodeFailure>,
+    },
+
+    /// The lock's validity ran out: a majority said yes, but too late (acquire took
+    /// longer than the TTL minus the clock drift allowance), or the lock had already
+    /// expired when it was to be extended. Use a longer TTL or a shorter per-node
+    /// timeout; an expired lock must be acquired again, not extended.
+    #[error("the lock on `{resource}` expired: {reason}")]
+    Expired {
+        /// The resource (the first one, for a multi-resource lock).
+        resource: String,
+        /// Why it is considered expired.
+        reason: &'static str,
+    },
+
+    /// The lock is no longer ours on a majority of nodes (it expired there, or a node
+    /// forgot it), so it cannot be extended. Stop the protected work; acquire again.
+    #[error(
+        "the lock on `{resource}` is lost: only {held} of {total} nodes still hold it ({needed} needed); stop the protected work and acquire again"
+    )]
+    Lost {
+        /// The resource (the first one, for a multi-resource lock).
+        resource: String,
+        /// Nodes that confirmed they still hold our value.
+        held: usize,
+        /// Nodes needed for a majority.
+        needed: usize,
+        /// Number of nodes in the set.
+        total: usize,
+    },
+
+    /// Invalid input or configuration; nothing was sent to any node. Fix the call.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// A configuration or input error, reported by
+/// [`RedlockBuilder::build`](crate::RedlockBuilder::build) or by a lock call whose
+/// arguments are invalid.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No node was given: add at least one with `node(url)` or `pool(pool)`.
+    #[error("no Redis node configured: add at least one with `.node(url)` or `.pool(pool)`")]
+    NoNodes,
+
+    /// A node URL could not be parsed.
+    #[error(
+        "node URL `{url}` is invalid ({reason}); expected redis://[user:password@]host:port[/db] or rediss://…"
+    )]
+    InvalidUrl {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// The parser's explanation.
+        reason: String,
+    },
+
+    /// The same node was given twice; a duplicate would let one server count as two
+    /// votes and break the majority rule.
+    #[error("node `{node}` is listed twice: each Redis master may vote only once")]
+    DuplicateNode {
+        /// The node's address.
+        node: String,
+    },
+
+    /// A TTL of zero (or under one millisecond) was given.
+    #[error("the TTL must be at least 1 ms (got {ttl:?})")]
+    ZeroTtl {
+        /// The TTL given.
+        ttl: Duration,
+    },
+
+    /// The TTL is too long for Redis' millisecond expiry.
+    #[error("the TTL {ttl:?} is too long (at most {max:?})")]
+    TtlTooLong {
+        /// The TTL given.
+        ttl: Duration,
+        /// The largest TTL accepted.
+        max: Duration,
+    },
+
+    /// The TTL leaves no validity once the clock-drift allowance is taken off.
+    #[error(
+        "the TTL {ttl:?} is not larger than the clock-drift allowance {drift:?}: use a longer TTL"
+    )]
+    TtlNotAboveDrift {
+        /// The TTL given.
+        ttl: Duration,
+        /// The drift allowance for that TTL (`ttl * drift_factor + 2 ms`).
+        drift: Duration,
+    },
+
+    /// The per-node timeout is not smaller than the TTL, so one slow node could use up
+    /// the whole validity.
+    #[error(
+        "the per-node timeout {timeout:?} must be smaller than the TTL {ttl:?} (ideally a small fraction of it)"
+    )]
+    TimeoutNotBelowTtl {
+        /// The per-node timeout.
+        timeout: Duration,
+        /// The TTL.
+        ttl: Duration,
+    },
+
+    /// The per-node timeout is zero.
+    #[error("the per-node timeout must be above zero")]
+    ZeroTimeout,
+
+    /// The drift factor is not a finite number in `[0, 0.5]`.
+    #[error("the drift factor must be a finite number from 0 to 0.5 (got {factor})")]
+    InvalidDriftFactor {
+        /// The factor given.
+        factor: f64,
+    },
+
+    /// A retry policy allows zero attempts.
+    #[error("a retry policy needs at least one attempt")]
+    ZeroAttempts,
+
+    /// A lock call named no resource, or an empty one.
+    #[error("a lock needs at least one non-empty resource name")]
+    EmptyResource,
+
+    /// A multi-resource lock named the same resource twice.
+    #[error("resource `{resource}` is named twice in one multi-resource lock")]
+    DuplicateResource {
+        /// The repeated resource.
+        resource: String,
+    },
+}
+
+/// What went wrong on one node.
+#[derive(Debug, Clone)]
+pub struct NodeFailure {
+    /// The node's address (no credentials).
+    pub node: String,
+    /// The cause.
+    pub cause: NodeError,
+}
+
+impl fmt::Display for NodeFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.node, self.cause)
+    }
+}
+
+/// Why one node's answer did not count.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The node did not answer within the per-node timeout (down, paused, cut off, or
+    /// overloaded).
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The connection failed or the node answered with an error.
+    #[error("{0}")]
+    Redis(std::sync::Arc<redis::RedisError>),
+    /// The pool could not hand out a connection.
+    #[error("pool: {0}")]
+    Pool(String),
+}
+
+fn fmt_failures(failures: &[NodeFailure]) -> String {
+    failures
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Shorthand for `Result<T, redlock_core::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,73 @@
+//! A correct, fast distributed lock over N independent Redis masters: the Redlock
+//! algorithm (N = 1 is the plain single-instance lock).
+//!
+//! - **Acquire**: a random 160-bit value is set with `SET key value NX PX ttl` on every
+//!   node at once, each with its own timeout. The lock is held if a majority
+//!   (`n / 2 + 1`) said yes and `validity = ttl - elapsed - drift` is still positive
+//!   (monotonic clock; `drift = ttl * 0.01 + 2 ms` by default). The call returns as soon
+//!   as that is decided; slower nodes still get their command.
+//! - **On failure** the value is released on *all* nodes (including those that said no
+//!   or did not answer) and the attempt is retried after a random delay, so competing
+//!   clients drift apart.
+//! - **Release** and **extend** are Lua scripts that act only if the key still holds our
+//!   value, so nobody can release or extend someone else's lock, and an expired lock is
+//!   never re-created.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use redlock_core::{Error, Redlock};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let cluster = redlock_testkit::Cluster::start(3).await;
+//! # let urls = cluster.urls();
+//! // `urls`: three independent Redis masters, e.g. "redis://10.0.0.1:6379".
+//! let redlock = Redlock::builder().nodes(urls).build()?;
+//!
+//! let lock = redlock.lock("order:42").ttl(Duration::from_secs(5)).await?;
+//! assert!(lock.is_valid());
+//!
+//! // Someone else (or we) cannot take it while it is held.
+//! match redlock.try_lock("order:42").await {
+//!     Err(Error::Taken { .. }) => {}
+//!     other => panic!("expected Taken, got {other:?}"),
+//! }
+//!
+//! // ... the protected work, finished well within `lock.validity()` ...
+//! let released = lock.release().await?;
+//! assert!(released.was_held());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What it guarantees, and what it does not
+//!
+//! While [`Lock::is_valid`] is true, no other client holds the resource, provided the
+//! nodes do not lose the key (a node restarted without persistence can forget it) and
+//! the processes' clocks run at about the same rate. A process pause (GC, swap, a
+//! stopped VM) longer than the validity can leave a holder believing it still holds a
+//! lock that expired: check `is_valid()` right before a protected write, keep the work
+//! short compared to the TTL, and let the protected resource reject stale writers.
+
+mod builder;
+mod client;
+mod error;
+mod lock;
+mod node;
+mod quorum;
+mod retry;
+mod scripts;
+mod value;
+
+pub use builder::{
+    DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_NODE_TIMEOUT, DEFAULT_TTL, RedlockBuilder,
+};
+pub use client::{Acquire, MAX_TTL, Redlock};
+pub use error::{ConfigError, Error, NodeError, NodeFailure, Result};
+pub use lock::{Lock, Released};
+pub use retry::RetryPolicy;
+
+/// Re-exported so that users can build pools with the same version this crate uses.
+pub use deadpool_redis;

@@ -1,0 +1,263 @@
+//! [`Lock`]: a held lock, its validity, extension and release.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::client::Shared;
+use crate::error::Error;
+use crate::quorum::{Fanout, OpKind, Target};
+
+/// A held distributed lock.
+///
+/// It is yours until [`valid_until`](Self::valid_until): the TTL, minus the time
+/// acquiring took, minus the clock-drift allowance. Past that, another client may hold
+/// it; check [`is_valid`](Self::is_valid) before a protected write, or
+/// [`extend`](Self::extend) in time.
+///
+/// Release it with [`release`](Self::release). A lock dropped without `release` is
+/// released in the background on the current tokio runtime (`Drop` never blocks); with
+/// no runtime, it expires at its TTL.
+#[must_use = "a lock is released as soon as it is dropped"]
+pub struct Lock {
+    shared: Arc<Shared>,
+    resources: Vec<String>,
+    target: Arc<Target>,
+    ttl: Duration,
+    acquired_at: Instant,
+    valid_until: Instant,
+    /// Set once released (or handed to a background release).
+    done: bool,
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("resources", &self.resources)
+            .field("ttl", &self.ttl)
+            .field("validity", &self.validity())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Lock::release`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Released {
+    /// Nodes that confirmed they still held our value and deleted it, by the time the
+    /// call returned (it returns once a majority confirmed; the others are released in
+    /// the background).
+    pub released: usize,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Nodes needed for a majority.
+    pub quorum: usize,
+    /// The validity had already run out when `release` was called: another client may
+    /// have held the resource meanwhile.
+    pub expired: bool,
+}
+
+impl Released {
+    /// A majority still held the lock and released it: nobody else could have taken it
+    /// before this release (given the validity had not run out either).
+    pub fn was_held(&self) -> bool {
+        self.released >= self.quorum && !self.expired
+    }
+}
+
+impl Lock {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        resources: Vec<String>,
+        target: Arc<Target>,
+        ttl: Duration,
+        acquired_at: Instant,
+        valid_until: Instant,
+    ) -> Self {
+        Self {
+            shared,
+            resources,
+            target,
+            ttl,
+            acquired_at,
+            valid_until,
+            done: false,
+        }
+    }
+
+    /// The locked resource (the first one, for a multi-resource lock).
+    pub fn resource(&self) -> &str {
+        self.resources.first().map_or("", String::as_str)
+    }
+
+    /// Every resource this lock holds.
+    pub fn resources(&self) -> &[String] {
+        &self.resources
+    }
+
+    /// The TTL last set on the nodes.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the acquisition started (monotonic clock).
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// When the validity ends (monotonic clock).
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// The validity left; zero once it ran out.
+    pub fn validity(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the validity has not run out yet.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+
+    /// Extends the lock to a new TTL, counted from now.
+    ///
+    /// Strict: a node extends only a key that still holds this lock's value, and never
+    /// re-creates an expired one. The extension counts only if a majority accepted it
+    /// before the current validity ran out; then the new validity is
+    /// `ttl - elapsed - drift` from the start of this call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Expired`] if the validity ran out (before or during the call),
+    /// [`Error::Lost`] if a majority no longer holds our value, [`Error::NoQuorum`] if
+    /// too many nodes failed, [`Error::Config`] for an invalid TTL. On error the lock
+    /// keeps its previous validity.
+    pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        let span = tracing::debug_span!("redlock.extend", resource = %self.resource(), ttl_ms = ttl.as_millis() as u64);
+        self.extend_inner(ttl).instrument(span).await
+    }
+
+    async fn extend_inner(&mut self, ttl: Duration) -> Result<(), Error> {
+        let ttl_ms = self.shared.check_ttl(ttl)?;
+        let ttl = Duration::from_millis(ttl_ms);
+        let start = Instant::now();
+        if start >= self.valid_until {
+            return Err(self.expired("its validity ran out before the extension"));
+        }
+        let mut fanout = Fanout::start(&self.shared, &self.target, OpKind::Extend { ttl_ms }, None);
+        let tally = fanout.until_decided().await;
+        let answered_at = Instant::now();
+        if tally.won() {
+            fanout.finish_in_background();
+            if answered_at >= self.valid_until {
+                return Err(
+                    self.expired("a majority extended it only after its validity had run out")
+                );
+            }
+            let validity = ttl.saturating_sub(self.shared.drift(ttl));
+            self.valid_until = start.checked_add(validity).unwrap_or(start);
+            self.ttl = ttl;
+            tracing::debug!(
+                votes = tally.yes,
+                validity_ms = self.validity().as_millis() as u64,
+                "extended"
+            );
+            return Ok(());
+        }
+        // Nodes that did extend keep the longer TTL; that only delays others, it never
+        // lets two hold the lock.
+        let failures = fanout.failures();
+        fanout.finish_in_background();
+        if answered_at >= self.valid_until {
+            return Err(self.expired("its validity ran out during the extension"));
+        }
+        tracing::debug!(
+            yes = tally.yes,
+            no = tally.no,
+            failed = tally.failed,
+            "extension refused"
+        );
+        if tally.failed > tally.nodes - tally.quorum {
+            Err(Error::NoQuorum {
+                resource: self.resource().to_owned(),
+                needed: tally.quorum,
+                total: tally.nodes,
+                failures,
+            })
+        } else {
+            Err(Error::Lost {
+                resource: self.resource().to_owned(),
+                held: tally.yes,
+                needed: tally.quorum,
+                total: tally.nodes,
+            })
+        }
+    }
+
+    fn expired(&self, reason: &'static str) -> Error {
+        Error::Expired {
+            resource: self.resource().to_owned(),
+            reason,
+        }
+    }
+
+    /// Releases the lock on every node (compare-and-delete: only our own value is
+    /// deleted). Returns once a majority confirmed, or every node answered; the remaining
+    /// nodes are released in the background.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoQuorum`] if too many nodes failed for a majority to answer; the lock
+    /// then ends at its TTL on those nodes.
+    pub async fn release(mut self) -> Result<Released, Error> {
+        self.done = true;
+        let span = tracing::debug_span!("redlock.release", resource = %self.resource());
+        let expired = !self.is_valid();
+        async move {
+            let mut fanout = Fanout::start(&self.shared, &self.target, OpKind::Release, None);
+            let tally = fanout.until_won_or_done().await;
+            let failures = fanout.failures();
+            fanout.finish_in_background();
+            tracing::debug!(released = tally.yes, expired, "released");
+            if tally.won() || tally.majority_answered() {
+                Ok(Released {
+                    released: tally.yes,
+                    nodes: tally.nodes,
+                    quorum: tally.quorum,
+                    expired,
+                })
+            } else {
+                Err(Error::NoQuorum {
+                    resource: self.resource().to_owned(),
+                    needed: tally.quorum,
+                    total: tally.nodes,
+                    failures,
+                })
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(resource = %self.resource(), "lock dropped outside a tokio runtime: it will expire at its TTL");
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let target = Arc::clone(&self.target);
+        handle.spawn(async move {
+            Fanout::start(&shared, &target, OpKind::Release, None)
+                .until_done()
+                .await;
+        });
+    }
+}

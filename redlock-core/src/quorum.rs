@@ -1,0 +1,309 @@
+//! Fanning one operation out to every node and counting the votes.
+//!
+//! Each node answers yes, no, or fails (error or timeout). A [`Fanout`] sends the
+//! operation to all nodes at once and can stop listening as soon as the majority outcome
+//! is decided: either a majority said yes, or so many said no or failed that a majority
+//! can no longer be reached. The node operations still in flight at that point are not
+//! abandoned: [`Fanout::finish_in_background`] lets them complete on the runtime.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+
+use crate::client::Shared;
+use crate::error::{NodeError, NodeFailure};
+use crate::node::Op;
+
+/// The majority of `n` nodes: `n / 2 + 1`.
+pub(crate) fn majority(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// Counts of votes so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tally {
+    pub(crate) nodes: usize,
+    pub(crate) quorum: usize,
+    pub(crate) yes: usize,
+    pub(crate) no: usize,
+    pub(crate) failed: usize,
+}
+
+impl Tally {
+    pub(crate) fn new(nodes: usize) -> Self {
+        Self {
+            nodes,
+            quorum: majority(nodes),
+            yes: 0,
+            no: 0,
+            failed: 0,
+        }
+    }
+
+    /// A majority said yes.
+    pub(crate) fn won(&self) -> bool {
+        self.yes >= self.quorum
+    }
+
+    /// A majority of yes can no longer be reached.
+    pub(crate) fn lost(&self) -> bool {
+        self.no + self.failed > self.nodes - self.quorum
+    }
+
+    /// Either way, the outcome is known.
+    pub(crate) fn decided(&self) -> bool {
+        self.won() || self.lost()
+    }
+
+    /// A majority of nodes answered (yes or no): the outcome is not a matter of
+    /// unreachable nodes.
+    pub(crate) fn majority_answered(&self) -> bool {
+        self.yes + self.no >= self.quorum
+    }
+}
+
+/// Which operation to send, with owned data so node futures can outlive the caller.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OpKind {
+    Acquire { ttl_ms: u64 },
+    Release,
+    Extend { ttl_ms: u64 },
+}
+
+/// The keys and the random value of one lock.
+#[derive(Debug)]
+pub(crate) struct Target {
+    pub(crate) keys: Vec<String>,
+    pub(crate) value: String,
+}
+
+impl Target {
+    fn op(&self, kind: OpKind) -> Op<'_> {
+        match kind {
+            OpKind::Acquire { ttl_ms } => Op::Acquire {
+                keys: &self.keys,
+                value: &self.value,
+                ttl_ms,
+            },
+            OpKind::Release => Op::Release {
+                keys: &self.keys,
+                value: &self.value,
+            },
+            OpKind::Extend { ttl_ms } => Op::Extend {
+                keys: &self.keys,
+                value: &self.value,
+                ttl_ms,
+            },
+        }
+    }
+}
+
+pub(crate) type NodeFuture = Pin<Box<dyn Future<Output = (usize, Result<bool, NodeError>)> + Send>>;
+
+/// One operation in flight on a set of nodes.
+pub(crate) struct Fanout {
+    shared: Arc<Shared>,
+    pending: FuturesUnordered<NodeFuture>,
+    /// Each node's answer, once it came.
+    pub(crate) answers: Vec<Option<Result<bool, NodeError>>>,
+    pub(crate) tally: Tally,
+}
+
+impl Fanout {
+    /// Sends `kind` to the nodes listed in `which` (all nodes if `None`).
+    pub(crate) fn start(
+        shared: &Arc<Shared>,
+        target: &Arc<Target>,
+        kind: OpKind,
+        which: Option<&[usize]>,
+    ) -> Self {
+        let n = shared.nodes.len();
+        let pending = FuturesUnordered::new();
+        let mut push = |index: usize| {
+            let shared = Arc::clone(shared);
+            let target = Arc::clone(target);
+            let fut: NodeFuture = Box::pin(async move {
+                let result = match shared.nodes.get(index) {
+                    Some(node) => node.run(target.op(kind), shared.node_timeout).await,
+                    None => Ok(false),
+                };
+                (index, result)
+            });
+            pending.push(fut);
+        };
+        match which {
+            Some(indices) => indices.iter().copied().for_each(&mut push),
+            None => (0..n).for_each(&mut push),
+        }
+        Self {
+            shared: Arc::clone(shared),
+            pending,
+            answers: vec![None; n],
+            tally: Tally::new(n),
+        }
+    }
+
+    /// A fan-out to no node, for a guard that has already handed its own over.
+    pub(crate) fn empty(shared: &Arc<Shared>) -> Self {
+        Self {
+            shared: Arc::clone(shared),
+            pending: FuturesUnordered::new(),
+            answers: vec![None; shared.nodes.len()],
+            tally: Tally::new(shared.nodes.len()),
+        }
+    }
+
+    /// Waits until the majority outcome is decided (or every node answered).
+    pub(crate) async fn until_decided(&mut self) -> Tally {
+        while !self.tally.decided() {
+            if !self.next().await {
+                break;
+            }
+        }
+        self.tally
+    }
+
+    /// Waits until a majority said yes, or every node answered.
+    pub(crate) async fn until_won_or_done(&mut self) -> Tally {
+        while !self.tally.won() {
+            if !self.next().await {
+                break;
+            }
+        }
+        self.tally
+    }
+
+    /// Waits for every node.
+    pub(crate) async fn until_done(&mut self) -> Tally {
+        while self.next().await {}
+        self.tally
+    }
+
+    /// Records the next answer; false when none is pending.
+    async fn next(&mut self) -> bool {
+        let Some((index, result)) = self.pending.next().await else {
+            return false;
+        };
+        match &result {
+            Ok(true) => self.tally.yes += 1,
+            Ok(false) => self.tally.no += 1,
+            Err(_) => self.tally.failed += 1,
+        }
+        if let Some(slot) = self.answers.get_mut(index) {
+            *slot = Some(result);
+        }
+        true
+    }
+
+    /// Nodes that answered with `Ok(answer)`.
+    pub(crate) fn nodes_answering(&self, answer: bool) -> Vec<usize> {
+        self.answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(a, Some(Ok(x)) if *x == answer))
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Nodes that failed or have not answered yet.
+    pub(crate) fn nodes_not_answered(&self) -> Vec<usize> {
+        self.answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| !matches!(a, Some(Ok(_))))
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Names of the nodes that answered `Ok(answer)`.
+    pub(crate) fn names_answering(&self, answer: bool) -> Vec<String> {
+        self.nodes_answering(answer)
+            .into_iter()
+            .filter_map(|i| self.shared.nodes.get(i).map(|n| n.name().to_owned()))
+            .collect()
+    }
+
+    /// What went wrong on each failed node (and which had not answered yet).
+    pub(crate) fn failures(&self) -> Vec<NodeFailure> {
+        self.answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, answer)| {
+                let cause = match answer {
+                    Some(Err(err)) => err.clone(),
+                    None => NodeError::Timeout(self.shared.node_timeout),
+                    Some(Ok(_)) => return None,
+                };
+                Some(NodeFailure {
+                    node: self.shared.nodes.get(i)?.name().to_owned(),
+                    cause,
+                })
+            })
+            .collect()
+    }
+
+    /// Waits for the node operations still in flight and hands back the nodes they were
+    /// on, for a cleanup that must come after them.
+    pub(crate) fn take_pending(&mut self) -> FuturesUnordered<NodeFuture> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Lets the node operations still in flight complete on the runtime instead of
+    /// dropping them half-way (a dropped request may never be sent).
+    pub(crate) fn finish_in_background(mut self) {
+        let mut pending = self.take_pending();
+        if pending.is_empty() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { while pending.next().await.is_some() {} });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn majority_of_n() {
+        assert_eq!(majority(1), 1);
+        assert_eq!(majority(2), 2);
+        assert_eq!(majority(3), 2);
+        assert_eq!(majority(4), 3);
+        assert_eq!(majority(5), 3);
+    }
+
+    #[test]
+    fn decided_by_yes_majority_or_when_unreachable() {
+        let mut t = Tally::new(5);
+        t.yes = 2;
+        t.no = 2;
+        assert!(!t.decided());
+        t.yes = 3;
+        assert!(t.won() && t.decided());
+        let mut t = Tally::new(5);
+        t.no = 1;
+        t.failed = 1;
+        assert!(!t.lost());
+        t.failed = 2;
+        assert!(t.lost() && !t.won());
+        let mut single = Tally::new(1);
+        single.failed = 1;
+        assert!(single.lost());
+    }
+
+    #[test]
+    fn majority_answered_ignores_failures() {
+        let mut t = Tally::new(5);
+        t.no = 2;
+        t.failed = 3;
+        assert!(!t.majority_answered());
+        t.no = 3;
+        t.failed = 2;
+        assert!(t.majority_answered());
+    }
+}

@@ -1,0 +1,115 @@
+//! Test kit: real `redis-server` processes and the faults a distributed lock must survive.
+//!
+//! - [`RedisServer`]: one `redis-server` on a free loopback port, in its own temporary
+//!   directory, without persistence unless asked ([`Persistence`]). It is killed when
+//!   dropped, also when a test panics, and then its log is printed.
+//! - Faults on a server: [`pause`](RedisServer::pause) / [`resume`](RedisServer::resume)
+//!   (`SIGSTOP` / `SIGCONT`: a hung node), [`kill`](RedisServer::kill) and
+//!   [`restart`](RedisServer::restart) on the same port (keeping its data only with AOF).
+//! - [`Proxy`]: a TCP proxy in front of a server whose link can be cut, black-holed or
+//!   delayed.
+//! - [`Cluster`]: N servers (optionally each behind a proxy) with their URLs.
+//!
+//! Needs `redis-server` on `PATH` (or its path in `REDIS_SERVER`).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let cluster = redlock_testkit::Cluster::start(3).await;
+//! assert_eq!(cluster.urls().len(), 3);
+//! cluster.node(0).pause();
+//! cluster.node(0).resume();
+//! # }
+//! ```
+
+#![allow(clippy::expect_used, clippy::panic)] // a kit that cannot start Redis must fail the test
+
+mod proxy;
+mod server;
+
+pub use proxy::{LinkState, Proxy};
+pub use server::{Persistence, RedisServer};
+
+/// N independent Redis masters, each optionally reached through its own [`Proxy`].
+pub struct Cluster {
+    servers: Vec<RedisServer>,
+    proxies: Vec<Proxy>,
+}
+
+impl Cluster {
+    /// Starts `n` servers without persistence.
+    pub async fn start(n: usize) -> Self {
+        Self::start_with(n, Persistence::None).await
+    }
+
+    /// Starts `n` servers with the given persistence.
+    pub async fn start_with(n: usize, persistence: Persistence) -> Self {
+        let mut servers = Vec::with_capacity(n);
+        for _ in 0..n {
+            servers.push(RedisServer::start(persistence).await);
+        }
+        Self {
+            servers,
+            proxies: Vec::new(),
+        }
+    }
+
+    /// Starts `n` servers, each behind its own proxy; [`urls`](Self::urls) then point
+    /// at the proxies.
+    pub async fn start_proxied(n: usize) -> Self {
+        let mut cluster = Self::start(n).await;
+        for server in &cluster.servers {
+            cluster.proxies.push(Proxy::start(server.addr()).await);
+        }
+        cluster
+    }
+
+    /// The URLs clients should use (the proxies' when proxied).
+    pub fn urls(&self) -> Vec<String> {
+        if self.proxies.is_empty() {
+            self.servers.iter().map(RedisServer::url).collect()
+        } else {
+            self.proxies.iter().map(Proxy::url).collect()
+        }
+    }
+
+    /// Server `i`.
+    pub fn node(&self, i: usize) -> &RedisServer {
+        &self.servers[i]
+    }
+
+    /// Server `i`, mutably (to kill or restart it).
+    pub fn node_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.servers[i]
+    }
+
+    /// The proxy in front of server `i` (only for a proxied cluster).
+    pub fn proxy(&self, i: usize) -> &Proxy {
+        &self.proxies[i]
+    }
+
+    /// Number of servers.
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Whether there is no server.
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Every key matching `pattern` on each server (servers that are down count as
+    /// empty).
+    pub async fn keys(&self, pattern: &str) -> Vec<Vec<String>> {
+        let mut all = Vec::with_capacity(self.servers.len());
+        for server in &self.servers {
+            all.push(server.keys(pattern).await.unwrap_or_default());
+        }
+        all
+    }
+
+    /// Total number of keys matching `pattern` over the running servers.
+    pub async fn count_keys(&self, pattern: &str) -> usize {
+        self.keys(pattern).await.iter().map(Vec::len).sum()
+    }
+}

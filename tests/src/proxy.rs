@@ -1,0 +1,174 @@
+//! A TCP proxy whose link can be cut, black-holed or delayed.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The state of a proxied link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Bytes flow, each chunk after `delay` (zero: at once).
+    Up {
+        /// Added latency per chunk, each way.
+        delay: Duration,
+    },
+    /// Connections stay open but nothing goes through (like a network partition
+    /// dropping packets); what was sent is delivered once the link is up again.
+    Blackhole,
+    /// Open connections are closed and new ones are closed at once (like a node whose
+    /// port is unreachable).
+    Cut,
+}
+
+/// A TCP proxy on a free loopback port in front of `upstream`.
+pub struct Proxy {
+    addr: SocketAddr,
+    state: watch::Sender<LinkState>,
+    accept: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("addr", &self.addr)
+            .field("state", &*self.state.borrow())
+            .finish()
+    }
+}
+
+impl Proxy {
+    /// Starts a proxy to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy's port");
+        let addr = listener.local_addr().expect("proxy address");
+        let (state, _) = watch::channel(LinkState::Up {
+            delay: Duration::ZERO,
+        });
+        let states = state.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let rx = states.subscribe();
+                if *rx.borrow() == LinkState::Cut {
+                    drop(client);
+                    continue;
+                }
+                tokio::spawn(relay(client, upstream, rx));
+            }
+        });
+        Self {
+            addr,
+            state,
+            accept,
+        }
+    }
+
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `redis://` URL of the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// Sets the link state.
+    pub fn set(&self, state: LinkState) {
+        self.state.send_replace(state);
+    }
+
+    /// Closes every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.set(LinkState::Cut);
+    }
+
+    /// Holds every byte until the link is up again.
+    pub fn blackhole(&self) {
+        self.set(LinkState::Blackhole);
+    }
+
+    /// Adds `delay` to every chunk each way.
+    pub fn delay(&self, delay: Duration) {
+        self.set(LinkState::Up { delay });
+    }
+
+    /// Back to a plain, undelayed link.
+    pub fn restore(&self) {
+        self.set(LinkState::Up {
+            delay: Duration::ZERO,
+        });
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.state.send_replace(LinkState::Cut);
+        self.accept.abort();
+    }
+}
+
+async fn relay(client: TcpStream, upstream: SocketAddr, state: watch::Receiver<LinkState>) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let up = pipe(client_read, server_write, state.clone());
+    let down = pipe(server_read, client_write, state);
+    // When either direction ends (closed, or the link is cut), drop both.
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+    }
+}
+
+async fn pipe<R, W>(mut from: R, mut to: W, mut state: watch::Receiver<LinkState>)
+where
+    R: AsyncReadExt + Unpin,
+    W: AsyncWriteExt + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            changed = state.changed() => {
+                if changed.is_err() || *state.borrow() == LinkState::Cut {
+                    return;
+                }
+                continue;
+            }
+        };
+        // Deliver the chunk according to the link state, waiting while black-holed.
+        loop {
+            let current = *state.borrow_and_update();
+            match current {
+                LinkState::Cut => return,
+                LinkState::Blackhole => {
+                    if state.changed().await.is_err() {
+                        return;
+                    }
+                }
+                LinkState::Up { delay } => {
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    break;
+                }
+            }
+        }
+    }
+}
