@@ -182,8 +182,11 @@ impl RedlockBuilder {
                     } else {
                         format!("{}/{db}", info.addr())
                     };
-                    if !seen.insert(name.clone()) {
-                        return Err(ConfigError::DuplicateNode { node: name });
+                    // One server is one vote, whatever database a URL selects on it.
+                    if !seen.insert(info.addr().to_string()) {
+                        return Err(ConfigError::DuplicateNode {
+                            node: info.addr().to_string(),
+                        });
                     }
                     wants_tls |= url.starts_with("rediss:");
                     nodes.push(Node::direct(name, client));

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
 use crate::builder::RedlockBuilder;
 use crate::error::{ConfigError, Error};
 use crate::lock::Lock;
 use crate::node::Node;
-use crate::quorum::{Fanout, OpKind, Target, majority};
+use crate::quorum::{Fanout, NodeFuture, OpKind, Target, majority};
 use crate::retry::RetryPolicy;
 use crate::value::random_value;
 
@@ -395,24 +396,28 @@ impl AttemptGuard {
         (Arc::clone(&self.target), fanout)
     }
 
-    /// The attempt failed: release on every node. Nodes that answered are released now
-    /// (the caller waits, so a retry starts from a clean slate); nodes that failed or are
-    /// still in flight are released in the background once their acquire completes.
+    /// The attempt failed: release on every node before returning, so that a retry (or
+    /// a competitor) starts from a clean slate. Waits for the acquire still in flight
+    /// (bounded by the same per-node timeout it started with), then releases the nodes
+    /// that answered and waits for them; nodes that failed are released in the
+    /// background (a late SET there is followed by this release on the same connection).
     async fn clean_up(&mut self) {
         let Some(mut fanout) = self.fanout.take() else {
             return;
         };
-        let answered = fanout.nodes_answering(true);
-        let mut answered_no = fanout.nodes_answering(false);
-        let unknown = fanout.nodes_not_answered();
-        let pending = fanout.take_pending();
-        release_after(&self.shared, &self.target, pending, unknown);
-        let mut nodes = answered;
-        nodes.append(&mut answered_no);
-        if !nodes.is_empty() {
-            let mut release =
-                Fanout::start(&self.shared, &self.target, OpKind::Release, Some(&nodes));
-            release.until_done().await;
+        fanout.until_done().await;
+        let mut answered = fanout.nodes_answering(true);
+        answered.append(&mut fanout.nodes_answering(false));
+        release_after(
+            &self.shared,
+            &self.target,
+            FuturesUnordered::new(),
+            fanout.nodes_failed(),
+        );
+        if !answered.is_empty() {
+            Fanout::start(&self.shared, &self.target, OpKind::Release, Some(&answered))
+                .until_done()
+                .await;
         }
     }
 }
@@ -422,19 +427,22 @@ impl Drop for AttemptGuard {
         let Some(mut fanout) = self.fanout.take() else {
             return;
         };
-        let pending = fanout.take_pending();
-        let all: Vec<usize> = (0..self.shared.nodes.len()).collect();
         tracing::debug!("acquire dropped mid-flight: releasing in the background");
-        release_after(&self.shared, &self.target, pending, all);
+        let pending = fanout.take_pending();
+        let answered: Vec<usize> = (0..self.shared.nodes.len())
+            .filter(|&i| fanout.answers.get(i).is_some_and(Option::is_some))
+            .collect();
+        release_after(&self.shared, &self.target, pending, answered);
     }
 }
 
-/// In the background: wait for the in-flight node operations `pending`, then release
-/// `target` on `nodes`. Without a runtime (dropped outside one) the keys expire by TTL.
+/// In the background: release `target` on `nodes` now, and on each node of `pending`
+/// right after its in-flight operation completes (so the release is not overtaken by it).
+/// Without a runtime (dropped outside one) the keys expire by TTL.
 fn release_after(
     shared: &Arc<Shared>,
     target: &Arc<Target>,
-    mut pending: futures_util::stream::FuturesUnordered<crate::quorum::NodeFuture>,
+    pending: FuturesUnordered<NodeFuture>,
     nodes: Vec<usize>,
 ) {
     if nodes.is_empty() && pending.is_empty() {
@@ -444,14 +452,28 @@ fn release_after(
         tracing::warn!("no tokio runtime: partial locks will expire by TTL instead");
         return;
     };
-    let shared = Arc::clone(shared);
-    let target = Arc::clone(target);
-    handle.spawn(async move {
-        while pending.next().await.is_some() {}
-        if !nodes.is_empty() {
-            Fanout::start(&shared, &target, OpKind::Release, Some(&nodes))
-                .until_done()
-                .await;
-        }
-    });
+    let releases: FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>> =
+        FuturesUnordered::new();
+    for index in nodes {
+        let (shared, target) = (Arc::clone(shared), Arc::clone(target));
+        releases.push(Box::pin(async move {
+            release_one(&shared, &target, index).await;
+        }));
+    }
+    for in_flight in pending {
+        let (shared, target) = (Arc::clone(shared), Arc::clone(target));
+        releases.push(Box::pin(async move {
+            let (index, _) = in_flight.await;
+            release_one(&shared, &target, index).await;
+        }));
+    }
+    handle.spawn(releases.for_each(|()| async {}));
+}
+
+async fn release_one(shared: &Shared, target: &Target, index: usize) {
+    if let Some(node) = shared.nodes.get(index) {
+        let _ = node
+            .run(target.op(OpKind::Release), shared.node_timeout)
+            .await;
+    }
 }

@@ -81,7 +81,7 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    fn op(&self, kind: OpKind) -> Op<'_> {
+    pub(crate) fn op(&self, kind: OpKind) -> Op<'_> {
         match kind {
             OpKind::Acquire { ttl_ms } => Op::Acquire {
                 keys: &self.keys,
@@ -208,12 +208,12 @@ impl Fanout {
             .collect()
     }
 
-    /// Nodes that failed or have not answered yet.
-    pub(crate) fn nodes_not_answered(&self) -> Vec<usize> {
+    /// Nodes that failed (error or timeout).
+    pub(crate) fn nodes_failed(&self) -> Vec<usize> {
         self.answers
             .iter()
             .enumerate()
-            .filter(|(_, a)| !matches!(a, Some(Ok(_))))
+            .filter(|(_, a)| matches!(a, Some(Err(_))))
             .map(|(i, _)| i)
             .collect()
     }
@@ -226,21 +226,17 @@ impl Fanout {
             .collect()
     }
 
-    /// What went wrong on each failed node (and which had not answered yet).
+    /// What went wrong on each failed node.
     pub(crate) fn failures(&self) -> Vec<NodeFailure> {
         self.answers
             .iter()
             .enumerate()
-            .filter_map(|(i, answer)| {
-                let cause = match answer {
-                    Some(Err(err)) => err.clone(),
-                    None => NodeError::Timeout(self.shared.node_timeout),
-                    Some(Ok(_)) => return None,
-                };
-                Some(NodeFailure {
+            .filter_map(|(i, answer)| match answer {
+                Some(Err(cause)) => Some(NodeFailure {
                     node: self.shared.nodes.get(i)?.name().to_owned(),
-                    cause,
-                })
+                    cause: cause.clone(),
+                }),
+                _ => None,
             })
             .collect()
     }

@@ -1,0 +1,50 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redlock_core::{Redlock, RetryPolicy};
+use redlock_testkit::Cluster;
+
+/// A client over `cluster` with a per-node timeout and a patient retry policy.
+pub fn client(cluster: &Cluster, node_timeout: Duration) -> Redlock {
+    client_for(cluster.urls(), node_timeout)
+}
+
+pub fn client_for(urls: Vec<String>, node_timeout: Duration) -> Redlock {
+    Redlock::builder()
+        .nodes(urls)
+        .node_timeout(node_timeout)
+        .ttl(Duration::from_secs(5))
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(20))
+                .with_delay(Duration::from_millis(1), Duration::from_millis(5)),
+        )
+        .build()
+        .expect("valid configuration")
+}
+
+/// Hold intervals on one monotonic clock; `overlaps` finds any two that intersect.
+#[derive(Default)]
+pub struct Intervals(Mutex<Vec<(Instant, Instant, usize)>>);
+
+impl Intervals {
+    pub fn record(&self, start: Instant, end: Instant, who: usize) {
+        self.0.lock().unwrap().push((start, end, who));
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// Pairs of overlapping intervals (sorted by start, each compared with the next).
+    pub fn overlaps(&self) -> Vec<((Instant, Instant, usize), (Instant, Instant, usize))> {
+        let mut all = self.0.lock().unwrap().clone();
+        all.sort_by_key(|i| i.0);
+        all.windows(2)
+            .filter(|w| w[1].0 < w[0].1)
+            .map(|w| (w[0], w[1]))
+            .collect()
+    }
+}

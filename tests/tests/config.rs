@@ -1,0 +1,213 @@
+//! Every configuration and input error is a clear `ConfigError`, never a panic, and
+//! nothing is sent to any node.
+
+use std::time::Duration;
+
+use redlock_core::{ConfigError, Error, Lock, Redlock, RetryPolicy};
+
+type Case = (Result<Lock, Error>, fn(&ConfigError) -> bool);
+
+fn three() -> [&'static str; 3] {
+    [
+        "redis://127.0.0.1:1",
+        "redis://127.0.0.1:2",
+        "redis://127.0.0.1:3",
+    ]
+}
+
+#[test]
+fn no_nodes() {
+    assert_eq!(
+        Redlock::builder().build().unwrap_err(),
+        ConfigError::NoNodes
+    );
+}
+
+#[test]
+fn duplicate_nodes_in_any_spelling() {
+    let err = Redlock::builder()
+        .nodes(["redis://127.0.0.1:7000", "redis://127.0.0.1:7000/0"])
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::DuplicateNode {
+            node: "127.0.0.1:7000".into()
+        }
+    );
+    // Another database on the same server is still the same server: one failure would
+    // take both votes.
+    let err = Redlock::builder()
+        .nodes(["redis://127.0.0.1:7000/1", "redis://127.0.0.1:7000/2"])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::DuplicateNode { .. }), "{err}");
+}
+
+#[test]
+fn unparsable_urls_are_reported_without_the_password() {
+    for url in [
+        "not a url",
+        "http://127.0.0.1:6379",
+        "redis://:hunter2@[::1",
+    ] {
+        let err = Redlock::builder().node(url).build().unwrap_err();
+        match &err {
+            ConfigError::InvalidUrl { url: shown, .. } => {
+                assert!(!shown.contains("hunter2"), "{shown}");
+            }
+            other => panic!("{url}: expected InvalidUrl, got {other:?}"),
+        }
+        assert!(!err.to_string().contains("hunter2"));
+    }
+}
+
+#[test]
+fn credentials_and_tls_urls_are_accepted() {
+    let redlock = Redlock::builder()
+        .nodes([
+            "redis://user:secret@127.0.0.1:7001/2",
+            "rediss://127.0.0.1:7002",
+            "redis://:secret@127.0.0.1:7003",
+        ])
+        .build()
+        .unwrap();
+    assert_eq!(redlock.node_count(), 3);
+    assert_eq!(redlock.quorum(), 2);
+    assert!(redlock.node_names().iter().all(|n| !n.contains("secret")));
+}
+
+#[test]
+fn zero_ttl() {
+    let err = Redlock::builder()
+        .nodes(three())
+        .ttl(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::ZeroTtl { .. }), "{err}");
+    let err = Redlock::builder()
+        .nodes(three())
+        .ttl(Duration::from_micros(900))
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::ZeroTtl { .. }), "{err}");
+}
+
+#[test]
+fn ttl_not_above_drift() {
+    // drift = 2 ms + 1% of the TTL: a 2 ms TTL leaves nothing.
+    let err = Redlock::builder()
+        .nodes(three())
+        .node_timeout(Duration::from_millis(1))
+        .ttl(Duration::from_millis(2))
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::TtlNotAboveDrift { .. }), "{err}");
+}
+
+#[test]
+fn ttl_too_long() {
+    let err = Redlock::builder()
+        .nodes(three())
+        .ttl(Duration::from_secs(u64::MAX))
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::TtlTooLong { .. }), "{err}");
+}
+
+#[test]
+fn timeout_not_below_ttl() {
+    let err = Redlock::builder()
+        .nodes(three())
+        .ttl(Duration::from_millis(100))
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::TimeoutNotBelowTtl { .. }),
+        "{err}"
+    );
+    let err = Redlock::builder()
+        .nodes(three())
+        .node_timeout(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(err, ConfigError::ZeroTimeout);
+}
+
+#[test]
+fn drift_factor_out_of_range() {
+    for factor in [-0.1, 0.6, f64::NAN, f64::INFINITY] {
+        let err = Redlock::builder()
+            .nodes(three())
+            .drift_factor(factor)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(err, ConfigError::InvalidDriftFactor { .. }),
+            "{factor}: {err}"
+        );
+    }
+}
+
+#[test]
+fn zero_attempts() {
+    let err = Redlock::builder()
+        .nodes(three())
+        .retry(RetryPolicy::attempts(0))
+        .build()
+        .unwrap_err();
+    assert_eq!(err, ConfigError::ZeroAttempts);
+}
+
+#[test]
+fn even_node_count_is_allowed() {
+    let redlock = Redlock::builder()
+        .nodes(["redis://127.0.0.1:1", "redis://127.0.0.1:2"])
+        .build()
+        .unwrap();
+    assert_eq!(redlock.quorum(), 2);
+}
+
+/// Bad arguments to a lock call are `Error::Config` before anything is sent (the nodes
+/// here do not exist: a network attempt would give `NoQuorum` instead).
+#[tokio::test]
+async fn bad_lock_arguments() {
+    let redlock = Redlock::builder()
+        .nodes(three())
+        .node_timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let cases: Vec<Case> = vec![
+        (redlock.try_lock("").await, |e| {
+            matches!(e, ConfigError::EmptyResource)
+        }),
+        (redlock.lock_many(Vec::<String>::new()).await, |e| {
+            matches!(e, ConfigError::EmptyResource)
+        }),
+        (
+            redlock.lock_many(["a", "b", "a"]).await,
+            |e| matches!(e, ConfigError::DuplicateResource { resource } if resource == "a"),
+        ),
+        (redlock.try_lock("x").ttl(Duration::ZERO).await, |e| {
+            matches!(e, ConfigError::ZeroTtl { .. })
+        }),
+        (
+            redlock.try_lock("x").ttl(Duration::from_millis(40)).await,
+            |e| matches!(e, ConfigError::TimeoutNotBelowTtl { .. }),
+        ),
+        (
+            redlock.lock("x").retry(RetryPolicy::attempts(0)).await,
+            |e| matches!(e, ConfigError::ZeroAttempts),
+        ),
+    ];
+    for (i, (result, expected)) in cases.into_iter().enumerate() {
+        match result {
+            Err(Error::Config(err)) => assert!(expected(&err), "case {i}: {err}"),
+            other => panic!("case {i}: expected a config error, got {other:?}"),
+        }
+    }
+    // And a valid call against unreachable nodes is a clear NoQuorum, not a hang.
+    let err = redlock.try_lock("x").await.unwrap_err();
+    assert!(matches!(err, Error::NoQuorum { .. }), "{err}");
+}

@@ -1,0 +1,329 @@
+//! Node faults: killed, paused (SIGSTOP), restarted, cut off or slowed by a proxy.
+//! The lock must keep working with a majority, fail fast and clearly without one, and
+//! never leave keys behind after a failed or abandoned attempt.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{client, client_for};
+use redlock_core::{Error, NodeError};
+use redlock_testkit::Cluster;
+
+const TIMEOUT: Duration = Duration::from_millis(200);
+/// Scheduling slack on a loaded 2-core machine.
+const SLACK: Duration = Duration::from_millis(150);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_of_five_killed_still_locks() {
+    let mut cluster = Cluster::start(5).await;
+    let redlock = client(&cluster, TIMEOUT);
+    cluster.node_mut(1).kill();
+    cluster.node_mut(3).kill();
+    let mut lock = redlock.try_lock("r").await.expect("3 of 5 are a majority");
+    lock.extend(Duration::from_secs(5))
+        .await
+        .expect("extend with 3 of 5");
+    let report = lock.release().await.unwrap();
+    assert!(report.was_held());
+    assert_eq!(report.released, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_of_five_killed_is_no_quorum_at_once() {
+    let mut cluster = Cluster::start(5).await;
+    let redlock = client(&cluster, TIMEOUT);
+    for i in [0, 2, 4] {
+        cluster.node_mut(i).kill();
+    }
+    let started = Instant::now();
+    let err = redlock.try_lock("r").await.unwrap_err();
+    assert!(
+        started.elapsed() < TIMEOUT + SLACK,
+        "{:?}",
+        started.elapsed()
+    );
+    match &err {
+        Error::NoQuorum {
+            needed,
+            total,
+            failures,
+            ..
+        } => {
+            assert_eq!((*needed, *total), (3, 5));
+            assert_eq!(failures.len(), 3, "{err}");
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+    assert_eq!(
+        cluster.count_keys("redlock:*").await,
+        0,
+        "failed attempt left keys"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_of_five_paused_is_no_quorum_within_the_timeout() {
+    let cluster = Cluster::start(5).await;
+    let redlock = client(&cluster, TIMEOUT);
+    for i in [0, 1, 2] {
+        cluster.node(i).pause();
+    }
+    let started = Instant::now();
+    let err = redlock.try_lock("r").await.unwrap_err();
+    let elapsed = started.elapsed();
+    for i in [0, 1, 2] {
+        cluster.node(i).resume();
+    }
+    assert!(
+        elapsed >= TIMEOUT && elapsed < TIMEOUT + SLACK,
+        "{elapsed:?}"
+    );
+    match &err {
+        Error::NoQuorum { failures, .. } => {
+            assert_eq!(failures.len(), 3);
+            assert!(
+                failures
+                    .iter()
+                    .all(|f| matches!(f.cause, NodeError::Timeout(t) if t == TIMEOUT)),
+                "{err}"
+            );
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+    // Once resumed, the paused nodes got our SET late; the background release follows
+    // it on the same connection, so no key survives.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while cluster.count_keys("redlock:*").await != 0 {
+        assert!(Instant::now() < deadline, "late SETs were not released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_minority_does_not_stall_any_operation() {
+    let cluster = Cluster::start(5).await;
+    let slow = Duration::from_secs(2);
+    let redlock = client(&cluster, slow);
+    cluster.node(1).pause();
+    cluster.node(4).pause();
+    let fast = Duration::from_millis(300);
+
+    let started = Instant::now();
+    let mut lock = redlock.try_lock("r").await.expect("3 of 5 answer");
+    assert!(
+        started.elapsed() < fast,
+        "acquire waited for a paused node: {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    lock.extend(Duration::from_secs(5)).await.expect("extend");
+    assert!(
+        started.elapsed() < fast,
+        "extend waited: {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    assert!(lock.release().await.unwrap().was_held());
+    assert!(
+        started.elapsed() < fast,
+        "release waited: {:?}",
+        started.elapsed()
+    );
+
+    cluster.node(1).resume();
+    cluster.node(4).resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_down_or_paused_fails_fast() {
+    let mut cluster = Cluster::start(1).await;
+    let redlock = client(&cluster, TIMEOUT);
+    redlock
+        .try_lock("r")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    cluster.node(0).pause();
+    let started = Instant::now();
+    let err = redlock.try_lock("r").await.unwrap_err();
+    assert!(matches!(err, Error::NoQuorum { .. }), "{err}");
+    assert!(started.elapsed() < TIMEOUT + SLACK);
+    cluster.node(0).resume();
+
+    cluster.node_mut(0).kill();
+    let started = Instant::now();
+    let err = redlock.try_lock("r").await.unwrap_err();
+    assert!(matches!(err, Error::NoQuorum { .. }), "{err}");
+    assert!(started.elapsed() < TIMEOUT + SLACK);
+}
+
+/// A failed attempt releases what it got: here it wins 2 nodes of 5 (the holder's key
+/// was removed there) and must delete its value from both before returning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempt_leaves_no_keys() {
+    let cluster = Cluster::start(5).await;
+    let holder = client(&cluster, TIMEOUT);
+    let other = client(&cluster, TIMEOUT);
+    let lock = holder.lock("r").await.unwrap();
+    let key = holder.key_for("r");
+    let holder_value: String = cluster
+        .node(0)
+        .query(redis::cmd("GET").arg(&key))
+        .await
+        .unwrap();
+    for i in [3, 4] {
+        let _: Option<i64> = cluster.node(i).query(redis::cmd("DEL").arg(&key)).await;
+    }
+    let err = other.try_lock("r").await.unwrap_err();
+    match &err {
+        Error::Taken { nodes, .. } => assert_eq!(nodes.len(), 3, "{err}"),
+        other => panic!("expected Taken, got {other:?}"),
+    }
+    // Checked right after the call returned: no waiting for a background task.
+    for i in 0..5 {
+        let value: Option<String> = cluster.node(i).query(redis::cmd("GET").arg(&key)).await;
+        match i {
+            0..=2 => assert_eq!(value.as_deref(), Some(holder_value.as_str())),
+            _ => assert_eq!(value, None, "node {i} kept the failed attempt's key"),
+        }
+    }
+    lock.release().await.unwrap();
+}
+
+/// An acquire future dropped mid-flight (caller timed out) leaves no partial lock: the
+/// nodes that already answered are released at once, the others right after their
+/// in-flight SET lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_acquire_leaves_no_keys() {
+    let cluster = Cluster::start_proxied(5).await;
+    let redlock = client(&cluster, Duration::from_secs(3));
+    // Warm up connections, so the SETs are really sent before the drop.
+    redlock
+        .try_lock("warm")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for i in [0, 1, 2] {
+        cluster.proxy(i).blackhole();
+    }
+    let abandoned = tokio::time::timeout(Duration::from_millis(150), redlock.try_lock("r")).await;
+    assert!(
+        abandoned.is_err(),
+        "acquire should still be waiting for a majority"
+    );
+
+    // The two answering nodes had the key; it is gone promptly, long before TTL (5 s).
+    let deadline = Instant::now() + Duration::from_millis(500);
+    loop {
+        let on_answering = cluster.node(3).keys("redlock:r").await.unwrap().len()
+            + cluster.node(4).keys("redlock:r").await.unwrap().len();
+        if on_answering == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "answered nodes not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The black-holed SETs land when the link comes back; their release follows them.
+    for i in [0, 1, 2] {
+        cluster.proxy(i).restore();
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while cluster.count_keys("redlock:*").await != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "in-flight SETs were not released"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_node_is_reconnected() {
+    let mut cluster = Cluster::start(3).await;
+    let redlock = client(&cluster, TIMEOUT);
+    redlock
+        .try_lock("r")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    cluster.node_mut(0).restart().await;
+    // The old connection to node 0 is broken; the first call may lose node 0's vote, but
+    // the client reconnects. Make node 0 necessary: kill node 1.
+    cluster.node_mut(1).kill();
+    let mut ok = false;
+    for _ in 0..3 {
+        match redlock.try_lock("r").await {
+            Ok(lock) => {
+                assert!(lock.release().await.unwrap().was_held());
+                ok = true;
+                break;
+            }
+            Err(Error::NoQuorum { .. }) => continue,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert!(ok, "node 0 was never reconnected after its restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_and_delayed_links() {
+    let cluster = Cluster::start_proxied(5).await;
+    let redlock = client_for(cluster.urls(), TIMEOUT);
+    redlock
+        .try_lock("warm")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // Two links cut: a majority remains.
+    cluster.proxy(0).cut();
+    cluster.proxy(1).cut();
+    let lock = redlock.try_lock("r").await.expect("3 of 5 reachable");
+    lock.release().await.unwrap();
+
+    // A third link much slower than the timeout: no majority, fast error.
+    cluster.proxy(2).delay(Duration::from_millis(600));
+    let started = Instant::now();
+    let err = redlock.try_lock("r").await.unwrap_err();
+    assert!(matches!(err, Error::NoQuorum { .. }), "{err}");
+    assert!(
+        started.elapsed() < TIMEOUT + SLACK,
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A slow link within the timeout still counts (once the chunks queued behind the
+    // 600 ms delay have drained).
+    cluster.proxy(2).delay(Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let lock = redlock.try_lock("r2").await.expect("slow but in time");
+    lock.release().await.unwrap();
+
+    // Links back: every node votes again (the client reconnects through the proxy).
+    for i in 0..3 {
+        cluster.proxy(i).restore();
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut all_five = false;
+    for _ in 0..5 {
+        let lock = redlock.try_lock("r3").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await; // slower nodes' SETs land
+        let total = cluster.count_keys("redlock:*").await;
+        let report = lock.release().await.unwrap();
+        if report.was_held() && total == 5 {
+            all_five = true;
+            break;
+        }
+    }
+    assert!(all_five);
+}
