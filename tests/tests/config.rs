@@ -1,6 +1,8 @@
 //! Every configuration and input error is a clear `ConfigError`, never a panic, and
 //! nothing is sent to any node.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
 use std::time::Duration;
 
 use redlock_core::{ConfigError, Error, Lock, Redlock, RetryPolicy};

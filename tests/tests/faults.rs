@@ -2,6 +2,8 @@
 //! The lock must keep working with a majority, fail fast and clearly without one, and
 //! never leave keys behind after a failed or abandoned attempt.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
 mod common;
 
 use std::time::{Duration, Instant};

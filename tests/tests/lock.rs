@@ -1,6 +1,8 @@
 //! The lock's semantics against real redis-server nodes: exclusivity, ownership,
 //! strict extension, multi-resource all-or-nothing, both connection back-ends.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
 mod common;
 
 use std::sync::Arc;

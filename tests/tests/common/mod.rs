@@ -25,9 +25,12 @@ pub fn client_for(urls: Vec<String>, node_timeout: Duration) -> Redlock {
         .expect("valid configuration")
 }
 
+/// One hold: start, end (monotonic clock), holder id.
+pub type Hold = (Instant, Instant, usize);
+
 /// Hold intervals on one monotonic clock; `overlaps` finds any two that intersect.
 #[derive(Default)]
-pub struct Intervals(Mutex<Vec<(Instant, Instant, usize)>>);
+pub struct Intervals(Mutex<Vec<Hold>>);
 
 impl Intervals {
     pub fn record(&self, start: Instant, end: Instant, who: usize) {
@@ -39,7 +42,7 @@ impl Intervals {
     }
 
     /// Pairs of overlapping intervals (sorted by start, each compared with the next).
-    pub fn overlaps(&self) -> Vec<((Instant, Instant, usize), (Instant, Instant, usize))> {
+    pub fn overlaps(&self) -> Vec<(Hold, Hold)> {
         let mut all = self.0.lock().unwrap().clone();
         all.sort_by_key(|i| i.0);
         all.windows(2)
