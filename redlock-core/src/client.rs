@@ -236,6 +236,7 @@ impl<'a> Acquire<'a> {
                         ttl,
                         acquired_at,
                         valid_until,
+                        attempts,
                     ));
                 }
                 Err(failure) => failure,

@@ -27,6 +27,7 @@ pub struct Lock {
     ttl: Duration,
     acquired_at: Instant,
     valid_until: Instant,
+    attempts: u32,
     /// Set once released (or handed to a background release).
     done: bool,
 }
@@ -74,6 +75,7 @@ impl Lock {
         ttl: Duration,
         acquired_at: Instant,
         valid_until: Instant,
+        attempts: u32,
     ) -> Self {
         Self {
             shared,
@@ -82,6 +84,7 @@ impl Lock {
             ttl,
             acquired_at,
             valid_until,
+            attempts,
             done: false,
         }
     }
@@ -101,7 +104,12 @@ impl Lock {
         self.ttl
     }
 
-    /// When the acquisition started (monotonic clock).
+    /// How many attempts it took to acquire (1: the resource was free at once).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// When the successful attempt started (monotonic clock).
     pub fn acquired_at(&self) -> Instant {
         self.acquired_at
     }

@@ -1,1 +1,310 @@
-fn main() {}
+//! Benchmark: the uncontended acquire + release cycle against a round-trip floor.
+//!
+//! ```text
+//! cargo run --release -p redlock-examples --bin bench
+//! ```
+//!
+//! Starts 5 local `redis-server` nodes (or uses `REDLOCK_NODES`) and measures, in one
+//! run, at concurrency 1 and 32:
+//! - the floor: per cycle, two rounds of concurrent `PING` to all nodes, waiting for
+//!   every node (what any client needs at least for a two-round-trip protocol), over
+//!   the same kind of connection the lock uses (one multiplexed connection per node);
+//! - the lock: `try_lock` on a fresh resource, then `release`.
+//!
+//! Prints cycles/s, p50 and p99 for each, and the two ratios the targets are about.
+//! `BENCH_SECS` sets the duration of each run (default 3).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::try_join_all;
+use redis::aio::MultiplexedConnection;
+use redlock_core::Redlock;
+use redlock_examples::Nodes;
+
+/// The same compare-and-delete the library runs, for the raw-commands reference.
+static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+});
+
+#[derive(Debug, Clone, Copy)]
+enum Workload {
+    Floor,
+    Lock,
+    Raw,
+}
+
+struct Stats {
+    cycles_per_sec: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let secs: u64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let nodes = Nodes::from_env_or_start(5).await;
+    let urls = nodes.urls();
+    println!(
+        "redlock bench: {}, {secs} s per run, {} worker threads",
+        nodes.describe(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+
+    let mut conns = Vec::new();
+    for url in &urls {
+        conns.push(
+            redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+        );
+    }
+    let conns = Arc::new(conns);
+    let redlock = Redlock::builder().nodes(urls.clone()).build()?;
+    let rounds: u32 = 6;
+    let slice = Duration::from_secs(secs) / rounds;
+
+    // Warm up both paths (connections, script cache).
+    measure(
+        Workload::Floor,
+        4,
+        Duration::from_millis(300),
+        &conns,
+        &redlock,
+    )
+    .await?;
+    measure(
+        Workload::Raw,
+        4,
+        Duration::from_millis(300),
+        &conns,
+        &redlock,
+    )
+    .await?;
+    measure(
+        Workload::Lock,
+        4,
+        Duration::from_millis(300),
+        &conns,
+        &redlock,
+    )
+    .await?;
+
+    println!(
+        "{:<46} {:>10} {:>10} {:>10} {:>8} {:>8}",
+        format!("workload (interleaved, {rounds} rounds)"),
+        "cycles/s",
+        "p50",
+        "p99",
+        "cli us",
+        "srv us"
+    );
+    println!("(cli us / srv us: CPU time per cycle of this process / of all the Redis servers)");
+    let workloads = [Workload::Floor, Workload::Lock, Workload::Raw];
+    // BENCH_ONLY=lock (or floor, raw): run one workload at c=32, for profiling.
+    if let Ok(only) = std::env::var("BENCH_ONLY") {
+        let workload = match only.as_str() {
+            "floor" => Workload::Floor,
+            "raw" => Workload::Raw,
+            _ => Workload::Lock,
+        };
+        let (mut s, spent) = measure(workload, 32, slice * rounds, &conns, &redlock).await?;
+        let stats = Stats::from(&mut s, spent);
+        println!(
+            "{only}: {:.0} cycles/s, p50 {}",
+            stats.cycles_per_sec,
+            fmt_us(stats.p50)
+        );
+        return Ok(());
+    }
+    let mut results = Vec::new();
+    for concurrency in [1usize, 32] {
+        // Alternate the workloads in short slices so that machine noise hits all alike.
+        let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); workloads.len()];
+        let mut spent = vec![Duration::ZERO; workloads.len()];
+        let mut client_cpu = vec![0.0f64; workloads.len()];
+        let mut server_cpu = vec![0.0f64; workloads.len()];
+        for _ in 0..rounds {
+            for (w, workload) in workloads.iter().enumerate() {
+                let (c0, s0) = (process_cpu_secs(), servers_cpu_secs(&conns).await);
+                let (s, elapsed) = measure(*workload, concurrency, slice, &conns, &redlock).await?;
+                client_cpu[w] += process_cpu_secs() - c0;
+                server_cpu[w] += servers_cpu_secs(&conns).await - s0;
+                samples[w].extend(s);
+                spent[w] += elapsed;
+            }
+        }
+        for (w, workload) in workloads.iter().enumerate() {
+            let cycles = samples[w].len().max(1) as f64;
+            let cpu = (client_cpu[w] / cycles * 1e6, server_cpu[w] / cycles * 1e6);
+            let stats = Stats::from(&mut samples[w], spent[w]);
+            let label = match workload {
+                Workload::Floor => format!(
+                    "floor: 2 rounds of PING to all {} (c={concurrency})",
+                    urls.len()
+                ),
+                Workload::Lock => format!("lock: try_lock + release (c={concurrency})"),
+                Workload::Raw => format!("raw: SET NX PX + release script, all (c={concurrency})"),
+            };
+            println!(
+                "{label:<46} {:>10.0} {:>10} {:>10} {:>8.1} {:>8.1}",
+                stats.cycles_per_sec,
+                fmt_us(stats.p50),
+                fmt_us(stats.p99),
+                cpu.0,
+                cpu.1
+            );
+            results.push(stats);
+        }
+    }
+    let [floor1, lock1, raw1, floor32, lock32, raw32] = &results[..] else {
+        return Err("missing results".into());
+    };
+    let p50_ratio = lock1.p50.as_secs_f64() / floor1.p50.as_secs_f64();
+    let tput_ratio = lock32.cycles_per_sec / floor32.cycles_per_sec;
+    println!();
+    println!(
+        "p50 at c=1: lock / floor = {p50_ratio:.2} (target <= 1.00: {})",
+        verdict(p50_ratio <= 1.0)
+    );
+    println!(
+        "throughput at c=32: lock / floor = {tput_ratio:.2} (target >= 0.75: {})",
+        verdict(tput_ratio >= 0.75)
+    );
+    println!(
+        "(reference: the raw commands alone, waiting for every node: p50 c=1 {:.2}x floor, c=32 {:.2}x floor throughput)",
+        raw1.p50.as_secs_f64() / floor1.p50.as_secs_f64(),
+        raw32.cycles_per_sec / floor32.cycles_per_sec
+    );
+    drop(nodes);
+    Ok(())
+}
+
+/// CPU time (user + system) of this process so far, from /proc (0 where unavailable).
+fn process_cpu_secs() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which may contain spaces): utime is the 12th.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0 // USER_HZ is 100 on Linux
+}
+
+/// CPU time (user + system) of all the servers so far, from `INFO cpu`.
+async fn servers_cpu_secs(conns: &[MultiplexedConnection]) -> f64 {
+    let mut total = 0.0;
+    for conn in conns {
+        let mut conn = conn.clone();
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        for line in info.lines() {
+            if let Some((name, value)) = line.split_once(':')
+                && (name == "used_cpu_user" || name == "used_cpu_sys")
+            {
+                total += value.trim().parse::<f64>().unwrap_or(0.0);
+            }
+        }
+    }
+    total
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}
+
+fn fmt_us(d: Duration) -> String {
+    format!("{} us", d.as_micros())
+}
+
+async fn measure(
+    workload: Workload,
+    concurrency: usize,
+    run: Duration,
+    conns: &Arc<Vec<MultiplexedConnection>>,
+    redlock: &Redlock,
+) -> Result<(Vec<Duration>, Duration), Box<dyn std::error::Error>> {
+    let started = Instant::now();
+    let deadline = started + run;
+    let mut workers = Vec::new();
+    for worker in 0..concurrency {
+        let conns = Arc::clone(conns);
+        let redlock = redlock.clone();
+        workers.push(tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut i: u64 = 0;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                match workload {
+                    Workload::Floor => {
+                        for _ in 0..2 {
+                            try_join_all(conns.iter().map(|c| {
+                                let mut c = c.clone();
+                                async move { redis::cmd("PING").query_async::<String>(&mut c).await }
+                            }))
+                            .await?;
+                        }
+                    }
+                    Workload::Raw => {
+                        let key = format!("raw:{worker}:{i}");
+                        try_join_all(conns.iter().map(|c| {
+                            let mut c = c.clone();
+                            let key = key.clone();
+                            async move { redis::cmd("SET").arg(&key).arg("v").arg("NX").arg("PX").arg(10000).query_async::<Option<String>>(&mut c).await }
+                        }))
+                        .await?;
+                        try_join_all(conns.iter().map(|c| {
+                            let mut c = c.clone();
+                            let key = key.clone();
+                            async move { RELEASE.key(&key).arg("v").invoke_async::<i64>(&mut c).await }
+                        }))
+                        .await?;
+                    }
+                    Workload::Lock => {
+                        let lock = redlock.try_lock(format!("bench:{worker}:{i}")).await?;
+                        lock.release().await?;
+                    }
+                }
+                samples.push(t.elapsed());
+                i += 1;
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(samples)
+        }));
+    }
+    let mut samples = Vec::new();
+    for worker in workers {
+        samples.extend(worker.await?.map_err(|e| e.to_string())?);
+    }
+    Ok((samples, started.elapsed()))
+}
+
+impl Stats {
+    fn from(samples: &mut [Duration], spent: Duration) -> Self {
+        samples.sort_unstable();
+        let pick = |q: f64| {
+            let idx = ((samples.len() as f64 - 1.0) * q).round() as usize;
+            samples.get(idx).copied().unwrap_or_default()
+        };
+        Self {
+            cycles_per_sec: samples.len() as f64 / spent.as_secs_f64(),
+            p50: pick(0.50),
+            p99: pick(0.99),
+        }
+    }
+}
