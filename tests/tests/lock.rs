@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Intervals, client};
+use common::{Intervals, client, settle_keys};
 use redlock_core::{Error, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
@@ -53,7 +53,7 @@ async fn exclusivity(nodes: usize, clients: usize, tasks: usize, rounds: usize) 
     }
     assert_eq!(intervals.len(), clients * tasks * rounds);
     assert!(intervals.overlaps().is_empty(), "overlapping holds");
-    assert_eq!(cluster.count_keys("redlock:*").await, 0, "keys left behind");
+    settle_keys(&cluster, "redlock:*", 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,7 +246,7 @@ async fn multi_resource_lock_is_all_or_nothing() {
     single.release().await.unwrap();
     let both = b.lock_many(["acct:2", "acct:1"]).await.unwrap();
     assert_eq!(both.resources(), ["acct:2".to_owned(), "acct:1".to_owned()]);
-    assert_eq!(cluster.count_keys("redlock:acct:*").await, 10);
+    settle_keys(&cluster, "redlock:acct:*", 10).await;
     assert!(a.try_lock("acct:1").await.is_err());
     assert!(a.try_lock("acct:2").await.is_err());
     let mut both = both;
@@ -259,8 +259,7 @@ async fn multi_resource_lock_is_all_or_nothing() {
     assert!(ttl > 10_000, "{ttl}");
     let report = both.release().await.unwrap();
     assert!(report.was_held());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(cluster.count_keys("redlock:*").await, 0);
+    settle_keys(&cluster, "redlock:*", 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

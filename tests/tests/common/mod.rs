@@ -51,3 +51,20 @@ impl Intervals {
             .collect()
     }
 }
+
+/// Waits (up to 2 s) until `pattern` matches `expected` keys over the cluster: commands to
+/// the slower nodes complete after an operation returns at its quorum.
+pub async fn settle_keys(cluster: &Cluster, pattern: &str, expected: usize) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let found = cluster.count_keys(pattern).await;
+        if found == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{pattern}: {found} keys, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
