@@ -20,6 +20,7 @@ pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
 
 enum NodeSpec {
     Url(String),
+    Client(redis::Client),
     Pool(deadpool_redis::Pool),
 }
 
@@ -100,6 +101,13 @@ impl RedlockBuilder {
         self
     }
 
+    /// Adds a node through a ready `redis::Client`: for what a URL cannot say, such as
+    /// TLS with your own root or client certificates (`redis::Client::build_with_tls`).
+    pub fn client(mut self, client: redis::Client) -> Self {
+        self.nodes.push(NodeSpec::Client(client));
+        self
+    }
+
     /// Adds a node reached through a ready connection pool. Pools cannot be checked for
     /// duplicates: give each node once.
     pub fn pool(mut self, pool: deadpool_redis::Pool) -> Self {
@@ -167,32 +175,33 @@ impl RedlockBuilder {
         let mut seen = HashSet::new();
         let mut wants_tls = false;
         for (index, spec) in self.nodes.into_iter().enumerate() {
-            match spec {
+            let client = match spec {
                 NodeSpec::Url(url) => {
-                    let client = redis::Client::open(url.as_str()).map_err(|err| {
-                        ConfigError::InvalidUrl {
-                            url: redact(&url),
-                            reason: err.to_string(),
-                        }
-                    })?;
-                    let info = client.get_connection_info();
-                    let db = info.redis_settings().db();
-                    let name = if db == 0 {
-                        info.addr().to_string()
-                    } else {
-                        format!("{}/{db}", info.addr())
-                    };
-                    // One server is one vote, whatever database a URL selects on it.
-                    if !seen.insert(info.addr().to_string()) {
-                        return Err(ConfigError::DuplicateNode {
-                            node: info.addr().to_string(),
-                        });
-                    }
-                    wants_tls |= url.starts_with("rediss:");
-                    nodes.push(Node::direct(name, client));
+                    redis::Client::open(url.as_str()).map_err(|err| ConfigError::InvalidUrl {
+                        url: redact(&url),
+                        reason: err.to_string(),
+                    })?
                 }
-                NodeSpec::Pool(pool) => nodes.push(Node::pool(format!("pool#{index}"), pool)),
+                NodeSpec::Client(client) => client,
+                NodeSpec::Pool(pool) => {
+                    nodes.push(Node::pool(format!("pool#{index}"), pool));
+                    continue;
+                }
+            };
+            let info = client.get_connection_info();
+            let addr = info.addr().to_string();
+            // One server is one vote, whatever database a URL selects on it.
+            if !seen.insert(addr.clone()) {
+                return Err(ConfigError::DuplicateNode { node: addr });
             }
+            let db = info.redis_settings().db();
+            let name = if db == 0 {
+                addr
+            } else {
+                format!("{addr}/{db}")
+            };
+            wants_tls |= matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+            nodes.push(Node::direct(name, client));
         }
         if wants_tls {
             install_tls_provider();

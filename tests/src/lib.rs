@@ -10,7 +10,10 @@
 //!   delayed.
 //! - [`Cluster`]: N servers (optionally each behind a proxy) with their URLs.
 //!
-//! Needs `redis-server` on `PATH` (or its path in `REDIS_SERVER`).
+//! - [`ServerOptions`]: a password, an ACL user, TLS with a CA of the server's own.
+//!
+//! Needs `redis-server` on `PATH` (or its path in `REDIS_SERVER`), and `openssl` for TLS
+//! servers.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -28,7 +31,7 @@ mod proxy;
 mod server;
 
 pub use proxy::{LinkState, Proxy};
-pub use server::{Persistence, RedisServer};
+pub use server::{Persistence, RedisServer, ServerOptions};
 
 /// N independent Redis masters, each optionally reached through its own [`Proxy`].
 pub struct Cluster {

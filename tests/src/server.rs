@@ -12,19 +12,36 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What a server keeps on disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Persistence {
     /// Nothing: a restart forgets every key (the default for lock tests).
+    #[default]
     None,
     /// Append-only file with `appendfsync always`: a restart keeps every acknowledged write.
     AofAlways,
 }
 
+/// How to start a server.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// What the server keeps on disk.
+    pub persistence: Persistence,
+    /// `requirepass`: the default user needs this password.
+    pub password: Option<String>,
+    /// An ACL user `(name, password)` allowed every command and key.
+    pub acl_user: Option<(String, String)>,
+    /// Serve TLS (certificates made with the `openssl` command, signed by a CA of the
+    /// server's own; see [`RedisServer::tls_ca_pem`]).
+    pub tls: bool,
+}
+
 /// A `redis-server` on a free loopback port, killed when dropped.
 pub struct RedisServer {
     port: u16,
+    /// The TLS port, when serving TLS (`port` then stays plain, for the kit's own checks).
+    tls_port: Option<u16>,
     dir: tempfile::TempDir,
-    persistence: Persistence,
+    options: ServerOptions,
     child: Option<Child>,
     paused: AtomicBool,
 }
@@ -50,20 +67,36 @@ fn free_port() -> u16 {
 impl RedisServer {
     /// Starts a server and waits until it answers `PING`.
     pub async fn start(persistence: Persistence) -> Self {
+        Self::start_with(ServerOptions {
+            persistence,
+            ..ServerOptions::default()
+        })
+        .await
+    }
+
+    /// Starts a server with `options` and waits until it answers.
+    pub async fn start_with(options: ServerOptions) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("redlock-test-")
             .tempdir()
             .expect("create a temporary directory");
+        if options.tls {
+            make_certificates(dir.path());
+        }
         let mut server = Self {
             port: 0,
+            tls_port: None,
             dir,
-            persistence,
+            options,
             child: None,
             paused: AtomicBool::new(false),
         };
         // Another process may grab the port between our probe and redis' bind: retry.
         for _ in 0..10 {
             server.port = free_port();
+            if server.options.tls {
+                server.tls_port = Some(free_port());
+            }
             if server.spawn_and_wait().await {
                 return server;
             }
@@ -91,7 +124,32 @@ impl RedisServer {
             .arg(self.log_path())
             .arg("--save")
             .arg("");
-        match self.persistence {
+        if let Some(password) = &self.options.password {
+            cmd.arg("--requirepass").arg(password);
+        }
+        if let Some((user, password)) = &self.options.acl_user {
+            cmd.arg("--user")
+                .arg(user)
+                .arg("on")
+                .arg(format!(">{password}"))
+                .arg("~*")
+                .arg("&*")
+                .arg("+@all");
+        }
+        if let Some(tls_port) = self.tls_port {
+            let dir = self.dir.path();
+            cmd.arg("--tls-port")
+                .arg(tls_port.to_string())
+                .arg("--tls-cert-file")
+                .arg(dir.join("server.crt"))
+                .arg("--tls-key-file")
+                .arg(dir.join("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(dir.join("ca.crt"))
+                .arg("--tls-auth-clients")
+                .arg("no");
+        }
+        match self.options.persistence {
             Persistence::None => {
                 cmd.arg("--appendonly").arg("no");
             }
@@ -141,9 +199,24 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://[credentials@]127.0.0.1:<port>`, or `rediss://…` on the TLS port when
+    /// serving TLS (verified against [`tls_ca_pem`](Self::tls_ca_pem)).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let credentials = match (&self.options.acl_user, &self.options.password) {
+            (Some((user, password)), _) => format!("{user}:{password}@"),
+            (None, Some(password)) => format!(":{password}@"),
+            (None, None) => String::new(),
+        };
+        match self.tls_port {
+            Some(tls_port) => format!("rediss://{credentials}127.0.0.1:{tls_port}"),
+            None => format!("redis://{credentials}127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The PEM of the CA that signed a TLS server's certificate.
+    pub fn tls_ca_pem(&self) -> Option<Vec<u8>> {
+        self.tls_port
+            .and_then(|_| std::fs::read(self.dir.path().join("ca.crt")).ok())
     }
 
     /// The process id, while running.
@@ -206,9 +279,14 @@ impl RedisServer {
         );
     }
 
-    /// A client for inspecting the server directly.
+    /// A client for inspecting the server directly (plain port, with credentials).
     pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("valid URL")
+        let url = match (&self.options.acl_user, &self.options.password) {
+            (Some((user, password)), _) => format!("redis://{user}:{password}@{}", self.addr()),
+            (None, Some(password)) => format!("redis://:{password}@{}", self.addr()),
+            (None, None) => format!("redis://{}", self.addr()),
+        };
+        redis::Client::open(url).expect("valid URL")
     }
 
     /// Every key matching `pattern`; `None` if the server does not answer within 1 s.
@@ -257,14 +335,79 @@ impl Drop for RedisServer {
     }
 }
 
-/// True if a Redis server at `addr` answers `PING` with `PONG` within 200 ms.
+/// A CA and a server certificate for 127.0.0.1 signed by it, in `dir`, by the `openssl`
+/// command.
+fn make_certificates(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run openssl (Debian: apt-get install openssl)");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=redlock test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("write the certificate extensions");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.crt",
+    ]);
+}
+
+/// True if a Redis server at `addr` answers `PING` (with `PONG`, or by asking for
+/// authentication) within 200 ms.
 async fn ping(addr: SocketAddr) -> bool {
     let attempt = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
         stream.write_all(b"PING\r\n").await.ok()?;
         let mut buf = [0u8; 64];
         let n = stream.read(&mut buf).await.ok()?;
-        Some(buf[..n].starts_with(b"+PONG"))
+        Some(buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
     };
     matches!(
         tokio::time::timeout(Duration::from_millis(200), attempt).await,
