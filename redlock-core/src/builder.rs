@@ -20,7 +20,7 @@ pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
 
 enum NodeSpec {
     Url(String),
-    Client(redis::Client),
+    Client(Box<redis::Client>),
     Pool(deadpool_redis::Pool),
 }
 
@@ -104,7 +104,7 @@ impl RedlockBuilder {
     /// Adds a node through a ready `redis::Client`: for what a URL cannot say, such as
     /// TLS with your own root or client certificates (`redis::Client::build_with_tls`).
     pub fn client(mut self, client: redis::Client) -> Self {
-        self.nodes.push(NodeSpec::Client(client));
+        self.nodes.push(NodeSpec::Client(Box::new(client)));
         self
     }
 
@@ -182,7 +182,7 @@ impl RedlockBuilder {
                         reason: err.to_string(),
                     })?
                 }
-                NodeSpec::Client(client) => client,
+                NodeSpec::Client(client) => *client,
                 NodeSpec::Pool(pool) => {
                     nodes.push(Node::pool(format!("pool#{index}"), pool));
                     continue;
