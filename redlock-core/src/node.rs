@@ -7,10 +7,16 @@
 //! abandoned acquisition never races the acquisition itself. A node built from a
 //! `deadpool_redis::Pool` takes a connection from the pool for each operation.
 //!
-//! Every operation is bounded by the per-node timeout, connecting included.
+//! Every operation is bounded by the per-node timeout, connecting included. Opening a
+//! connection runs in a task of its own (bounded by `CONNECT_TIMEOUT`), so that a link
+//! whose handshake is slower than the per-node timeout still ends up connected.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, RedisError, Script};
@@ -50,12 +56,31 @@ enum Backend {
 /// A lazily opened, shared multiplexed connection.
 struct Direct {
     client: redis::Client,
-    /// The open connection with its generation number.
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
-    /// Held while connecting, so that concurrent callers open one connection, not many.
-    /// Holds the generation number of the last connection opened.
-    connecting: tokio::sync::Mutex<u64>,
+    slot: Mutex<Slot>,
+    /// Numbers connections, so that a failure on an old one does not drop a new one.
+    next_id: AtomicU64,
 }
+
+/// An opened connection, or one being opened, or none.
+enum Slot {
+    Empty,
+    /// Being opened by a task of its own: an operation that times out meanwhile does not
+    /// abort it, so a link slower than the per-node timeout still gets connected.
+    Connecting {
+        id: u64,
+        opened: Opening,
+    },
+    Ready {
+        id: u64,
+        conn: MultiplexedConnection,
+    },
+}
+
+type Opening = Shared<BoxFuture<'static, Result<MultiplexedConnection, RedisError>>>;
+
+/// How long opening a connection may take (TCP, TLS, authentication, `HELLO`) before it
+/// is abandoned and tried afresh by the next operation.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -70,8 +95,8 @@ impl Node {
             name,
             backend: Backend::Direct(Box::new(Direct {
                 client,
-                current: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(0),
+                slot: Mutex::new(Slot::Empty),
+                next_id: AtomicU64::new(1),
             })),
         }
     }
@@ -122,49 +147,94 @@ impl Node {
 }
 
 impl Direct {
-    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
-        match self.current.lock() {
-            Ok(guard) => guard.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        // The slot is always left consistent: a poisoned lock is still usable.
+        self.slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn store(&self, value: Option<(u64, MultiplexedConnection)>) {
-        match self.current.lock() {
-            Ok(mut guard) => *guard = value,
-            Err(poisoned) => *poisoned.into_inner() = value,
-        }
-    }
-
+    /// The shared connection, opening it if needed.
     async fn connection(&self) -> Result<(u64, MultiplexedConnection), RedisError> {
-        if let Some(found) = self.cached() {
-            return Ok(found);
+        let (id, opened) = {
+            let mut slot = self.slot();
+            match &*slot {
+                Slot::Ready { id, conn } => return Ok((*id, conn.clone())),
+                Slot::Connecting { id, opened } => (*id, opened.clone()),
+                Slot::Empty => {
+                    let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                    let opened = self.open();
+                    *slot = Slot::Connecting {
+                        id,
+                        opened: opened.clone(),
+                    };
+                    (id, opened)
+                }
+            }
+        };
+        let result = opened.await;
+        let mut slot = self.slot();
+        let current = matches!(&*slot, Slot::Connecting { id: current, .. } if *current == id);
+        match result {
+            Ok(conn) => {
+                if current {
+                    *slot = Slot::Ready {
+                        id,
+                        conn: conn.clone(),
+                    };
+                }
+                Ok((id, conn))
+            }
+            Err(err) => {
+                if current {
+                    *slot = Slot::Empty;
+                }
+                Err(err)
+            }
         }
-        let mut generation = self.connecting.lock().await;
-        if let Some(found) = self.cached() {
-            return Ok(found);
-        }
-        // Timeouts are ours (per operation); redis-rs' own would only add a second clock.
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(None)
-            .set_response_timeout(None);
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        *generation += 1;
-        self.store(Some((*generation, conn.clone())));
-        Ok((*generation, conn))
     }
 
-    /// Drops the connection of `generation` (if still current) so the next call reconnects.
-    fn forget(&self, generation: u64) {
-        let mut guard = match self.current.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
+    /// Starts opening a connection in a task of its own.
+    fn open(&self) -> Opening {
+        let client = self.client.clone();
+        // Operation timeouts are ours; redis-rs' own would only add a second clock.
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(None);
+        let connect = async move {
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            // Load the scripts now (one round trip), so that operations on this connection
+            // do not meet NOSCRIPT: its fallback costs two more round trips, which may not
+            // fit in the per-node timeout. A restarted node comes back through a new
+            // connection, so it gets them again.
+            let mut load = redis::pipe();
+            for source in scripts::ALL_SOURCES {
+                load.cmd("SCRIPT").arg("LOAD").arg(source);
+            }
+            load.query_async::<()>(&mut conn).await?;
+            Ok(conn)
         };
-        if guard.as_ref().is_some_and(|(g, _)| *g == generation) {
-            *guard = None;
+        let opening: BoxFuture<'static, _> = match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let task = handle.spawn(connect);
+                Box::pin(async move {
+                    task.await.unwrap_or_else(|err| {
+                        Err(RedisError::from(std::io::Error::other(err.to_string())))
+                    })
+                })
+            }
+            Err(_) => Box::pin(connect),
+        };
+        opening.shared()
+    }
+
+    /// Drops connection `id` (if still current) so the next call reconnects.
+    fn forget(&self, id: u64) {
+        let mut slot = self.slot();
+        if matches!(&*slot, Slot::Ready { id: current, .. } if *current == id) {
+            *slot = Slot::Empty;
         }
     }
 }

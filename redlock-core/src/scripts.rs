@@ -1,18 +1,17 @@
 //! The Lua scripts run on each node.
 //!
 //! All of them compare the stored value with ours before touching a key, so a client can
-//! only ever release or extend its own lock. They run with `EVALSHA` and fall back to
-//! `EVAL` when a node answers `NOSCRIPT` (a restarted node has an empty script cache);
-//! see [`redis::Script`].
+//! only ever release or extend its own lock. Every new connection loads them first (one
+//! pipelined round trip); they then run with `EVALSHA`, falling back to loading them
+//! when a node answers `NOSCRIPT` (its script cache was flushed); see [`redis::Script`].
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
 /// Deletes every key of `KEYS` that still holds `ARGV[1]`; returns how many it deleted.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
+const RELEASE_SOURCE: &str = r"
 local n = 0
 for _, key in ipairs(KEYS) do
   if redis.call('GET', key) == ARGV[1] then
@@ -21,16 +20,13 @@ for _, key in ipairs(KEYS) do
   end
 end
 return n
-",
-    )
-});
+";
 
 /// Sets a new TTL (`ARGV[2]` ms) on all of `KEYS` if every one still holds `ARGV[1]`;
 /// all or nothing. `PEXPIRE` on a missing key is a no-op, so an expired lock is never
 /// re-created. Returns 1 if extended, 0 if not.
-pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SOURCE));
+const EXTEND_SOURCE: &str = r"
 for _, key in ipairs(KEYS) do
   if redis.call('GET', key) ~= ARGV[1] then
     return 0
@@ -40,15 +36,13 @@ for _, key in ipairs(KEYS) do
   redis.call('PEXPIRE', key, ARGV[2])
 end
 return 1
-",
-    )
-});
+";
 
 /// Sets all of `KEYS` to `ARGV[1]` with a TTL of `ARGV[2]` ms if none of them exists;
 /// all or nothing on this node. Returns 1 if set, 0 if any key was taken.
-pub(crate) static ACQUIRE_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+pub(crate) static ACQUIRE_MANY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_MANY_SOURCE));
+const ACQUIRE_MANY_SOURCE: &str = r"
 for _, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then
     return 0
@@ -58,6 +52,7 @@ for _, key in ipairs(KEYS) do
   redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
 end
 return 1
-",
-    )
-});
+";
+
+/// Every script's source, to load on a new connection.
+pub(crate) const ALL_SOURCES: [&str; 3] = [RELEASE_SOURCE, EXTEND_SOURCE, ACQUIRE_MANY_SOURCE];

@@ -7,6 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// The state of a proxied link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,45 +131,62 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: watch::Receiver<L
     }
 }
 
-async fn pipe<R, W>(mut from: R, mut to: W, mut state: watch::Receiver<LinkState>)
+/// Copies `from` to `to` under the link state: each chunk is delivered `delay` after it
+/// was read (pure latency: chunks in flight overlap, as on a real link), held while the
+/// link is black-holed, and the copy ends when the link is cut.
+async fn pipe<R, W>(mut from: R, mut to: W, state: watch::Receiver<LinkState>)
 where
     R: AsyncReadExt + Unpin,
     W: AsyncWriteExt + Unpin,
 {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = tokio::select! {
-            read = from.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            },
-            changed = state.changed() => {
-                if changed.is_err() || *state.borrow() == LinkState::Cut {
-                    return;
-                }
-                continue;
-            }
-        };
-        // Deliver the chunk according to the link state, waiting while black-holed.
+    let (chunks, mut in_flight) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let mut read_state = state.clone();
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
         loop {
-            let current = *state.borrow_and_update();
-            match current {
-                LinkState::Cut => return,
-                LinkState::Blackhole => {
-                    if state.changed().await.is_err() {
+            tokio::select! {
+                read = from.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        let deliver_at = match *read_state.borrow() {
+                            LinkState::Up { delay } => Instant::now() + delay,
+                            _ => Instant::now(),
+                        };
+                        if chunks.send((deliver_at, buf[..n].to_vec())).is_err() {
+                            return;
+                        }
+                    }
+                },
+                changed = read_state.changed() => {
+                    if changed.is_err() || *read_state.borrow() == LinkState::Cut {
                         return;
                     }
-                }
-                LinkState::Up { delay } => {
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
-                    if to.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                    break;
                 }
             }
         }
-    }
+    };
+    let mut write_state = state;
+    let writer = async move {
+        while let Some((deliver_at, chunk)) = in_flight.recv().await {
+            tokio::time::sleep_until(deliver_at).await;
+            loop {
+                let current = *write_state.borrow_and_update();
+                match current {
+                    LinkState::Cut => return,
+                    LinkState::Blackhole => {
+                        if write_state.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    LinkState::Up { .. } => break,
+                }
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    // The reader ending (EOF, cut) drops the sender: the writer delivers what is in
+    // flight, then ends too, unless the link is cut.
+    tokio::join!(reader, writer);
 }

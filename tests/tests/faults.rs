@@ -330,3 +330,27 @@ async fn cut_and_delayed_links() {
     }
     panic!("some node never voted again: {seen:?}");
 }
+
+/// A link so slow that connecting plus one command does not fit in the per-node timeout:
+/// the connection is still established (in the background, across operations), and
+/// then each command alone fits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_handshake_still_connects() {
+    let cluster = Cluster::start_proxied(3).await;
+    for i in 0..3 {
+        cluster.proxy(i).delay(Duration::from_millis(70));
+    }
+    let redlock = client_for(cluster.urls(), TIMEOUT);
+    let mut outcomes = Vec::new();
+    for _ in 0..10 {
+        match redlock.try_lock("slow").await {
+            Ok(lock) => {
+                lock.release().await.unwrap();
+                return;
+            }
+            Err(err) => outcomes.push(err.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never connected over a slow link: {outcomes:#?}");
+}
