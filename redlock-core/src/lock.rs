@@ -176,7 +176,7 @@ impl Lock {
         }
         // Nodes that did extend keep the longer TTL; that only delays others, it never
         // lets two hold the lock.
-        let failures = fanout.failures();
+        let no_quorum = fanout.no_quorum(self.resource());
         fanout.finish_in_background();
         if answered_at >= self.valid_until {
             return Err(self.expired("its validity ran out during the extension"));
@@ -188,12 +188,7 @@ impl Lock {
             "extension refused"
         );
         if tally.failed > tally.nodes - tally.quorum {
-            Err(Error::NoQuorum {
-                resource: self.resource().to_owned(),
-                needed: tally.quorum,
-                total: tally.nodes,
-                failures,
-            })
+            Err(no_quorum)
         } else {
             Err(Error::Lost {
                 resource: self.resource().to_owned(),
@@ -226,7 +221,7 @@ impl Lock {
         async move {
             let mut fanout = Fanout::start(&self.shared, &self.target, OpKind::Release, None);
             let tally = fanout.until_won_or_done().await;
-            let failures = fanout.failures();
+            let no_quorum = fanout.no_quorum(self.resource());
             fanout.finish_in_background();
             tracing::debug!(released = tally.yes, expired, "released");
             if tally.won() || tally.majority_answered() {
@@ -237,12 +232,7 @@ impl Lock {
                     expired,
                 })
             } else {
-                Err(Error::NoQuorum {
-                    resource: self.resource().to_owned(),
-                    needed: tally.quorum,
-                    total: tally.nodes,
-                    failures,
-                })
+                Err(no_quorum)
             }
         }
         .instrument(span)

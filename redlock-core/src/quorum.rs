@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use crate::client::Shared;
-use crate::error::{NodeError, NodeFailure};
+use crate::error::{Error, NodeError, NodeFailure};
 use crate::node::Op;
 
 /// The majority of `n` nodes: `n / 2 + 1`.
@@ -239,6 +239,16 @@ impl Fanout {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The error for an outcome decided by failed nodes.
+    pub(crate) fn no_quorum(&self, resource: &str) -> Error {
+        Error::NoQuorum {
+            resource: resource.to_owned(),
+            needed: self.tally.quorum,
+            total: self.tally.nodes,
+            failures: self.failures(),
+        }
     }
 
     /// Waits for the node operations still in flight and hands back the nodes they were

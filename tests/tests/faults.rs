@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, client_for};
+use common::{client, client_for, cycle};
 use redlock_core::{Error, NodeError};
 use redlock_testkit::Cluster;
 
@@ -141,13 +141,7 @@ async fn paused_minority_does_not_stall_any_operation() {
 async fn single_node_down_or_paused_fails_fast() {
     let mut cluster = Cluster::start(1).await;
     let redlock = client(&cluster, TIMEOUT);
-    redlock
-        .try_lock("r")
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    cycle(&redlock, "r").await;
 
     cluster.node(0).pause();
     let started = Instant::now();
@@ -204,13 +198,7 @@ async fn dropped_acquire_leaves_no_keys() {
     let cluster = Cluster::start_proxied(5).await;
     let redlock = client(&cluster, Duration::from_secs(3));
     // Warm up connections, so the SETs are really sent before the drop.
-    redlock
-        .try_lock("warm")
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    cycle(&redlock, "warm").await;
     for i in [0, 1, 2] {
         cluster.proxy(i).blackhole();
     }
@@ -249,13 +237,7 @@ async fn dropped_acquire_leaves_no_keys() {
 async fn restarted_node_is_reconnected() {
     let mut cluster = Cluster::start(3).await;
     let redlock = client(&cluster, TIMEOUT);
-    redlock
-        .try_lock("r")
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    cycle(&redlock, "r").await;
     cluster.node_mut(0).restart().await;
     // The old connection to node 0 is broken; the first call may lose node 0's vote, but
     // the client reconnects. Make node 0 necessary: kill node 1.
@@ -279,13 +261,7 @@ async fn restarted_node_is_reconnected() {
 async fn cut_and_delayed_links() {
     let cluster = Cluster::start_proxied(5).await;
     let redlock = client_for(cluster.urls(), TIMEOUT);
-    redlock
-        .try_lock("warm")
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    cycle(&redlock, "warm").await;
 
     // Two links cut: a majority remains.
     cluster.proxy(0).cut();

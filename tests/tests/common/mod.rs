@@ -28,6 +28,12 @@ pub fn client_for(urls: Vec<String>, node_timeout: Duration) -> Redlock {
 /// One hold: start, end (monotonic clock), holder id.
 pub type Hold = (Instant, Instant, usize);
 
+/// One uncontended lock + release of `resource`, which must succeed.
+pub async fn cycle(redlock: &Redlock, resource: &str) {
+    let lock = redlock.try_lock(resource).await.expect("lock");
+    assert!(lock.release().await.expect("release").was_held());
+}
+
 /// Hold intervals on one monotonic clock; `overlaps` finds any two that intersect.
 #[derive(Default)]
 pub struct Intervals(Mutex<Vec<Hold>>);
