@@ -40,3 +40,33 @@ impl Nodes {
         }
     }
 }
+
+/// Waits until a majority of `redlock`'s nodes vote (fresh nodes sit in restart
+/// quarantine for the maximum TTL after they start), printing what it waits for.
+pub async fn wait_until_ready(redlock: &redlock_core::Redlock) {
+    let started = std::time::Instant::now();
+    let mut told = false;
+    while !redlock.ready().await {
+        if !told {
+            let longest = redlock
+                .node_status()
+                .await
+                .iter()
+                .filter_map(|s| s.quarantined)
+                .max()
+                .unwrap_or_default();
+            println!(
+                "  nodes started moments ago are in restart quarantine (up for less than the max TTL): waiting up to {:.1} s",
+                longest.as_secs_f64()
+            );
+            told = true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    if told {
+        println!(
+            "  quorum ready after {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+}

@@ -53,6 +53,9 @@ pub struct RedlockBuilder {
     retry: RetryPolicy,
     drift_factor: f64,
     node_timeout: Duration,
+    fencing: bool,
+    quarantine: bool,
+    max_ttl: Option<Duration>,
 }
 
 impl std::fmt::Debug for RedlockBuilder {
@@ -64,6 +67,9 @@ impl std::fmt::Debug for RedlockBuilder {
             .field("retry", &self.retry)
             .field("drift_factor", &self.drift_factor)
             .field("node_timeout", &self.node_timeout)
+            .field("fencing", &self.fencing)
+            .field("quarantine", &self.quarantine)
+            .field("max_ttl", &self.max_ttl)
             .finish()
     }
 }
@@ -77,6 +83,9 @@ impl Default for RedlockBuilder {
             retry: RetryPolicy::default(),
             drift_factor: DEFAULT_DRIFT_FACTOR,
             node_timeout: DEFAULT_NODE_TIMEOUT,
+            fencing: false,
+            quarantine: true,
+            max_ttl: None,
         }
     }
 }
@@ -149,6 +158,34 @@ impl RedlockBuilder {
         self
     }
 
+    /// Hand out a fencing token with every lock (default off; per lock:
+    /// [`Acquire::fencing`](crate::Acquire::fencing)). Costs one counter key per resource
+    /// on each node, kept without expiry, and, when the nodes' counters disagree, one
+    /// more round trip to align them. See [`Lock::fencing_token`](crate::Lock::fencing_token).
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
+        self
+    }
+
+    /// Restart quarantine (default on): a node seen up for less than the maximum TTL
+    /// (it restarted, and may have forgotten live locks if it does not persist every
+    /// write) gets no vote until it has been up that long. This is the Redlock
+    /// "delayed restart", enforced by the client so that operators cannot forget it.
+    /// Switch it off only for nodes with `appendonly yes` + `appendfsync always`; the
+    /// client then warns, on first contact, about each node that is not.
+    pub fn restart_quarantine(mut self, on: bool) -> Self {
+        self.quarantine = on;
+        self
+    }
+
+    /// The longest TTL any lock may ask for (default: the default TTL): the restart
+    /// quarantine lasts that long. Every client of the same resources should use the
+    /// same (or a larger) value.
+    pub fn max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.max_ttl = Some(max_ttl);
+        self
+    }
+
     /// Checks the configuration and builds the client. No node is contacted: nodes are
     /// connected on first use, so a node that is down now does not prevent start-up.
     ///
@@ -203,10 +240,16 @@ impl RedlockBuilder {
             wants_tls |= matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
             nodes.push(Node::direct(name, client));
         }
+        let max_ttl = self.max_ttl.unwrap_or(self.ttl);
+        let quarantine = self.quarantine.then_some(max_ttl);
+        let nodes: Vec<Node> = nodes
+            .into_iter()
+            .map(|node| node.with_quarantine(quarantine))
+            .collect();
         if wants_tls {
             install_tls_provider();
         }
-        if nodes.len() % 2 == 0 {
+        if nodes.len().is_multiple_of(2) {
             tracing::warn!(
                 nodes = nodes.len(),
                 "an even number of Redis nodes tolerates no more failures than one node fewer; prefer an odd count"
@@ -220,7 +263,12 @@ impl RedlockBuilder {
             default_ttl: self.ttl,
             retry: self.retry,
             drift_factor: self.drift_factor,
+            fencing: self.fencing,
+            max_ttl: quarantine,
         };
+        if let Some(max_ttl) = quarantine {
+            shared.check_ttl(max_ttl)?;
+        }
         shared.check_ttl(self.ttl)?;
         Ok(Redlock::from_shared(Arc::new(shared)))
     }

@@ -12,8 +12,8 @@ use tracing::Instrument;
 
 use crate::builder::RedlockBuilder;
 use crate::error::{ConfigError, Error};
-use crate::lock::Lock;
-use crate::node::Node;
+use crate::lock::{Granted, Lock};
+use crate::node::{Node, NodeStatus};
 use crate::quorum::{Fanout, NodeFuture, OpKind, Target, majority};
 use crate::retry::RetryPolicy;
 use crate::value::random_value;
@@ -52,6 +52,9 @@ pub(crate) struct Shared {
     pub(crate) default_ttl: Duration,
     pub(crate) retry: RetryPolicy,
     pub(crate) drift_factor: f64,
+    pub(crate) fencing: bool,
+    /// The longest TTL allowed, with the restart quarantine on (`None` when off).
+    pub(crate) max_ttl: Option<Duration>,
 }
 
 impl Shared {
@@ -80,6 +83,11 @@ impl Shared {
         if effective <= drift {
             return Err(ConfigError::TtlNotAboveDrift { ttl, drift });
         }
+        if let Some(max) = self.max_ttl
+            && ttl > max
+        {
+            return Err(ConfigError::TtlAboveMax { ttl, max });
+        }
         if self.node_timeout >= effective {
             return Err(ConfigError::TimeoutNotBelowTtl {
                 timeout: self.node_timeout,
@@ -89,10 +97,21 @@ impl Shared {
         Ok(ms)
     }
 
+    /// `<prefix>{<resource>}`: the braces make a Redis Cluster hash tag, so the lock key
+    /// and its fencing counter live in the same slot.
     pub(crate) fn key(&self, resource: &str) -> String {
-        let mut key = String::with_capacity(self.key_prefix.len() + resource.len());
+        let mut key = String::with_capacity(self.key_prefix.len() + resource.len() + 2);
         key.push_str(&self.key_prefix);
+        key.push('{');
         key.push_str(resource);
+        key.push('}');
+        key
+    }
+
+    /// `<prefix>{<resource>}:fence`: the resource's fencing counter.
+    pub(crate) fn fence_key(&self, resource: &str) -> String {
+        let mut key = self.key(resource);
+        key.push_str(":fence");
         key
     }
 }
@@ -148,9 +167,32 @@ impl Redlock {
         self.shared.nodes.iter().map(Node::name).collect()
     }
 
-    /// The Redis key used for `resource` (prefix + resource).
+    /// The Redis key of `resource`'s lock: `<prefix>{<resource>}`.
     pub fn key_for(&self, resource: &str) -> String {
         self.shared.key(resource)
+    }
+
+    /// The Redis key of `resource`'s fencing counter: `<prefix>{<resource>}:fence`.
+    pub fn fence_key_for(&self, resource: &str) -> String {
+        self.shared.fence_key(resource)
+    }
+
+    /// Contacts every node (connecting where needed, within the per-node timeout) and
+    /// reports whether it answers and whether it is in restart quarantine. Useful at
+    /// start-up, in health checks, and to wait out the quarantine of fresh nodes.
+    pub async fn node_status(&self) -> Vec<NodeStatus> {
+        let timeout = self.shared.node_timeout;
+        futures_util::future::join_all(self.shared.nodes.iter().map(|n| n.status(timeout))).await
+    }
+
+    /// Whether a majority of nodes can vote right now (per [`node_status`](Self::node_status)).
+    pub async fn ready(&self) -> bool {
+        self.node_status()
+            .await
+            .iter()
+            .filter(|s| s.votes())
+            .count()
+            >= self.quorum()
     }
 
     /// The TTL used when a lock call gives none.
@@ -177,6 +219,7 @@ pub struct Acquire<'a> {
     resources: Vec<String>,
     ttl: Option<Duration>,
     retry: Option<RetryPolicy>,
+    fencing: Option<bool>,
 }
 
 impl<'a> Acquire<'a> {
@@ -186,7 +229,15 @@ impl<'a> Acquire<'a> {
             resources,
             ttl: None,
             retry: None,
+            fencing: None,
         }
+    }
+
+    /// Hand out a fencing token with this lock (default: the client's setting); see
+    /// [`Lock::fencing_token`].
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = Some(on);
+        self
     }
 
     /// The lock's TTL (default: the client's).
@@ -209,6 +260,11 @@ impl<'a> Acquire<'a> {
         retry.validate()?;
         check_resources(&self.resources)?;
         let keys: Vec<String> = self.resources.iter().map(|r| shared.key(r)).collect();
+        let fence_keys: Vec<String> = if self.fencing.unwrap_or(shared.fencing) {
+            self.resources.iter().map(|r| shared.fence_key(r)).collect()
+        } else {
+            Vec::new()
+        };
         let ttl = Duration::from_millis(ttl_ms);
 
         let started = Instant::now();
@@ -217,27 +273,22 @@ impl<'a> Acquire<'a> {
             attempts = attempts.saturating_add(1);
             let target = Arc::new(Target {
                 keys: keys.clone(),
+                fence_keys: fence_keys.clone(),
                 value: random_value(),
             });
             let failure = match attempt(&shared, target, ttl).await {
-                Ok((valid_until, acquired_at, target)) => {
+                Ok(granted) => {
                     tracing::debug!(
                         attempts,
                         elapsed_us = started.elapsed().as_micros() as u64,
-                        validity_ms = valid_until
+                        validity_ms = granted
+                            .valid_until
                             .saturating_duration_since(Instant::now())
                             .as_millis() as u64,
+                        token = granted.token,
                         "acquired"
                     );
-                    return Ok(Lock::new(
-                        shared,
-                        self.resources,
-                        target,
-                        ttl,
-                        acquired_at,
-                        valid_until,
-                        attempts,
-                    ));
+                    return Ok(Lock::new(shared, self.resources, ttl, attempts, granted));
                 }
                 Err(failure) => failure,
             };
@@ -322,12 +373,11 @@ impl AttemptFailure {
 }
 
 /// One attempt: fan out, count, and on failure release everywhere before returning.
-/// On success returns `(valid_until, acquired_at, target)`.
 async fn attempt(
     shared: &Arc<Shared>,
     target: Arc<Target>,
     ttl: Duration,
-) -> Result<(Instant, Instant, Arc<Target>), AttemptFailure> {
+) -> Result<Granted, AttemptFailure> {
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     let start = Instant::now();
     let fanout = Fanout::start(shared, &target, OpKind::Acquire { ttl_ms }, None);
@@ -337,6 +387,18 @@ async fn attempt(
         fanout: Some(fanout),
     };
     let tally = guard.fanout_mut().until_decided().await;
+    let mut token = None;
+    if tally.won() && !guard.target.fence_keys.is_empty() {
+        let target = Arc::clone(&guard.target);
+        let tokens: Vec<u64> = guard.fanout_mut().yes_answers().collect();
+        match raise_fence(shared, &target, &tokens).await {
+            Ok(t) => token = Some(t),
+            Err(failure) => {
+                guard.clean_up().await;
+                return Err(failure);
+            }
+        }
+    }
     // validity = ttl - elapsed - drift, on the monotonic clock; None if nothing is left.
     let validity = ttl
         .checked_sub(start.elapsed())
@@ -350,9 +412,15 @@ async fn attempt(
             .unwrap_or_else(Instant::now);
         let (target, fanout) = guard.disarm();
         // Slower nodes still get their SET: the lock is then held there too, and
-        // release covers every node.
-        fanout.finish_in_background();
-        return Ok((valid_until, start, target));
+        // release covers every node, after those SETs.
+        let in_flight = fanout.finish_in_background();
+        return Ok(Granted {
+            valid_until,
+            acquired_at: start,
+            target,
+            token,
+            in_flight,
+        });
     }
     let failure = {
         let fanout = guard.fanout_mut();
@@ -370,6 +438,31 @@ async fn attempt(
     };
     guard.clean_up().await;
     Err(failure)
+}
+
+/// The fencing token of a won acquisition: the highest counter among the granting
+/// nodes. Unless a majority of them already returned that very value, it is first
+/// written back to a majority (never lowering a counter), so that any later quorum,
+/// which must share a node with this majority, counts past it.
+async fn raise_fence(
+    shared: &Arc<Shared>,
+    target: &Arc<Target>,
+    tokens: &[u64],
+) -> Result<u64, AttemptFailure> {
+    let token = tokens.iter().copied().max().unwrap_or(0);
+    let at_token = tokens.iter().filter(|t| **t == token).count();
+    if at_token >= shared.quorum() {
+        return Ok(token);
+    }
+    let mut raise = Fanout::start(shared, target, OpKind::RaiseFence { token }, None);
+    let tally = raise.until_decided().await;
+    let failures = raise.failures();
+    let _ = raise.finish_in_background();
+    if tally.won() {
+        Ok(token)
+    } else {
+        Err(AttemptFailure::Unreachable { failures })
+    }
 }
 
 /// Owns an acquisition in flight; if dropped before it is disarmed or cleaned up, it

@@ -163,6 +163,17 @@ pub enum ConfigError {
     #[error("a retry policy needs at least one attempt")]
     ZeroAttempts,
 
+    /// A lock's TTL is longer than the maximum TTL, which the restart quarantine relies on.
+    #[error(
+        "the TTL {ttl:?} is above the maximum TTL {max:?}: raise `max_ttl` (the restart quarantine lasts that long)"
+    )]
+    TtlAboveMax {
+        /// The TTL asked for.
+        ttl: Duration,
+        /// The configured maximum.
+        max: Duration,
+    },
+
     /// A lock call named no resource, or an empty one.
     #[error("a lock needs at least one non-empty resource name")]
     EmptyResource,
@@ -204,6 +215,11 @@ pub enum NodeError {
     /// The pool could not hand out a connection.
     #[error("pool: {0}")]
     Pool(String),
+    /// The node restarted (or started) less than the longest lock TTL ago and may have
+    /// forgotten live locks, so its vote does not count yet; the duration is the
+    /// quarantine left. Nothing to do: it ends by itself.
+    #[error("in restart quarantine for another {0:?}")]
+    Quarantined(Duration),
 }
 
 fn fmt_failures(failures: &[NodeFailure]) -> String {

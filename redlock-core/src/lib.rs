@@ -24,7 +24,10 @@
 //! # let cluster = redlock_testkit::Cluster::start(3).await;
 //! # let urls = cluster.urls();
 //! // `urls`: three independent Redis masters, e.g. "redis://10.0.0.1:6379".
-//! let redlock = Redlock::builder().nodes(urls).build()?;
+//! let redlock = Redlock::builder()
+//!     .nodes(urls)
+//! #   .restart_quarantine(false) // the test nodes were started a moment ago
+//!     .build()?;
 //!
 //! let lock = redlock.lock("order:42").ttl(Duration::from_secs(5)).await?;
 //! assert!(lock.is_valid());
@@ -67,6 +70,7 @@ pub use builder::{
 pub use client::{Acquire, MAX_TTL, Redlock};
 pub use error::{ConfigError, Error, NodeError, NodeFailure, Result};
 pub use lock::{Lock, Released};
+pub use node::NodeStatus;
 pub use retry::RetryPolicy;
 
 /// Re-exported so that users can build pools with the same version this crate uses.

@@ -7,7 +7,7 @@ use tracing::Instrument;
 
 use crate::client::Shared;
 use crate::error::Error;
-use crate::quorum::{Fanout, OpKind, Target};
+use crate::quorum::{Fanout, InFlight, OpKind, Target};
 
 /// A held distributed lock.
 ///
@@ -28,6 +28,9 @@ pub struct Lock {
     acquired_at: Instant,
     valid_until: Instant,
     attempts: u32,
+    token: Option<u64>,
+    /// The acquire's commands to slower nodes, if still completing.
+    in_flight: Option<InFlight>,
     /// Set once released (or handed to a background release).
     done: bool,
 }
@@ -40,6 +43,16 @@ impl std::fmt::Debug for Lock {
             .field("validity", &self.validity())
             .finish_non_exhaustive()
     }
+}
+
+/// A successful acquisition attempt, from which a [`Lock`] is made.
+pub(crate) struct Granted {
+    pub(crate) valid_until: Instant,
+    pub(crate) acquired_at: Instant,
+    pub(crate) target: Arc<Target>,
+    pub(crate) token: Option<u64>,
+    /// The SETs to slower nodes, still completing.
+    pub(crate) in_flight: Option<InFlight>,
 }
 
 /// What [`Lock::release`] found.
@@ -71,20 +84,20 @@ impl Lock {
     pub(crate) fn new(
         shared: Arc<Shared>,
         resources: Vec<String>,
-        target: Arc<Target>,
         ttl: Duration,
-        acquired_at: Instant,
-        valid_until: Instant,
         attempts: u32,
+        granted: Granted,
     ) -> Self {
         Self {
             shared,
             resources,
-            target,
+            target: granted.target,
             ttl,
-            acquired_at,
-            valid_until,
+            acquired_at: granted.acquired_at,
+            valid_until: granted.valid_until,
             attempts,
+            token: granted.token,
+            in_flight: granted.in_flight,
             done: false,
         }
     }
@@ -102,6 +115,20 @@ impl Lock {
     /// The TTL last set on the nodes.
     pub fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// The fencing token, if the lock was taken with fencing on
+    /// ([`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing) or
+    /// [`Acquire::fencing`](crate::Acquire::fencing)).
+    ///
+    /// It is strictly greater than every token handed out before for this resource (for a
+    /// multi-resource lock: for each of its resources). Pass it with every write to the
+    /// protected resource, and have the resource reject a write whose token is lower than
+    /// the highest it has seen: a holder that was paused past its validity is then
+    /// refused instead of overwriting its successor's work. The guarantee holds as long
+    /// as the nodes keep their counters (persistence with `appendfsync always`).
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.token
     }
 
     /// How many attempts it took to acquire (1: the resource was free at once).
@@ -158,7 +185,7 @@ impl Lock {
         let tally = fanout.until_decided().await;
         let answered_at = Instant::now();
         if tally.won() {
-            fanout.finish_in_background();
+            let _ = fanout.finish_in_background();
             if answered_at >= self.valid_until {
                 return Err(
                     self.expired("a majority extended it only after its validity had run out")
@@ -177,7 +204,7 @@ impl Lock {
         // Nodes that did extend keep the longer TTL; that only delays others, it never
         // lets two hold the lock.
         let no_quorum = fanout.no_quorum(self.resource());
-        fanout.finish_in_background();
+        let _ = fanout.finish_in_background();
         if answered_at >= self.valid_until {
             return Err(self.expired("its validity ran out during the extension"));
         }
@@ -219,10 +246,10 @@ impl Lock {
         let span = tracing::debug_span!("redlock.release", resource = %self.resource());
         let expired = !self.is_valid();
         async move {
-            let mut fanout = Fanout::start(&self.shared, &self.target, OpKind::Release, None);
+            let mut fanout = start_release(&self.shared, &self.target, self.in_flight.take());
             let tally = fanout.until_won_or_done().await;
             let no_quorum = fanout.no_quorum(self.resource());
-            fanout.finish_in_background();
+            let _ = fanout.finish_in_background();
             tracing::debug!(released = tally.yes, expired, "released");
             if tally.won() || tally.majority_answered() {
                 Ok(Released {
@@ -250,12 +277,37 @@ impl Drop for Lock {
             tracing::warn!(resource = %self.resource(), "lock dropped outside a tokio runtime: it will expire at its TTL");
             return;
         };
-        let shared = Arc::clone(&self.shared);
-        let target = Arc::clone(&self.target);
+        let mut release = start_release(&self.shared, &self.target, self.in_flight.take());
         handle.spawn(async move {
-            Fanout::start(&shared, &target, OpKind::Release, None)
+            release.until_done().await;
+        });
+    }
+}
+
+/// Starts releasing: at once on every node whose acquire has completed, and on a node
+/// whose acquire is still in flight right after it, so that the release cannot overtake
+/// the SET (which would leave the key until its TTL).
+fn start_release(
+    shared: &Arc<Shared>,
+    target: &Arc<Target>,
+    in_flight: Option<InFlight>,
+) -> Fanout {
+    let in_flight = match in_flight {
+        Some(in_flight) if !in_flight.is_done() => in_flight,
+        _ => return Fanout::start(shared, target, OpKind::Release, None),
+    };
+    let now: Vec<usize> = (0..shared.nodes.len())
+        .filter(|i| !in_flight.nodes.contains(i))
+        .collect();
+    let later = in_flight.nodes.clone();
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        let (shared, target) = (Arc::clone(shared), Arc::clone(target));
+        handle.spawn(async move {
+            in_flight.wait().await;
+            Fanout::start(&shared, &target, OpKind::Release, Some(&later))
                 .until_done()
                 .await;
         });
     }
+    Fanout::start(shared, target, OpKind::Release, Some(&now))
 }

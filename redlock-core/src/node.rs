@@ -13,7 +13,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
@@ -24,14 +24,41 @@ use redis::{AsyncConnectionConfig, RedisError, Script};
 use crate::error::NodeError;
 use crate::scripts;
 
-/// A lock operation on one node. Every one answers a yes/no vote.
+/// What [`Redlock::node_status`](crate::Redlock::node_status) found out about one node.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct NodeStatus {
+    /// The node's address (no credentials).
+    pub node: String,
+    /// Whether it answered, or why not.
+    pub reachable: Result<(), NodeError>,
+    /// The restart quarantine left, if the node is in quarantine.
+    pub quarantined: Option<Duration>,
+}
+
+impl NodeStatus {
+    /// The node answers and is not in quarantine: its votes count.
+    pub fn votes(&self) -> bool {
+        self.reachable.is_ok() && self.quarantined.is_none()
+    }
+}
+
+/// A lock operation on one node. Every one answers a number: 0 is a "no" vote, anything
+/// else a "yes" (for a fencing acquire, the node's token).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Op<'a> {
-    /// `SET key value NX PX ttl` on one key, or the all-or-nothing script on several.
+    /// `SET key value NX PX ttl` on one key, or the all-or-nothing script on several;
+    /// with fence keys, the fencing script.
     Acquire {
         keys: &'a [String],
+        fence_keys: &'a [String],
         value: &'a str,
         ttl_ms: u64,
+    },
+    /// Raise the fencing counters to at least `token`.
+    RaiseFence {
+        fence_keys: &'a [String],
+        token: u64,
     },
     /// Compare-and-delete every key.
     Release { keys: &'a [String], value: &'a str },
@@ -46,6 +73,22 @@ pub(crate) enum Op<'a> {
 pub(crate) struct Node {
     name: String,
     backend: Backend,
+    /// Restart quarantine; `None` when switched off.
+    quarantine: Option<Quarantine>,
+}
+
+/// The client-side "delayed restart": a node that has been up for less than the longest
+/// lock TTL may have forgotten a live lock (restarted without persistence), so its
+/// votes do not count until it has been up that long.
+struct Quarantine {
+    period: Duration,
+    state: Mutex<QuarantineState>,
+}
+
+#[derive(Default)]
+struct QuarantineState {
+    run_id: Option<String>,
+    until: Option<Instant>,
 }
 
 enum Backend {
@@ -59,6 +102,8 @@ struct Direct {
     slot: Mutex<Slot>,
     /// Numbers connections, so that a failure on an old one does not drop a new one.
     next_id: AtomicU64,
+    /// Check the node's persistence on connecting (when quarantine is off).
+    check_persistence: bool,
 }
 
 /// An opened connection, or one being opened, or none.
@@ -76,7 +121,14 @@ enum Slot {
     },
 }
 
-type Opening = Shared<BoxFuture<'static, Result<MultiplexedConnection, RedisError>>>;
+type Opening = Shared<BoxFuture<'static, Result<Opened, RedisError>>>;
+
+/// A new connection and what the node said about itself (`INFO server`).
+#[derive(Clone)]
+struct Opened {
+    conn: MultiplexedConnection,
+    info: Arc<str>,
+}
 
 /// How long opening a connection may take (TCP, TLS, authentication, `HELLO`) before it
 /// is abandoned and tried afresh by the next operation.
@@ -97,7 +149,9 @@ impl Node {
                 client,
                 slot: Mutex::new(Slot::Empty),
                 next_id: AtomicU64::new(1),
+                check_persistence: false,
             })),
+            quarantine: None,
         }
     }
 
@@ -106,6 +160,127 @@ impl Node {
         Self {
             name,
             backend: Backend::Pool(pool),
+            quarantine: None,
+        }
+    }
+
+    /// Switches the restart quarantine on, for nodes up for less than `period`; or off
+    /// (`None`), in which case the node's persistence is checked on first contact and a
+    /// warning logged if it cannot keep locks across a crash.
+    pub(crate) fn with_quarantine(mut self, period: Option<Duration>) -> Self {
+        self.quarantine = period.map(|period| Quarantine {
+            period,
+            state: Mutex::new(QuarantineState::default()),
+        });
+        if let Backend::Direct(direct) = &mut self.backend {
+            direct.check_persistence = period.is_none();
+        }
+        self
+    }
+
+    /// Learns the node's `run_id` and uptime from an `INFO server` reply, and starts a
+    /// quarantine if it has been up for less than the period.
+    fn observe(&self, info: &str) {
+        let Some(quarantine) = &self.quarantine else {
+            return;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let run_id = field("run_id").map(str::to_owned);
+        // Unknown uptime: assume the worst.
+        let uptime = field("uptime_in_seconds")
+            .and_then(|s| s.parse::<u64>().ok())
+            .map_or(Duration::ZERO, Duration::from_secs);
+        let mut state = quarantine
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let restarted = state.run_id.is_some() && state.run_id != run_id;
+        // Uptime is in whole seconds, rounded down: wait one second more to be sure.
+        let period = quarantine.period.saturating_add(Duration::from_secs(1));
+        if uptime < period {
+            let left = period.saturating_sub(uptime);
+            let until = Instant::now() + left;
+            if state.until.is_none_or(|current| current < until) {
+                let quarantine_ms = left.as_millis() as u64;
+                let uptime_s = uptime.as_secs();
+                if restarted {
+                    tracing::warn!(node = %self.name, uptime_s, quarantine_ms,
+                        "node restarted: it may have forgotten live locks, so its votes do not count until it has been up for the longest lock TTL");
+                } else {
+                    tracing::info!(node = %self.name, uptime_s, quarantine_ms,
+                        "node up for less than the longest lock TTL: its votes do not count until then");
+                }
+                state.until = Some(until);
+            }
+        } else if restarted {
+            tracing::info!(node = %self.name, "node restarted long enough ago: no quarantine");
+        }
+        state.run_id = run_id;
+    }
+
+    /// The quarantine time left, if the node is in quarantine.
+    fn quarantined(&self) -> Option<Duration> {
+        let quarantine = self.quarantine.as_ref()?;
+        let state = quarantine
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let left = state.until?.checked_duration_since(Instant::now())?;
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// Connects (if needed) and reports whether the node answers and its quarantine.
+    pub(crate) async fn status(&self, timeout: Duration) -> NodeStatus {
+        let probe = async {
+            match &self.backend {
+                Backend::Direct(direct) => {
+                    let (_, mut conn, info) = direct.connection().await.map_err(redis_error)?;
+                    if let Some(info) = info {
+                        self.observe(&info);
+                    }
+                    redis::cmd("PING")
+                        .query_async::<()>(&mut conn)
+                        .await
+                        .map_err(redis_error)
+                }
+                Backend::Pool(pool) => {
+                    let mut conn = pool
+                        .get()
+                        .await
+                        .map_err(|err| NodeError::Pool(err.to_string()))?;
+                    let info: String = redis::cmd("INFO")
+                        .arg("server")
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(redis_error)?;
+                    self.observe(&info);
+                    Ok(())
+                }
+            }
+        };
+        let reachable = match tokio::time::timeout(timeout, probe).await {
+            Ok(result) => result,
+            Err(_) => Err(NodeError::Timeout(timeout)),
+        };
+        NodeStatus {
+            node: self.name.clone(),
+            reachable,
+            quarantined: self.quarantined(),
+        }
+    }
+
+    /// Fails a vote from a node in quarantine (release still runs: it only deletes).
+    fn check_quarantine(&self, op: &Op<'_>) -> Result<(), NodeError> {
+        if matches!(op, Op::Release { .. }) {
+            return Ok(());
+        }
+        match self.quarantined() {
+            Some(left) => Err(NodeError::Quarantined(left)),
+            None => Ok(()),
         }
     }
 
@@ -116,17 +291,22 @@ impl Node {
 
     /// Runs `op` with `timeout` covering everything (connecting included). `Ok(true)` is a
     /// yes vote.
-    pub(crate) async fn run(&self, op: Op<'_>, timeout: Duration) -> Result<bool, NodeError> {
+    pub(crate) async fn run(&self, op: Op<'_>, timeout: Duration) -> Result<u64, NodeError> {
         match tokio::time::timeout(timeout, self.run_untimed(op)).await {
             Ok(result) => result,
             Err(_) => Err(NodeError::Timeout(timeout)),
         }
     }
 
-    async fn run_untimed(&self, op: Op<'_>) -> Result<bool, NodeError> {
+    async fn run_untimed(&self, op: Op<'_>) -> Result<u64, NodeError> {
         match &self.backend {
             Backend::Direct(direct) => {
-                let (generation, mut conn) = direct.connection().await.map_err(redis_error)?;
+                let (generation, mut conn, info) =
+                    direct.connection().await.map_err(redis_error)?;
+                if let Some(info) = info {
+                    self.observe(&info);
+                }
+                self.check_quarantine(&op)?;
                 let result = execute(&mut conn, op).await;
                 if let Err(err) = &result
                     && breaks_connection(err)
@@ -140,6 +320,16 @@ impl Node {
                     .get()
                     .await
                     .map_err(|err| NodeError::Pool(err.to_string()))?;
+                // A pooled connection may be new: ask the node before counting its vote.
+                if self.quarantine.is_some() && !matches!(op, Op::Release { .. }) {
+                    let info: String = redis::cmd("INFO")
+                        .arg("server")
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(redis_error)?;
+                    self.observe(&info);
+                    self.check_quarantine(&op)?;
+                }
                 execute(&mut conn, op).await.map_err(redis_error)
             }
         }
@@ -154,12 +344,15 @@ impl Direct {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The shared connection, opening it if needed.
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), RedisError> {
+    /// The shared connection, opening it if needed. The node's `INFO server` reply comes
+    /// along to the one caller that installs a new connection.
+    async fn connection(
+        &self,
+    ) -> Result<(u64, MultiplexedConnection, Option<Arc<str>>), RedisError> {
         let (id, opened) = {
             let mut slot = self.slot();
             match &*slot {
-                Slot::Ready { id, conn } => return Ok((*id, conn.clone())),
+                Slot::Ready { id, conn } => return Ok((*id, conn.clone(), None)),
                 Slot::Connecting { id, opened } => (*id, opened.clone()),
                 Slot::Empty => {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -176,14 +369,15 @@ impl Direct {
         let mut slot = self.slot();
         let current = matches!(&*slot, Slot::Connecting { id: current, .. } if *current == id);
         match result {
-            Ok(conn) => {
+            Ok(Opened { conn, info }) => {
                 if current {
                     *slot = Slot::Ready {
                         id,
                         conn: conn.clone(),
                     };
+                    return Ok((id, conn, Some(info)));
                 }
-                Ok((id, conn))
+                Ok((id, conn, None))
             }
             Err(err) => {
                 if current {
@@ -201,20 +395,30 @@ impl Direct {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(None);
+        let check_persistence = self.check_persistence;
         let connect = async move {
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
+            let name = client.get_connection_info().addr().to_string();
             // Load the scripts now (one round trip), so that operations on this connection
             // do not meet NOSCRIPT: its fallback costs two more round trips, which may not
             // fit in the per-node timeout. A restarted node comes back through a new
             // connection, so it gets them again.
+            // `INFO server` in the same round trip: run_id and uptime, for the quarantine.
             let mut load = redis::pipe();
             for source in scripts::ALL_SOURCES {
-                load.cmd("SCRIPT").arg("LOAD").arg(source);
+                load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
             }
-            load.query_async::<()>(&mut conn).await?;
-            Ok(conn)
+            load.cmd("INFO").arg("server");
+            let (info,): (String,) = load.query_async(&mut conn).await?;
+            if check_persistence {
+                warn_unless_durable(&mut conn, &name).await;
+            }
+            Ok(Opened {
+                conn,
+                info: info.into(),
+            })
         };
         let opening: BoxFuture<'static, _> = match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
@@ -239,6 +443,30 @@ impl Direct {
     }
 }
 
+/// Logs a warning if the node cannot keep a lock across a crash (no AOF with
+/// `appendfsync always`) while the quarantine is off. Checked once per connection; a
+/// node that hides its configuration gets the warning too.
+async fn warn_unless_durable(conn: &mut MultiplexedConnection, node: &str) {
+    let fsync: Result<Vec<String>, _> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        .query_async(conn)
+        .await;
+    let aof: Result<Vec<String>, _> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendonly")
+        .query_async(conn)
+        .await;
+    let durable = matches!((&aof, &fsync), (Ok(a), Ok(f))
+        if a.get(1).is_some_and(|v| v == "yes") && f.get(1).is_some_and(|v| v == "always"));
+    if !durable {
+        tracing::warn!(
+            node,
+            "restart quarantine is off but this node does not persist every write (appendonly yes + appendfsync always): a crash and restart can forget a live lock and let two clients hold it"
+        );
+    }
+}
+
 fn breaks_connection(err: &RedisError) -> bool {
     err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
 }
@@ -247,10 +475,11 @@ fn redis_error(err: RedisError) -> NodeError {
     NodeError::Redis(Arc::new(err))
 }
 
-async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<bool, RedisError> {
+async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<u64, RedisError> {
     match op {
         Op::Acquire {
             keys: [key],
+            fence_keys: [],
             value,
             ttl_ms,
         } => {
@@ -262,19 +491,34 @@ async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<b
                 .arg(ttl_ms)
                 .query_async(conn)
                 .await?;
-            Ok(reply.is_some())
+            Ok(u64::from(reply.is_some()))
         }
         Op::Acquire {
             keys,
+            fence_keys: [],
             value,
             ttl_ms,
-        } => run_script(&scripts::ACQUIRE_MANY, conn, keys, value, Some(ttl_ms)).await,
-        Op::Release { keys, value } => run_script(&scripts::RELEASE, conn, keys, value, None).await,
+        } => run_script(&scripts::ACQUIRE_MANY, conn, keys, &[value], Some(ttl_ms)).await,
+        Op::Acquire {
+            keys,
+            fence_keys,
+            value,
+            ttl_ms,
+        } => {
+            let all: Vec<String> = keys.iter().chain(fence_keys).cloned().collect();
+            run_script(&scripts::ACQUIRE_FENCED, conn, &all, &[value], Some(ttl_ms)).await
+        }
+        Op::RaiseFence { fence_keys, token } => {
+            run_script(&scripts::RAISE_FENCE, conn, fence_keys, &[], Some(token)).await
+        }
+        Op::Release { keys, value } => {
+            run_script(&scripts::RELEASE, conn, keys, &[value], None).await
+        }
         Op::Extend {
             keys,
             value,
             ttl_ms,
-        } => run_script(&scripts::EXTEND, conn, keys, value, Some(ttl_ms)).await,
+        } => run_script(&scripts::EXTEND, conn, keys, &[value], Some(ttl_ms)).await,
     }
 }
 
@@ -282,17 +526,19 @@ async fn run_script<C: ConnectionLike + Send>(
     script: &Script,
     conn: &mut C,
     keys: &[String],
-    value: &str,
-    ttl_ms: Option<u64>,
-) -> Result<bool, RedisError> {
+    values: &[&str],
+    number: Option<u64>,
+) -> Result<u64, RedisError> {
     let mut invocation = script.prepare_invoke();
     for key in keys {
         invocation.key(key);
     }
-    invocation.arg(value);
-    if let Some(ttl_ms) = ttl_ms {
-        invocation.arg(ttl_ms);
+    for value in values {
+        invocation.arg(*value);
+    }
+    if let Some(number) = number {
+        invocation.arg(number);
     }
     let n: i64 = invocation.invoke_async(conn).await?;
-    Ok(n > 0)
+    Ok(u64::try_from(n).unwrap_or(0))
 }

@@ -69,6 +69,7 @@ impl Tally {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum OpKind {
     Acquire { ttl_ms: u64 },
+    RaiseFence { token: u64 },
     Release,
     Extend { ttl_ms: u64 },
 }
@@ -77,6 +78,8 @@ pub(crate) enum OpKind {
 #[derive(Debug)]
 pub(crate) struct Target {
     pub(crate) keys: Vec<String>,
+    /// The fencing counters, one per key; empty without fencing.
+    pub(crate) fence_keys: Vec<String>,
     pub(crate) value: String,
 }
 
@@ -85,8 +88,13 @@ impl Target {
         match kind {
             OpKind::Acquire { ttl_ms } => Op::Acquire {
                 keys: &self.keys,
+                fence_keys: &self.fence_keys,
                 value: &self.value,
                 ttl_ms,
+            },
+            OpKind::RaiseFence { token } => Op::RaiseFence {
+                fence_keys: &self.fence_keys,
+                token,
             },
             OpKind::Release => Op::Release {
                 keys: &self.keys,
@@ -101,14 +109,14 @@ impl Target {
     }
 }
 
-pub(crate) type NodeFuture = Pin<Box<dyn Future<Output = (usize, Result<bool, NodeError>)> + Send>>;
+pub(crate) type NodeFuture = Pin<Box<dyn Future<Output = (usize, Result<u64, NodeError>)> + Send>>;
 
 /// One operation in flight on a set of nodes.
 pub(crate) struct Fanout {
     shared: Arc<Shared>,
     pending: FuturesUnordered<NodeFuture>,
     /// Each node's answer, once it came.
-    pub(crate) answers: Vec<Option<Result<bool, NodeError>>>,
+    pub(crate) answers: Vec<Option<Result<u64, NodeError>>>,
     pub(crate) tally: Tally,
 }
 
@@ -128,7 +136,7 @@ impl Fanout {
             let fut: NodeFuture = Box::pin(async move {
                 let result = match shared.nodes.get(index) {
                     Some(node) => node.run(target.op(kind), shared.node_timeout).await,
-                    None => Ok(false),
+                    None => Ok(0),
                 };
                 (index, result)
             });
@@ -188,8 +196,8 @@ impl Fanout {
             return false;
         };
         match &result {
-            Ok(true) => self.tally.yes += 1,
-            Ok(false) => self.tally.no += 1,
+            Ok(0) => self.tally.no += 1,
+            Ok(_) => self.tally.yes += 1,
             Err(_) => self.tally.failed += 1,
         }
         if let Some(slot) = self.answers.get_mut(index) {
@@ -198,14 +206,22 @@ impl Fanout {
         true
     }
 
-    /// Nodes that answered with `Ok(answer)`.
-    pub(crate) fn nodes_answering(&self, answer: bool) -> Vec<usize> {
+    /// Nodes that answered yes (`true`) or no (`false`).
+    pub(crate) fn nodes_answering(&self, yes: bool) -> Vec<usize> {
         self.answers
             .iter()
             .enumerate()
-            .filter(|(_, a)| matches!(a, Some(Ok(x)) if *x == answer))
+            .filter(|(_, a)| matches!(a, Some(Ok(x)) if (*x > 0) == yes))
             .map(|(i, _)| i)
             .collect()
+    }
+
+    /// The yes answers so far (for a fencing acquire: the nodes' tokens).
+    pub(crate) fn yes_answers(&self) -> impl Iterator<Item = u64> + '_ {
+        self.answers.iter().filter_map(|a| match a {
+            Some(Ok(x)) if *x > 0 => Some(*x),
+            _ => None,
+        })
     }
 
     /// Nodes that failed (error or timeout).
@@ -218,9 +234,9 @@ impl Fanout {
             .collect()
     }
 
-    /// Names of the nodes that answered `Ok(answer)`.
-    pub(crate) fn names_answering(&self, answer: bool) -> Vec<String> {
-        self.nodes_answering(answer)
+    /// Names of the nodes that answered yes (`true`) or no (`false`).
+    pub(crate) fn names_answering(&self, yes: bool) -> Vec<String> {
+        self.nodes_answering(yes)
             .into_iter()
             .filter_map(|i| self.shared.nodes.get(i).map(|n| n.name().to_owned()))
             .collect()
@@ -259,14 +275,40 @@ impl Fanout {
 
     /// Lets the node operations still in flight complete on the runtime instead of
     /// dropping them half-way (a dropped request may never be sent).
-    pub(crate) fn finish_in_background(mut self) {
+    ///
+    /// Returns what is still in flight, so that a later release can wait for it.
+    pub(crate) fn finish_in_background(mut self) -> Option<InFlight> {
         let mut pending = self.take_pending();
         if pending.is_empty() {
-            return;
+            return None;
         }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move { while pending.next().await.is_some() {} });
-        }
+        let nodes = (0..self.answers.len())
+            .filter(|&i| self.answers.get(i).is_some_and(Option::is_none))
+            .collect();
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        let done = handle.spawn(async move { while pending.next().await.is_some() {} });
+        Some(InFlight { nodes, done })
+    }
+}
+
+/// Node operations of a fan-out that returned at its quorum, still completing in the
+/// background.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    /// The nodes they are on.
+    pub(crate) nodes: Vec<usize>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl InFlight {
+    /// Whether all of them have completed.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.is_finished()
+    }
+
+    /// Waits until all of them have completed (each is bounded by the node timeout).
+    pub(crate) async fn wait(self) {
+        let _ = self.done.await;
     }
 }
 

@@ -54,5 +54,50 @@ end
 return 1
 ";
 
+/// Fencing acquire. `KEYS` holds the lock keys, then as many counter keys. If no lock
+/// key exists: increments every counter, sets every lock key to `ARGV[1]` with a TTL of
+/// `ARGV[2]` ms, and returns the highest counter (a token >= 1). Otherwise changes
+/// nothing and returns 0.
+pub(crate) static ACQUIRE_FENCED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_FENCED_SOURCE));
+const ACQUIRE_FENCED_SOURCE: &str = r"
+local n = #KEYS / 2
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    return 0
+  end
+end
+local token = 0
+for i = 1, n do
+  local t = redis.call('INCR', KEYS[n + i])
+  if t > token then
+    token = t
+  end
+end
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+end
+return token
+";
+
+/// Raises every counter of `KEYS` to at least `ARGV[1]` (never lowers one). Returns 1.
+pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SOURCE));
+const RAISE_FENCE_SOURCE: &str = r"
+local token = tonumber(ARGV[1])
+for _, key in ipairs(KEYS) do
+  local current = tonumber(redis.call('GET', key) or '0')
+  if current < token then
+    redis.call('SET', key, ARGV[1])
+  end
+end
+return 1
+";
+
 /// Every script's source, to load on a new connection.
-pub(crate) const ALL_SOURCES: [&str; 3] = [RELEASE_SOURCE, EXTEND_SOURCE, ACQUIRE_MANY_SOURCE];
+pub(crate) const ALL_SOURCES: [&str; 5] = [
+    RELEASE_SOURCE,
+    EXTEND_SOURCE,
+    ACQUIRE_MANY_SOURCE,
+    ACQUIRE_FENCED_SOURCE,
+    RAISE_FENCE_SOURCE,
+];

@@ -12,6 +12,7 @@ const TIMEOUT: Duration = Duration::from_millis(500);
 fn redlock(urls: impl IntoIterator<Item = String>) -> Redlock {
     Redlock::builder()
         .nodes(urls)
+        .restart_quarantine(false) // fresh nodes: see common/mod.rs
         .node_timeout(TIMEOUT)
         .build()
         .unwrap()
@@ -72,7 +73,9 @@ async fn tls_nodes() {
     assert!(servers.iter().all(|s| s.url().starts_with("rediss://")));
 
     // Verified against the servers' own CA, through ready clients.
-    let mut builder = Redlock::builder().node_timeout(TIMEOUT);
+    let mut builder = Redlock::builder()
+        .restart_quarantine(false)
+        .node_timeout(TIMEOUT);
     for server in &servers {
         let client = redis::Client::build_with_tls(
             server.url(),

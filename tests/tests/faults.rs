@@ -211,8 +211,8 @@ async fn dropped_acquire_leaves_no_keys() {
     // The two answering nodes had the key; it is gone promptly, long before TTL (5 s).
     let deadline = Instant::now() + Duration::from_millis(500);
     loop {
-        let on_answering = cluster.node(3).keys("redlock:r").await.unwrap().len()
-            + cluster.node(4).keys("redlock:r").await.unwrap().len();
+        let on_answering = cluster.node(3).keys("redlock:{r}").await.unwrap().len()
+            + cluster.node(4).keys("redlock:{r}").await.unwrap().len();
         if on_answering == 0 {
             break;
         }
@@ -296,7 +296,7 @@ async fn cut_and_delayed_links() {
     for _ in 0..10 {
         let lock = redlock.try_lock("r3").await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await; // slower nodes' SETs land
-        let holding = cluster.keys("redlock:r3").await;
+        let holding = cluster.keys("redlock:{r3}").await;
         let report = lock.release().await.unwrap();
         if report.was_held() && holding.iter().all(|keys| keys.len() == 1) {
             return;

@@ -65,7 +65,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let conns = Arc::new(conns);
-    let redlock = Redlock::builder().nodes(urls.clone()).build()?;
+    let redlock = Redlock::builder()
+        .nodes(urls.clone())
+        .ttl(Duration::from_secs(2))
+        .build()?;
+    redlock_examples::wait_until_ready(&redlock).await;
     let rounds: u32 = 6;
     let slice = Duration::from_secs(secs) / rounds;
 

@@ -64,6 +64,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         nodes.describe(),
         clients[0].quorum()
     );
+    for client in &clients {
+        redlock_examples::wait_until_ready(client).await;
+    }
 
     // The "account" lives outside Redis; the lock is all that protects it.
     let balance = Arc::new(AtomicU64::new(0));
