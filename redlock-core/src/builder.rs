@@ -8,6 +8,8 @@ use crate::client::{Redlock, Shared};
 use crate::error::ConfigError;
 use crate::node::Node;
 use crate::retry::RetryPolicy;
+use crate::wake::Wakeups;
+use crate::watchdog::Watchdog;
 
 /// The default TTL of a lock: 10 s.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -15,6 +17,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 /// The default clock-drift factor: the drift allowance is `ttl * 0.01 + 2 ms`.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// The default longest time a watched lock is kept alive: 10 minutes.
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
 
@@ -56,6 +60,8 @@ pub struct RedlockBuilder {
     fencing: bool,
     quarantine: bool,
     max_ttl: Option<Duration>,
+    wake_on_release: bool,
+    max_hold: Duration,
 }
 
 impl std::fmt::Debug for RedlockBuilder {
@@ -70,6 +76,8 @@ impl std::fmt::Debug for RedlockBuilder {
             .field("fencing", &self.fencing)
             .field("quarantine", &self.quarantine)
             .field("max_ttl", &self.max_ttl)
+            .field("wake_on_release", &self.wake_on_release)
+            .field("max_hold", &self.max_hold)
             .finish()
     }
 }
@@ -86,6 +94,8 @@ impl Default for RedlockBuilder {
             fencing: false,
             quarantine: true,
             max_ttl: None,
+            wake_on_release: true,
+            max_hold: DEFAULT_MAX_HOLD,
         }
     }
 }
@@ -186,6 +196,24 @@ impl RedlockBuilder {
         self
     }
 
+    /// The longest time [`Lock::auto_extend`](crate::Lock::auto_extend) keeps a lock
+    /// alive (default 10 minutes), counted from its acquisition; then the lock is left
+    /// to expire and reported lost. Every extension path is bounded: a stuck holder
+    /// cannot keep a resource forever.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = max_hold;
+        self
+    }
+
+    /// Wake waiters on release (default on): a client retrying a busy lock subscribes
+    /// to the lock key's channel on every node (one subscriber connection per node for
+    /// the whole client) and retries as soon as the holder releases, instead of only
+    /// after its random delay. Nodes given as pools get no wake-ups.
+    pub fn wake_on_release(mut self, on: bool) -> Self {
+        self.wake_on_release = on;
+        self
+    }
+
     /// Checks the configuration and builds the client. No node is contacted: nodes are
     /// connected on first use, so a node that is down now does not prevent start-up.
     ///
@@ -256,7 +284,13 @@ impl RedlockBuilder {
             );
         }
 
+        let wakeups = self
+            .wake_on_release
+            .then(|| Arc::new(Wakeups::new(nodes.iter().map(Node::client).collect())));
         let shared = Shared {
+            wakeups,
+            watchdog: Watchdog::default(),
+            max_hold: self.max_hold,
             nodes,
             node_timeout: self.node_timeout,
             key_prefix: self.key_prefix,

@@ -12,11 +12,13 @@ use tracing::Instrument;
 
 use crate::builder::RedlockBuilder;
 use crate::error::{ConfigError, Error};
-use crate::lock::{Granted, Lock};
+use crate::lock::{Granted, Lock, LockHandle};
 use crate::node::{Node, NodeStatus};
 use crate::quorum::{Fanout, NodeFuture, OpKind, Target, majority};
 use crate::retry::RetryPolicy;
 use crate::value::random_value;
+use crate::wake::{Subscription, Wakeups};
+use crate::watchdog::Watchdog;
 
 /// The longest TTL accepted: 30 days.
 pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -55,6 +57,12 @@ pub(crate) struct Shared {
     pub(crate) fencing: bool,
     /// The longest TTL allowed, with the restart quarantine on (`None` when off).
     pub(crate) max_ttl: Option<Duration>,
+    /// Wake-on-release subscribers (`None` when switched off).
+    pub(crate) wakeups: Option<Arc<Wakeups>>,
+    /// Keeps watched locks alive.
+    pub(crate) watchdog: Watchdog,
+    /// How long a watched lock is extended at most.
+    pub(crate) max_hold: Duration,
 }
 
 impl Shared {
@@ -150,6 +158,57 @@ impl Redlock {
         S: Into<String>,
     {
         Acquire::new(self, resources.into_iter().map(Into::into).collect())
+    }
+
+    /// Runs `work` while holding `resource`: takes the lock (retrying by the client's
+    /// policy), keeps it alive with the watchdog ([`Lock::auto_extend`]) for as long as
+    /// `work` runs, then releases it and returns `work`'s output.
+    ///
+    /// If the lock is lost meanwhile, `work` is dropped (cancelled at its current
+    /// `.await`) at once and [`Error::Lost`] returned: the protected work never goes on
+    /// without the lock. `work` gets a [`LockHandle`] (fencing token, validity).
+    ///
+    /// ```no_run
+    /// # async fn run(redlock: redlock_core::Redlock) -> Result<(), redlock_core::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let report = redlock
+    ///     .with_lock("nightly-report", Duration::from_secs(10), |lock| async move {
+    ///         // ... long work, far beyond the TTL: the watchdog extends the lock ...
+    ///         format!("done under token {:?}", lock.fencing_token())
+    ///     })
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Whatever [`lock`](Self::lock) returns, and [`Error::Lost`].
+    pub async fn with_lock<F, Fut, T>(
+        &self,
+        resource: impl Into<String>,
+        ttl: Duration,
+        work: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let mut lock = self.lock(resource).ttl(ttl).await?;
+        lock.auto_extend();
+        let outcome = tokio::select! {
+            biased;
+            () = lock.lost() => None,
+            output = work(lock.handle()) => Some(output),
+        };
+        match outcome {
+            Some(output) => {
+                let _ = lock.release().await;
+                Ok(output)
+            }
+            None => Err(lock.lost_error()),
+        }
     }
 
     /// Number of nodes.
@@ -269,6 +328,7 @@ impl<'a> Acquire<'a> {
 
         let started = Instant::now();
         let mut attempts: u32 = 0;
+        let mut subscription: Option<Subscription> = None;
         loop {
             attempts = attempts.saturating_add(1);
             let target = Arc::new(Target {
@@ -294,7 +354,17 @@ impl<'a> Acquire<'a> {
             };
             tracing::debug!(attempts, ?failure, "attempt failed");
             match retry.next_delay(attempts, started.elapsed()) {
-                Some(delay) => tokio::time::sleep(delay).await,
+                Some(delay) => match (&subscription, &shared.wakeups, &failure) {
+                    (Some(subscription), _, _) => {
+                        subscription.wait(delay, retry.wake_jitter()).await;
+                    }
+                    // Busy: from now on, wait for its release. The holder may have
+                    // released while we subscribed, so try again at once.
+                    (None, Some(wakeups), AttemptFailure::Taken { .. }) => {
+                        subscription = Some(wakeups.subscribe(&keys, shared.node_timeout).await);
+                    }
+                    _ => tokio::time::sleep(delay).await,
+                },
                 None => {
                     let resource = self.resources.into_iter().next().unwrap_or_default();
                     let err = failure.into_error(resource, &shared, attempts);
@@ -490,28 +560,32 @@ impl AttemptGuard {
         (Arc::clone(&self.target), fanout)
     }
 
-    /// The attempt failed: release on every node before returning, so that a retry (or
-    /// a competitor) starts from a clean slate. Waits for the acquire still in flight
-    /// (bounded by the same per-node timeout it started with), then releases the nodes
-    /// that answered and waits for them; nodes that failed are released in the
-    /// background (a late SET there is followed by this release on the same connection).
+    /// The attempt failed: release on every node. Nodes that answered are released
+    /// before returning (so that a retry, or a competitor, finds them clean); nodes that
+    /// failed are released in the background, and nodes still in flight right after
+    /// their SET completes (a paused node would otherwise hold every failed attempt up
+    /// for the whole node timeout).
     async fn clean_up(&mut self) {
         let Some(mut fanout) = self.fanout.take() else {
             return;
         };
-        fanout.until_done().await;
         let mut answered = fanout.nodes_answering(true);
         answered.append(&mut fanout.nodes_answering(false));
         release_after(
             &self.shared,
             &self.target,
-            FuturesUnordered::new(),
+            fanout.take_pending(),
             fanout.nodes_failed(),
         );
         if !answered.is_empty() {
-            Fanout::start(&self.shared, &self.target, OpKind::Release, Some(&answered))
-                .until_done()
-                .await;
+            Fanout::start(
+                &self.shared,
+                &self.target,
+                OpKind::Release { notify: false },
+                Some(&answered),
+            )
+            .until_done()
+            .await;
         }
     }
 }
@@ -567,7 +641,10 @@ fn release_after(
 async fn release_one(shared: &Shared, target: &Target, index: usize) {
     if let Some(node) = shared.nodes.get(index) {
         let _ = node
-            .run(target.op(OpKind::Release), shared.node_timeout)
+            .run(
+                target.op(OpKind::Release { notify: false }),
+                shared.node_timeout,
+            )
             .await;
     }
 }

@@ -63,15 +63,19 @@ mod quorum;
 mod retry;
 mod scripts;
 mod value;
+mod wake;
+mod watchdog;
 
 pub use builder::{
-    DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_NODE_TIMEOUT, DEFAULT_TTL, RedlockBuilder,
+    DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT, DEFAULT_TTL,
+    RedlockBuilder,
 };
 pub use client::{Acquire, MAX_TTL, Redlock};
 pub use error::{ConfigError, Error, NodeError, NodeFailure, Result};
-pub use lock::{Lock, Released};
+pub use lock::{Lock, LockHandle, Released};
 pub use node::NodeStatus;
 pub use retry::RetryPolicy;
+pub use tokio_util::sync::CancellationToken;
 
 /// Re-exported so that users can build pools with the same version this crate uses.
 pub use deadpool_redis;

@@ -1,13 +1,16 @@
 //! [`Lock`]: a held lock, its validity, extension and release.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::client::Shared;
 use crate::error::Error;
 use crate::quorum::{Fanout, InFlight, OpKind, Target};
+use crate::watchdog::{LockState, Watched};
 
 /// A held distributed lock.
 ///
@@ -24,9 +27,9 @@ pub struct Lock {
     shared: Arc<Shared>,
     resources: Vec<String>,
     target: Arc<Target>,
-    ttl: Duration,
+    /// Validity, TTL and loss, shared with the watchdog.
+    state: Arc<LockState>,
     acquired_at: Instant,
-    valid_until: Instant,
     attempts: u32,
     token: Option<u64>,
     /// The acquire's commands to slower nodes, if still completing.
@@ -39,8 +42,9 @@ impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lock")
             .field("resources", &self.resources)
-            .field("ttl", &self.ttl)
+            .field("ttl", &self.ttl())
             .field("validity", &self.validity())
+            .field("held", &self.is_held())
             .finish_non_exhaustive()
     }
 }
@@ -92,9 +96,8 @@ impl Lock {
             shared,
             resources,
             target: granted.target,
-            ttl,
+            state: Arc::new(LockState::new(granted.valid_until, ttl)),
             acquired_at: granted.acquired_at,
-            valid_until: granted.valid_until,
             attempts,
             token: granted.token,
             in_flight: granted.in_flight,
@@ -114,7 +117,7 @@ impl Lock {
 
     /// The TTL last set on the nodes.
     pub fn ttl(&self) -> Duration {
-        self.ttl
+        self.state.ttl()
     }
 
     /// The fencing token, if the lock was taken with fencing on
@@ -141,19 +144,89 @@ impl Lock {
         self.acquired_at
     }
 
-    /// When the validity ends (monotonic clock).
+    /// When the validity ends (monotonic clock). Moves forward with every extension,
+    /// including the watchdog's.
     pub fn valid_until(&self) -> Instant {
-        self.valid_until
+        self.state.valid_until()
     }
 
     /// The validity left; zero once it ran out.
     pub fn validity(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.valid_until().saturating_duration_since(Instant::now())
     }
 
     /// Whether the validity has not run out yet.
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until
+        Instant::now() < self.valid_until()
+    }
+
+    /// Whether the lock is still ours: valid, and not declared lost by the watchdog.
+    pub fn is_held(&self) -> bool {
+        !self.state.lost.is_cancelled() && self.is_valid()
+    }
+
+    /// Keeps the lock alive in the background until it is released or dropped, for at
+    /// most the client's [`max_hold`](crate::RedlockBuilder::max_hold) since it was
+    /// acquired: the client's watchdog extends it about every `ttl / 3` (one pipeline
+    /// per node for all the locks due together).
+    ///
+    /// If an extension cannot reach a majority in time, the lock is **lost**: the
+    /// watchdog says so no later than the validity end minus the drift allowance, through
+    /// [`lost`](Self::lost), [`is_held`](Self::is_held) and
+    /// [`cancellation_token`](Self::cancellation_token). Stop the protected work then.
+    pub fn auto_extend(&mut self) {
+        let max_hold = self.shared.max_hold;
+        self.auto_extend_for(max_hold);
+    }
+
+    /// [`auto_extend`](Self::auto_extend), with its own maximum hold time (counted from
+    /// the acquisition).
+    pub fn auto_extend_for(&mut self, max_hold: Duration) {
+        let stop_at = self
+            .acquired_at
+            .checked_add(max_hold)
+            .unwrap_or_else(|| self.acquired_at + crate::client::MAX_TTL);
+        let watched = Watched {
+            state: Arc::clone(&self.state),
+            target: Arc::clone(&self.target),
+            resource: self.resource().to_owned(),
+            stop_at,
+        };
+        if !self.shared.watchdog.watch(&self.shared, watched) {
+            tracing::warn!(resource = %self.resource(), "no tokio runtime: the lock cannot be watched");
+        }
+    }
+
+    /// Completes when the lock is lost: declared lost by the watchdog, or its validity
+    /// ran out (without a watchdog, at its validity end).
+    pub async fn lost(&self) {
+        lost(&self.state).await;
+    }
+
+    /// A token cancelled when the lock is lost (see [`lost`](Self::lost)); hand it to
+    /// the protected work. Cancelling it yourself does not affect the lock.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.state.lost.child_token()
+    }
+
+    /// The error for a lock that was lost.
+    pub(crate) fn lost_error(&self) -> Error {
+        Error::Lost {
+            resource: self.resource().to_owned(),
+            held: self.state.last_votes.load(Ordering::Relaxed),
+            needed: self.shared.quorum(),
+            total: self.shared.nodes.len(),
+        }
+    }
+
+    /// A cheap, cloneable view of this lock for the protected work: resource, fencing
+    /// token, validity, loss. It does not keep the lock.
+    pub fn handle(&self) -> LockHandle {
+        LockHandle {
+            resource: self.resource().into(),
+            token: self.token,
+            state: Arc::clone(&self.state),
+        }
     }
 
     /// Extends the lock to a new TTL, counted from now.
@@ -178,7 +251,7 @@ impl Lock {
         let ttl_ms = self.shared.check_ttl(ttl)?;
         let ttl = Duration::from_millis(ttl_ms);
         let start = Instant::now();
-        if start >= self.valid_until {
+        if start >= self.valid_until() || self.state.lost.is_cancelled() {
             return Err(self.expired("its validity ran out before the extension"));
         }
         let mut fanout = Fanout::start(&self.shared, &self.target, OpKind::Extend { ttl_ms }, None);
@@ -186,14 +259,14 @@ impl Lock {
         let answered_at = Instant::now();
         if tally.won() {
             let _ = fanout.finish_in_background();
-            if answered_at >= self.valid_until {
+            if answered_at >= self.valid_until() {
                 return Err(
                     self.expired("a majority extended it only after its validity had run out")
                 );
             }
             let validity = ttl.saturating_sub(self.shared.drift(ttl));
-            self.valid_until = start.checked_add(validity).unwrap_or(start);
-            self.ttl = ttl;
+            self.state
+                .extended(start.checked_add(validity).unwrap_or(start), ttl);
             tracing::debug!(
                 votes = tally.yes,
                 validity_ms = self.validity().as_millis() as u64,
@@ -205,7 +278,7 @@ impl Lock {
         // lets two hold the lock.
         let no_quorum = fanout.no_quorum(self.resource());
         let _ = fanout.finish_in_background();
-        if answered_at >= self.valid_until {
+        if answered_at >= self.valid_until() {
             return Err(self.expired("its validity ran out during the extension"));
         }
         tracing::debug!(
@@ -243,6 +316,7 @@ impl Lock {
     /// then ends at its TTL on those nodes.
     pub async fn release(mut self) -> Result<Released, Error> {
         self.done = true;
+        self.state.ended.store(true, Ordering::Release);
         let span = tracing::debug_span!("redlock.release", resource = %self.resource());
         let expired = !self.is_valid();
         async move {
@@ -273,6 +347,7 @@ impl Drop for Lock {
             return;
         }
         self.done = true;
+        self.state.ended.store(true, Ordering::Release);
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(resource = %self.resource(), "lock dropped outside a tokio runtime: it will expire at its TTL");
             return;
@@ -281,6 +356,64 @@ impl Drop for Lock {
         handle.spawn(async move {
             release.until_done().await;
         });
+    }
+}
+
+/// A view of a held lock for the protected work (see [`Lock::handle`]): cheap to clone,
+/// `'static`, and it does not keep the lock.
+#[derive(Debug, Clone)]
+pub struct LockHandle {
+    resource: Arc<str>,
+    token: Option<u64>,
+    state: Arc<LockState>,
+}
+
+impl LockHandle {
+    /// The locked resource (the first one, for a multi-resource lock).
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// The fencing token, if any (see [`Lock::fencing_token`]).
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.token
+    }
+
+    /// The validity left; zero once it ran out.
+    pub fn validity(&self) -> Duration {
+        self.state
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the lock is still held (see [`Lock::is_held`]).
+    pub fn is_held(&self) -> bool {
+        !self.state.lost.is_cancelled() && Instant::now() < self.state.valid_until()
+    }
+
+    /// Completes when the lock is lost (see [`Lock::lost`]).
+    pub async fn lost(&self) {
+        lost(&self.state).await;
+    }
+
+    /// A token cancelled when the lock is lost.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.state.lost.child_token()
+    }
+}
+
+/// Completes when `state` is declared lost or its validity runs out (re-reading it, as
+/// extensions move it).
+async fn lost(state: &LockState) {
+    loop {
+        let until = state.valid_until();
+        if Instant::now() >= until {
+            return;
+        }
+        tokio::select! {
+            () = state.lost.cancelled() => return,
+            () = tokio::time::sleep_until(until.into()) => {}
+        }
     }
 }
 
@@ -294,7 +427,7 @@ fn start_release(
 ) -> Fanout {
     let in_flight = match in_flight {
         Some(in_flight) if !in_flight.is_done() => in_flight,
-        _ => return Fanout::start(shared, target, OpKind::Release, None),
+        _ => return Fanout::start(shared, target, OpKind::Release { notify: true }, None),
     };
     let now: Vec<usize> = (0..shared.nodes.len())
         .filter(|i| !in_flight.nodes.contains(i))
@@ -304,10 +437,15 @@ fn start_release(
         let (shared, target) = (Arc::clone(shared), Arc::clone(target));
         handle.spawn(async move {
             in_flight.wait().await;
-            Fanout::start(&shared, &target, OpKind::Release, Some(&later))
-                .until_done()
-                .await;
+            Fanout::start(
+                &shared,
+                &target,
+                OpKind::Release { notify: true },
+                Some(&later),
+            )
+            .until_done()
+            .await;
         });
     }
-    Fanout::start(shared, target, OpKind::Release, Some(&now))
+    Fanout::start(shared, target, OpKind::Release { notify: true }, Some(&now))
 }

@@ -60,8 +60,12 @@ pub(crate) enum Op<'a> {
         fence_keys: &'a [String],
         token: u64,
     },
-    /// Compare-and-delete every key.
-    Release { keys: &'a [String], value: &'a str },
+    /// Compare-and-delete every key; `notify`: wake waiters (a lock's release).
+    Release {
+        keys: &'a [String],
+        value: &'a str,
+        notify: bool,
+    },
     /// Compare-and-`PEXPIRE` every key, all or nothing.
     Extend {
         keys: &'a [String],
@@ -233,6 +237,61 @@ impl Node {
         (!left.is_zero()).then_some(left)
     }
 
+    /// Runs several operations in one pipeline (one round trip), `timeout` covering it
+    /// all. Returns each operation's answer (an operation the node failed counts as 0).
+    pub(crate) async fn run_batch(
+        &self,
+        ops: &[(Arc<crate::quorum::Target>, crate::quorum::OpKind)],
+        timeout: Duration,
+    ) -> Result<Vec<u64>, NodeError> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for (target, kind) in ops {
+            let op = target.op(*kind);
+            self.check_quarantine(&op)?;
+            pipe.add_command(command(op));
+        }
+        let run = async {
+            let replies: Vec<redis::RedisResult<redis::Value>> = match &self.backend {
+                Backend::Direct(direct) => {
+                    let (id, mut conn, info) = direct.connection().await.map_err(redis_error)?;
+                    if let Some(info) = info {
+                        self.observe(&info);
+                        if let Some((target, kind)) = ops.first() {
+                            self.check_quarantine(&target.op(*kind))?;
+                        }
+                    }
+                    let replies = pipe.query_async(&mut conn).await;
+                    if let Err(err) = &replies
+                        && breaks_connection(err)
+                    {
+                        direct.forget(id);
+                    }
+                    replies.map_err(redis_error)?
+                }
+                Backend::Pool(pool) => {
+                    let mut conn = pool
+                        .get()
+                        .await
+                        .map_err(|err| NodeError::Pool(err.to_string()))?;
+                    pipe.query_async(&mut conn).await.map_err(redis_error)?
+                }
+            };
+            Ok(replies
+                .into_iter()
+                .map(|reply| match reply {
+                    Ok(redis::Value::Int(n)) => u64::try_from(n).unwrap_or(0),
+                    Ok(redis::Value::Okay) => 1,
+                    _ => 0,
+                })
+                .collect())
+        };
+        match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result,
+            Err(_) => Err(NodeError::Timeout(timeout)),
+        }
+    }
+
     /// Connects (if needed) and reports whether the node answers and its quarantine.
     pub(crate) async fn status(&self, timeout: Duration) -> NodeStatus {
         let probe = async {
@@ -281,6 +340,14 @@ impl Node {
         match self.quarantined() {
             Some(left) => Err(NodeError::Quarantined(left)),
             None => Ok(()),
+        }
+    }
+
+    /// The node's client, for a node with its own connection (a pooled node has none).
+    pub(crate) fn client(&self) -> Option<redis::Client> {
+        match &self.backend {
+            Backend::Direct(direct) => Some(direct.client.clone()),
+            Backend::Pool(_) => None,
         }
     }
 
@@ -467,6 +534,71 @@ async fn warn_unless_durable(conn: &mut MultiplexedConnection, node: &str) {
     }
 }
 
+/// One operation as a plain command (scripts by `EVALSHA`: the connection loaded them),
+/// for pipelines.
+fn command(op: Op<'_>) -> redis::Cmd {
+    let evalsha = |script: &Script, keys: &[&String], args: &[String]| {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(key.as_str());
+        }
+        for arg in args {
+            cmd.arg(arg);
+        }
+        cmd
+    };
+    match op {
+        Op::Acquire {
+            keys: [key],
+            fence_keys: [],
+            value,
+            ttl_ms,
+        } => {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
+            cmd
+        }
+        Op::Acquire {
+            keys,
+            fence_keys,
+            value,
+            ttl_ms,
+        } => {
+            let script = if fence_keys.is_empty() {
+                &*scripts::ACQUIRE_MANY
+            } else {
+                &*scripts::ACQUIRE_FENCED
+            };
+            let all: Vec<&String> = keys.iter().chain(fence_keys).collect();
+            evalsha(script, &all, &[value.to_owned(), ttl_ms.to_string()])
+        }
+        Op::RaiseFence { fence_keys, token } => evalsha(
+            &scripts::RAISE_FENCE,
+            &fence_keys.iter().collect::<Vec<_>>(),
+            &[token.to_string()],
+        ),
+        Op::Release {
+            keys,
+            value,
+            notify,
+        } => evalsha(
+            &scripts::RELEASE,
+            &keys.iter().collect::<Vec<_>>(),
+            &[value.to_owned(), u8::from(notify).to_string()],
+        ),
+        Op::Extend {
+            keys,
+            value,
+            ttl_ms,
+        } => evalsha(
+            &scripts::EXTEND,
+            &keys.iter().collect::<Vec<_>>(),
+            &[value.to_owned(), ttl_ms.to_string()],
+        ),
+    }
+}
+
 fn breaks_connection(err: &RedisError) -> bool {
     err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
 }
@@ -511,8 +643,13 @@ async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<u
         Op::RaiseFence { fence_keys, token } => {
             run_script(&scripts::RAISE_FENCE, conn, fence_keys, &[], Some(token)).await
         }
-        Op::Release { keys, value } => {
-            run_script(&scripts::RELEASE, conn, keys, &[value], None).await
+        Op::Release {
+            keys,
+            value,
+            notify,
+        } => {
+            let notify = if notify { "1" } else { "0" };
+            run_script(&scripts::RELEASE, conn, keys, &[value, notify], None).await
         }
         Op::Extend {
             keys,

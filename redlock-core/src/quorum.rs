@@ -68,10 +68,19 @@ impl Tally {
 /// Which operation to send, with owned data so node futures can outlive the caller.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum OpKind {
-    Acquire { ttl_ms: u64 },
-    RaiseFence { token: u64 },
-    Release,
-    Extend { ttl_ms: u64 },
+    Acquire {
+        ttl_ms: u64,
+    },
+    RaiseFence {
+        token: u64,
+    },
+    /// `notify`: wake waiters (a lock's release, not a failed attempt's cleanup).
+    Release {
+        notify: bool,
+    },
+    Extend {
+        ttl_ms: u64,
+    },
 }
 
 /// The keys and the random value of one lock.
@@ -96,9 +105,10 @@ impl Target {
                 fence_keys: &self.fence_keys,
                 token,
             },
-            OpKind::Release => Op::Release {
+            OpKind::Release { notify } => Op::Release {
                 keys: &self.keys,
                 value: &self.value,
+                notify,
             },
             OpKind::Extend { ttl_ms } => Op::Extend {
                 keys: &self.keys,

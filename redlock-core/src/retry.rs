@@ -32,16 +32,28 @@ pub struct RetryPolicy {
     deadline: Option<Duration>,
     base_delay: Duration,
     jitter: Duration,
+    wake_jitter: Duration,
+}
+
+/// A random duration from zero to `max` (millisecond steps, microseconds below 1 ms).
+pub(crate) fn random_up_to(max: Duration) -> Duration {
+    let us = u64::try_from(max.as_micros()).unwrap_or(u64::MAX);
+    if us == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_micros(rand::rng().random_range(0..=us))
 }
 
 impl Default for RetryPolicy {
-    /// 10 attempts, 50 ms + up to 50 ms of random jitter between them.
+    /// 10 attempts, 50 ms + up to 50 ms of random jitter between them; woken up early
+    /// by a release, retry after up to 2 ms of jitter.
     fn default() -> Self {
         Self {
             max_attempts: Some(10),
             deadline: None,
             base_delay: Duration::from_millis(50),
             jitter: Duration::from_millis(50),
+            wake_jitter: Duration::from_millis(2),
         }
     }
 }
@@ -88,6 +100,20 @@ impl RetryPolicy {
         self
     }
 
+    /// When a release wakes a waiter up (see
+    /// [`RedlockBuilder::wake_on_release`](crate::RedlockBuilder::wake_on_release)),
+    /// it retries after a random `0..=jitter` (default 2 ms), so that waiters woken
+    /// together do not split the votes.
+    pub fn with_wake_jitter(mut self, jitter: Duration) -> Self {
+        self.wake_jitter = jitter;
+        self
+    }
+
+    /// The jitter after a wake-up.
+    pub(crate) fn wake_jitter(&self) -> Duration {
+        self.wake_jitter
+    }
+
     /// The attempt limit, if any.
     pub fn max_attempts(&self) -> Option<u32> {
         self.max_attempts
@@ -112,13 +138,7 @@ impl RetryPolicy {
         if self.max_attempts.is_some_and(|max| attempts >= max) {
             return None;
         }
-        let jitter_ms = u64::try_from(self.jitter.as_millis()).unwrap_or(u64::MAX);
-        let extra = if jitter_ms == 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_millis(rand::rng().random_range(0..=jitter_ms))
-        };
-        let delay = self.base_delay.saturating_add(extra);
+        let delay = self.base_delay.saturating_add(random_up_to(self.jitter));
         match self.deadline {
             Some(deadline) if elapsed.saturating_add(delay) > deadline => {
                 // Sleep only what is left, then make a last attempt, if anything is left.

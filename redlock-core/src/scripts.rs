@@ -9,13 +9,18 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Deletes every key of `KEYS` that still holds `ARGV[1]`; returns how many it deleted.
+/// Deletes every key of `KEYS` that still holds `ARGV[1]`; with `ARGV[2] == '1'` (a
+/// lock's release, not the cleanup of a failed attempt) publishes on the key's channel
+/// for waiters (see `wake.rs`). Returns how many it deleted.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 const RELEASE_SOURCE: &str = r"
 local n = 0
 for _, key in ipairs(KEYS) do
   if redis.call('GET', key) == ARGV[1] then
     redis.call('DEL', key)
+    if ARGV[2] == '1' then
+      redis.call('PUBLISH', key, '')
+    end
     n = n + 1
   end
 end

@@ -9,6 +9,8 @@
 //! - [`Proxy`]: a TCP proxy in front of a server whose link can be cut, black-holed or
 //!   delayed.
 //! - [`Cluster`]: N servers (optionally each behind a proxy) with their URLs.
+//! - [`SafetyLog`]: the safety checker (overlapping holds, non-increasing fencing
+//!   tokens), and [`run_faults`]: a random fault schedule on a minority of nodes.
 //!
 //! - [`ServerOptions`]: a password, an ACL user, TLS with a CA of the server's own.
 //!
@@ -27,9 +29,13 @@
 
 #![allow(clippy::expect_used, clippy::panic)] // a kit that cannot start Redis must fail the test
 
+pub mod checker;
+pub mod faults;
 mod proxy;
 mod server;
 
+pub use checker::{Hold, SafetyLog, Violation};
+pub use faults::{FaultKind, FaultReport, run_faults};
 pub use proxy::{LinkState, Proxy};
 pub use server::{Persistence, RedisServer, ServerOptions};
 
@@ -60,11 +66,21 @@ impl Cluster {
     /// Starts `n` servers, each behind its own proxy; [`urls`](Self::urls) then point
     /// at the proxies.
     pub async fn start_proxied(n: usize) -> Self {
-        let mut cluster = Self::start(n).await;
+        Self::start_proxied_with(n, Persistence::None).await
+    }
+
+    /// Starts `n` servers with the given persistence, each behind its own proxy.
+    pub async fn start_proxied_with(n: usize, persistence: Persistence) -> Self {
+        let mut cluster = Self::start_with(n, persistence).await;
         for server in &cluster.servers {
             cluster.proxies.push(Proxy::start(server.addr()).await);
         }
         cluster
+    }
+
+    /// The servers' own URLs, bypassing any proxy.
+    pub fn direct_urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
     }
 
     /// The URLs clients should use (the proxies' when proxied).

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, client_for, cycle};
+use common::{client, client_for, cycle, settle_keys};
 use redlock_core::{Error, NodeError};
 use redlock_testkit::Cluster;
 
@@ -57,11 +57,9 @@ async fn three_of_five_killed_is_no_quorum_at_once() {
         }
         other => panic!("expected NoQuorum, got {other:?}"),
     }
-    assert_eq!(
-        cluster.count_keys("redlock:*").await,
-        0,
-        "failed attempt left keys"
-    );
+    // The two live nodes may still have been answering when the three refusals
+    // decided: their SETs are released right after they complete.
+    settle_keys(&cluster, "redlock:*", 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,7 +235,8 @@ async fn dropped_acquire_leaves_no_keys() {
 async fn restarted_node_is_reconnected() {
     let mut cluster = Cluster::start(3).await;
     let redlock = client(&cluster, TIMEOUT);
-    cycle(&redlock, "r").await;
+    // (Another resource: this release's last node may still be in flight below.)
+    cycle(&redlock, "warm").await;
     cluster.node_mut(0).restart().await;
     // The old connection to node 0 is broken; the first call may lose node 0's vote, but
     // the client reconnects. Make node 0 necessary: kill node 1.

@@ -110,6 +110,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("(cli us / srv us: CPU time per cycle of this process / of all the Redis servers)");
     let workloads = [Workload::Floor, Workload::Lock, Workload::Raw];
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("contended") {
+        contended(&urls, Duration::from_secs(secs)).await?;
+        return Ok(());
+    }
     // BENCH_ONLY=lock (or floor, raw): run one workload at c=32, for profiling.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         let workload = match only.as_str() {
@@ -235,6 +239,90 @@ fn verdict(ok: bool) -> &'static str {
 
 fn fmt_us(d: Duration) -> String {
     format!("{} us", d.as_micros())
+}
+
+/// Contended: 8 clients (separate connections), one resource; each takes the lock, runs
+/// a short critical section, releases. With wake-on-release, and with sleep-only retry.
+async fn contended(urls: &[String], run: Duration) -> Result<(), Box<dyn std::error::Error>> {
+    const CLIENTS: usize = 8;
+    const CRITICAL: Duration = Duration::from_micros(200);
+    println!(
+        "\ncontended: {CLIENTS} clients, one resource, {} us critical section, {:.0} s per mode",
+        CRITICAL.as_micros(),
+        run.as_secs_f64()
+    );
+    println!(
+        "{:<34} {:>12} {:>10} {:>10} {:>10}",
+        "mode", "sections/s", "wait p50", "wait p99", "attempts"
+    );
+    let mut rates = Vec::new();
+    for wake in [true, false] {
+        let mut clients = Vec::new();
+        for _ in 0..CLIENTS {
+            let redlock = Redlock::builder()
+                .nodes(urls.to_vec())
+                .ttl(Duration::from_secs(2))
+                .wake_on_release(wake)
+                // The default delays (50 ms + up to 50 ms), up to 10 s of waiting.
+                .retry(redlock_core::RetryPolicy::deadline(Duration::from_secs(10)))
+                .build()?;
+            redlock_examples::wait_until_ready(&redlock).await;
+            clients.push(redlock);
+        }
+        let deadline = Instant::now() + run;
+        let mut tasks = Vec::new();
+        for redlock in clients {
+            tasks.push(tokio::spawn(async move {
+                let mut waits = Vec::new();
+                let mut attempts = 0u64;
+                while Instant::now() < deadline {
+                    let asked = Instant::now();
+                    let lock = redlock.lock("bench:contended").await?;
+                    waits.push(asked.elapsed());
+                    attempts += u64::from(lock.attempts());
+                    // CPU work (a tokio sleep would round up to the 1 ms timer tick).
+                    let until = Instant::now() + CRITICAL;
+                    while Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                    lock.release().await?;
+                }
+                Ok::<_, redlock_core::Error>((waits, attempts))
+            }));
+        }
+        let started = Instant::now();
+        let mut waits = Vec::new();
+        let mut attempts = 0;
+        for task in tasks {
+            let (w, a) = task.await??;
+            waits.extend(w);
+            attempts += a;
+        }
+        let spent = started.elapsed();
+        let sections = waits.len();
+        let stats = Stats::from(&mut waits, spent);
+        let label = if wake {
+            "wake on release"
+        } else {
+            "sleep-only retry (50-100 ms)"
+        };
+        println!(
+            "{label:<34} {:>12.0} {:>10} {:>10} {:>10.2}",
+            stats.cycles_per_sec,
+            fmt_us(stats.p50),
+            fmt_us(stats.p99),
+            attempts as f64 / sections.max(1) as f64
+        );
+        rates.push(stats.cycles_per_sec);
+    }
+    if let [wake, sleep] = rates[..] {
+        println!(
+            "wake / sleep-only: {:.2}x critical sections/s (target >= 2x: {})",
+            wake / sleep,
+            verdict(wake / sleep >= 2.0)
+        );
+    }
+    Ok(())
 }
 
 async fn measure(

@@ -1,0 +1,253 @@
+//! Wake on release: a client waiting for a busy lock retries as soon as it is released.
+//!
+//! The release script publishes on the lock key's channel whenever it deletes a key
+//! (a full release, or the cleanup of a failed attempt). Each `Redlock` keeps at most one
+//! subscriber connection per node, shared by all its waiters. A key's channel is
+//! subscribed on every node when its first waiter comes, and stays subscribed for a
+//! while after its last waiter leaves (so steady contention costs no subscription round
+//! trips). Every release publishes on every node, so a waiter needs just one node to
+//! listen: it waits only until the first node confirms, and slow or dead nodes never
+//! hold it up. A message wakes every waiter of that key (a release during a waiter's own
+//! attempt is kept for it, not lost); each then retries after a small random jitter, so
+//! that one of them usually reaches a majority first instead of all splitting the
+//! votes. The random retry delay stays as the fallback.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use redis::aio::PubSubSink;
+use tokio::sync::Notify;
+
+/// How long a channel stays subscribed after its last waiter left.
+const LINGER: Duration = Duration::from_secs(10);
+
+/// How long a (un)subscription or a connection may take before the subscriber
+/// connection is given up as broken.
+const SUBSCRIBER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Runs `fut` within [`SUBSCRIBER_TIMEOUT`]; true if it completed with `Ok`.
+async fn within<T, E>(fut: impl std::future::Future<Output = Result<T, E>>) -> Option<T> {
+    tokio::time::timeout(SUBSCRIBER_TIMEOUT, fut)
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Waiters by key: each has its own `Notify`.
+type Channels = HashMap<String, HashMap<u64, Arc<Notify>>>;
+
+/// The subscribers of one `Redlock` and the keys being waited for.
+pub(crate) struct Wakeups {
+    nodes: Vec<Arc<Subscriber>>,
+    channels: Arc<Mutex<Channels>>,
+    next_id: AtomicU64,
+}
+
+/// One node's subscriber connection, opened on first need and re-opened after it broke.
+struct Subscriber {
+    client: Option<redis::Client>,
+    sink: tokio::sync::Mutex<Option<PubSubSink>>,
+    /// The connection is up and subscribed to every channel in the map.
+    healthy: Arc<AtomicBool>,
+}
+
+/// A waiter's registration on some keys; unregisters when dropped.
+pub(crate) struct Subscription {
+    wakeups: Arc<Wakeups>,
+    id: u64,
+    keys: Vec<String>,
+    notify: Arc<Notify>,
+}
+
+fn lock(channels: &Mutex<Channels>) -> MutexGuard<'_, Channels> {
+    channels.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Wakeups {
+    /// `clients[i]` is node i's client (`None` for a pooled node: no wake-ups there).
+    pub(crate) fn new(clients: Vec<Option<redis::Client>>) -> Self {
+        Self {
+            nodes: clients
+                .into_iter()
+                .map(|client| {
+                    Arc::new(Subscriber {
+                        client,
+                        sink: tokio::sync::Mutex::new(None),
+                        healthy: Arc::new(AtomicBool::new(false)),
+                    })
+                })
+                .collect(),
+            channels: Arc::new(Mutex::new(HashMap::new())),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// Registers a waiter for `keys`; subscribes where needed and waits (at most
+    /// `timeout`) until one node listens.
+    pub(crate) async fn subscribe(
+        self: &Arc<Self>,
+        keys: &[String],
+        timeout: Duration,
+    ) -> Subscription {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(Notify::new());
+        let mut new_keys = Vec::new();
+        {
+            let mut channels = lock(&self.channels);
+            for key in keys {
+                let waiters = channels.entry(key.clone()).or_insert_with(|| {
+                    new_keys.push(key.clone());
+                    HashMap::new()
+                });
+                waiters.insert(id, Arc::clone(&notify));
+            }
+        }
+        let subscription = Subscription {
+            wakeups: Arc::clone(self),
+            id,
+            keys: keys.to_vec(),
+            notify,
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return subscription;
+        };
+        let mut listening = 0;
+        let mut started = FuturesUnordered::new();
+        for node in self.nodes.iter().filter(|n| n.client.is_some()) {
+            let healthy = node.healthy.load(Ordering::Acquire);
+            if healthy && new_keys.is_empty() {
+                listening += 1;
+                continue;
+            }
+            let (node, channels, keys) = (
+                Arc::clone(node),
+                Arc::clone(&self.channels),
+                new_keys.clone(),
+            );
+            started.push(handle.spawn(async move { listen(&node, &channels, &keys).await }));
+        }
+        if listening == 0 {
+            // Wait for the first node to listen; the others go on in the background.
+            let _ = tokio::time::timeout(timeout, async {
+                while let Some(done) = started.next().await {
+                    if matches!(done, Ok(true)) {
+                        return;
+                    }
+                }
+            })
+            .await;
+        }
+        subscription
+    }
+}
+
+/// Makes `node` listen on `keys`: subscribes them on its connection, or opens a new
+/// connection and subscribes every channel waited for. True once it listens.
+async fn listen(node: &Subscriber, channels: &Arc<Mutex<Channels>>, keys: &[String]) -> bool {
+    let Some(client) = &node.client else {
+        return false;
+    };
+    let mut sink = node.sink.lock().await;
+    if node.healthy.load(Ordering::Acquire)
+        && let Some(s) = sink.as_mut()
+    {
+        if keys.is_empty() || within(s.subscribe(keys)).await.is_some() {
+            return true;
+        }
+        node.healthy.store(false, Ordering::Release);
+    }
+    *sink = None;
+    let Some(pubsub) = within(client.get_async_pubsub()).await else {
+        return false;
+    };
+    let (mut new_sink, mut stream) = pubsub.split();
+    let (readers, healthy) = (Arc::clone(channels), Arc::clone(&node.healthy));
+    tokio::spawn(async move {
+        while let Some(message) = stream.next().await {
+            let channels = lock(&readers);
+            if let Some(waiters) = channels.get(message.get_channel_name()) {
+                // A stored permit if the waiter is not waiting right now.
+                waiters.values().for_each(|notify| notify.notify_one());
+            }
+        }
+        // The connection is gone: the next waiter re-opens it.
+        healthy.store(false, Ordering::Release);
+    });
+    let all: Vec<String> = lock(channels).keys().cloned().collect();
+    if !all.is_empty() && within(new_sink.subscribe(&all)).await.is_none() {
+        return false;
+    }
+    *sink = Some(new_sink);
+    node.healthy.store(true, Ordering::Release);
+    true
+}
+
+impl Subscription {
+    /// Waits for a release of one of the keys (then a random `0..=jitter` more), or
+    /// `fallback`, whichever comes first. A release since the last wait counts.
+    pub(crate) async fn wait(&self, fallback: Duration, jitter: Duration) {
+        tokio::select! {
+            () = self.notify.notified() => {
+                if !jitter.is_zero() {
+                    tokio::time::sleep(crate::retry::random_up_to(jitter)).await;
+                }
+            }
+            () = tokio::time::sleep(fallback) => {}
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut idle = Vec::new();
+        {
+            let mut channels = lock(&self.wakeups.channels);
+            for key in &self.keys {
+                if let Some(waiters) = channels.get_mut(key) {
+                    waiters.remove(&self.id);
+                    if waiters.is_empty() {
+                        idle.push(key.clone());
+                    }
+                }
+            }
+        }
+        if idle.is_empty() {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let wakeups = Arc::clone(&self.wakeups);
+        handle.spawn(async move {
+            tokio::time::sleep(LINGER).await;
+            // Unsubscribe what is still idle (a new waiter may have come meanwhile).
+            let gone: Vec<String> = {
+                let mut channels = lock(&wakeups.channels);
+                idle.into_iter()
+                    .filter(|key| {
+                        let empty = channels.get(key).is_some_and(HashMap::is_empty);
+                        if empty {
+                            channels.remove(key);
+                        }
+                        empty
+                    })
+                    .collect()
+            };
+            if gone.is_empty() {
+                return;
+            }
+            for node in &wakeups.nodes {
+                let mut sink = node.sink.lock().await;
+                if let Some(s) = sink.as_mut()
+                    && within(s.unsubscribe(&gone)).await.is_none()
+                {
+                    node.healthy.store(false, Ordering::Release);
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,294 @@
+//! The watchdog: one task per `Redlock` keeps its watched locks alive.
+//!
+//! Each watched lock is extended about every `ttl / 3`. Extensions that fall due
+//! together are sent as one batch: one pipeline per node, whatever the number of locks
+//! (a round costs one round trip per node). An extension counts for a lock if a
+//! majority of nodes accepted it before the lock's validity ran out; its validity then
+//! restarts from the moment the batch was sent. A lock that could not be extended is
+//! retried shortly, and declared **lost** once its loss deadline passes: its validity
+//! end minus the drift allowance, never later. A watched lock also stops being extended
+//! at its maximum hold time, and is then declared lost when its validity runs out.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::Shared;
+use crate::quorum::{OpKind, Target};
+
+/// What a lock guard and the watchdog share.
+#[derive(Debug)]
+pub(crate) struct LockState {
+    valid_until: Mutex<Instant>,
+    ttl: Mutex<Duration>,
+    /// Cancelled when the lock is lost.
+    pub(crate) lost: CancellationToken,
+    /// Set when the guard released the lock or was dropped: the watchdog lets go.
+    pub(crate) ended: AtomicBool,
+    /// Nodes that accepted the last extension.
+    pub(crate) last_votes: AtomicUsize,
+}
+
+impl LockState {
+    pub(crate) fn new(valid_until: Instant, ttl: Duration) -> Self {
+        Self {
+            valid_until: Mutex::new(valid_until),
+            ttl: Mutex::new(ttl),
+            lost: CancellationToken::new(),
+            ended: AtomicBool::new(false),
+            last_votes: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        *self.ttl.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a successful extension (never moves the validity backwards).
+    pub(crate) fn extended(&self, valid_until: Instant, ttl: Duration) {
+        let mut current = self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if valid_until > *current {
+            *current = valid_until;
+        }
+        *self.ttl.lock().unwrap_or_else(PoisonError::into_inner) = ttl;
+    }
+
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+}
+
+/// A lock handed to the watchdog.
+pub(crate) struct Watched {
+    pub(crate) state: Arc<LockState>,
+    pub(crate) target: Arc<Target>,
+    pub(crate) resource: String,
+    /// No extension after this (the maximum hold time).
+    pub(crate) stop_at: Instant,
+}
+
+/// The handle to a `Redlock`'s watchdog task, started on first use.
+#[derive(Default)]
+pub(crate) struct Watchdog {
+    sender: Mutex<Option<mpsc::UnboundedSender<Watched>>>,
+}
+
+impl Watchdog {
+    /// Hands `watched` to the watchdog task, starting it (on the current runtime) if it
+    /// is not running. Without a runtime, the lock is not watched and `false` returned.
+    pub(crate) fn watch(&self, shared: &Arc<Shared>, watched: Watched) -> bool {
+        let mut sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
+        let watched = match sender.as_ref() {
+            Some(tx) => match tx.send(watched) {
+                Ok(()) => return true,
+                Err(mpsc::error::SendError(watched)) => watched,
+            },
+            None => watched,
+        };
+        // Not running (or its runtime has gone): start it.
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(watched);
+        handle.spawn(run(Arc::downgrade(shared), rx));
+        *sender = Some(tx);
+        true
+    }
+}
+
+struct Entry {
+    watched: Watched,
+    next_extend: Instant,
+    extending: bool,
+}
+
+/// The outcome of one batch: per lock, how many nodes extended it.
+struct Outcome {
+    sent_at: Instant,
+    ttl: HashMap<u64, Duration>,
+    votes: HashMap<u64, usize>,
+}
+
+/// The watchdog task. Ends when the client is gone and no lock is watched.
+async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Watched>) {
+    let mut entries: HashMap<u64, Entry> = HashMap::new();
+    let mut next_id: u64 = 0;
+    let mut in_flight: FuturesUnordered<BoxFuture<'static, Outcome>> = FuturesUnordered::new();
+    let mut open = true;
+    loop {
+        let Some(shared) = client.upgrade() else {
+            // The client is gone: nobody can release these locks; let them expire.
+            for entry in entries.values() {
+                entry.watched.state.lost.cancel();
+            }
+            return;
+        };
+        if !open && entries.is_empty() && in_flight.is_empty() {
+            return;
+        }
+        let wake_at = next_wake(&shared, &entries);
+        drop(shared);
+        tokio::select! {
+            received = incoming.recv(), if open => match received {
+                Some(watched) => {
+                    let ttl = watched.state.ttl();
+                    next_id += 1;
+                    entries.insert(next_id, Entry {
+                        next_extend: Instant::now() + ttl / 3,
+                        watched,
+                        extending: false,
+                    });
+                }
+                None => open = false,
+            },
+            () = sleep_until(wake_at) => {
+                if let Some(shared) = client.upgrade()
+                    && let Some(batch) = tick(&shared, &mut entries)
+                {
+                    in_flight.push(batch);
+                }
+            }
+            Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
+                if let Some(shared) = client.upgrade() {
+                    apply(&shared, &mut entries, outcome);
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// When the lock is to be declared lost: its validity end minus the drift allowance.
+fn loss_deadline(shared: &Shared, state: &LockState) -> Instant {
+    let valid_until = state.valid_until();
+    valid_until
+        .checked_sub(shared.drift(state.ttl()))
+        .unwrap_or(valid_until)
+}
+
+fn next_wake(shared: &Shared, entries: &HashMap<u64, Entry>) -> Option<Instant> {
+    entries
+        .values()
+        .flat_map(|entry| {
+            let extend = (!entry.extending && entry.next_extend < entry.watched.stop_at)
+                .then_some(entry.next_extend);
+            [Some(loss_deadline(shared, &entry.watched.state)), extend]
+        })
+        .flatten()
+        .min()
+}
+
+/// Drops ended locks, declares lost ones, and starts a batch for those due.
+fn tick(
+    shared: &Arc<Shared>,
+    entries: &mut HashMap<u64, Entry>,
+) -> Option<BoxFuture<'static, Outcome>> {
+    let now = Instant::now();
+    entries.retain(|_, entry| {
+        let state = &entry.watched.state;
+        if state.is_ended() {
+            return false;
+        }
+        if now >= loss_deadline(shared, state) {
+            tracing::warn!(resource = %entry.watched.resource, "lock lost: not extended on a majority in time");
+            state.lost.cancel();
+            return false;
+        }
+        true
+    });
+    // Extend what is due now, and what would fall due within the next tenth of its
+    // period, so that locks taken close together share round trips.
+    let mut batch: Vec<(u64, Arc<Target>, Duration)> = Vec::new();
+    for (id, entry) in entries.iter_mut() {
+        let ttl = entry.watched.state.ttl();
+        if entry.extending || now >= entry.watched.stop_at {
+            continue;
+        }
+        if entry.next_extend <= now + ttl / 30 {
+            entry.extending = true;
+            batch.push((*id, Arc::clone(&entry.watched.target), ttl));
+        }
+    }
+    if batch.is_empty() {
+        return None;
+    }
+    Some(Box::pin(extend_batch(Arc::clone(shared), batch)))
+}
+
+/// Extends every lock of `batch` on every node: one pipeline per node.
+async fn extend_batch(shared: Arc<Shared>, batch: Vec<(u64, Arc<Target>, Duration)>) -> Outcome {
+    let sent_at = Instant::now();
+    let ops: Vec<(Arc<Target>, OpKind)> = batch
+        .iter()
+        .map(|(_, target, ttl)| {
+            let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+            (Arc::clone(target), OpKind::Extend { ttl_ms })
+        })
+        .collect();
+    let per_node = shared
+        .nodes
+        .iter()
+        .map(|node| node.run_batch(&ops, shared.node_timeout));
+    let answers = futures_util::future::join_all(per_node).await;
+    let mut votes: HashMap<u64, usize> = batch.iter().map(|(id, _, _)| (*id, 0)).collect();
+    for answer in answers.into_iter().flatten() {
+        for ((id, _, _), yes) in batch.iter().zip(answer) {
+            if yes > 0 {
+                *votes.entry(*id).or_default() += 1;
+            }
+        }
+    }
+    Outcome {
+        sent_at,
+        ttl: batch.iter().map(|(id, _, ttl)| (*id, *ttl)).collect(),
+        votes,
+    }
+}
+
+fn apply(shared: &Shared, entries: &mut HashMap<u64, Entry>, outcome: Outcome) {
+    let now = Instant::now();
+    let quorum = shared.quorum();
+    for (id, yes) in outcome.votes {
+        let Some(entry) = entries.get_mut(&id) else {
+            continue;
+        };
+        entry.extending = false;
+        let state = &entry.watched.state;
+        let ttl = outcome.ttl.get(&id).copied().unwrap_or_else(|| state.ttl());
+        state.last_votes.store(yes, Ordering::Relaxed);
+        if yes >= quorum && now < state.valid_until() {
+            let validity = ttl.saturating_sub(shared.drift(ttl));
+            state.extended(outcome.sent_at + validity, ttl);
+            entry.next_extend = outcome.sent_at + ttl / 3;
+            tracing::trace!(resource = %entry.watched.resource, votes = yes, "extended");
+        } else {
+            // Try again soon; the loss deadline decides when to give up.
+            entry.next_extend = now + (ttl / 20).max(Duration::from_millis(5));
+            tracing::debug!(resource = %entry.watched.resource, votes = yes, quorum, "extension failed, retrying");
+        }
+    }
+}

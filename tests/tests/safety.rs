@@ -1,0 +1,275 @@
+//! The safety checker under faults: many clients contend for one resource while nodes
+//! are paused, killed and restarted, cut off and slowed; every hold is recorded on one
+//! monotonic clock with its fencing token, and the run fails on any overlap or any token
+//! that is not strictly increasing.
+//!
+//! `REDLOCK_SOAK=<factor>` scales the number of acquisitions (default 1: a CI run of a
+//! couple of minutes in all; 10 for a soak).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use redlock_core::{Error, Redlock, RetryPolicy};
+use redlock_testkit::{Cluster, FaultKind, Hold, Persistence, SafetyLog, Violation, run_faults};
+
+const RESOURCE: &str = "ledger";
+
+/// `n` acquisitions scaled by `REDLOCK_SOAK` (a factor, default 1).
+fn scaled(n: usize) -> usize {
+    let factor: f64 = std::env::var("REDLOCK_SOAK")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    ((n as f64) * factor).max(1.0) as usize
+}
+
+struct Setup {
+    ttl: Duration,
+    node_timeout: Duration,
+    fencing: bool,
+    quarantine: bool,
+}
+
+fn client(urls: Vec<String>, setup: &Setup) -> Redlock {
+    Redlock::builder()
+        .nodes(urls)
+        .ttl(setup.ttl)
+        .node_timeout(setup.node_timeout)
+        .fencing(setup.fencing)
+        .restart_quarantine(setup.quarantine)
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(5))
+                .with_delay(Duration::from_millis(1), Duration::from_millis(3)),
+        )
+        .build()
+        .unwrap()
+}
+
+/// Takes and releases the resource once; records the hold.
+async fn hold_once(redlock: &Redlock, client: usize, log: &SafetyLog) -> Result<(), Error> {
+    let lock = redlock.lock(RESOURCE).await?;
+    let start = Instant::now();
+    tokio::task::yield_now().await;
+    let end = Instant::now().min(lock.valid_until());
+    log.record(Hold {
+        client,
+        start,
+        end,
+        token: lock.fencing_token(),
+    });
+    let _ = lock.release().await;
+    Ok(())
+}
+
+/// `clients` clients with `tasks` tasks each take the resource until `target` holds are
+/// recorded. Returns how many lock calls failed (no quorum while faults ran).
+async fn contend(
+    urls: &[String],
+    setup: &Setup,
+    clients: usize,
+    tasks: usize,
+    target: usize,
+    log: &Arc<SafetyLog>,
+) -> usize {
+    let failures = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for c in 0..clients {
+        let redlock = client(urls.to_vec(), setup);
+        while !redlock.ready().await {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for _ in 0..tasks {
+            let (redlock, log, failures) = (redlock.clone(), log.clone(), failures.clone());
+            handles.push(tokio::spawn(async move {
+                while log.len() < target {
+                    if hold_once(&redlock, c, &log).await.is_err() {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    failures.load(Ordering::Relaxed)
+}
+
+fn assert_safe(log: &SafetyLog, what: &str) {
+    let violations = log.violations();
+    assert!(
+        violations.is_empty(),
+        "{what}: {} violations in {} holds, first: {:?}",
+        violations.len(),
+        log.len(),
+        &violations[..violations.len().min(3)]
+    );
+}
+
+/// (a) The mixed fault schedule, restart quarantine on: no double grant, tokens
+/// strictly increasing, over at least 20,000 acquisitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_faults_never_double_grant() {
+    let target = scaled(20_000);
+    let cluster = Arc::new(tokio::sync::Mutex::new(Cluster::start_proxied(5).await));
+    let urls = cluster.lock().await.urls();
+    let setup = Setup {
+        ttl: Duration::from_millis(400),
+        node_timeout: Duration::from_millis(40),
+        fencing: true,
+        quarantine: true,
+    };
+    let log = Arc::new(SafetyLog::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let faults = tokio::spawn(run_faults(
+        cluster.clone(),
+        &[
+            FaultKind::Pause,
+            FaultKind::Restart,
+            FaultKind::Cut,
+            FaultKind::Delay,
+        ],
+        2,
+        Duration::from_millis(300),
+        // The quarantine: max TTL + 1 s of uptime rounding.
+        setup.ttl + Duration::from_secs(1),
+        stop.clone(),
+        7,
+    ));
+    let started = Instant::now();
+    let failed = contend(&urls, &setup, 4, 2, target, &log).await;
+    stop.store(true, Ordering::SeqCst);
+    let report = faults.await.unwrap();
+    eprintln!(
+        "mixed faults: {} holds in {:.1} s, {failed} lock calls failed, faults (pause, restart, cut, delay) = {:?}",
+        log.len(),
+        started.elapsed().as_secs_f64(),
+        report.counts
+    );
+    assert!(log.len() >= target);
+    assert!(report.counts.iter().all(|&n| n > 0), "every fault kind ran");
+    assert_safe(&log, "mixed faults");
+}
+
+/// (b) The classic unsafe case: a node restarted without persistence while it holds
+/// part of a live lock. Client A holds the lock on a bare majority (nodes 0 and 1 of 3:
+/// its link to node 2 is cut); node 0 restarts empty; client B then finds nodes 0 and 2
+/// free. With the quarantine off the checker catches the double grant; with it on,
+/// node 0 gets no vote and B is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_needs_the_quarantine() {
+    let with_quarantine_off = restart_scenario(false).await;
+    assert!(
+        with_quarantine_off
+            .iter()
+            .any(|v| matches!(v, Violation::Overlap(..))),
+        "the checker must catch the double grant: {with_quarantine_off:?}"
+    );
+    let with_quarantine_on = restart_scenario(true).await;
+    assert!(
+        with_quarantine_on.is_empty(),
+        "quarantine on: {with_quarantine_on:?}"
+    );
+}
+
+async fn restart_scenario(quarantine: bool) -> Vec<Violation> {
+    let mut cluster = Cluster::start_proxied(3).await;
+    let setup = Setup {
+        ttl: Duration::from_secs(10),
+        node_timeout: Duration::from_millis(100),
+        fencing: false,
+        quarantine: false,
+    };
+    let log = SafetyLog::new();
+    // A reaches the nodes through the proxies; its link to node 2 is down.
+    let a = client(cluster.urls(), &setup);
+    cluster.proxy(2).cut();
+    let lock_a = a.try_lock(RESOURCE).await.expect("A gets nodes 0 and 1");
+    let a_start = Instant::now();
+    // Node 0 crashes and comes back empty.
+    cluster.node_mut(0).restart().await;
+    // B reaches the nodes directly.
+    let b = client(
+        cluster.direct_urls(),
+        &Setup {
+            quarantine,
+            ..setup
+        },
+    );
+    match b.try_lock(RESOURCE).await {
+        Ok(lock_b) => {
+            let b_start = Instant::now();
+            log.record(Hold {
+                client: 1,
+                start: b_start,
+                end: Instant::now().min(lock_b.valid_until()),
+                token: None,
+            });
+            let _ = lock_b.release().await;
+        }
+        Err(err) => {
+            assert!(quarantine, "B refused with the quarantine off: {err}");
+            match err {
+                Error::NoQuorum { failures, .. } => assert!(
+                    failures
+                        .iter()
+                        .any(|f| matches!(f.cause, redlock_core::NodeError::Quarantined(_))),
+                    "node 0 should be in quarantine: {failures:?}"
+                ),
+                other => panic!("expected NoQuorum, got {other}"),
+            }
+        }
+    }
+    log.record(Hold {
+        client: 0,
+        start: a_start,
+        end: Instant::now().min(lock_a.valid_until()),
+        token: None,
+    });
+    let _ = lock_a.release().await;
+    log.violations()
+}
+
+/// (d) Fencing tokens from competing clients increase strictly, also while nodes are
+/// killed and restarted with `appendfsync always` (their counters survive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_across_aof_restarts() {
+    let target = scaled(10_000);
+    let cluster = Arc::new(tokio::sync::Mutex::new(
+        Cluster::start_proxied_with(5, Persistence::AofAlways).await,
+    ));
+    let urls = cluster.lock().await.urls();
+    let setup = Setup {
+        ttl: Duration::from_millis(500),
+        node_timeout: Duration::from_millis(50),
+        fencing: true,
+        // Every write is fsynced: a restarted node forgets nothing.
+        quarantine: false,
+    };
+    let log = Arc::new(SafetyLog::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let faults = tokio::spawn(run_faults(
+        cluster.clone(),
+        &[FaultKind::Restart, FaultKind::Pause],
+        2,
+        Duration::from_millis(200),
+        Duration::ZERO,
+        stop.clone(),
+        11,
+    ));
+    let started = Instant::now();
+    let failed = contend(&urls, &setup, 4, 2, target, &log).await;
+    stop.store(true, Ordering::SeqCst);
+    let report = faults.await.unwrap();
+    eprintln!(
+        "fencing with AOF restarts: {} holds in {:.1} s, {failed} lock calls failed, faults (pause, restart, cut, delay) = {:?}",
+        log.len(),
+        started.elapsed().as_secs_f64(),
+        report.counts
+    );
+    assert!(report.counts[FaultKind::Restart as usize] > 0);
+    assert_safe(&log, "fencing");
+}
