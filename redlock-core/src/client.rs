@@ -211,6 +211,15 @@ impl Redlock {
         }
     }
 
+    /// Extension rounds the watchdog has sent so far: each is one pipeline per node,
+    /// carrying every watched lock that was due (for monitoring and benchmarks).
+    pub fn watchdog_rounds(&self) -> u64 {
+        self.shared
+            .watchdog
+            .rounds
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Number of nodes.
     pub fn node_count(&self) -> usize {
         self.shared.nodes.len()

@@ -10,7 +10,7 @@
 //! at its maximum hold time, and is then declared lost when its validity runs out.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -88,6 +88,8 @@ pub(crate) struct Watched {
 #[derive(Default)]
 pub(crate) struct Watchdog {
     sender: Mutex<Option<mpsc::UnboundedSender<Watched>>>,
+    /// Extension rounds sent (each: one pipeline per node).
+    pub(crate) rounds: AtomicU64,
 }
 
 impl Watchdog {
@@ -220,15 +222,16 @@ fn tick(
         }
         true
     });
-    // Extend what is due now, and what would fall due within the next tenth of its
-    // period, so that locks taken close together share round trips.
+    // Extend what is due now, and what would fall due within the next half of its
+    // period: locks taken at different times thus converge on the same rounds, and
+    // share their round trips.
     let mut batch: Vec<(u64, Arc<Target>, Duration)> = Vec::new();
     for (id, entry) in entries.iter_mut() {
         let ttl = entry.watched.state.ttl();
         if entry.extending || now >= entry.watched.stop_at {
             continue;
         }
-        if entry.next_extend <= now + ttl / 30 {
+        if entry.next_extend <= now + ttl / 6 {
             entry.extending = true;
             batch.push((*id, Arc::clone(&entry.watched.target), ttl));
         }
@@ -236,6 +239,7 @@ fn tick(
     if batch.is_empty() {
         return None;
     }
+    shared.watchdog.rounds.fetch_add(1, Ordering::Relaxed);
     Some(Box::pin(extend_batch(Arc::clone(shared), batch)))
 }
 
@@ -255,6 +259,11 @@ async fn extend_batch(shared: Arc<Shared>, batch: Vec<(u64, Arc<Target>, Duratio
         .map(|node| node.run_batch(&ops, shared.node_timeout));
     let answers = futures_util::future::join_all(per_node).await;
     let mut votes: HashMap<u64, usize> = batch.iter().map(|(id, _, _)| (*id, 0)).collect();
+    for (node, answer) in shared.nodes.iter().zip(&answers) {
+        if let Err(err) = answer {
+            tracing::debug!(node = node.name(), locks = batch.len(), error = %err, "extension round failed on a node");
+        }
+    }
     for answer in answers.into_iter().flatten() {
         for ((id, _, _), yes) in batch.iter().zip(answer) {
             if yes > 0 {

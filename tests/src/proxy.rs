@@ -168,7 +168,10 @@ where
     let mut write_state = state;
     let writer = async move {
         while let Some((deliver_at, chunk)) = in_flight.recv().await {
-            tokio::time::sleep_until(deliver_at).await;
+            // (Even an elapsed sleep waits for the timer's next 1 ms tick: skip it.)
+            if deliver_at > Instant::now() {
+                tokio::time::sleep_until(deliver_at).await;
+            }
             loop {
                 let current = *write_state.borrow_and_update();
                 match current {

@@ -14,6 +14,7 @@
 //! Prints cycles/s, p50 and p99 for each, and the two ratios the targets are about.
 //! `BENCH_SECS` sets the duration of each run (default 3).
 
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,11 @@ struct Stats {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
     let secs: u64 = std::env::var("BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -110,9 +116,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("(cli us / srv us: CPU time per cycle of this process / of all the Redis servers)");
     let workloads = [Workload::Floor, Workload::Lock, Workload::Raw];
-    if std::env::var("BENCH_ONLY").as_deref() == Ok("contended") {
-        contended(&urls, Duration::from_secs(secs)).await?;
-        return Ok(());
+    match std::env::var("BENCH_ONLY").as_deref() {
+        Ok("contended") => return contended(&urls, Duration::from_secs(secs)).await,
+        Ok("watchdog") => return watchdog(&urls, &conns).await,
+        _ => {}
     }
     // BENCH_ONLY=lock (or floor, raw): run one workload at c=32, for profiling.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
@@ -239,6 +246,116 @@ fn verdict(ok: bool) -> &'static str {
 
 fn fmt_us(d: Duration) -> String {
     format!("{} us", d.as_micros())
+}
+
+/// Watchdog scale: 10,000 watched locks held by one client with a 3 s TTL for
+/// `BENCH_WATCH_SECS` (default 60): client CPU time, peak memory, and round trips per
+/// node per extension round (the servers' read events).
+async fn watchdog(
+    urls: &[String],
+    conns: &[MultiplexedConnection],
+) -> Result<(), Box<dyn std::error::Error>> {
+    const LOCKS: usize = 10_000;
+    let ttl = Duration::from_secs(3);
+    let secs: u64 = std::env::var("BENCH_WATCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let redlock = Redlock::builder()
+        .nodes(urls.to_vec())
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(500))
+        .build()?;
+    redlock_examples::wait_until_ready(&redlock).await;
+    let mut locks = Vec::with_capacity(LOCKS);
+    for chunk in 0..(LOCKS / 500) {
+        let batch = futures_util::future::join_all((0..500).map(|i| {
+            redlock
+                .try_lock(format!("bench:watch:{}", chunk * 500 + i))
+                .into_future()
+        }))
+        .await;
+        for lock in batch {
+            let mut lock = lock?;
+            lock.auto_extend();
+            locks.push(lock);
+        }
+    }
+    let reads_before = servers_stat(conns, "total_reads_processed").await;
+    let rounds_before = redlock.watchdog_rounds();
+    let cpu_before = process_cpu_secs();
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let elapsed = started.elapsed();
+    let cpu = process_cpu_secs() - cpu_before;
+    let reads = servers_stat(conns, "total_reads_processed").await;
+    let held = locks.iter().filter(|l| l.is_held()).count();
+    let sent = redlock.watchdog_rounds() - rounds_before;
+    let rounds = elapsed.as_secs_f64() / (ttl.as_secs_f64() / 3.0);
+    let per_node: Vec<f64> = reads
+        .iter()
+        .zip(&reads_before)
+        .map(|(a, b)| (a - b) as f64 / rounds)
+        .collect();
+    println!(
+        "\nwatchdog: {LOCKS} watched locks, TTL {} s, {:.0} s: {held} still held",
+        ttl.as_secs(),
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "client CPU: {:.2} s ({:.1}% of one core); peak memory (VmHWM): {} MiB",
+        cpu,
+        cpu / elapsed.as_secs_f64() * 100.0,
+        peak_rss_kib() / 1024
+    );
+    println!(
+        "round trips per node per extension period (ttl/3): {:.2} ({sent} pipelines per node in {rounds:.0} periods; target: 1)",
+        sent as f64 / rounds
+    );
+    println!(
+        "(servers' read events per node per period: {}; a pipeline of 10,000 extensions arrives in several reads)",
+        per_node
+            .iter()
+            .map(|r| format!("{r:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for lock in locks {
+        let _ = lock.release().await;
+    }
+    Ok(())
+}
+
+/// A numeric field of `INFO stats` on every server.
+async fn servers_stat(conns: &[MultiplexedConnection], field: &str) -> Vec<u64> {
+    let mut out = Vec::new();
+    for conn in conns {
+        let mut conn = conn.clone();
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        out.push(
+            info.lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
+        );
+    }
+    out
+}
+
+/// Peak resident memory of this process, from /proc (0 where unavailable).
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Contended: 8 clients (separate connections), one resource; each takes the lock, runs
