@@ -649,10 +649,12 @@ fn release_after(
 
 async fn release_one(shared: &Shared, target: &Target, index: usize) {
     if let Some(node) = shared.nodes.get(index) {
+        let queued = std::sync::atomic::AtomicBool::new(false);
         let _ = node
             .run(
                 target.op(OpKind::Release { notify: false }),
                 shared.node_timeout,
+                &queued,
             )
             .await;
     }

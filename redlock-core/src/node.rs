@@ -11,8 +11,10 @@
 //! connection runs in a task of its own (bounded by `CONNECT_TIMEOUT`), so that a link
 //! whose handshake is slower than the per-node timeout still ends up connected.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
@@ -133,6 +135,10 @@ struct Opened {
     conn: MultiplexedConnection,
     info: Arc<str>,
 }
+
+/// Commands a connection queues before queuing waits: deep, so that a command is in the
+/// queue as soon as it is first polled (the order of commands to a node relies on it).
+const PIPELINE_BUFFER: usize = 4096;
 
 /// How long opening a connection may take (TCP, TLS, authentication, `HELLO`) before it
 /// is abandoned and tried afresh by the next operation.
@@ -358,14 +364,23 @@ impl Node {
 
     /// Runs `op` with `timeout` covering everything (connecting included). `Ok(true)` is a
     /// yes vote.
-    pub(crate) async fn run(&self, op: Op<'_>, timeout: Duration) -> Result<u64, NodeError> {
-        match tokio::time::timeout(timeout, self.run_untimed(op)).await {
+    ///
+    /// `queued` is set once the command sits in the node's connection queue: from then
+    /// on, a command sent later to this node (by anyone) is executed after it. Never set
+    /// for a pooled node (its connections do not share a queue).
+    pub(crate) async fn run(
+        &self,
+        op: Op<'_>,
+        timeout: Duration,
+        queued: &AtomicBool,
+    ) -> Result<u64, NodeError> {
+        match tokio::time::timeout(timeout, self.run_untimed(op, queued)).await {
             Ok(result) => result,
             Err(_) => Err(NodeError::Timeout(timeout)),
         }
     }
 
-    async fn run_untimed(&self, op: Op<'_>) -> Result<u64, NodeError> {
+    async fn run_untimed(&self, op: Op<'_>, queued: &AtomicBool) -> Result<u64, NodeError> {
         match &self.backend {
             Backend::Direct(direct) => {
                 let (generation, mut conn, info) =
@@ -374,7 +389,18 @@ impl Node {
                     self.observe(&info);
                 }
                 self.check_quarantine(&op)?;
-                let result = execute(&mut conn, op).await;
+                let mut execution = std::pin::pin!(execute(&mut conn, op));
+                // The first poll puts the command in the connection's queue (deep enough
+                // never to be full; see PIPELINE_BUFFER).
+                let first =
+                    std::future::poll_fn(|cx| Poll::Ready(execution.as_mut().poll(cx))).await;
+                let result = match first {
+                    Poll::Ready(result) => result,
+                    Poll::Pending => {
+                        queued.store(true, Ordering::Release);
+                        execution.await
+                    }
+                };
                 if let Err(err) = &result
                     && breaks_connection(err)
                 {
@@ -461,7 +487,8 @@ impl Direct {
         // Operation timeouts are ours; redis-rs' own would only add a second clock.
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(None);
+            .set_response_timeout(None)
+            .set_pipeline_buffer_size(PIPELINE_BUFFER);
         let check_persistence = self.check_persistence;
         let connect = async move {
             let mut conn = client

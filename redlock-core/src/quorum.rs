@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -125,6 +126,8 @@ pub(crate) type NodeFuture = Pin<Box<dyn Future<Output = (usize, Result<u64, Nod
 pub(crate) struct Fanout {
     shared: Arc<Shared>,
     pending: FuturesUnordered<NodeFuture>,
+    /// Per node: the command is in the node's connection queue (see `Node::run`).
+    queued: Arc<[AtomicBool]>,
     /// Each node's answer, once it came.
     pub(crate) answers: Vec<Option<Result<u64, NodeError>>>,
     pub(crate) tally: Tally,
@@ -140,13 +143,17 @@ impl Fanout {
     ) -> Self {
         let n = shared.nodes.len();
         let pending = FuturesUnordered::new();
+        let queued: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(false)).collect();
         let mut push = |index: usize| {
             let shared = Arc::clone(shared);
             let target = Arc::clone(target);
+            let queued = Arc::clone(&queued);
             let fut: NodeFuture = Box::pin(async move {
-                let result = match shared.nodes.get(index) {
-                    Some(node) => node.run(target.op(kind), shared.node_timeout).await,
-                    None => Ok(0),
+                let result = match (shared.nodes.get(index), queued.get(index)) {
+                    (Some(node), Some(queued)) => {
+                        node.run(target.op(kind), shared.node_timeout, queued).await
+                    }
+                    _ => Ok(0),
                 };
                 (index, result)
             });
@@ -159,6 +166,7 @@ impl Fanout {
         Self {
             shared: Arc::clone(shared),
             pending,
+            queued,
             answers: vec![None; n],
             tally: Tally::new(n),
         }
@@ -169,6 +177,7 @@ impl Fanout {
         Self {
             shared: Arc::clone(shared),
             pending: FuturesUnordered::new(),
+            queued: Arc::new([]),
             answers: vec![None; shared.nodes.len()],
             tally: Tally::new(shared.nodes.len()),
         }
@@ -286,18 +295,26 @@ impl Fanout {
     /// Lets the node operations still in flight complete on the runtime instead of
     /// dropping them half-way (a dropped request may never be sent).
     ///
-    /// Returns what is still in flight, so that a later release can wait for it.
+    /// Returns what a later command to the same nodes must wait for: the operations
+    /// not yet in their node's connection queue (still connecting, or pooled), which a
+    /// later command could otherwise overtake.
     pub(crate) fn finish_in_background(mut self) -> Option<InFlight> {
         let mut pending = self.take_pending();
         if pending.is_empty() {
             return None;
         }
-        let nodes = (0..self.answers.len())
+        let nodes: Vec<usize> = (0..self.answers.len())
             .filter(|&i| self.answers.get(i).is_some_and(Option::is_none))
+            .filter(|&i| {
+                !self
+                    .queued
+                    .get(i)
+                    .is_some_and(|q| q.load(Ordering::Acquire))
+            })
             .collect();
         let handle = tokio::runtime::Handle::try_current().ok()?;
         let done = handle.spawn(async move { while pending.next().await.is_some() {} });
-        Some(InFlight { nodes, done })
+        (!nodes.is_empty()).then_some(InFlight { nodes, done })
     }
 }
 

@@ -23,10 +23,11 @@ use redis::aio::MultiplexedConnection;
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
 
-/// The same compare-and-delete the library runs, for the raw-commands reference.
+/// The same compare-and-delete (and release notification) the library runs, for the
+/// raw-commands reference.
 static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) redis.call('PUBLISH', KEYS[1], '') return 1 end return 0",
     )
 });
 
