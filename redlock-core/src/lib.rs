@@ -45,14 +45,31 @@
 //! # }
 //! ```
 //!
+//! # Long work, loss, fencing, restarts, waiting
+//!
+//! - [`Lock::auto_extend`] hands the lock to the client's watchdog (one task for all
+//!   locks; locks due together are extended in one pipeline per node). If it cannot be
+//!   extended on a majority in time, the lock is lost and the holder learns it at once:
+//!   [`Lock::lost`], [`Lock::is_held`], [`Lock::cancellation_token`].
+//!   [`Redlock::with_lock`] runs a future under a watched lock and drops it the moment
+//!   the lock is lost.
+//! - [`RedlockBuilder::fencing`]: every lock carries a token strictly greater than all
+//!   earlier ones for the resource ([`Lock::fencing_token`]); the protected resource
+//!   rejects writes with an older token.
+//! - Restart quarantine (on by default): a node up for less than the maximum TTL gets
+//!   no vote, so a node restarted without persistence cannot grant a lock it forgot.
+//! - Wake on release (on by default): a waiting client retries as soon as the holder
+//!   releases.
+//!
 //! # What it guarantees, and what it does not
 //!
-//! While [`Lock::is_valid`] is true, no other client holds the resource, provided the
-//! nodes do not lose the key (a node restarted without persistence can forget it) and
-//! the processes' clocks run at about the same rate. A process pause (GC, swap, a
-//! stopped VM) longer than the validity can leave a holder believing it still holds a
-//! lock that expired: check `is_valid()` right before a protected write, keep the work
-//! short compared to the TTL, and let the protected resource reject stale writers.
+//! While [`Lock::is_valid`] is true, no other client holds the resource, provided a
+//! majority of nodes keeps the key for its TTL (the restart quarantine covers nodes that
+//! restart without persistence) and the processes' clocks run at about the same rate.
+//! A process pause (GC, swap, a stopped VM) longer than the validity can leave a holder
+//! believing it still holds a lock that expired: check `is_valid()` right before a
+//! protected write, keep the work short compared to the TTL, and use fencing tokens so
+//! that the protected resource rejects stale writers.
 
 mod builder;
 mod client;
