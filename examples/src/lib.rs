@@ -70,3 +70,12 @@ pub async fn wait_until_ready(redlock: &redlock_core::Redlock) {
         );
     }
 }
+
+/// Logs to stderr at `RUST_LOG`'s level (default: warnings).
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+}

@@ -637,19 +637,11 @@ fn redis_error(err: RedisError) -> NodeError {
 async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<u64, RedisError> {
     match op {
         Op::Acquire {
-            keys: [key],
+            keys: [_],
             fence_keys: [],
-            value,
-            ttl_ms,
+            ..
         } => {
-            let reply: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms)
-                .query_async(conn)
-                .await?;
+            let reply: Option<String> = command(op).query_async(conn).await?;
             Ok(u64::from(reply.is_some()))
         }
         Op::Acquire {

@@ -38,11 +38,7 @@ struct Hold {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    redlock_examples::init_tracing();
     let nodes = Nodes::from_env_or_start(5).await;
     let urls = nodes.urls();
 
