@@ -1,4 +1,13 @@
 //! Shared plumbing of the example programs: where the Redis nodes come from.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // Without REDLOCK_NODES: local redis-server processes, stopped when dropped.
+//! let nodes = redlock_examples::Nodes::from_env_or_start(1).await;
+//! assert!(!nodes.urls().is_empty());
+//! # }
+//! ```
 
 /// Redis nodes for an example: the URLs in `REDLOCK_NODES` (comma-separated), or `n`
 /// local `redis-server` processes started for the run (stopped when the value drops).
