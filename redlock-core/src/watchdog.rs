@@ -297,7 +297,14 @@ fn apply(shared: &Shared, entries: &mut HashMap<u64, Entry>, outcome: Outcome) {
         } else {
             // Try again soon; the loss deadline decides when to give up.
             entry.next_extend = now + (ttl / 20).max(Duration::from_millis(5));
-            tracing::debug!(resource = %entry.watched.resource, votes = yes, quorum, "extension failed, retrying");
+            tracing::debug!(
+                resource = %entry.watched.resource,
+                votes = yes,
+                quorum,
+                round_ms = (now - outcome.sent_at).as_millis() as u64,
+                validity_left_ms = state.valid_until().saturating_duration_since(now).as_millis() as u64,
+                "extension failed, retrying"
+            );
         }
     }
 }
