@@ -253,10 +253,19 @@ async fn extend_batch(shared: Arc<Shared>, batch: Vec<(u64, Arc<Target>, Duratio
             (Arc::clone(target), OpKind::Extend { ttl_ms })
         })
         .collect();
+    // A round may take until the next one is due: with thousands of locks a pipeline
+    // takes longer than the per-node timeout (meant for single commands), and a round
+    // cut short would fail every lock in it.
+    let shortest = batch
+        .iter()
+        .map(|(_, _, ttl)| *ttl)
+        .min()
+        .unwrap_or_default();
+    let timeout = shared.node_timeout.max(shortest / 3);
     let per_node = shared
         .nodes
         .iter()
-        .map(|node| node.run_batch(&ops, shared.node_timeout));
+        .map(|node| node.run_batch(&ops, timeout));
     let answers = futures_util::future::join_all(per_node).await;
     let mut votes: HashMap<u64, usize> = batch.iter().map(|(id, _, _)| (*id, 0)).collect();
     for (node, answer) in shared.nodes.iter().zip(&answers) {
