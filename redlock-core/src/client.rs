@@ -579,6 +579,9 @@ impl AttemptGuard {
             return;
         };
         let mut answered = fanout.nodes_answering(true);
+        // Keys this attempt set may have made competitors fail too (a split vote):
+        // removing them wakes the waiters, or all would sleep their fallback delay.
+        let notify = !answered.is_empty();
         answered.append(&mut fanout.nodes_answering(false));
         release_after(
             &self.shared,
@@ -590,7 +593,7 @@ impl AttemptGuard {
             Fanout::start(
                 &self.shared,
                 &self.target,
-                OpKind::Release { notify: false },
+                OpKind::Release { notify },
                 Some(&answered),
             )
             .until_done()
