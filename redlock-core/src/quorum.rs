@@ -75,7 +75,7 @@ pub(crate) enum OpKind {
     RaiseFence {
         token: u64,
     },
-    /// `notify`: wake waiters (a lock's release, not a failed attempt's cleanup).
+    /// `notify`: wake waiters (a lock's release, or a failed attempt that set keys).
     Release {
         notify: bool,
     },

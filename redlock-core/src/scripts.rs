@@ -10,8 +10,8 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// Deletes every key of `KEYS` that still holds `ARGV[1]`; with `ARGV[2] == '1'` (a
-/// lock's release, not the cleanup of a failed attempt) publishes on the key's channel
-/// for waiters (see `wake.rs`). Returns how many it deleted.
+/// lock's release, or the cleanup of a failed attempt that had set keys) publishes on
+/// the key's channel for waiters (see `wake.rs`). Returns how many it deleted.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 const RELEASE_SOURCE: &str = r"
 local n = 0

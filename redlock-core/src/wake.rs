@@ -1,7 +1,7 @@
 //! Wake on release: a client waiting for a busy lock retries as soon as it is released.
 //!
-//! The release script publishes on the lock key's channel whenever it deletes a key
-//! (a full release, or the cleanup of a failed attempt). Each `Redlock` keeps at most one
+//! The release script publishes on the lock key's channel when it deletes a lock's key
+//! (a release, or the cleanup of a failed attempt that had set keys). Each `Redlock` keeps at most one
 //! subscriber connection per node, shared by all its waiters. A key's channel is
 //! subscribed on every node when its first waiter comes, and stays subscribed for a
 //! while after its last waiter leaves (so steady contention costs no subscription round
