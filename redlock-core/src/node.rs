@@ -276,10 +276,10 @@ impl Node {
                     replies.map_err(redis_error)?
                 }
                 Backend::Pool(pool) => {
-                    let mut conn = pool
-                        .get()
-                        .await
-                        .map_err(|err| NodeError::Pool(err.to_string()))?;
+                    let mut conn = self.pooled(pool, self.quarantine.is_some()).await?;
+                    if let Some((target, kind)) = ops.first() {
+                        self.check_quarantine(&target.op(*kind))?;
+                    }
                     pipe.query_async(&mut conn).await.map_err(redis_error)?
                 }
             };
@@ -298,6 +298,28 @@ impl Node {
         }
     }
 
+    /// A connection from `pool`. With `ask`, first learns the node's `run_id` and uptime
+    /// (a pooled connection may be new, and the node behind it restarted).
+    async fn pooled(
+        &self,
+        pool: &deadpool_redis::Pool,
+        ask: bool,
+    ) -> Result<deadpool_redis::Connection, NodeError> {
+        let mut conn = pool
+            .get()
+            .await
+            .map_err(|err| NodeError::Pool(err.to_string()))?;
+        if ask {
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error)?;
+            self.observe(&info);
+        }
+        Ok(conn)
+    }
+
     /// Connects (if needed) and reports whether the node answers and its quarantine.
     pub(crate) async fn status(&self, timeout: Duration) -> NodeStatus {
         let probe = async {
@@ -312,19 +334,7 @@ impl Node {
                         .await
                         .map_err(redis_error)
                 }
-                Backend::Pool(pool) => {
-                    let mut conn = pool
-                        .get()
-                        .await
-                        .map_err(|err| NodeError::Pool(err.to_string()))?;
-                    let info: String = redis::cmd("INFO")
-                        .arg("server")
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(redis_error)?;
-                    self.observe(&info);
-                    Ok(())
-                }
+                Backend::Pool(pool) => self.pooled(pool, true).await.map(drop),
             }
         };
         let reachable = match tokio::time::timeout(timeout, probe).await {
@@ -409,20 +419,11 @@ impl Node {
                 result.map_err(redis_error)
             }
             Backend::Pool(pool) => {
-                let mut conn = pool
-                    .get()
-                    .await
-                    .map_err(|err| NodeError::Pool(err.to_string()))?;
-                // A pooled connection may be new: ask the node before counting its vote.
-                if self.quarantine.is_some() && !matches!(op, Op::Release { .. }) {
-                    let info: String = redis::cmd("INFO")
-                        .arg("server")
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(redis_error)?;
-                    self.observe(&info);
-                    self.check_quarantine(&op)?;
-                }
+                let votes = !matches!(op, Op::Release { .. });
+                let mut conn = self
+                    .pooled(pool, votes && self.quarantine.is_some())
+                    .await?;
+                self.check_quarantine(&op)?;
                 execute(&mut conn, op).await.map_err(redis_error)
             }
         }

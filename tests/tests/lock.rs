@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Intervals, client, settle_keys};
+use common::{Intervals, client, cycle, settle_keys};
 use redlock_core::{Error, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
@@ -100,12 +100,7 @@ async fn taken_lock_reports_the_nodes_holding_it() {
     );
     assert!(started.elapsed() < Duration::from_secs(2));
     lock.release().await.unwrap();
-    b.try_lock("order:1")
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    cycle(&b, "order:1").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,12 +269,7 @@ async fn dropped_lock_is_released_in_the_background() {
         assert!(Instant::now() < deadline, "drop did not release");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    a.try_lock("dropped")
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    cycle(&a, "dropped").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
