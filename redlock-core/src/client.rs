@@ -375,8 +375,12 @@ impl<'a> Acquire<'a> {
                     _ => tokio::time::sleep(delay).await,
                 },
                 None => {
+                    let retry_after = match failure {
+                        AttemptFailure::Taken { .. } => time_until_free(&shared, &keys).await,
+                        _ => None,
+                    };
                     let resource = self.resources.into_iter().next().unwrap_or_default();
-                    let err = failure.into_error(resource, &shared, attempts);
+                    let err = failure.into_error(resource, &shared, attempts, retry_after);
                     tracing::debug!(attempts, error = %err, "giving up");
                     return Err(err);
                 }
@@ -428,7 +432,13 @@ enum AttemptFailure {
 }
 
 impl AttemptFailure {
-    fn into_error(self, resource: String, shared: &Shared, attempts: u32) -> Error {
+    fn into_error(
+        self,
+        resource: String,
+        shared: &Shared,
+        attempts: u32,
+        retry_after: Option<Duration>,
+    ) -> Error {
         let total = shared.nodes.len();
         match self {
             Self::TooSlow => Error::Expired {
@@ -440,6 +450,7 @@ impl AttemptFailure {
                 nodes,
                 total,
                 attempts,
+                retry_after,
             },
             Self::Unreachable { failures } => Error::NoQuorum {
                 resource,
@@ -449,6 +460,26 @@ impl AttemptFailure {
             },
         }
     }
+}
+
+/// How long until a majority of nodes no longer hold `keys` (the holder's lock ends
+/// there at the latest, unless extended): asks every node for the keys' remaining TTL.
+/// `None` when fewer than a majority answer within the node timeout.
+async fn time_until_free(shared: &Shared, keys: &[String]) -> Option<Duration> {
+    let queued = std::sync::atomic::AtomicBool::new(false);
+    let asks = shared.nodes.iter().map(|node| {
+        node.run(
+            crate::node::Op::Remaining { keys },
+            shared.node_timeout,
+            &queued,
+        )
+    });
+    let replies = futures_util::future::join_all(asks).await;
+    let mut remaining: Vec<u64> = replies.into_iter().filter_map(Result::ok).collect();
+    remaining.sort_unstable();
+    remaining
+        .get(shared.quorum().checked_sub(1)?)
+        .map(|ms| Duration::from_millis(*ms))
 }
 
 /// One attempt: fan out, count, and on failure release everywhere before returning.

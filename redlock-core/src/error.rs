@@ -27,6 +27,10 @@ pub enum Error {
         total: usize,
         /// Attempts made.
         attempts: u32,
+        /// How long until the holder's lock ends on a majority, unless it is extended or
+        /// released sooner (asked of the nodes after the last attempt): a fair
+        /// `Retry-After`. `None` if too few nodes answered.
+        retry_after: Option<Duration>,
     },
 
     /// Too many nodes failed (unreachable, timed out, error reply) for a majority to

@@ -76,6 +76,7 @@ mod client;
 mod error;
 mod lock;
 mod node;
+pub mod problem;
 mod quorum;
 mod retry;
 mod scripts;

@@ -74,6 +74,9 @@ pub(crate) enum Op<'a> {
         value: &'a str,
         ttl_ms: u64,
     },
+    /// The longest remaining TTL (ms) among the keys; 0 when none exists. Not a vote:
+    /// it tells a waiter when the holder's lock ends at the latest.
+    Remaining { keys: &'a [String] },
 }
 
 pub(crate) struct Node {
@@ -350,7 +353,7 @@ impl Node {
 
     /// Fails a vote from a node in quarantine (release still runs: it only deletes).
     fn check_quarantine(&self, op: &Op<'_>) -> Result<(), NodeError> {
-        if matches!(op, Op::Release { .. }) {
+        if matches!(op, Op::Release { .. } | Op::Remaining { .. }) {
             return Ok(());
         }
         match self.quarantined() {
@@ -624,6 +627,9 @@ fn command(op: Op<'_>) -> redis::Cmd {
             &keys.iter().collect::<Vec<_>>(),
             &[value.to_owned(), ttl_ms.to_string()],
         ),
+        Op::Remaining { keys } => {
+            evalsha(&scripts::REMAINING, &keys.iter().collect::<Vec<_>>(), &[])
+        }
     }
 }
 
@@ -676,6 +682,7 @@ async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<u
             value,
             ttl_ms,
         } => run_script(&scripts::EXTEND, conn, keys, &[value], Some(ttl_ms)).await,
+        Op::Remaining { keys } => run_script(&scripts::REMAINING, conn, keys, &[], None).await,
     }
 }
 

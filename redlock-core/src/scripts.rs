@@ -98,8 +98,22 @@ end
 return 1
 ";
 
+/// The longest remaining TTL in ms among `KEYS` (0 when none exists).
+pub(crate) static REMAINING: LazyLock<Script> = LazyLock::new(|| Script::new(REMAINING_SOURCE));
+const REMAINING_SOURCE: &str = r"
+local longest = 0
+for _, key in ipairs(KEYS) do
+  local t = redis.call('PTTL', key)
+  if t > longest then
+    longest = t
+  end
+end
+return longest
+";
+
 /// Every script's source, to load on a new connection.
-pub(crate) const ALL_SOURCES: [&str; 5] = [
+pub(crate) const ALL_SOURCES: [&str; 6] = [
+    REMAINING_SOURCE,
     RELEASE_SOURCE,
     EXTEND_SOURCE,
     ACQUIRE_MANY_SOURCE,

@@ -79,11 +79,19 @@ async fn taken_lock_reports_the_nodes_holding_it() {
             nodes,
             total,
             attempts,
+            retry_after,
             ..
         }) => {
             assert!(nodes.len() >= 3, "{nodes:?}");
             assert_eq!(total, 5);
             assert_eq!(attempts, 1);
+            // The holder's lock has most of its TTL left on a majority.
+            let retry_after = retry_after.expect("a majority answered");
+            assert!(
+                retry_after <= lock.validity() + Duration::from_millis(200)
+                    && retry_after >= Duration::from_secs(3),
+                "{retry_after:?}"
+            );
         }
         other => panic!("expected Taken, got {other:?}"),
     }
