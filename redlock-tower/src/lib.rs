@@ -1,20 +1,120 @@
-//! A tower `LockLayer` that serializes requests per key across service replicas.
+//! A tower middleware that serializes HTTP requests per key across every replica of a
+//! service, with a Redlock distributed lock ([`redlock_core`]).
 //!
-//! **Not built yet.** This crate will hold `LockLayer` / `LockService` / `ResponseFuture`
-//! for any tower `Service` (axum, hyper, tonic): for each request a key extractor names a
-//! resource, the layer takes the cluster-wide lock for it through [`redlock_core`], keeps
-//! it auto-extended while the response (and by default its body) is produced, and answers
-//! `409 Conflict` when busy or `503` when no quorum of Redis nodes is reachable.
+//! Add one [`LockLayer`] to an axum, hyper or tonic service, and requests for the same
+//! key (`POST /orders/42/pay`, an `Idempotency-Key` header, a tenant id) never run at
+//! the same time anywhere in the cluster:
 //!
-//! It never talks to Redis itself: every lock goes through [`redlock_core::Redlock`],
-//! re-exported here; the layer will take one:
+//! 1. a [`KeyExtractor`](extract::KeyExtractor) names the request's key, or lets it
+//!    through unlocked, or refuses it (`400`);
+//! 2. the layer takes the cluster-wide lock on the key (failing fast by default, or
+//!    waiting up to a deadline, woken as soon as the holder releases);
+//! 3. the inner service runs while the lock is held and auto-extended; the handler finds
+//!    a [`LockHandle`] (key, validity, `lost()`) in the request's extensions;
+//! 4. the lock is released when the response body has been sent, or dropped (by
+//!    default), or as soon as the response head is ready ([`Hold`]).
+//!
+//! Busy: **409 Conflict** with `Retry-After` (the holder's remaining TTL). No quorum of
+//! Redis nodes: **503** with `Retry-After` (fail-closed; [`fail_open`](LockLayer::fail_open)
+//! is an explicit opt-in). Bodies are `application/problem+json`
+//! ([`redlock_core::problem`]); see [`response`] for the table and the hook. The inner
+//! service's error type is unchanged (axum's `Infallible` works), and its response
+//! body is wrapped in a [`LockBody`].
+//!
+//! # Example
+//!
+//! Any tower service works; here a plain `service_fn` (with axum, pass the layer to
+//! `Router::route_layer`, see [`extract::PathParam`] with the `axum` feature):
 //!
 //! ```
-//! let redlock = redlock_tower::Redlock::builder()
-//!     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//!
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::BodyExt;
+//! use redlock_tower::{LockHandle, LockLayer, Redlock, extract::PathPrefix};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), redlock_tower::BoxError> {
+//! # let cluster = redlock_testkit::Cluster::start(3).await;
+//! # let urls = cluster.urls();
+//! // `urls`: three independent Redis masters, e.g. "redis://10.0.0.1:6379".
+//! let redlock = Redlock::builder()
+//!     .nodes(urls)
+//! #   .restart_quarantine(false) // the test nodes were started a moment ago
 //!     .build()?;
-//! assert_eq!(redlock.quorum(), 2);
-//! # Ok::<(), redlock_core::ConfigError>(())
+//!
+//! // Requests under /orders/{id} are serialized per order, cluster-wide.
+//! let layer = LockLayer::new(redlock.clone(), PathPrefix::new("/orders"))
+//!     .key_prefix("http:")
+//!     .ttl(Duration::from_secs(5));
+//! let service = ServiceBuilder::new().layer(layer).service(service_fn(
+//!     |request: Request<String>| async move {
+//!         let lock = request.extensions().get::<LockHandle>().cloned();
+//!         let answer = match lock {
+//!             Some(lock) => format!("paid under {}", lock.resource()),
+//!             None => "no lock needed".to_owned(),
+//!         };
+//!         Ok::<_, Infallible>(Response::new(answer))
+//!     },
+//! ));
+//!
+//! let pay = || Request::post("/orders/42/pay").body(String::new()).unwrap();
+//! let response = service.clone().oneshot(pay()).await?;
+//! assert_eq!(response.status(), StatusCode::OK);
+//! // The lock is held until the body has been sent (here: read) or dropped.
+//! let body = response.into_body().collect().await?.to_bytes();
+//! assert_eq!(body, "paid under http:/orders/42");
+//!
+//! // While another replica holds the order's lock, the request is refused.
+//! let elsewhere = redlock.lock("http:/orders/42").await?;
+//! let busy = service.clone().oneshot(pay()).await?;
+//! assert_eq!(busy.status(), StatusCode::CONFLICT);
+//! assert!(busy.headers().contains_key("retry-after"));
+//! assert_eq!(busy.headers()["content-type"], "application/problem+json");
+//! elsewhere.release().await?;
+//!
+//! // Other paths take no lock.
+//! let health = Request::get("/health").body(String::new()).unwrap();
+//! assert_eq!(service.oneshot(health).await?.status(), StatusCode::OK);
+//! # Ok(())
+//! # }
 //! ```
+//!
+//! # Lock loss
+//!
+//! The lock is extended by redlock-core's watchdog about every `ttl / 3` while the
+//! request runs, up to [`max_hold`](LockLayer::max_hold). If a majority of nodes cannot
+//! extend it in time, the lock is **lost**: another request for the key may now run.
+//! By default the layer logs a warning and signals it through the request's
+//! [`LockHandle`] (`lost()`, `is_held()`, `cancellation_token()`), and the handler
+//! decides; with [`abort_on_loss`](LockLayer::abort_on_loss) the layer drops the
+//! handler's future and answers `503` (or, once the body streams, cuts the body off).
+//!
+//! # Cancellation
+//!
+//! A request whose client goes away is dropped by the server, with its
+//! [`ResponseFuture`] or [`LockBody`]: an acquisition in flight releases what it had
+//! set, and a held lock is released at once (in the background), not at its TTL.
+//!
+//! # Tracing
+//!
+//! Events with the lock's `key`: `lock acquired` (debug: wait, attempts), `lock busy`
+//! (debug), `lock service unavailable` (warn; `fail-open` when the request goes
+//! through), `lock lost while serving the request` (warn), `lock released` (debug:
+//! hold time).
 
-pub use redlock_core::Redlock;
+mod body;
+pub mod extract;
+mod future;
+mod guard;
+mod layer;
+pub mod response;
+mod service;
+
+pub use body::{BoxError, LockBody, LockLost};
+pub use future::ResponseFuture;
+pub use layer::{Hold, LockLayer};
+pub use redlock_core::{LockHandle, Redlock, RetryPolicy};
+pub use service::LockService;

@@ -1,0 +1,211 @@
+//! [`LockBody`]: the response body of a [`LockService`](crate::LockService).
+//!
+//! It is either the service's own body, carrying the request's lock until the last
+//! frame has been produced (or the body is dropped, e.g. when the client went away), or
+//! the body of a rejection (a problem+json document, in one frame).
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http_body_util::{BodyExt, Full};
+//! use redlock_tower::LockBody;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // Without a lock (a request that needed none) it is the inner body, unchanged.
+//! let body = LockBody::unlocked(Full::new(Bytes::from("hello")));
+//! assert!(!body.holds_lock());
+//! let bytes = body.collect().await.unwrap().to_bytes();
+//! assert_eq!(bytes, "hello");
+//! # }
+//! ```
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::guard::Guard;
+
+/// The error type of [`LockBody`]: the inner body's error, boxed, or [`LockLost`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The error a [`LockBody`] ends with when the lock is lost while the body streams and
+/// the layer [aborts on loss](crate::LockLayer::abort_on_loss): the server then cuts
+/// the response off, so the client sees an incomplete body rather than a complete one
+/// produced without the lock.
+#[derive(Debug, Clone)]
+pub struct LockLost {
+    key: String,
+}
+
+impl LockLost {
+    /// The lock's resource name.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl fmt::Display for LockLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the lock on `{}` was lost while the response body was being sent",
+            self.key
+        )
+    }
+}
+
+impl std::error::Error for LockLost {}
+
+pin_project! {
+    /// The response body of a [`LockService`](crate::LockService): the inner service's
+    /// body (holding the request's lock, by default, until it ends or is dropped) or a
+    /// rejection's body. See the [module documentation](self).
+    pub struct LockBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner {
+            #[pin]
+            body: B,
+            guard: Option<Guard>,
+            aborted: bool,
+        },
+        Full {
+            data: Option<Bytes>,
+        },
+    }
+}
+
+impl<B> fmt::Debug for LockBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Inner { guard, .. } => f
+                .debug_struct("LockBody")
+                .field("guard", guard)
+                .finish_non_exhaustive(),
+            Kind::Full { data } => f
+                .debug_struct("LockBody")
+                .field("rejection", &data.as_ref().map(Bytes::len))
+                .finish(),
+        }
+    }
+}
+
+impl<B> LockBody<B> {
+    /// `body` as it is, holding no lock.
+    pub fn unlocked(body: B) -> Self {
+        Self::inner(body, None)
+    }
+
+    pub(crate) fn inner(body: B, guard: Option<Guard>) -> Self {
+        Self {
+            kind: Kind::Inner {
+                body,
+                guard,
+                aborted: false,
+            },
+        }
+    }
+
+    /// A complete body in one piece (a rejection's).
+    pub fn full(data: impl Into<Bytes>) -> Self {
+        Self {
+            kind: Kind::Full {
+                data: Some(data.into()),
+            },
+        }
+    }
+
+    /// Whether this body still holds the request's lock (it is released when the body
+    /// ends or is dropped).
+    pub fn holds_lock(&self) -> bool {
+        matches!(&self.kind, Kind::Inner { guard: Some(_), .. })
+    }
+
+    /// Whether this is a rejection's body, made by the layer.
+    pub fn is_rejection(&self) -> bool {
+        matches!(&self.kind, Kind::Full { .. })
+    }
+}
+
+impl<B> Body for LockBody<B>
+where
+    B: Body,
+    B::Data: From<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Full { data } => {
+                let frame = data
+                    .take()
+                    .filter(|d| !d.is_empty())
+                    .map(|d| Ok(Frame::data(d.into())));
+                Poll::Ready(frame)
+            }
+            KindProj::Inner {
+                mut body,
+                guard,
+                aborted,
+            } => {
+                if *aborted {
+                    return Poll::Ready(None);
+                }
+                if let Some(held) = guard.as_mut()
+                    && held.poll_lost(cx, "response body").is_ready()
+                    && held.abort_on_loss()
+                {
+                    let key = held.key().to_owned();
+                    *guard = None;
+                    *aborted = true;
+                    return Poll::Ready(Some(Err(Box::new(LockLost { key }))));
+                }
+                let frame = match body.as_mut().poll_frame(cx) {
+                    Poll::Ready(frame) => frame,
+                    Poll::Pending => return Poll::Pending,
+                };
+                // The last frame is out (or the body failed): release now rather than
+                // when the server gets round to dropping the body.
+                let ended = match &frame {
+                    None | Some(Err(_)) => true,
+                    Some(Ok(_)) => body.is_end_stream(),
+                };
+                if ended {
+                    *guard = None;
+                }
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body, aborted, .. } => *aborted || body.is_end_stream(),
+            Kind::Full { data } => data.as_ref().is_none_or(Bytes::is_empty),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body, .. } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! [`LockLayer`]: the middleware's configuration, applied to a service with
+//! [`Layer::layer`] (or axum's `Router::layer` / `route_layer`, tower's
+//! `ServiceBuilder::layer`).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use redlock_core::{Redlock, RetryPolicy};
+use tower_layer::Layer;
+
+use crate::response::{OnRejection, Rejection, RejectionResponse};
+use crate::service::LockService;
+
+/// How long a request keeps its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Hold {
+    /// Until the service's response future completes (the response head is ready); the
+    /// body is sent without the lock. For handlers that do all their work before
+    /// answering.
+    UntilHead,
+    /// Until the response body has been fully produced, or dropped (the client went
+    /// away): the lock lives inside the [`LockBody`](crate::LockBody). For streaming
+    /// responses whose production is the protected work. The default.
+    #[default]
+    UntilBodyEnd,
+}
+
+/// The layer's settings, shared by every service it makes.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) key_prefix: String,
+    pub(crate) ttl: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) hold: Hold,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) fail_open: bool,
+    pub(crate) busy_status: StatusCode,
+    pub(crate) abort_on_loss: bool,
+    pub(crate) on_rejection: Option<OnRejection>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("key_prefix", &self.key_prefix)
+            .field("ttl", &self.ttl)
+            .field("retry", &self.retry)
+            .field("hold", &self.hold)
+            .field("max_hold", &self.max_hold)
+            .field("fail_open", &self.fail_open)
+            .field("busy_status", &self.busy_status)
+            .field("abort_on_loss", &self.abort_on_loss)
+            .field(
+                "on_rejection",
+                &self.on_rejection.as_ref().map(|_| "custom"),
+            )
+            .finish()
+    }
+}
+
+/// Serializes requests per key across every replica of a service, with a Redlock
+/// distributed lock. See the [crate documentation](crate) for the behaviour and an
+/// example.
+///
+/// Built with [`new`](Self::new) from a [`Redlock`] client and a
+/// [`KeyExtractor`](crate::extract::KeyExtractor); the other settings have defaults:
+///
+/// | setting | default |
+/// | --- | --- |
+/// | [`key_prefix`](Self::key_prefix) | none |
+/// | [`ttl`](Self::ttl) | the client's default TTL, auto-extended while the request runs |
+/// | [`wait`](Self::wait) / [`retry`](Self::retry) | fail fast: one attempt, `409` when busy |
+/// | [`hold`](Self::hold) | [`Hold::UntilBodyEnd`] |
+/// | [`max_hold`](Self::max_hold) | the client's `max_hold` |
+/// | [`fail_open`](Self::fail_open) | off: `503` when no quorum is reachable |
+/// | [`busy_status`](Self::busy_status) | `409 Conflict` |
+/// | [`abort_on_loss`](Self::abort_on_loss) | off: a loss is signalled and logged |
+/// | [`on_rejection`](Self::on_rejection) | `application/problem+json` responses |
+///
+/// Cloning is cheap; every service made by the layer shares the client (its
+/// connections and its watchdog) and the settings.
+pub struct LockLayer<E> {
+    pub(crate) redlock: Redlock,
+    pub(crate) extractor: Arc<E>,
+    pub(crate) config: Arc<Config>,
+}
+
+impl<E> Clone for LockLayer<E> {
+    fn clone(&self) -> Self {
+        Self {
+            redlock: self.redlock.clone(),
+            extractor: Arc::clone(&self.extractor),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for LockLayer<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockLayer")
+            .field("redlock", &self.redlock)
+            .field("extractor", &self.extractor)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<E> LockLayer<E> {
+    /// A layer locking, for each request, the key `extractor` names, through `redlock`.
+    pub fn new(redlock: Redlock, extractor: E) -> Self {
+        let config = Config {
+            key_prefix: String::new(),
+            ttl: redlock.default_ttl(),
+            retry: RetryPolicy::once(),
+            hold: Hold::default(),
+            max_hold: None,
+            fail_open: false,
+            busy_status: StatusCode::CONFLICT,
+            abort_on_loss: false,
+            on_rejection: None,
+        };
+        Self {
+            redlock,
+            extractor: Arc::new(extractor),
+            config: Arc::new(config),
+        }
+    }
+
+    fn config(mut self, change: impl FnOnce(&mut Config)) -> Self {
+        change(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// Put `prefix` in front of every extracted key (e.g. `"pay:"`), so that layers on
+    /// different routes with the same kind of key (an order id) do not share locks.
+    pub fn key_prefix(self, prefix: impl Into<String>) -> Self {
+        let prefix = prefix.into();
+        self.config(|c| c.key_prefix = prefix)
+    }
+
+    /// The lock's TTL (default: the client's). The lock is extended about every
+    /// `ttl / 3` for as long as the request runs, so this is not a limit on the
+    /// request's duration ([`max_hold`](Self::max_hold) is): it is how long the key
+    /// stays locked after a replica dies mid-request.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.config(|c| c.ttl = ttl)
+    }
+
+    /// On a busy key, wait up to `deadline` for it (woken as soon as the holder
+    /// releases), then answer `409`. The default is to answer `409` at once.
+    ///
+    /// Waiting requests hold a connection and a slot of the inner service (tower's
+    /// `poll_ready` reservation) meanwhile. An unreachable quorum is retried until the
+    /// deadline too.
+    pub fn wait(self, deadline: Duration) -> Self {
+        self.retry(RetryPolicy::deadline(deadline))
+    }
+
+    /// Answer `409` at once when the key is busy (the default).
+    pub fn fail_fast(self) -> Self {
+        self.retry(RetryPolicy::once())
+    }
+
+    /// The full retry policy of lock attempts (see [`RetryPolicy`]); [`wait`](Self::wait)
+    /// and [`fail_fast`](Self::fail_fast) are shorthands.
+    pub fn retry(self, retry: RetryPolicy) -> Self {
+        self.config(|c| c.retry = retry)
+    }
+
+    /// How long a request keeps its lock (default: [`Hold::UntilBodyEnd`]).
+    pub fn hold(self, hold: Hold) -> Self {
+        self.config(|c| c.hold = hold)
+    }
+
+    /// The longest a request may keep its lock, counted from its acquisition (default:
+    /// the client's [`max_hold`](redlock_core::RedlockBuilder::max_hold)). The lock is
+    /// not extended past it: it expires, and the request is treated as having lost it.
+    pub fn max_hold(self, max_hold: Duration) -> Self {
+        self.config(|c| c.max_hold = Some(max_hold))
+    }
+
+    /// When no quorum of Redis nodes can be reached (or another backend failure), let
+    /// the request through without a lock, logging a warning, instead of answering
+    /// `503` (fail-closed, the default). Only for work where running unserialized is
+    /// better than not running. A busy key is still refused.
+    pub fn fail_open(self, on: bool) -> Self {
+        self.config(|c| c.fail_open = on)
+    }
+
+    /// The status answered when the key is busy (default `409 Conflict`; `423 Locked`
+    /// or `429 Too Many Requests` are other common choices).
+    pub fn busy_status(self, status: StatusCode) -> Self {
+        self.config(|c| c.busy_status = status)
+    }
+
+    /// When the lock is lost while the request runs (a majority of Redis nodes could
+    /// not extend it in time), drop the inner service's future (cancelling the handler
+    /// at its current `.await`) and answer `503`; while the body streams, end the body
+    /// with a [`LockLost`](crate::LockLost) error so that the client sees an
+    /// incomplete response.
+    ///
+    /// Off by default: the loss is logged and signalled through the
+    /// [`LockHandle`](crate::LockHandle) in the request's extensions
+    /// ([`lost()`](crate::LockHandle::lost), `is_held()`, a cancellation token), and the
+    /// handler decides.
+    pub fn abort_on_loss(self, on: bool) -> Self {
+        self.config(|c| c.abort_on_loss = on)
+    }
+
+    /// Build rejection responses yourself (default:
+    /// [`Rejection::to_response`], an `application/problem+json` document).
+    ///
+    /// ```
+    /// use http::Response;
+    /// use redlock_tower::{LockLayer, extract::Global, response::RejectionKind};
+    ///
+    /// # fn layer(redlock: redlock_tower::Redlock) -> LockLayer<Global> {
+    /// let layer = LockLayer::new(redlock, Global::new("import")).on_rejection(|rejection| {
+    ///     match rejection.kind {
+    ///         RejectionKind::Busy => Response::builder()
+    ///             .status(rejection.status())
+    ///             .body("an import is already running\n".into())
+    ///             .unwrap_or_else(|_| rejection.to_response()),
+    ///         _ => rejection.to_response(),
+    ///     }
+    /// });
+    /// # layer
+    /// # }
+    /// ```
+    pub fn on_rejection<F>(self, hook: F) -> Self
+    where
+        F: Fn(&Rejection<'_>) -> RejectionResponse + Send + Sync + 'static,
+    {
+        let hook: OnRejection = Arc::new(hook);
+        self.config(|c| c.on_rejection = Some(hook))
+    }
+
+    /// The lock client.
+    pub fn redlock(&self) -> &Redlock {
+        &self.redlock
+    }
+
+    /// The key extractor.
+    pub fn extractor(&self) -> &E {
+        &self.extractor
+    }
+}
+
+impl<S, E> Layer<S> for LockLayer<E> {
+    type Service = LockService<S, E>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LockService {
+            inner,
+            redlock: self.redlock.clone(),
+            extractor: Arc::clone(&self.extractor),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
