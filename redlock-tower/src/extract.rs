@@ -359,14 +359,33 @@ mod path_param {
     /// `400`.
     ///
     /// ```
-    /// use axum::{Router, routing::post};
-    /// use redlock_tower::{LockLayer, extract::PathParam};
+    /// use axum::{Extension, Router, body::Body, routing::post};
+    /// use http::{Request, StatusCode};
+    /// use redlock_tower::{LockHandle, LockLayer, extract::PathParam};
+    /// use tower::ServiceExt;
     ///
-    /// # fn app(redlock: redlock_tower::Redlock) -> Router {
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock_tower::BoxError> {
+    /// # let cluster = redlock_testkit::Cluster::start(1).await;
+    /// # let redlock = redlock_tower::Redlock::builder()
+    /// #     .nodes(cluster.urls())
+    /// #     .restart_quarantine(false) // the test node was started a moment ago
+    /// #     .build()?;
     /// let app: Router = Router::new()
-    ///     .route("/orders/{id}/pay", post(|| async { "paid" }))
+    ///     .route(
+    ///         "/orders/{id}/pay",
+    ///         post(|Extension(lock): Extension<LockHandle>| async move {
+    ///             format!("paid under {}", lock.resource())
+    ///         }),
+    ///     )
     ///     .route_layer(LockLayer::new(redlock, PathParam::new("id")).key_prefix("order:"));
-    /// # app
+    ///
+    /// let pay = Request::post("/orders/42/pay").body(Body::empty())?;
+    /// let response = app.oneshot(pay).await?;
+    /// assert_eq!(response.status(), StatusCode::OK);
+    /// let body = axum::body::to_bytes(response.into_body(), 1024).await?;
+    /// assert_eq!(body, "paid under order:42");
+    /// # Ok(())
     /// # }
     /// ```
     #[derive(Debug, Clone)]
