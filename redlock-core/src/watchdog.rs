@@ -135,6 +135,11 @@ async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Watched
     let mut next_id: u64 = 0;
     let mut in_flight: FuturesUnordered<BoxFuture<'static, Outcome>> = FuturesUnordered::new();
     let mut open = true;
+    // When to tick next: recomputed over all entries only after a tick or an outcome
+    // (both visit every entry anyway); a new entry just lowers it. Recomputing it for
+    // every new entry would cost O(locks) per lock taken, which dominates when many
+    // short-lived locks are watched (one per HTTP request, say).
+    let mut wake_at: Option<Option<Instant>> = None;
     loop {
         let Some(shared) = client.upgrade() else {
             // The client is gone: nobody can release these locks; let them expire.
@@ -146,22 +151,27 @@ async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Watched
         if !open && entries.is_empty() && in_flight.is_empty() {
             return;
         }
-        let wake_at = next_wake(&shared, &entries);
+        let wake = *wake_at.get_or_insert_with(|| next_wake(&shared, &entries));
         drop(shared);
         tokio::select! {
             received = incoming.recv(), if open => match received {
                 Some(watched) => {
                     let ttl = watched.state.ttl();
                     next_id += 1;
-                    entries.insert(next_id, Entry {
+                    let entry = Entry {
                         next_extend: Instant::now() + ttl / 3,
                         watched,
                         extending: false,
-                    });
+                    };
+                    if let (Some(wake), Some(shared)) = (wake_at.as_mut(), client.upgrade()) {
+                        *wake = [*wake, entry_wake(&shared, &entry)].into_iter().flatten().min();
+                    }
+                    entries.insert(next_id, entry);
                 }
                 None => open = false,
             },
-            () = sleep_until(wake_at) => {
+            () = sleep_until(wake) => {
+                wake_at = None;
                 if let Some(shared) = client.upgrade()
                     && let Some(batch) = tick(&shared, &mut entries)
                 {
@@ -169,6 +179,7 @@ async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Watched
                 }
             }
             Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
+                wake_at = None;
                 if let Some(shared) = client.upgrade() {
                     apply(&shared, &mut entries, outcome);
                 }
@@ -195,11 +206,16 @@ fn loss_deadline(shared: &Shared, state: &LockState) -> Instant {
 fn next_wake(shared: &Shared, entries: &HashMap<u64, Entry>) -> Option<Instant> {
     entries
         .values()
-        .flat_map(|entry| {
-            let extend = (!entry.extending && entry.next_extend < entry.watched.stop_at)
-                .then_some(entry.next_extend);
-            [Some(loss_deadline(shared, &entry.watched.state)), extend]
-        })
+        .filter_map(|entry| entry_wake(shared, entry))
+        .min()
+}
+
+/// When `entry` needs the watchdog next: its loss deadline, or its next extension.
+fn entry_wake(shared: &Shared, entry: &Entry) -> Option<Instant> {
+    let extend = (!entry.extending && entry.next_extend < entry.watched.stop_at)
+        .then_some(entry.next_extend);
+    [Some(loss_deadline(shared, &entry.watched.state)), extend]
+        .into_iter()
         .flatten()
         .min()
 }
