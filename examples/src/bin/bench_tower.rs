@@ -20,7 +20,8 @@
 //! does to every lock), the layer called directly as a tower service (no HTTP), and
 //! the same server taking and releasing the lock by hand in its handler.
 //!
-//! Prints requests/s, p50, p99 and this process's CPU per operation for each, and the
+//! Prints requests/s, p50, p99, and CPU per operation (of this process, and of the
+//! Redis servers) for each, and the
 //! layer's overhead over the plain server in lock cycles (target: at most 1.10).
 //! `BENCH_SECS` sets the duration of each workload (default 3), `BENCH_CONCURRENCY`
 //! the number of clients (default 32), `BENCH_ONLY=http|layer|lock|watched|service|manual`
@@ -75,6 +76,7 @@ struct Stats {
     p50: Duration,
     p99: Duration,
     cpu_us: f64,
+    server_cpu_us: f64,
 }
 
 #[tokio::main]
@@ -90,6 +92,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ttl(Duration::from_secs(2))
         .build()?;
     redlock_examples::wait_until_ready(&redlock).await;
+    let mut conns = Vec::new();
+    for url in nodes.urls() {
+        conns.push(
+            redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+        );
+    }
 
     let layer = LockLayer::new(redlock.clone(), PathParam::new("id")).key_prefix("bench:");
     let manual = redlock.clone();
@@ -164,7 +174,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let cpu_before = process_cpu_secs();
         let (mut s, spent) = measure(&ctx, workload, Duration::from_secs_f64(secs)).await?;
-        let s = Stats::from(&mut s, spent, process_cpu_secs() - cpu_before);
+        let s = Stats::from(&mut s, spent, process_cpu_secs() - cpu_before, 0.0);
         println!(
             "{}: {:.0} ops/s, p50 {}, {:.1} CPU us/op",
             workload.label(),
@@ -178,33 +188,38 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); workloads.len()];
     let mut spent = vec![Duration::ZERO; workloads.len()];
     let mut cpu = vec![0.0f64; workloads.len()];
+    let mut server_cpu = vec![0.0f64; workloads.len()];
     for _ in 0..ROUNDS {
         for (w, workload) in workloads.iter().enumerate() {
             let cpu_before = process_cpu_secs();
+            let servers_before = servers_cpu_secs(&conns).await;
             let (s, elapsed) = measure(&ctx, *workload, slice).await?;
             cpu[w] += process_cpu_secs() - cpu_before;
+            server_cpu[w] += servers_cpu_secs(&conns).await - servers_before;
             samples[w].extend(s);
             spent[w] += elapsed;
         }
     }
     println!(
-        "\n{:<32} {:>10} {:>10} {:>10} {:>12}",
+        "\n{:<32} {:>10} {:>10} {:>10} {:>10} {:>10}",
         format!("workload (c={})", concurrency()),
         "ops/s",
         "p50",
         "p99",
-        "CPU us/op"
+        "cli us/op",
+        "srv us/op"
     );
     let mut stats = Vec::new();
     for (w, workload) in workloads.iter().enumerate() {
-        let s = Stats::from(&mut samples[w], spent[w], cpu[w]);
+        let s = Stats::from(&mut samples[w], spent[w], cpu[w], server_cpu[w]);
         println!(
-            "{:<32} {:>10.0} {:>10} {:>10} {:>12.1}",
+            "{:<32} {:>10.0} {:>10} {:>10} {:>10.1} {:>10.1}",
             workload.label(),
             s.per_sec,
             fmt_us(s.p50),
             fmt_us(s.p99),
-            s.cpu_us
+            s.cpu_us,
+            s.server_cpu_us
         );
         stats.push(s);
     }
@@ -239,7 +254,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         layer.p50.as_secs_f64() / manual.p50.as_secs_f64()
     );
     println!(
-        "(CPU us/op: this process, i.e. HTTP client + server + lock client; the Redis servers are not counted)"
+        "(cli us/op: CPU time of this process (HTTP client + server + lock client) per operation; srv us/op: of all the Redis servers)"
     );
     drop(nodes);
     Ok(())
@@ -320,7 +335,12 @@ async fn measure(
 }
 
 impl Stats {
-    fn from(samples: &mut [Duration], spent: Duration, cpu_secs: f64) -> Self {
+    fn from(
+        samples: &mut [Duration],
+        spent: Duration,
+        cpu_secs: f64,
+        server_cpu_secs: f64,
+    ) -> Self {
         samples.sort_unstable();
         let pick = |q: f64| {
             let idx = ((samples.len() as f64 - 1.0) * q).round() as usize;
@@ -332,8 +352,30 @@ impl Stats {
             p50: pick(0.50),
             p99: pick(0.99),
             cpu_us: cpu_secs / n * 1e6,
+            server_cpu_us: server_cpu_secs / n * 1e6,
         }
     }
+}
+
+/// CPU time (user + system) of all the Redis servers so far, from `INFO cpu`.
+async fn servers_cpu_secs(conns: &[redis::aio::MultiplexedConnection]) -> f64 {
+    let mut total = 0.0;
+    for conn in conns {
+        let mut conn = conn.clone();
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        for line in info.lines() {
+            if let Some((name, value)) = line.split_once(':')
+                && (name == "used_cpu_user" || name == "used_cpu_sys")
+            {
+                total += value.trim().parse::<f64>().unwrap_or(0.0);
+            }
+        }
+    }
+    total
 }
 
 /// CPU time (user + system) of this process so far, from /proc (0 where unavailable).
