@@ -211,7 +211,10 @@ impl<E> LockLayer<E> {
     }
 
     /// Build rejection responses yourself (default:
-    /// [`Rejection::to_response`], an `application/problem+json` document).
+    /// [`Rejection::to_response`], an `application/problem+json` document). A gRPC
+    /// service (tonic) wants this: its clients expect `200` with a `grpc-status`
+    /// header (e.g. `10`, aborted, for [`RejectionKind::Busy`](crate::response::RejectionKind::Busy)),
+    /// not an HTTP error status.
     ///
     /// ```
     /// use http::Response;
