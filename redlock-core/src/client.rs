@@ -14,6 +14,7 @@ use crate::builder::RedlockBuilder;
 use crate::error::{ConfigError, Error};
 use crate::lock::{Granted, Lock, LockHandle};
 use crate::node::{Node, NodeStatus};
+use crate::queue::{QueueGuard, Waiter};
 use crate::quorum::{Fanout, NodeFuture, OpKind, Target, majority};
 use crate::retry::RetryPolicy;
 use crate::value::random_value;
@@ -63,6 +64,8 @@ pub(crate) struct Shared {
     pub(crate) watchdog: Watchdog,
     /// How long a watched lock is extended at most.
     pub(crate) max_hold: Duration,
+    /// How long a release reserves the lock for the next queued waiter (ms).
+    pub(crate) handoff_ms: u64,
 }
 
 impl Shared {
@@ -338,15 +341,29 @@ impl<'a> Acquire<'a> {
         let started = Instant::now();
         let mut attempts: u32 = 0;
         let mut subscription: Option<Subscription> = None;
+        // This request's place in the wait queue, once it waits (one resource only).
+        let mut queue: Option<QueueGuard> = None;
+        // A key this client has just waited for is likely still contended: join the
+        // queue with the first attempt rather than the second.
+        if let (Some(wakeups), [key]) = (&shared.wakeups, keys.as_slice())
+            && wakeups.recently_waited(key)
+        {
+            (subscription, queue) = wait_in_queue(&shared, wakeups, &keys, &retry).await;
+        }
         loop {
             attempts = attempts.saturating_add(1);
             let target = Arc::new(Target {
                 keys: keys.clone(),
                 fence_keys: fence_keys.clone(),
                 value: random_value(),
+                handoff_ms: shared.handoff_ms,
+                waiter: queue.as_ref().and_then(QueueGuard::waiter).cloned(),
             });
             let failure = match attempt(&shared, target, ttl).await {
-                Ok(granted) => {
+                Ok((granted, refused)) => {
+                    if let Some(queue) = &mut queue {
+                        queue.granted(refused);
+                    }
                     tracing::debug!(
                         attempts,
                         elapsed_us = started.elapsed().as_micros() as u64,
@@ -365,12 +382,15 @@ impl<'a> Acquire<'a> {
             match retry.next_delay(attempts, started.elapsed()) {
                 Some(delay) => match (&subscription, &shared.wakeups, &failure) {
                     (Some(subscription), _, _) => {
-                        subscription.wait(delay, retry.wake_jitter()).await;
+                        subscription
+                            .wait(delay, retry.wake_jitter(), shared.quorum())
+                            .await;
                     }
-                    // Busy: from now on, wait for its release. The holder may have
-                    // released while we subscribed, so try again at once.
+                    // Busy: from now on, wait in the queue for its release. The holder
+                    // may have released while we subscribed, so try again at once.
                     (None, Some(wakeups), AttemptFailure::Taken { .. }) => {
-                        subscription = Some(wakeups.subscribe(&keys, shared.node_timeout).await);
+                        (subscription, queue) =
+                            wait_in_queue(&shared, wakeups, &keys, &retry).await;
                     }
                     _ => tokio::time::sleep(delay).await,
                 },
@@ -401,6 +421,25 @@ impl<'a> IntoFuture for Acquire<'a> {
         );
         Box::pin(self.run().instrument(span))
     }
+}
+
+/// Subscribes to the release of `keys` and, for one resource, takes a place in its wait
+/// queue (see `queue.rs`).
+async fn wait_in_queue(
+    shared: &Arc<Shared>,
+    wakeups: &Arc<Wakeups>,
+    keys: &[String],
+    retry: &RetryPolicy,
+) -> (Option<Subscription>, Option<QueueGuard>) {
+    let waiter = (keys.len() == 1).then(|| Waiter::new(retry.max_delay(), shared.node_timeout));
+    let id = waiter.as_ref().map(|w| w.id.clone());
+    let subscription = wakeups.subscribe(keys, id, shared.node_timeout).await;
+    // Queued waiters are woken by a hand-over only: without a node listening, a
+    // hand-over would go unheard.
+    let queue = waiter
+        .filter(|_| subscription.listening())
+        .map(|waiter| QueueGuard::new(shared, keys, waiter));
+    (Some(subscription), queue)
 }
 
 fn check_resources(resources: &[String]) -> Result<(), ConfigError> {
@@ -483,11 +522,14 @@ async fn time_until_free(shared: &Shared, keys: &[String]) -> Option<Duration> {
 }
 
 /// One attempt: fan out, count, and on failure release everywhere before returning.
+///
+/// On success, also returns the nodes that have not said yes (a queued waiter's attempt
+/// joins or stays in their queues).
 async fn attempt(
     shared: &Arc<Shared>,
     target: Arc<Target>,
     ttl: Duration,
-) -> Result<Granted, AttemptFailure> {
+) -> Result<(Granted, Vec<usize>), AttemptFailure> {
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     let start = Instant::now();
     let fanout = Fanout::start(shared, &target, OpKind::Acquire { ttl_ms }, None);
@@ -521,16 +563,23 @@ async fn attempt(
             .checked_add(validity)
             .unwrap_or_else(Instant::now);
         let (target, fanout) = guard.disarm();
+        // Where we have not said yes yet, our attempt may (re)join the queue: leave it
+        // there (after the in-flight attempt, on the same connection).
+        let granted_by = fanout.nodes_answering(true);
+        let refused = (0..shared.nodes.len())
+            .filter(|i| !granted_by.contains(i))
+            .collect();
         // Slower nodes still get their SET: the lock is then held there too, and
         // release covers every node, after those SETs.
         let in_flight = fanout.finish_in_background();
-        return Ok(Granted {
+        let granted = Granted {
             valid_until,
             acquired_at: start,
             target,
             token,
             in_flight,
-        });
+        };
+        return Ok((granted, refused));
     }
     let failure = {
         let fanout = guard.fanout_mut();

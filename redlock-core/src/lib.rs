@@ -77,6 +77,7 @@ mod error;
 mod lock;
 mod node;
 pub mod problem;
+mod queue;
 mod quorum;
 mod retry;
 mod scripts;
