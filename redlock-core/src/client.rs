@@ -345,10 +345,10 @@ impl<'a> Acquire<'a> {
         let mut queue: Option<QueueGuard> = None;
         // A key this client has just waited for is likely still contended: join the
         // queue with the first attempt rather than the second.
-        if let (Some(wakeups), [key]) = (&shared.wakeups, keys.as_slice())
+        if let (Some(wakeups), Some(key)) = (&shared.wakeups, keys.first())
             && wakeups.recently_waited(key)
         {
-            (subscription, queue) = wait_in_queue(&shared, wakeups, &keys, &retry).await;
+            (subscription, queue) = join_queue(&shared, &keys, &retry).await;
         }
         loop {
             attempts = attempts.saturating_add(1);
@@ -380,17 +380,19 @@ impl<'a> Acquire<'a> {
             };
             tracing::debug!(attempts, ?failure, "attempt failed");
             match retry.next_delay(attempts, started.elapsed()) {
-                Some(delay) => match (&subscription, &shared.wakeups, &failure) {
+                Some(delay) => match (&subscription, &queue, &failure) {
                     (Some(subscription), _, _) => {
                         subscription
                             .wait(delay, retry.wake_jitter(), shared.quorum())
                             .await;
                     }
-                    // Busy: from now on, wait in the queue for its release. The holder
-                    // may have released while we subscribed, so try again at once.
-                    (None, Some(wakeups), AttemptFailure::Taken { .. }) => {
-                        (subscription, queue) =
-                            wait_in_queue(&shared, wakeups, &keys, &retry).await;
+                    // Busy: from now on, wait in the queue. (Listening for releases, the
+                    // holder may have released while we subscribed: try again at once.)
+                    (None, None, AttemptFailure::Taken { .. }) => {
+                        (subscription, queue) = join_queue(&shared, &keys, &retry).await;
+                        if subscription.is_none() {
+                            tokio::time::sleep(delay).await;
+                        }
                     }
                     _ => tokio::time::sleep(delay).await,
                 },
@@ -423,23 +425,28 @@ impl<'a> IntoFuture for Acquire<'a> {
     }
 }
 
-/// Subscribes to the release of `keys` and, for one resource, takes a place in its wait
-/// queue (see `queue.rs`).
-async fn wait_in_queue(
+/// Takes a place in the wait queues of `keys` (see `queue.rs`), listening for releases
+/// if wake on release is on and a node listens.
+async fn join_queue(
     shared: &Arc<Shared>,
-    wakeups: &Arc<Wakeups>,
     keys: &[String],
     retry: &RetryPolicy,
 ) -> (Option<Subscription>, Option<QueueGuard>) {
-    let waiter = (keys.len() == 1).then(|| Waiter::new(retry.max_delay(), shared.node_timeout));
-    let id = waiter.as_ref().map(|w| w.id.clone());
-    let subscription = wakeups.subscribe(keys, id, shared.node_timeout).await;
-    // Queued waiters are woken by a hand-over only: without a node listening, a
-    // hand-over would go unheard.
-    let queue = waiter
-        .filter(|_| subscription.listening())
-        .map(|waiter| QueueGuard::new(shared, keys, waiter));
-    (Some(subscription), queue)
+    let handoff = Duration::from_millis(shared.handoff_ms);
+    let mut waiter = Waiter::new(retry.max_delay(), shared.node_timeout, true, handoff);
+    let subscription = match &shared.wakeups {
+        Some(wakeups) => {
+            let id = Some(waiter.id.clone());
+            Some(wakeups.subscribe(keys, id, shared.node_timeout).await)
+        }
+        None => None,
+    };
+    // A hand-over nobody hears is reserved until the waiter's next timed retry instead.
+    let subscription = subscription.filter(Subscription::listening);
+    if subscription.is_none() {
+        waiter = Waiter::new(retry.max_delay(), shared.node_timeout, false, handoff);
+    }
+    (subscription, Some(QueueGuard::new(shared, keys, waiter)))
 }
 
 fn check_resources(resources: &[String]) -> Result<(), ConfigError> {

@@ -57,7 +57,7 @@ pub(crate) enum Op<'a> {
         fence_keys: &'a [String],
         value: &'a str,
         ttl_ms: u64,
-        /// A queued waiter's attempt (one resource only): the queue-aware script.
+        /// A queued waiter's attempt: the queue-aware script.
         waiter: Option<&'a Waiter>,
     },
     /// Raise the fencing counters to at least `token`.
@@ -599,17 +599,17 @@ fn command(op: Op<'_>) -> redis::Cmd {
             cmd
         }
         Op::Acquire {
-            keys: [key],
+            keys,
             fence_keys,
             value,
             ttl_ms,
             waiter: Some(waiter),
         } => {
-            let all = waiter_keys(key, fence_keys.first());
+            let all = waiter_keys(keys, fence_keys);
             evalsha(
                 &scripts::ACQUIRE_QUEUED,
                 &all.iter().collect::<Vec<_>>(),
-                &waiter_args(value, ttl_ms, waiter),
+                &waiter_args(value, ttl_ms, waiter, keys.len()),
             )
         }
         Op::Acquire {
@@ -670,13 +670,14 @@ fn release_args(value: &str, notify: bool, handoff_ms: u64, dequeue: Option<&str
     ]
 }
 
-fn waiter_args(value: &str, ttl_ms: u64, waiter: &Waiter) -> [String; 5] {
+fn waiter_args(value: &str, ttl_ms: u64, waiter: &Waiter, keys: usize) -> [String; 6] {
     [
         value.to_owned(),
         ttl_ms.to_string(),
         waiter.id.clone(),
         waiter.since_ms.to_string(),
         waiter.keep_ms.to_string(),
+        keys.to_string(),
     ]
 }
 
@@ -700,14 +701,14 @@ async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<u
             Ok(u64::from(reply.is_some()))
         }
         Op::Acquire {
-            keys: [key],
+            keys,
             fence_keys,
             value,
             ttl_ms,
             waiter: Some(waiter),
         } => {
-            let all = waiter_keys(key, fence_keys.first());
-            let args = waiter_args(value, ttl_ms, waiter);
+            let all = waiter_keys(keys, fence_keys);
+            let args = waiter_args(value, ttl_ms, waiter, keys.len());
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             run_script(&scripts::ACQUIRE_QUEUED, conn, &all, &args, None).await
         }

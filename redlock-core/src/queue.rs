@@ -1,5 +1,10 @@
 //! The wait queue: a released lock goes to the client that has waited longest.
 //!
+//! Every waiter joins it, whatever it waits for (one resource or several) and however it
+//! waits: a client that hears releases (wake on release) is handed the lock for a short
+//! time in which it comes at once; one that only retries on its timer is handed it until
+//! its next retry, so that nobody starves.
+//!
 //! Without it, a release wakes every waiter at once: they race, split the nodes' votes
 //! so that none reaches a majority, back off, and the releaser (which asks again at
 //! once) wins most of the time. So each resource has, on each node, a queue of waiters
@@ -38,7 +43,8 @@ pub(crate) fn handoff_time(ttl: Duration) -> Duration {
 /// One waiter's place in a resource's queues.
 #[derive(Debug, Clone)]
 pub(crate) struct Waiter {
-    /// Random, unique per acquisition request.
+    /// Random, unique per acquisition request, then `:` and how long (ms) a hand-over to
+    /// this waiter is reserved for it.
     pub(crate) id: String,
     /// The key's value while a lock is handed over to this waiter.
     pub(crate) placeholder: String,
@@ -49,9 +55,26 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    /// A new waiter whose attempts come at most `max_delay` apart.
-    pub(crate) fn new(max_delay: Duration, node_timeout: Duration) -> Self {
-        let id = format!("{:016x}", rand::rng().random::<u64>());
+    /// A new waiter whose attempts come at most `max_delay` apart. A `listening` one
+    /// (it hears its hand-overs) gets a hand-over reserved for `handoff`; one that only
+    /// retries on its timer (wake-on-release off, pooled nodes) gets it reserved until
+    /// its next attempt, so that it is not starved by the listening ones.
+    pub(crate) fn new(
+        max_delay: Duration,
+        node_timeout: Duration,
+        listening: bool,
+        handoff: Duration,
+    ) -> Self {
+        let hold = if listening {
+            handoff
+        } else {
+            max_delay + node_timeout + Duration::from_millis(10)
+        };
+        let id = format!(
+            "{:016x}:{}",
+            rand::rng().random::<u64>(),
+            hold.as_millis().max(1)
+        );
         let since_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -131,10 +154,11 @@ pub(crate) fn with_queues(keys: &[String]) -> Vec<String> {
     all
 }
 
-/// A queued attempt's `KEYS`: the lock key, its queue and deadlines, the fence counter.
-pub(crate) fn waiter_keys(key: &str, fence_key: Option<&String>) -> Vec<String> {
-    let mut all = vec![key.to_owned(), queue_key(key), deadlines_key(key)];
-    all.extend(fence_key.cloned());
+/// A queued attempt's `KEYS`: the lock keys, their queues, their queues' deadlines, the
+/// fence counters (if any).
+pub(crate) fn waiter_keys(keys: &[String], fence_keys: &[String]) -> Vec<String> {
+    let mut all = with_queues(keys);
+    all.extend(fence_keys.iter().cloned());
     all
 }
 

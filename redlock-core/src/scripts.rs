@@ -12,7 +12,8 @@ use redis::Script;
 /// Releases: for each lock key of `KEYS` (the first third; then as many wait queues,
 /// then as many queue deadlines) that still holds `ARGV[1]`, hands the lock over to the
 /// first live waiter of its queue, or deletes it. A hand-over stores `~<waiter>` in the
-/// key for `ARGV[3]` ms (only that waiter may take it; nobody else's SET NX succeeds) and
+/// key for the time the waiter's id ends with (`<random>:<ms>`; `ARGV[3]` ms if none):
+/// only that waiter may take it, nobody else's SET NX succeeds; and
 /// publishes the waiter's id on the key's channel; a deletion publishes an empty message
 /// when `ARGV[2] == '1'` (a lock's release, or the cleanup of a failed attempt that had
 /// set keys), see `wake.rs`. With `ARGV[4]` not empty, first removes that waiter from the
@@ -51,7 +52,8 @@ for i = 1, n do
       end
     end
     if heir then
-      redis.call('SET', key, '~' .. heir, 'PX', ARGV[3])
+      local hold = tonumber(string.match(heir, ':(%d+)$') or ARGV[3])
+      redis.call('SET', key, '~' .. heir, 'PX', hold)
       redis.call('PUBLISH', key, heir)
     else
       redis.call('DEL', key)
@@ -64,34 +66,52 @@ end
 return released
 ";
 
-/// A queued waiter's attempt on one resource. `KEYS`: the lock key, its wait queue, the
-/// queue's deadlines, and optionally the fencing counter. `ARGV`: value, TTL ms, waiter
-/// id, the time it began waiting (its place in the queue), how long its place is kept
-/// (ms). If the key is free or handed over to this waiter: takes it (incrementing the
-/// counter), leaves the queue, and returns the token (1 without fencing). Otherwise
-/// joins or refreshes its place in the queue and returns 0.
+/// A queued waiter's attempt. `KEYS`: the n lock keys, then their wait queues, then the
+/// queues' deadlines, then (with fencing) their counters. `ARGV`: value, TTL ms, waiter
+/// id, the time it began waiting (its place in the queues), how long its places are kept
+/// (ms), n. If every lock key is free or handed over to this waiter: takes them all
+/// (incrementing the counters), leaves the queues, and returns the highest token (1
+/// without fencing). Otherwise joins or refreshes its places and returns 0.
 pub(crate) static ACQUIRE_QUEUED: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_QUEUED_SOURCE));
 const ACQUIRE_QUEUED_SOURCE: &str = r"
-local current = redis.call('GET', KEYS[1])
-if current == false or current == '~' .. ARGV[3] then
-  local token = 1
-  if KEYS[4] then
-    token = redis.call('INCR', KEYS[4])
+local n = tonumber(ARGV[6])
+local mine = '~' .. ARGV[3]
+local free = true
+for i = 1, n do
+  local current = redis.call('GET', KEYS[i])
+  if current and current ~= mine then
+    free = false
+    break
   end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  redis.call('ZREM', KEYS[2], ARGV[3])
-  redis.call('ZREM', KEYS[3], ARGV[3])
+end
+if free then
+  local token = 1
+  if #KEYS == 4 * n then
+    for i = 1, n do
+      local t = redis.call('INCR', KEYS[3 * n + i])
+      if t > token then
+        token = t
+      end
+    end
+  end
+  for i = 1, n do
+    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+    redis.call('ZREM', KEYS[n + i], ARGV[3])
+    redis.call('ZREM', KEYS[2 * n + i], ARGV[3])
+  end
   return token
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local keep = tonumber(ARGV[5])
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
-redis.call('ZADD', KEYS[3], now + keep, ARGV[3])
-for i = 2, 3 do
-  if redis.call('PTTL', KEYS[i]) < keep then
-    redis.call('PEXPIRE', KEYS[i], keep)
+for i = 1, n do
+  redis.call('ZADD', KEYS[n + i], ARGV[4], ARGV[3])
+  redis.call('ZADD', KEYS[2 * n + i], now + keep, ARGV[3])
+  for _, key in ipairs({KEYS[n + i], KEYS[2 * n + i]}) do
+    if redis.call('PTTL', key) < keep then
+      redis.call('PEXPIRE', key, keep)
+    end
   end
 end
 return 0

@@ -123,3 +123,54 @@ async fn a_waiter_that_leaves_is_not_handed_the_lock() {
     let free = newcomer.try_lock("leave").await.unwrap();
     free.release().await.unwrap();
 }
+
+/// Clients that cannot hear hand-overs (wake on release off) and multi-resource waiters
+/// wait in the same queue and get their turn while listening clients keep the resource
+/// busy, instead of starving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_only_and_multi_resource_waiters_are_not_starved() {
+    let cluster = Cluster::start(3).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        let (redlock, stop) = (slow_retry_client(&cluster), Arc::clone(&stop));
+        busy.push(tokio::spawn(async move {
+            let mut holds = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let lock = redlock.lock("hot").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                lock.release().await.unwrap();
+                holds += 1;
+            }
+            holds
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let timer_only = Redlock::builder()
+        .nodes(cluster.urls())
+        .restart_quarantine(false)
+        .wake_on_release(false)
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(3))
+                .with_delay(Duration::from_millis(10), Duration::from_millis(10)),
+        )
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let lock = timer_only
+            .lock("hot")
+            .await
+            .expect("timer-only waiter starved");
+        lock.release().await.unwrap();
+        let many = slow_retry_client(&cluster)
+            .lock_many(["hot", "cold"])
+            .retry(RetryPolicy::deadline(Duration::from_secs(3)))
+            .await
+            .expect("multi-resource waiter starved");
+        many.release().await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in busy {
+        assert!(task.await.unwrap() > 0, "every busy client held the lock");
+    }
+}
