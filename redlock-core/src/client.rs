@@ -233,6 +233,12 @@ impl Redlock {
         self.shared.quorum()
     }
 
+    /// The longest TTL a lock may ask for ([`RedlockBuilder::max_ttl`]); [`MAX_TTL`] when
+    /// the restart quarantine is off.
+    pub fn max_ttl(&self) -> Duration {
+        self.shared.max_ttl.unwrap_or(MAX_TTL)
+    }
+
     /// The nodes' addresses (no credentials), in configuration order.
     pub fn node_names(&self) -> Vec<&str> {
         self.shared.nodes.iter().map(Node::name).collect()
