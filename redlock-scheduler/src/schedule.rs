@@ -32,7 +32,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, TimeZone, Utc};
+use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 use croner::{Cron, JobType};
 
@@ -106,7 +106,9 @@ impl Schedule {
         // Local wall times, matched as if they were UTC, then placed in the zone. Near a
         // transition local time is not monotonic: look from a few hours back and keep
         // the earliest instant after `after`.
+        // Ticks are whole seconds: search from the second `after` falls in.
         let local = after.with_timezone(&self.zone).naive_local();
+        let local = local.with_nanosecond(0).unwrap_or(local);
         let near_transition = self.offset_at(after - SHIFT) != self.offset_at(after + SHIFT);
         let mut cursor = if near_transition {
             local - SHIFT
@@ -175,14 +177,7 @@ impl Schedule {
                 let mut probe = naive;
                 for _ in 0..(4 * 60) {
                     probe += chrono::Duration::minutes(1);
-                    let truncated = probe
-                        .date()
-                        .and_hms_opt(
-                            chrono::Timelike::hour(&probe),
-                            chrono::Timelike::minute(&probe),
-                            0,
-                        )
-                        .unwrap_or(probe);
+                    let truncated = probe.with_second(0).unwrap_or(probe);
                     if let Some(dt) = self.zone.from_local_datetime(&truncated).earliest() {
                         return vec![dt.with_timezone(&Utc)];
                     }
@@ -207,6 +202,9 @@ mod tests {
         let s = Schedule::parse("* * * * * *", "UTC").unwrap();
         let t = utc(2026, 1, 1, 0, 0, 0);
         assert_eq!(s.next_after(t), Some(utc(2026, 1, 1, 0, 0, 1)));
+        // From within a second: the next whole second.
+        let within = t + chrono::Duration::milliseconds(375);
+        assert_eq!(s.next_after(within), Some(utc(2026, 1, 1, 0, 0, 1)));
         let m = Schedule::parse("*/5 * * * *", "UTC").unwrap();
         assert_eq!(m.next_after(t), Some(utc(2026, 1, 1, 0, 5, 0)));
         assert_eq!(m.ticks_between(t, utc(2026, 1, 1, 0, 20, 0)).len(), 4);

@@ -157,6 +157,7 @@ impl SchedulerBuilder {
                 paused: AtomicBool::new(false),
                 running: AtomicBool::new(false),
                 last: Mutex::new(None),
+                idle: tokio::sync::Notify::new(),
             });
         }
         if self.name.trim().is_empty() {
@@ -264,6 +265,21 @@ struct JobState {
     running: AtomicBool,
     /// The last run this replica saw end.
     last: Mutex<Option<LastRun>>,
+    /// Notified when a run ends.
+    idle: tokio::sync::Notify,
+}
+
+impl JobState {
+    /// Waits until no run of this job is going on this replica.
+    async fn wait_idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if !self.running.load(Ordering::Acquire) {
+                return;
+            }
+            idle.await;
+        }
+    }
 }
 
 impl Scheduler {
@@ -594,7 +610,17 @@ impl Inner {
                     .unwrap_or(false),
                 None => false,
             };
+        // Catch-up runs of one batch go one after the other (the overlap rule is for a
+        // run still going from before).
+        let mut ran_in_batch = false;
         for &tick in due {
+            if ran_in_batch {
+                tokio::select! {
+                    () = state.wait_idle() => {}
+                    () = leadership.ended_token().cancelled() => return,
+                    () = self.stop_firing.cancelled() => return,
+                }
+            }
             if leadership.ended_token().is_cancelled() || self.stop_firing.is_cancelled() {
                 return;
             }
@@ -618,6 +644,7 @@ impl Inner {
             match self.claim(state, tick, leadership, outcome, skip).await {
                 Ok(Some(claim)) if skip.is_none() => {
                     self.spawn_run(state, tick, claim, leadership.clone(), false);
+                    ran_in_batch = true;
                 }
                 Ok(Some(claim)) => {
                     tracing::info!(job = %state.job.name, %tick, reason = skip, "tick skipped");
@@ -770,6 +797,7 @@ impl Inner {
                 }
                 inner.remember(state, tick, outcome, error);
                 state.running.store(false, Ordering::Release);
+                state.idle.notify_waiters();
             }
             .instrument(span),
         );
