@@ -4,7 +4,7 @@ use std::future::{Ready, ready};
 use std::rc::Rc;
 
 use actix_web::HttpMessage;
-use actix_web::body::MessageBody;
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 use futures_util::future::LocalBoxFuture;
 
@@ -165,7 +165,7 @@ where
     B: MessageBody + 'static,
     K: RequestKey,
 {
-    type Response = ServiceResponse<LockedBody<B>>;
+    type Response = ServiceResponse<EitherBody<LockedBody<B>>>;
     type Error = actix_web::Error;
     type Transform = LockMiddlewareService<S, K>;
     type InitError = ();
@@ -201,7 +201,7 @@ where
     B: MessageBody + 'static,
     K: RequestKey,
 {
-    type Response = ServiceResponse<LockedBody<B>>;
+    type Response = ServiceResponse<EitherBody<LockedBody<B>>>;
     type Error = actix_web::Error;
     type Future = LocalBoxFuture<'static, Result<Self::Response, Self::Error>>;
 
@@ -215,24 +215,34 @@ where
             .clone()
             .or_else(|| DistributedLockConfig::from_req(req.request()).cloned());
         Box::pin(async move {
+            // Rejections are answered here (as responses, not errors), like the
+            // extractor's: outer middleware sees an ordinary response.
             let Some(config) = config else {
                 tracing::error!(path = req.path(), "{}", DistributedLockError::MissingConfig);
-                return Err(DistributedLockError::MissingConfig.into());
+                return Ok(req
+                    .error_response(DistributedLockError::MissingConfig)
+                    .map_into_right_body());
             };
             let resource = match config.resource(key) {
                 Ok(resource) => resource,
                 Err(bad) => {
                     tracing::debug!(path = req.path(), detail = %bad, "no lock key in the request");
-                    return Err(config.reject(bad.into(), req.request()));
+                    let err = config.reject(bad.into(), req.request());
+                    return Ok(req.error_response(err).map_into_right_body());
                 }
             };
             let guard = match config.acquire(resource).await {
                 Ok(guard) => guard,
-                Err(err) => return Err(config.reject(err, req.request())),
+                Err(err) => {
+                    let err = config.reject(err, req.request());
+                    return Ok(req.error_response(err).map_into_right_body());
+                }
             };
             req.extensions_mut().insert(guard.handle());
             let response = service.call(req).await?;
-            Ok(response.map_body(move |_, body| LockedBody::new(body, guard)))
+            Ok(response
+                .map_body(move |_, body| LockedBody::new(body, guard))
+                .map_into_left_body())
         })
     }
 }
