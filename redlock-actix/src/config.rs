@@ -52,7 +52,9 @@ type ErrorHandler = dyn Fn(DistributedLockError, &HttpRequest) -> actix_web::Err
 /// first use and shared by every configuration of the process; or the runtime given with
 /// [`runtime`](Self::runtime). The handler just awaits the result. One `Redlock` (built
 /// anywhere) can thus serve every worker: build it once and clone it into the
-/// configuration.
+/// configuration. The default runtime is a single thread doing the client's work for
+/// the whole process (a few microseconds per lock); for very high lock rates, give it
+/// a multi-threaded runtime of yours.
 ///
 /// ```
 /// use std::time::Duration;

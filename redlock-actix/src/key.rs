@@ -281,7 +281,7 @@ impl<N: LockHeaderName> FromRequest for LockHeader<N> {
             Err(detail) => {
                 tracing::debug!(header = N::NAME, %detail, "no lock key in the request");
                 let err = DistributedLockError::BadKey(BadKey::new(detail));
-                Err(match req.app_data::<DistributedLockConfig>() {
+                Err(match DistributedLockConfig::from_req(req) {
                     Some(config) => config.reject(err, req),
                     None => err.into(),
                 })

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::body::BodyStream;
-use actix_web::dev::ServerHandle;
+use actix_web::dev::{ServerHandle, ServiceRequest};
 use actix_web::{App, HttpResponse, HttpServer, test as actix_test, web};
 use common::Intervals;
 use redlock_actix::{
-    DistributedLock, DistributedLockConfig, LockHandle, LockHeader, LockHeaderName, LockMiddleware,
-    Redlock,
+    BadKey, DistributedLock, DistributedLockConfig, LockHandle, LockHeader, LockHeaderName,
+    LockMiddleware, Redlock,
 };
 use redlock_testkit::Cluster;
 
@@ -181,6 +181,11 @@ async fn until_lost(order: DistributedLock<web::Path<String>>) -> HttpResponse {
         order.guard().is_held(),
         order.guard().cancellation_token().is_cancelled()
     ))
+}
+
+/// The resource the middleware locked.
+async fn handle_resource(lock: web::ReqData<LockHandle>) -> HttpResponse {
+    HttpResponse::Ok().body(lock.resource().to_owned())
 }
 
 /// The resource the extractor locked.
@@ -484,7 +489,7 @@ struct Search {
 }
 
 impl redlock_actix::LockKey for Search {
-    fn lock_key(&self) -> Result<String, redlock_actix::BadKey> {
+    fn lock_key(&self) -> Result<String, BadKey> {
         self.order.lock_key()
     }
 }
@@ -503,7 +508,8 @@ async fn by_header(key: DistributedLock<LockHeader<IdempotencyKey>>) -> HttpResp
 
 /// Missing configuration is a 500 naming the type to register (extractor and
 /// middleware); the inner extractor's own errors keep their responses; a key that is
-/// missing, empty or too long is a 400 problem.
+/// missing, empty or too long is a 400 problem; the middleware's key functions and own
+/// configuration, and a custom error handler.
 #[actix_rt::test]
 async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses() {
     let cluster = Cluster::start(1).await;
@@ -514,11 +520,50 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
         App::new()
             .service(
                 web::scope("/configured")
-                    .app_data(config)
+                    .app_data(config.clone())
                     .route("/orders/{id}", web::get().to(by_number))
                     .route("/named/{id}", web::get().to(resource))
                     .route("/search", web::get().to(by_query))
                     .route("/payments", web::post().to(by_header)),
+            )
+            .service(
+                web::scope("/custom")
+                    .app_data(config.clone().error_handler(|err, _req| {
+                        let teapot = HttpResponse::ImATeapot().body(format!("custom: {err}"));
+                        actix_web::error::InternalError::from_response(err, teapot).into()
+                    }))
+                    .route("/named/{id}", web::get().to(resource)),
+            )
+            .service(
+                // No app_data: the middleware's own configuration.
+                web::scope("/explicit/{id}")
+                    .wrap(LockMiddleware::path_param("id").with_config(config.clone()))
+                    .route("", web::get().to(handle_resource)),
+            )
+            .service(
+                web::scope("/closure/{id}")
+                    .app_data(config.clone())
+                    .wrap(LockMiddleware::new(|req: &ServiceRequest| {
+                        let tenant = req
+                            .headers()
+                            .get("x-tenant")
+                            .and_then(|v| v.to_str().ok())
+                            .ok_or_else(|| BadKey::new("no x-tenant header"))?
+                            .to_owned();
+                        let id: u64 = req
+                            .match_info()
+                            .get("id")
+                            .and_then(|v| v.parse().ok())
+                            .ok_or_else(|| BadKey::new("the id must be a number"))?;
+                        Ok((tenant, id))
+                    }))
+                    .route("", web::get().to(handle_resource)),
+            )
+            .service(
+                web::scope("/by-header")
+                    .app_data(web::Data::new(config.clone())) // found in web::Data too
+                    .wrap(LockMiddleware::header("idempotency-key"))
+                    .route("", web::post().to(handle_resource)),
             )
             .route("/bare/{id}", web::get().to(by_number))
             .service(
@@ -569,6 +614,38 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
     )
     .await;
     assert_eq!((ok.0, ok.2.as_str()), (200, "o:abc"));
+
+    // The middleware with its own configuration, a closure key, a header key.
+    let ok = call(actix_test::TestRequest::get().uri("/explicit/8")).await;
+    assert_eq!((ok.0, ok.2.as_str()), (200, "o:8"));
+    let ok = call(
+        actix_test::TestRequest::get()
+            .uri("/closure/9")
+            .insert_header(("x-tenant", "acme")),
+    )
+    .await;
+    assert_eq!((ok.0, ok.2.as_str()), (200, "o:acme:9"));
+    let (status, content_type, body) = call(actix_test::TestRequest::get().uri("/closure/9")).await;
+    assert_eq!((status, content_type.as_str()), (400, problem), "{body}");
+    assert!(body.contains("no x-tenant header"), "{body}");
+    let ok = call(
+        actix_test::TestRequest::post()
+            .uri("/by-header")
+            .insert_header(("idempotency-key", "k1")),
+    )
+    .await;
+    assert_eq!((ok.0, ok.2.as_str()), (200, "o:k1"));
+    let (status, _, body) = call(actix_test::TestRequest::post().uri("/by-header")).await;
+    assert_eq!(status, 400, "{body}");
+
+    // A custom error handler decides the answer.
+    let (status, _, body) =
+        call(actix_test::TestRequest::get().uri("/custom/named/toolongkey")).await;
+    assert_eq!(status, 418, "{body}");
+    assert!(
+        body.starts_with("custom: the lock key is 10 bytes long"),
+        "{body}"
+    );
 
     // The inner extractors' own errors: Path → 404, Query → 400, not problem+json.
     let (status, content_type, _) =
