@@ -572,7 +572,14 @@ impl Inner {
             },
             None => None,
         };
-        last.map_or(floor, |last| last.max(floor))
+        match (&self.history, last) {
+            (_, Some(last)) => last.max(floor),
+            // A history without a row for the job: it never ran anywhere, so nothing
+            // was missed (a fresh deployment does not catch up on the past).
+            (Some(_), None) => now - chrono::Duration::from_std(ON_TIME).unwrap_or_default(),
+            // Without a history, the claims tell what ran within the grace window.
+            (None, None) => floor,
+        }
     }
 
     /// Runs the ticks that came due, per the misfire policy; ticks that would run but

@@ -22,6 +22,7 @@
 //! ```
 
 use std::future::Future;
+use std::net::SocketAddr;
 
 use crate::{Cluster, Proxy};
 
@@ -44,9 +45,15 @@ impl Sandbox {
     /// A sandbox with one proxy per server of `cluster` (the proxies run on the caller's
     /// runtime, so they outlive a crash).
     pub async fn start(cluster: &Cluster) -> Self {
-        let mut proxies = Vec::with_capacity(cluster.len());
-        for i in 0..cluster.len() {
-            proxies.push(Proxy::start(cluster.node(i).addr()).await);
+        let addrs: Vec<SocketAddr> = (0..cluster.len()).map(|i| cluster.node(i).addr()).collect();
+        Self::start_with(&addrs).await
+    }
+
+    /// A sandbox with one proxy per server address.
+    pub async fn start_with(servers: &[SocketAddr]) -> Self {
+        let mut proxies = Vec::with_capacity(servers.len());
+        for addr in servers {
+            proxies.push(Proxy::start(*addr).await);
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
