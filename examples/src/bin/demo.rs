@@ -43,12 +43,14 @@ struct Replica {
     scheduler: Scheduler,
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 async fn start_replica(
     name: &str,
     servers: &[SocketAddr],
     history: &str,
     record: &Record,
-) -> Replica {
+) -> Result<Replica, BoxError> {
     let sandbox = Sandbox::start_with(servers).await;
     let (urls, history, record, instance) = (
         sandbox.urls(),
@@ -58,18 +60,14 @@ async fn start_replica(
     );
     let scheduler = sandbox
         .run(async move {
-            let redlock = Redlock::builder()
-                .nodes(urls)
-                .ttl(LEADER_TTL)
-                .build()
-                .expect("valid lock settings");
+            let redlock = Redlock::builder().nodes(urls).ttl(LEADER_TTL).build()?;
             // Fresh local nodes sit in restart quarantine for the max TTL.
             redlock_examples::wait_until_ready(&redlock).await;
             let mut builder = Scheduler::builder(redlock)
                 .name("demo")
                 .instance(instance)
                 .leader_ttl(LEADER_TTL)
-                .history(History::connect(&history).await.expect("open the history"));
+                .history(History::connect(&history).await?);
             for (job, cron, work_ms) in JOBS {
                 let record = Arc::clone(&record);
                 builder = builder.job(
@@ -90,16 +88,16 @@ async fn start_replica(
                     .misfire(Misfire::CatchUp { max: 10 }),
                 );
             }
-            let scheduler = builder.build().expect("valid jobs");
+            let scheduler = builder.build()?;
             scheduler.start();
-            scheduler
+            Ok::<_, BoxError>(scheduler)
         })
-        .await;
-    Replica {
+        .await?;
+    Ok(Replica {
         name: name.to_owned(),
         sandbox,
         scheduler,
-    }
+    })
 }
 
 fn leader(replicas: &[Replica]) -> Option<usize> {
@@ -118,7 +116,7 @@ async fn wait_for_leader(replicas: &[Replica]) -> usize {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), BoxError> {
     redlock_examples::init_tracing();
     let nodes = Nodes::from_env_or_start(5).await;
     let servers = nodes.addrs();
@@ -133,7 +131,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut replicas = Vec::new();
     for name in ["a", "b", "c"] {
-        replicas.push(start_replica(name, &servers, &history_url, &record).await);
+        replicas.push(start_replica(name, &servers, &history_url, &record).await?);
     }
     let first = wait_for_leader(&replicas).await;
     let started = Utc::now();
@@ -154,7 +152,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         LEADER_TTL.as_millis()
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    replicas[dead] = start_replica(&dead_name, &servers, &history_url, &record).await;
+    replicas[dead] = start_replica(&dead_name, &servers, &history_url, &record).await?;
     println!("  replica {dead_name} restarted, following");
     tokio::time::sleep(Duration::from_secs(5)).await;
     for replica in replicas.iter().filter(|r| !r.sandbox.is_crashed()) {
@@ -229,7 +227,10 @@ fn check(
         .map(|r| ((r.job.as_str(), r.tick.timestamp_millis()), r))
         .collect();
     for (job, cron, _) in JOBS {
-        let schedule = redlock_scheduler::Schedule::parse(cron, "UTC").expect("valid cron");
+        let Ok(schedule) = redlock_scheduler::Schedule::parse(cron, "UTC") else {
+            problems.push(format!("{job}: invalid cron {cron}"));
+            continue;
+        };
         let from = started + chrono::Duration::seconds(1);
         let to = ended - chrono::Duration::seconds(1);
         for tick in schedule.ticks_between(from, to) {
