@@ -329,6 +329,12 @@ impl Scheduler {
         &self.inner.instance
     }
 
+    /// This replica's leadership changes, as a `watch` receiver (`None` before
+    /// [`start`](Self::start)).
+    pub fn leader_events(&self) -> Option<tokio::sync::watch::Receiver<crate::LeaderEvent>> {
+        self.inner.elector.get().map(LeaderElector::subscribe)
+    }
+
     /// The current leadership, if this replica leads.
     pub fn leadership(&self) -> Option<Leadership> {
         self.inner.elector.get().and_then(LeaderElector::leadership)
