@@ -207,6 +207,9 @@ async fn listen(node: &Subscriber, channels: &Arc<Mutex<Channels>>, keys: &[Stri
     let (mut new_sink, mut stream) = pubsub.split();
     let (readers, healthy) = (Arc::clone(channels), Arc::clone(&node.healthy));
     tokio::spawn(async move {
+        // However the reader ends (connection gone, or its runtime shut down), the next
+        // waiter must open a new connection.
+        let _reset = Unhealthy(healthy);
         while let Some(message) = stream.next().await {
             let channels = lock(&readers);
             if let Some(waiters) = channels.get(message.get_channel_name()) {
@@ -217,8 +220,6 @@ async fn listen(node: &Subscriber, channels: &Arc<Mutex<Channels>>, keys: &[Stri
                     .for_each(|signal| signal.on_message(payload));
             }
         }
-        // The connection is gone: the next waiter re-opens it.
-        healthy.store(false, Ordering::Release);
     });
     let all: Vec<String> = lock(channels).keys().cloned().collect();
     if !all.is_empty() && within(new_sink.subscribe(&all)).await.is_none() {
@@ -227,6 +228,15 @@ async fn listen(node: &Subscriber, channels: &Arc<Mutex<Channels>>, keys: &[Stri
     *sink = Some(new_sink);
     node.healthy.store(true, Ordering::Release);
     true
+}
+
+/// Marks a subscriber connection broken when dropped.
+struct Unhealthy(Arc<AtomicBool>);
+
+impl Drop for Unhealthy {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl Subscription {
