@@ -41,6 +41,28 @@ impl Nodes {
         }
     }
 
+    /// The nodes' socket addresses (for proxies in front of them: plain `redis://`
+    /// nodes only).
+    pub fn addrs(&self) -> Vec<std::net::SocketAddr> {
+        use std::net::ToSocketAddrs;
+        match self {
+            Self::Local(cluster) => (0..cluster.len()).map(|i| cluster.node(i).addr()).collect(),
+            Self::External(urls) => urls
+                .iter()
+                .filter_map(|url| {
+                    let info =
+                        redis::IntoConnectionInfo::into_connection_info(url.as_str()).ok()?;
+                    match info.addr() {
+                        redis::ConnectionAddr::Tcp(host, port) => {
+                            (host.as_str(), *port).to_socket_addrs().ok()?.next()
+                        }
+                        _ => None,
+                    }
+                })
+                .collect(),
+        }
+    }
+
     /// Where the nodes come from, for a banner.
     pub fn describe(&self) -> String {
         match self {

@@ -1,20 +1,125 @@
-//! An actix-web extractor (and middleware) that holds a distributed lock for a handler.
+//! An actix-web extractor (and middleware) that holds a cluster-wide distributed lock
+//! (Redlock over Redis, through [`redlock_core`]) for a handler's duration.
 //!
-//! **Not built yet.** This crate will hold `DistributedLock<T>`, an extractor wrapping an
-//! existing one (`web::Path<OrderId>`, a header, a query) whose value names the resource;
-//! the handler body runs only while this replica holds the cluster-wide lock, taken
-//! through [`redlock_core`]. Busy answers `409`, no quorum `503`, both as
-//! `application/problem+json`.
+//! `async fn pay(order: DistributedLock<web::Path<OrderId>>)`: the handler body runs
+//! only while this replica holds the lock for that order; every other replica (and
+//! every other request of this one) gets `409 Conflict` meanwhile, or waits for it.
 //!
-//! It never talks to Redis itself: every lock goes through [`redlock_core::Redlock`],
-//! re-exported here; the extractor will take one:
+//! - [`DistributedLock<T>`] wraps an existing extractor `T` whose value implements
+//!   [`LockKey`] (strings, integers, tuples; `web::Path`, `web::Query`, `web::Json`,
+//!   `web::Form`, `web::Header`, `web::ReqData` of those; [`LockHeader`] for a raw
+//!   header; your own types in three lines). It dereferences to `T`; its
+//!   [`guard`](DistributedLock::guard) tells whether the lock is still held and when it
+//!   is lost. The lock is auto-extended while held and released when the handler
+//!   returns, or explicitly with [`release`](DistributedLock::release);
+//!   [`into_parts`](DistributedLock::into_parts) moves it into a streaming body
+//!   ([`LockGuard::hold_during`]).
+//! - [`LockMiddleware`] locks a whole scope by a key taken from each request.
+//! - [`DistributedLockConfig`] (the [`Redlock`] client, TTL, wait policy, prefix, error
+//!   handler) is found in `app_data`, innermost first: a resource's or scope's
+//!   configuration overrides the app's. A route without one answers 500 naming the type
+//!   to register; nothing panics.
+//! - Rejections are [`DistributedLockError`]s, answered as `application/problem+json`
+//!   by [`redlock_core::problem`] (the same answers as `redlock-tower`): busy → 409 with
+//!   `Retry-After` (the holder's remaining TTL), no quorum → 503 with `Retry-After`,
+//!   bad key → 400, misconfiguration → 500. The inner extractor's own errors (a bad path
+//!   segment → 404, a bad query → 400) keep their own responses.
+//!
+//! # Example
 //!
 //! ```
-//! let redlock = redlock_actix::Redlock::builder()
-//!     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
-//!     .build()?;
-//! assert_eq!(redlock.quorum(), 2);
-//! # Ok::<(), redlock_core::ConfigError>(())
+//! use std::time::Duration;
+//! use actix_web::{App, HttpResponse, HttpServer, web};
+//! use redlock_actix::{DistributedLock, DistributedLockConfig, LockKey, BadKey, Redlock};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct OrderId(u64);
+//!
+//! impl LockKey for OrderId {
+//!     fn lock_key(&self) -> Result<String, BadKey> {
+//!         self.0.lock_key()
+//!     }
+//! }
+//!
+//! async fn pay(order: DistributedLock<web::Path<OrderId>>) -> HttpResponse {
+//!     // ... charge the order exactly once: no other replica is in here for it ...
+//!     HttpResponse::Ok().body(format!("paid order {}", order.0))
+//! }
+//!
+//! #[actix_web::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let cluster = redlock_testkit::Cluster::start(3).await;
+//! # let urls = cluster.urls();
+//!     // `urls`: three independent Redis masters, e.g. "redis://10.0.0.1:6379".
+//!     let redlock = Redlock::builder()
+//!         .nodes(urls)
+//! #       .restart_quarantine(false) // the test nodes were started a moment ago
+//!         .build()?;
+//!     // Built once, cloned into every worker's App.
+//!     let config = DistributedLockConfig::new(redlock)
+//!         .ttl(Duration::from_secs(5))
+//!         .prefix("order:");
+//!     let server = HttpServer::new(move || {
+//!         App::new()
+//!             .app_data(config.clone())
+//!             .route("/orders/{id}/pay", web::post().to(pay))
+//!     })
+//!     .workers(2)
+//!     .bind(("127.0.0.1", 0))?;
+//!     let addr = server.addrs()[0];
+//!     let server = server.run();
+//!     let handle = server.handle();
+//!     actix_web::rt::spawn(server);
+//!
+//!     // A plain HTTP/1.1 request, to keep the example free of a client library.
+//!     let reply = post(addr, "/orders/42/pay").await?;
+//!     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+//!     assert!(reply.ends_with("paid order 42"), "{reply}");
+//!
+//!     handle.stop(true).await;
+//!     Ok(())
+//! }
+//! # async fn post(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+//! #     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! #     let mut stream = tokio::net::TcpStream::connect(addr).await?;
+//! #     stream.write_all(format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").as_bytes()).await?;
+//! #     let mut reply = String::new();
+//! #     stream.read_to_string(&mut reply).await?;
+//! #     Ok(reply)
+//! # }
 //! ```
+//!
+//! # Workers and runtimes
+//!
+//! actix-web runs each worker on a single-threaded tokio runtime of its own, while
+//! `redlock-core` runs background tasks (releasing a dropped lock, the auto-extension
+//! watchdog, wake-ups for waiters, the node connections) on the runtime where they are
+//! first needed. Tasks bound to one worker's runtime would die with it (a server stopped
+//! and started again in the same process, a restarted worker): the next lock would meet
+//! broken connections (a spurious 503) and watched locks would stop being extended. This
+//! crate therefore makes every call into the client on one long-lived runtime: its own
+//! thread by default, or yours ([`DistributedLockConfig::runtime`]). Build one
+//! [`Redlock`] per process, anywhere, and clone the configuration into every worker's
+//! `App`.
+//!
+//! # Observability
+//!
+//! `tracing` events carry the lock's `key`: `lock acquired` (debug: attempts, wait,
+//! validity), `lock busy` (debug: contention, the holder's remaining time), `lock
+//! unavailable` (warn: no quorum), `lock released` (debug), and warnings when a lock was
+//! lost before its request finished (the client's watchdog also warns at the loss).
 
-pub use redlock_core::Redlock;
+mod config;
+mod error;
+mod extract;
+mod guard;
+mod key;
+mod middleware;
+
+pub use config::{DEFAULT_MAX_KEY_LEN, DistributedLockConfig};
+pub use error::{DistributedLockError, problem_response};
+pub use extract::DistributedLock;
+pub use guard::{LockGuard, LockedBody};
+pub use key::{BadKey, LockHeader, LockHeaderName, LockKey};
+pub use middleware::{HeaderParam, LockMiddleware, LockMiddlewareService, PathParam, RequestKey};
+pub use redlock_core::{self, LockHandle, Redlock, Released, RetryPolicy};

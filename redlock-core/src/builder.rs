@@ -291,6 +291,8 @@ impl RedlockBuilder {
             wakeups,
             watchdog: Watchdog::default(),
             max_hold: self.max_hold,
+            handoff_ms: u64::try_from(crate::queue::handoff_time(self.ttl).as_millis())
+                .unwrap_or(u64::MAX),
             nodes,
             node_timeout: self.node_timeout,
             key_prefix: self.key_prefix,

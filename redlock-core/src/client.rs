@@ -14,6 +14,7 @@ use crate::builder::RedlockBuilder;
 use crate::error::{ConfigError, Error};
 use crate::lock::{Granted, Lock, LockHandle};
 use crate::node::{Node, NodeStatus};
+use crate::queue::{QueueGuard, Waiter};
 use crate::quorum::{Fanout, NodeFuture, OpKind, Target, majority};
 use crate::retry::RetryPolicy;
 use crate::value::random_value;
@@ -63,6 +64,8 @@ pub(crate) struct Shared {
     pub(crate) watchdog: Watchdog,
     /// How long a watched lock is extended at most.
     pub(crate) max_hold: Duration,
+    /// How long a release reserves the lock for the next queued waiter (ms).
+    pub(crate) handoff_ms: u64,
 }
 
 impl Shared {
@@ -230,6 +233,12 @@ impl Redlock {
         self.shared.quorum()
     }
 
+    /// The longest TTL a lock may ask for ([`RedlockBuilder::max_ttl`]); [`MAX_TTL`] when
+    /// the restart quarantine is off.
+    pub fn max_ttl(&self) -> Duration {
+        self.shared.max_ttl.unwrap_or(MAX_TTL)
+    }
+
     /// The nodes' addresses (no credentials), in configuration order.
     pub fn node_names(&self) -> Vec<&str> {
         self.shared.nodes.iter().map(Node::name).collect()
@@ -338,15 +347,29 @@ impl<'a> Acquire<'a> {
         let started = Instant::now();
         let mut attempts: u32 = 0;
         let mut subscription: Option<Subscription> = None;
+        // This request's place in the wait queue, once it waits (one resource only).
+        let mut queue: Option<QueueGuard> = None;
+        // A key this client has just waited for is likely still contended: join the
+        // queue with the first attempt rather than the second.
+        if let (Some(wakeups), Some(key)) = (&shared.wakeups, keys.first())
+            && wakeups.recently_waited(key)
+        {
+            (subscription, queue) = join_queue(&shared, &keys, &retry).await;
+        }
         loop {
             attempts = attempts.saturating_add(1);
             let target = Arc::new(Target {
                 keys: keys.clone(),
                 fence_keys: fence_keys.clone(),
                 value: random_value(),
+                handoff_ms: shared.handoff_ms,
+                waiter: queue.as_ref().and_then(QueueGuard::waiter).cloned(),
             });
             let failure = match attempt(&shared, target, ttl).await {
-                Ok(granted) => {
+                Ok((granted, refused)) => {
+                    if let Some(queue) = &mut queue {
+                        queue.granted(refused);
+                    }
                     tracing::debug!(
                         attempts,
                         elapsed_us = started.elapsed().as_micros() as u64,
@@ -363,14 +386,19 @@ impl<'a> Acquire<'a> {
             };
             tracing::debug!(attempts, ?failure, "attempt failed");
             match retry.next_delay(attempts, started.elapsed()) {
-                Some(delay) => match (&subscription, &shared.wakeups, &failure) {
+                Some(delay) => match (&subscription, &queue, &failure) {
                     (Some(subscription), _, _) => {
-                        subscription.wait(delay, retry.wake_jitter()).await;
+                        subscription
+                            .wait(delay, retry.wake_jitter(), shared.quorum())
+                            .await;
                     }
-                    // Busy: from now on, wait for its release. The holder may have
-                    // released while we subscribed, so try again at once.
-                    (None, Some(wakeups), AttemptFailure::Taken { .. }) => {
-                        subscription = Some(wakeups.subscribe(&keys, shared.node_timeout).await);
+                    // Busy: from now on, wait in the queue. (Listening for releases, the
+                    // holder may have released while we subscribed: try again at once.)
+                    (None, None, AttemptFailure::Taken { .. }) => {
+                        (subscription, queue) = join_queue(&shared, &keys, &retry).await;
+                        if subscription.is_none() {
+                            tokio::time::sleep(delay).await;
+                        }
                     }
                     _ => tokio::time::sleep(delay).await,
                 },
@@ -401,6 +429,30 @@ impl<'a> IntoFuture for Acquire<'a> {
         );
         Box::pin(self.run().instrument(span))
     }
+}
+
+/// Takes a place in the wait queues of `keys` (see `queue.rs`), listening for releases
+/// if wake on release is on and a node listens.
+async fn join_queue(
+    shared: &Arc<Shared>,
+    keys: &[String],
+    retry: &RetryPolicy,
+) -> (Option<Subscription>, Option<QueueGuard>) {
+    let handoff = Duration::from_millis(shared.handoff_ms);
+    let mut waiter = Waiter::new(retry.max_delay(), shared.node_timeout, true, handoff);
+    let subscription = match &shared.wakeups {
+        Some(wakeups) => {
+            let id = Some(waiter.id.clone());
+            Some(wakeups.subscribe(keys, id, shared.node_timeout).await)
+        }
+        None => None,
+    };
+    // A hand-over nobody hears is reserved until the waiter's next timed retry instead.
+    let subscription = subscription.filter(Subscription::listening);
+    if subscription.is_none() {
+        waiter = Waiter::new(retry.max_delay(), shared.node_timeout, false, handoff);
+    }
+    (subscription, Some(QueueGuard::new(shared, keys, waiter)))
 }
 
 fn check_resources(resources: &[String]) -> Result<(), ConfigError> {
@@ -483,11 +535,14 @@ async fn time_until_free(shared: &Shared, keys: &[String]) -> Option<Duration> {
 }
 
 /// One attempt: fan out, count, and on failure release everywhere before returning.
+///
+/// On success, also returns the nodes that have not said yes (a queued waiter's attempt
+/// joins or stays in their queues).
 async fn attempt(
     shared: &Arc<Shared>,
     target: Arc<Target>,
     ttl: Duration,
-) -> Result<Granted, AttemptFailure> {
+) -> Result<(Granted, Vec<usize>), AttemptFailure> {
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     let start = Instant::now();
     let fanout = Fanout::start(shared, &target, OpKind::Acquire { ttl_ms }, None);
@@ -521,16 +576,23 @@ async fn attempt(
             .checked_add(validity)
             .unwrap_or_else(Instant::now);
         let (target, fanout) = guard.disarm();
+        // Where we have not said yes yet, our attempt may (re)join the queue: leave it
+        // there (after the in-flight attempt, on the same connection).
+        let granted_by = fanout.nodes_answering(true);
+        let refused = (0..shared.nodes.len())
+            .filter(|i| !granted_by.contains(i))
+            .collect();
         // Slower nodes still get their SET: the lock is then held there too, and
         // release covers every node, after those SETs.
         let in_flight = fanout.finish_in_background();
-        return Ok(Granted {
+        let granted = Granted {
             valid_until,
             acquired_at: start,
             target,
             token,
             in_flight,
-        });
+        };
+        return Ok((granted, refused));
     }
     let failure = {
         let fanout = guard.fanout_mut();

@@ -58,8 +58,9 @@
 //!   rejects writes with an older token.
 //! - Restart quarantine (on by default): a node up for less than the maximum TTL gets
 //!   no vote, so a node restarted without persistence cannot grant a lock it forgot.
-//! - Wake on release (on by default): a waiting client retries as soon as the holder
-//!   releases.
+//! - Wake on release (on by default) and a fair wait queue: a release hands the lock to
+//!   the client that has waited longest, which is woken at once; nobody starves (clients
+//!   that only retry on a timer, and multi-resource waiters, get their turn too).
 //!
 //! # What it guarantees, and what it does not
 //!
@@ -77,6 +78,7 @@ mod error;
 mod lock;
 mod node;
 pub mod problem;
+mod queue;
 mod quorum;
 mod retry;
 mod scripts;

@@ -306,6 +306,17 @@ impl Lock {
         }
     }
 
+    /// Stops managing the lock without releasing it: the watchdog no longer extends it,
+    /// dropping it no longer releases it, and it stays held on the nodes until its TTL
+    /// runs out. For a lock that must outlive its holder's work, such as a claim that
+    /// marks a piece of work as done (extend it to the time it should last first).
+    /// Returns when it ends, at the latest, on the nodes.
+    pub fn detach(mut self) -> Instant {
+        self.done = true;
+        self.state.ended.store(true, Ordering::Release);
+        self.valid_until()
+    }
+
     /// Releases the lock on every node (compare-and-delete: only our own value is
     /// deleted). Returns once a majority confirmed, or every node answered; the remaining
     /// nodes are released in the background.

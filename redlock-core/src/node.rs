@@ -24,6 +24,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, RedisError, Script};
 
 use crate::error::NodeError;
+use crate::queue::{Waiter, waiter_keys, with_queues};
 use crate::scripts;
 
 /// What [`Redlock::node_status`](crate::Redlock::node_status) found out about one node.
@@ -56,17 +57,23 @@ pub(crate) enum Op<'a> {
         fence_keys: &'a [String],
         value: &'a str,
         ttl_ms: u64,
+        /// A queued waiter's attempt: the queue-aware script.
+        waiter: Option<&'a Waiter>,
     },
     /// Raise the fencing counters to at least `token`.
     RaiseFence {
         fence_keys: &'a [String],
         token: u64,
     },
-    /// Compare-and-delete every key; `notify`: wake waiters (a lock's release).
+    /// Compare-and-delete (or hand over to the next queued waiter) every key; `notify`:
+    /// wake waiters on a deletion (a lock's release). `dequeue`: first remove this
+    /// waiter from the keys' wait queues.
     Release {
         keys: &'a [String],
         value: &'a str,
         notify: bool,
+        handoff_ms: u64,
+        dequeue: Option<&'a str>,
     },
     /// Compare-and-`PEXPIRE` every key, all or nothing.
     Extend {
@@ -585,6 +592,7 @@ fn command(op: Op<'_>) -> redis::Cmd {
             fence_keys: [],
             value,
             ttl_ms,
+            waiter: None,
         } => {
             let mut cmd = redis::cmd("SET");
             cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
@@ -595,6 +603,21 @@ fn command(op: Op<'_>) -> redis::Cmd {
             fence_keys,
             value,
             ttl_ms,
+            waiter: Some(waiter),
+        } => {
+            let all = waiter_keys(keys, fence_keys);
+            evalsha(
+                &scripts::ACQUIRE_QUEUED,
+                &all.iter().collect::<Vec<_>>(),
+                &waiter_args(value, ttl_ms, waiter, keys.len()),
+            )
+        }
+        Op::Acquire {
+            keys,
+            fence_keys,
+            value,
+            ttl_ms,
+            ..
         } => {
             let script = if fence_keys.is_empty() {
                 &*scripts::ACQUIRE_MANY
@@ -613,11 +636,16 @@ fn command(op: Op<'_>) -> redis::Cmd {
             keys,
             value,
             notify,
-        } => evalsha(
-            &scripts::RELEASE,
-            &keys.iter().collect::<Vec<_>>(),
-            &[value.to_owned(), u8::from(notify).to_string()],
-        ),
+            handoff_ms,
+            dequeue,
+        } => {
+            let all = with_queues(keys);
+            evalsha(
+                &scripts::RELEASE,
+                &all.iter().collect::<Vec<_>>(),
+                &release_args(value, notify, handoff_ms, dequeue),
+            )
+        }
         Op::Extend {
             keys,
             value,
@@ -633,6 +661,26 @@ fn command(op: Op<'_>) -> redis::Cmd {
     }
 }
 
+fn release_args(value: &str, notify: bool, handoff_ms: u64, dequeue: Option<&str>) -> [String; 4] {
+    [
+        value.to_owned(),
+        u8::from(notify).to_string(),
+        handoff_ms.to_string(),
+        dequeue.unwrap_or_default().to_owned(),
+    ]
+}
+
+fn waiter_args(value: &str, ttl_ms: u64, waiter: &Waiter, keys: usize) -> [String; 6] {
+    [
+        value.to_owned(),
+        ttl_ms.to_string(),
+        waiter.id.clone(),
+        waiter.since_ms.to_string(),
+        waiter.keep_ms.to_string(),
+        keys.to_string(),
+    ]
+}
+
 fn breaks_connection(err: &RedisError) -> bool {
     err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
 }
@@ -646,6 +694,7 @@ async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<u
         Op::Acquire {
             keys: [_],
             fence_keys: [],
+            waiter: None,
             ..
         } => {
             let reply: Option<String> = command(op).query_async(conn).await?;
@@ -653,15 +702,29 @@ async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<u
         }
         Op::Acquire {
             keys,
+            fence_keys,
+            value,
+            ttl_ms,
+            waiter: Some(waiter),
+        } => {
+            let all = waiter_keys(keys, fence_keys);
+            let args = waiter_args(value, ttl_ms, waiter, keys.len());
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_script(&scripts::ACQUIRE_QUEUED, conn, &all, &args, None).await
+        }
+        Op::Acquire {
+            keys,
             fence_keys: [],
             value,
             ttl_ms,
+            ..
         } => run_script(&scripts::ACQUIRE_MANY, conn, keys, &[value], Some(ttl_ms)).await,
         Op::Acquire {
             keys,
             fence_keys,
             value,
             ttl_ms,
+            ..
         } => {
             let all: Vec<String> = keys.iter().chain(fence_keys).cloned().collect();
             run_script(&scripts::ACQUIRE_FENCED, conn, &all, &[value], Some(ttl_ms)).await
@@ -673,9 +736,13 @@ async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<u
             keys,
             value,
             notify,
+            handoff_ms,
+            dequeue,
         } => {
-            let notify = if notify { "1" } else { "0" };
-            run_script(&scripts::RELEASE, conn, keys, &[value, notify], None).await
+            let all = with_queues(keys);
+            let args = release_args(value, notify, handoff_ms, dequeue);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_script(&scripts::RELEASE, conn, &all, &args, None).await
         }
         Op::Extend {
             keys,

@@ -17,6 +17,7 @@ use futures_util::stream::FuturesUnordered;
 use crate::client::Shared;
 use crate::error::{Error, NodeError, NodeFailure};
 use crate::node::Op;
+use crate::queue::Waiter;
 
 /// The majority of `n` nodes: `n / 2 + 1`.
 pub(crate) fn majority(n: usize) -> usize {
@@ -82,6 +83,8 @@ pub(crate) enum OpKind {
     Extend {
         ttl_ms: u64,
     },
+    /// Leave the keys' wait queues, passing on a hand-over not taken (see `queue.rs`).
+    Dequeue,
 }
 
 /// The keys and the random value of one lock.
@@ -91,6 +94,10 @@ pub(crate) struct Target {
     /// The fencing counters, one per key; empty without fencing.
     pub(crate) fence_keys: Vec<String>,
     pub(crate) value: String,
+    /// How long a release reserves the lock for the next queued waiter (ms).
+    pub(crate) handoff_ms: u64,
+    /// Set for the attempts of a queued waiter (one resource only).
+    pub(crate) waiter: Option<Waiter>,
 }
 
 impl Target {
@@ -101,6 +108,7 @@ impl Target {
                 fence_keys: &self.fence_keys,
                 value: &self.value,
                 ttl_ms,
+                waiter: self.waiter.as_ref(),
             },
             OpKind::RaiseFence { token } => Op::RaiseFence {
                 fence_keys: &self.fence_keys,
@@ -110,6 +118,15 @@ impl Target {
                 keys: &self.keys,
                 value: &self.value,
                 notify,
+                handoff_ms: self.handoff_ms,
+                dequeue: None,
+            },
+            OpKind::Dequeue => Op::Release {
+                keys: &self.keys,
+                value: &self.value,
+                notify: true,
+                handoff_ms: self.handoff_ms,
+                dequeue: self.waiter.as_ref().map(|w| w.id.as_str()),
             },
             OpKind::Extend { ttl_ms } => Op::Extend {
                 keys: &self.keys,

@@ -110,6 +110,11 @@ impl RetryPolicy {
     }
 
     /// The jitter after a wake-up.
+    /// The longest sleep between two attempts.
+    pub(crate) fn max_delay(&self) -> Duration {
+        self.base_delay.saturating_add(self.jitter)
+    }
+
     pub(crate) fn wake_jitter(&self) -> Duration {
         self.wake_jitter
     }

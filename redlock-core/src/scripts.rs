@@ -9,22 +9,112 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Deletes every key of `KEYS` that still holds `ARGV[1]`; with `ARGV[2] == '1'` (a
-/// lock's release, or the cleanup of a failed attempt that had set keys) publishes on
-/// the key's channel for waiters (see `wake.rs`). Returns how many it deleted.
+/// Releases: for each lock key of `KEYS` (the first third; then as many wait queues,
+/// then as many queue deadlines) that still holds `ARGV[1]`, hands the lock over to the
+/// first live waiter of its queue, or deletes it. A hand-over stores `~<waiter>` in the
+/// key for the time the waiter's id ends with (`<random>:<ms>`; `ARGV[3]` ms if none):
+/// only that waiter may take it, nobody else's SET NX succeeds; and
+/// publishes the waiter's id on the key's channel; a deletion publishes an empty message
+/// when `ARGV[2] == '1'` (a lock's release, or the cleanup of a failed attempt that had
+/// set keys), see `wake.rs`. With `ARGV[4]` not empty, first removes that waiter from the
+/// queues (a waiter leaving: with `ARGV[1] = '~' .. ARGV[4]` it also passes on a
+/// hand-over it did not take). Returns how many keys it released.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 const RELEASE_SOURCE: &str = r"
-local n = 0
-for _, key in ipairs(KEYS) do
+local n = #KEYS / 3
+local released = 0
+local now = nil
+for i = 1, n do
+  local key, queue, deadlines = KEYS[i], KEYS[n + i], KEYS[2 * n + i]
+  if ARGV[4] ~= '' then
+    redis.call('ZREM', queue, ARGV[4])
+    redis.call('ZREM', deadlines, ARGV[4])
+  end
   if redis.call('GET', key) == ARGV[1] then
-    redis.call('DEL', key)
-    if ARGV[2] == '1' then
-      redis.call('PUBLISH', key, '')
+    released = released + 1
+    local heir = nil
+    if redis.call('EXISTS', queue) == 1 then
+      if now == nil then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      while heir == nil do
+        local head = redis.call('ZRANGE', queue, 0, 0)[1]
+        if not head then
+          break
+        end
+        local deadline = tonumber(redis.call('ZSCORE', deadlines, head) or '0')
+        redis.call('ZREM', queue, head)
+        redis.call('ZREM', deadlines, head)
+        if deadline > now then
+          heir = head
+        end
+      end
     end
-    n = n + 1
+    if heir then
+      local hold = tonumber(string.match(heir, ':(%d+)$') or ARGV[3])
+      redis.call('SET', key, '~' .. heir, 'PX', hold)
+      redis.call('PUBLISH', key, heir)
+    else
+      redis.call('DEL', key)
+      if ARGV[2] == '1' then
+        redis.call('PUBLISH', key, '')
+      end
+    end
   end
 end
-return n
+return released
+";
+
+/// A queued waiter's attempt. `KEYS`: the n lock keys, then their wait queues, then the
+/// queues' deadlines, then (with fencing) their counters. `ARGV`: value, TTL ms, waiter
+/// id, the time it began waiting (its place in the queues), how long its places are kept
+/// (ms), n. If every lock key is free or handed over to this waiter: takes them all
+/// (incrementing the counters), leaves the queues, and returns the highest token (1
+/// without fencing). Otherwise joins or refreshes its places and returns 0.
+pub(crate) static ACQUIRE_QUEUED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_QUEUED_SOURCE));
+const ACQUIRE_QUEUED_SOURCE: &str = r"
+local n = tonumber(ARGV[6])
+local mine = '~' .. ARGV[3]
+local free = true
+for i = 1, n do
+  local current = redis.call('GET', KEYS[i])
+  if current and current ~= mine then
+    free = false
+    break
+  end
+end
+if free then
+  local token = 1
+  if #KEYS == 4 * n then
+    for i = 1, n do
+      local t = redis.call('INCR', KEYS[3 * n + i])
+      if t > token then
+        token = t
+      end
+    end
+  end
+  for i = 1, n do
+    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+    redis.call('ZREM', KEYS[n + i], ARGV[3])
+    redis.call('ZREM', KEYS[2 * n + i], ARGV[3])
+  end
+  return token
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local keep = tonumber(ARGV[5])
+for i = 1, n do
+  redis.call('ZADD', KEYS[n + i], ARGV[4], ARGV[3])
+  redis.call('ZADD', KEYS[2 * n + i], now + keep, ARGV[3])
+  for _, key in ipairs({KEYS[n + i], KEYS[2 * n + i]}) do
+    if redis.call('PTTL', key) < keep then
+      redis.call('PEXPIRE', key, keep)
+    end
+  end
+end
+return 0
 ";
 
 /// Sets a new TTL (`ARGV[2]` ms) on all of `KEYS` if every one still holds `ARGV[1]`;
@@ -112,7 +202,8 @@ return longest
 ";
 
 /// Every script's source, to load on a new connection.
-pub(crate) const ALL_SOURCES: [&str; 6] = [
+pub(crate) const ALL_SOURCES: [&str; 7] = [
+    ACQUIRE_QUEUED_SOURCE,
     REMAINING_SOURCE,
     RELEASE_SOURCE,
     EXTEND_SOURCE,

@@ -7,13 +7,16 @@
 //! while after its last waiter leaves (so steady contention costs no subscription round
 //! trips). Every release publishes on every node, so a waiter needs just one node to
 //! listen: it waits only until the first node confirms, and slow or dead nodes never
-//! hold it up. A message wakes every waiter of that key (a release during a waiter's own
-//! attempt is kept for it, not lost); each then retries after a small random jitter, so
-//! that one of them usually reaches a majority first instead of all splitting the
-//! votes. The random retry delay stays as the fallback.
+//! hold it up. A release that hands the lock over to a queued waiter (see `queue.rs`)
+//! publishes that waiter's id: it alone is woken and retries at once. A release that
+//! deletes the lock publishes an empty message, which wakes every waiter of the key;
+//! each then retries after a small random jitter, so that one of them usually reaches a
+//! majority first instead of all splitting the votes. A message that comes during a
+//! waiter's own attempt is kept for it, not lost. The random retry delay stays as the
+//! fallback.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -37,8 +40,30 @@ async fn within<T, E>(fut: impl std::future::Future<Output = Result<T, E>>) -> O
         .ok()
 }
 
-/// Waiters by key: each has its own `Notify`.
-type Channels = HashMap<String, HashMap<u64, Arc<Notify>>>;
+/// Waiters by key.
+type Channels = HashMap<String, HashMap<u64, Arc<Signal>>>;
+
+/// How one waiter is woken.
+struct Signal {
+    notify: Notify,
+    /// The waiter's id in the resource's wait queue, if it is queued.
+    waiter: Option<String>,
+    /// How many nodes handed the lock over to this waiter since its last wait.
+    handovers: AtomicUsize,
+}
+
+impl Signal {
+    /// Reacts to a message on one of the waiter's keys: an empty one (a lock deleted)
+    /// wakes every waiter, a waiter's id (a hand-over) wakes that waiter only.
+    fn on_message(&self, payload: &[u8]) {
+        if payload.is_empty() {
+            self.notify.notify_one();
+        } else if self.waiter.as_deref().map(str::as_bytes) == Some(payload) {
+            self.handovers.fetch_add(1, Ordering::AcqRel);
+            self.notify.notify_one();
+        }
+    }
+}
 
 /// The subscribers of one `Redlock` and the keys being waited for.
 pub(crate) struct Wakeups {
@@ -60,7 +85,9 @@ pub(crate) struct Subscription {
     wakeups: Arc<Wakeups>,
     id: u64,
     keys: Vec<String>,
-    notify: Arc<Notify>,
+    signal: Arc<Signal>,
+    /// At least one node confirmed it listens.
+    listening: bool,
 }
 
 fn lock(channels: &Mutex<Channels>) -> MutexGuard<'_, Channels> {
@@ -86,15 +113,26 @@ impl Wakeups {
         }
     }
 
-    /// Registers a waiter for `keys`; subscribes where needed and waits (at most
-    /// `timeout`) until one node listens.
+    /// Someone of this client waits, or waited in the last few seconds, for `key`: a new
+    /// request for it will likely have to wait too.
+    pub(crate) fn recently_waited(&self, key: &str) -> bool {
+        lock(&self.channels).contains_key(key)
+    }
+
+    /// Registers a waiter for `keys` (`waiter`: its id in the wait queue, if queued);
+    /// subscribes where needed and waits (at most `timeout`) until one node listens.
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
         keys: &[String],
+        waiter: Option<String>,
         timeout: Duration,
     ) -> Subscription {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let notify = Arc::new(Notify::new());
+        let signal = Arc::new(Signal {
+            notify: Notify::new(),
+            waiter,
+            handovers: AtomicUsize::new(0),
+        });
         let mut new_keys = Vec::new();
         {
             let mut channels = lock(&self.channels);
@@ -103,14 +141,15 @@ impl Wakeups {
                     new_keys.push(key.clone());
                     HashMap::new()
                 });
-                waiters.insert(id, Arc::clone(&notify));
+                waiters.insert(id, Arc::clone(&signal));
             }
         }
-        let subscription = Subscription {
+        let mut subscription = Subscription {
             wakeups: Arc::clone(self),
             id,
             keys: keys.to_vec(),
-            notify,
+            signal,
+            listening: false,
         };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return subscription;
@@ -130,17 +169,18 @@ impl Wakeups {
             );
             started.push(handle.spawn(async move { listen(&node, &channels, &keys).await }));
         }
-        if listening == 0 {
-            // Wait for the first node to listen; the others go on in the background.
-            let _ = tokio::time::timeout(timeout, async {
+        subscription.listening = listening > 0
+            || tokio::time::timeout(timeout, async {
+                // Wait for the first node to listen; the others go on in the background.
                 while let Some(done) = started.next().await {
                     if matches!(done, Ok(true)) {
-                        return;
+                        return true;
                     }
                 }
+                false
             })
-            .await;
-        }
+            .await
+            .unwrap_or(false);
         subscription
     }
 }
@@ -167,15 +207,19 @@ async fn listen(node: &Subscriber, channels: &Arc<Mutex<Channels>>, keys: &[Stri
     let (mut new_sink, mut stream) = pubsub.split();
     let (readers, healthy) = (Arc::clone(channels), Arc::clone(&node.healthy));
     tokio::spawn(async move {
+        // However the reader ends (connection gone, or its runtime shut down), the next
+        // waiter must open a new connection.
+        let _reset = Unhealthy(healthy);
         while let Some(message) = stream.next().await {
             let channels = lock(&readers);
             if let Some(waiters) = channels.get(message.get_channel_name()) {
                 // A stored permit if the waiter is not waiting right now.
-                waiters.values().for_each(|notify| notify.notify_one());
+                let payload = message.get_payload_bytes();
+                waiters
+                    .values()
+                    .for_each(|signal| signal.on_message(payload));
             }
         }
-        // The connection is gone: the next waiter re-opens it.
-        healthy.store(false, Ordering::Release);
     });
     let all: Vec<String> = lock(channels).keys().cloned().collect();
     if !all.is_empty() && within(new_sink.subscribe(&all)).await.is_none() {
@@ -186,18 +230,47 @@ async fn listen(node: &Subscriber, channels: &Arc<Mutex<Channels>>, keys: &[Stri
     true
 }
 
+/// Marks a subscriber connection broken when dropped.
+struct Unhealthy(Arc<AtomicBool>);
+
+impl Drop for Unhealthy {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 impl Subscription {
-    /// Waits for a release of one of the keys (then a random `0..=jitter` more), or
-    /// `fallback`, whichever comes first. A release since the last wait counts.
-    pub(crate) async fn wait(&self, fallback: Duration, jitter: Duration) {
+    /// At least one node listens for this waiter's releases.
+    pub(crate) fn listening(&self) -> bool {
+        self.listening
+    }
+
+    /// Waits for a release of one of the keys, or `fallback`, whichever comes first. A
+    /// release since the last wait counts. After a release that deleted the lock, waits
+    /// a random `0..=jitter` more, so that the woken waiters do not all come at once.
+    /// After a hand-over to this waiter, waits until `quorum` nodes have handed it over
+    /// (every node publishes its own), at most `jitter`: an attempt sent before the
+    /// slower nodes have run the release would find the lock still held there.
+    pub(crate) async fn wait(&self, fallback: Duration, jitter: Duration, quorum: usize) {
         tokio::select! {
-            () = self.notify.notified() => {
-                if !jitter.is_zero() {
-                    tokio::time::sleep(crate::retry::random_up_to(jitter)).await;
-                }
-            }
-            () = tokio::time::sleep(fallback) => {}
+            () = self.signal.notify.notified() => {}
+            () = tokio::time::sleep(fallback) => return,
         }
+        let handed = || self.signal.handovers.load(Ordering::Acquire);
+        let window = if handed() > 0 {
+            jitter
+        } else {
+            crate::retry::random_up_to(jitter)
+        };
+        let window = tokio::time::sleep(window);
+        tokio::pin!(window);
+        while handed() < quorum {
+            tokio::select! {
+                () = &mut window => break,
+                () = self.signal.notify.notified() => {}
+            }
+        }
+        self.signal.handovers.store(0, Ordering::Release);
     }
 }
 

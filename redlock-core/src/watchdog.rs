@@ -129,9 +129,37 @@ struct Outcome {
     votes: HashMap<u64, usize>,
 }
 
+/// The watched locks. If the task holding them is dropped (its runtime shut down), the
+/// locks are no longer extended: each is declared lost at once, not left to look held.
+#[derive(Default)]
+struct Entries(HashMap<u64, Entry>);
+
+impl std::ops::Deref for Entries {
+    type Target = HashMap<u64, Entry>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Entries {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Entries {
+    fn drop(&mut self) {
+        for entry in self.0.values() {
+            if !entry.watched.state.is_ended() {
+                entry.watched.state.lost.cancel();
+            }
+        }
+    }
+}
+
 /// The watchdog task. Ends when the client is gone and no lock is watched.
 async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Watched>) {
-    let mut entries: HashMap<u64, Entry> = HashMap::new();
+    let mut entries = Entries::default();
     let mut next_id: u64 = 0;
     let mut in_flight: FuturesUnordered<BoxFuture<'static, Outcome>> = FuturesUnordered::new();
     let mut open = true;

@@ -1,20 +1,91 @@
-//! A leader-election cron scheduler: each job tick runs on exactly one replica.
+//! A leader-election cron scheduler: every replica declares the same jobs, and each tick
+//! runs on exactly one of them.
 //!
-//! **Not built yet.** This crate will hold `Scheduler` and `LeaderElector`: every replica
-//! declares the same cron jobs; one replica leads (an auto-extended lock taken through
-//! [`redlock_core`]), claims each tick under a key made of the job and its scheduled time,
-//! and records the run in SQL (sqlx: SQLite by default, PostgreSQL for clusters) under a
-//! UNIQUE (job, tick) constraint, so a tick never runs twice.
+//! - [`LeaderElector`] (usable on its own): one replica leads, with a fencing epoch; a
+//!   follower takes over when the leader dies (within the leadership TTL plus one retry
+//!   interval) or at once when it shuts down.
+//! - [`Scheduler`]: the leader fires each [`Job`] at its ticks ([`Schedule`]: cron with
+//!   optional seconds, in a time zone, with documented DST behaviour). Before running, it
+//!   **claims** the tick under the job's name and the tick's scheduled time: a lock that
+//!   outlives the run, and with a [`History`] a row under `UNIQUE (job, tick)`. A tick
+//!   claimed once never runs again, even if leadership changes hands mid-tick or two
+//!   replicas briefly both think they lead.
+//! - Per job: a [`Misfire`] policy for ticks missed while no one led, a timeout, and no
+//!   overlap (a tick is skipped while the previous run goes on). Handlers get a
+//!   [`JobContext`]: the scheduled tick, the fencing token, the instance, and a
+//!   cancellation token that fires on lost leadership, a lost claim, timeout or shutdown.
+//! - [`History`]: the run history through sqlx, SQLite (no server) or PostgreSQL.
+//! - [`Scheduler::status`], [`Scheduler::trigger`], [`Scheduler::pause`] /
+//!   [`Scheduler::resume`], and [`Scheduler::shutdown`] with a deadline.
 //!
-//! It never talks to Redis itself: every lock goes through [`redlock_core::Redlock`],
-//! re-exported here; the scheduler will take one:
+//! It never talks to Redis itself: every lock goes through [`redlock_core::Redlock`].
 //!
 //! ```
-//! let redlock = redlock_scheduler::Redlock::builder()
-//!     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let cluster = redlock_testkit::Cluster::start(3).await;
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::time::Duration;
+//! use redlock_scheduler::{History, Job, JobContext, Redlock, Scheduler};
+//!
+//! let redlock = Redlock::builder()
+//!     .nodes(cluster.urls())
+//! #   .restart_quarantine(false) // the kit's nodes are seconds old
 //!     .build()?;
-//! assert_eq!(redlock.quorum(), 2);
-//! # Ok::<(), redlock_core::ConfigError>(())
+//! let history = History::connect("sqlite:file:doc?mode=memory&cache=shared").await?;
+//! let runs = Arc::new(AtomicUsize::new(0));
+//! // Three replicas (in a real service: three processes) declare the same job.
+//! let mut replicas = Vec::new();
+//! for name in ["a", "b", "c"] {
+//!     let runs = runs.clone();
+//!     let scheduler = Scheduler::builder(redlock.clone())
+//!         .instance(name)
+//!         .history(history.clone())
+//!         .job(Job::new("every-second", "* * * * * *", move |_ctx: JobContext| {
+//!             let runs = runs.clone();
+//!             async move {
+//!                 runs.fetch_add(1, Ordering::SeqCst);
+//!                 Ok::<_, std::convert::Infallible>(())
+//!             }
+//!         }))
+//!         .build()?;
+//!     scheduler.start();
+//!     replicas.push(scheduler);
+//! }
+//! tokio::time::sleep(Duration::from_millis(3500)).await;
+//! for replica in &replicas {
+//!     replica.shutdown(Duration::from_secs(5)).await;
+//! }
+//! // Each tick ran once, on one replica, however many replicas there are.
+//! let rows = history.runs("every-second", 100).await?;
+//! assert_eq!(rows.len(), runs.load(Ordering::SeqCst));
+//! # Ok(())
+//! # }
 //! ```
 
-pub use redlock_core::Redlock;
+mod clock;
+mod error;
+mod job;
+mod leader;
+mod schedule;
+mod scheduler;
+mod status;
+mod store;
+
+pub use clock::{BoxFuture, Clock, ManualClock, SystemClock};
+pub use error::{BuildError, Error};
+pub use job::{BoxError, DEFAULT_GRACE, Job, JobContext, Misfire};
+pub use leader::{
+    DEFAULT_RETRY_INTERVAL, DEFAULT_TERM, LeaderElector, LeaderElectorBuilder, LeaderEvent,
+    Leadership,
+};
+pub use redlock_core::{CancellationToken, Redlock};
+pub use schedule::Schedule;
+pub use scheduler::{Scheduler, SchedulerBuilder};
+pub use status::{JobStatus, LastRun, SchedulerStatus};
+pub use store::{History, Outcome, Run};
+
+/// Re-exported for time zones and tick times.
+pub use chrono;
+pub use chrono_tz;

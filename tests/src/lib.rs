@@ -9,6 +9,7 @@
 //! - [`Proxy`]: a TCP proxy in front of a server whose link can be cut, black-holed or
 //!   delayed.
 //! - [`Cluster`]: N servers (optionally each behind a proxy) with their URLs.
+//! - [`Sandbox`]: a replica with its own runtime and proxies, to crash like a process.
 //! - [`SafetyLog`]: the safety checker (overlapping holds, non-increasing fencing
 //!   tokens), and [`run_faults`]: a random fault schedule on a minority of nodes.
 //!
@@ -32,11 +33,13 @@
 pub mod checker;
 pub mod faults;
 mod proxy;
+mod sandbox;
 mod server;
 
 pub use checker::{Hold, SafetyLog, Violation};
 pub use faults::{FaultKind, FaultReport, run_faults};
 pub use proxy::{LinkState, Proxy};
+pub use sandbox::Sandbox;
 pub use server::{Persistence, RedisServer, ServerOptions};
 
 /// N independent Redis masters, each optionally reached through its own [`Proxy`].

@@ -34,12 +34,18 @@ struct Setup {
 }
 
 fn client(urls: Vec<String>, setup: &Setup) -> Redlock {
+    client_waking(urls, setup, true)
+}
+
+/// `wake`: wait for releases in the queue (hand-overs), or retry on a timer only.
+fn client_waking(urls: Vec<String>, setup: &Setup, wake: bool) -> Redlock {
     Redlock::builder()
         .nodes(urls)
         .ttl(setup.ttl)
         .node_timeout(setup.node_timeout)
         .fencing(setup.fencing)
         .restart_quarantine(setup.quarantine)
+        .wake_on_release(wake)
         .retry(
             RetryPolicy::deadline(Duration::from_secs(5))
                 .with_delay(Duration::from_millis(1), Duration::from_millis(3)),
@@ -65,7 +71,9 @@ async fn hold_once(redlock: &Redlock, client: usize, log: &SafetyLog) -> Result<
 }
 
 /// `clients` clients with `tasks` tasks each take the resource until `target` holds are
-/// recorded. Returns how many lock calls failed (no quorum while faults ran).
+/// recorded. Half the clients wait in the queue (woken by hand-overs), half retry on a
+/// short timer, so both paths, and a queue that timer clients keep running into, are
+/// checked. Returns how many lock calls failed (no quorum while faults ran).
 async fn contend(
     urls: &[String],
     setup: &Setup,
@@ -77,7 +85,7 @@ async fn contend(
     let failures = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::new();
     for c in 0..clients {
-        let redlock = client(urls.to_vec(), setup);
+        let redlock = client_waking(urls.to_vec(), setup, c % 2 == 0);
         while !redlock.ready().await {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

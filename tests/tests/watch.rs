@@ -248,3 +248,37 @@ async fn release_wakes_a_waiter_at_once() {
     );
     assert!(attempts >= 2);
 }
+
+/// A watched lock whose watchdog's runtime shuts down is no longer extended: it is
+/// declared lost at once (its token fires), instead of looking held until it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watchdog_dropped_with_its_runtime_declares_its_locks_lost() {
+    let cluster = Cluster::start(3).await;
+    let urls = cluster.urls();
+    let other = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let token = other
+        .spawn(async move {
+            let redlock = Redlock::builder()
+                .nodes(urls)
+                .restart_quarantine(false)
+                .ttl(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            let mut lock = redlock.lock("runtime-bound").await.unwrap();
+            lock.auto_extend();
+            let token = lock.cancellation_token();
+            std::mem::forget(lock); // the holder lives on; the runtime does not
+            token
+        })
+        .await
+        .unwrap();
+    assert!(!token.is_cancelled());
+    other.shutdown_background();
+    tokio::time::timeout(Duration::from_secs(2), token.cancelled())
+        .await
+        .expect("the lock is declared lost when its watchdog goes");
+}

@@ -1,168 +1,271 @@
-//! The README's main job: competing clients on one resource, and proof that they never
-//! overlapped.
+//! The README's main job: three scheduler replicas share two cron jobs; the leader is
+//! killed mid-run and comes back; every tick runs exactly once.
 //!
 //! ```text
 //! cargo run --release -p redlock-examples --bin demo
 //! ```
 //!
-//! Starts 5 local `redis-server` nodes (unless `REDLOCK_NODES` lists some, comma-separated),
-//! then 5 independent clients (separate connections, like 5 replicas of a service) with
-//! 4 tasks each contend for one account. Each holder does a read-modify-write on a shared
-//! balance with a pause in between: without mutual exclusion updates would be lost. With
-//! local nodes, one node is frozen (`SIGSTOP`) for a second mid-run to show that a
-//! minority fault does not stop the lock.
+//! Starts 5 local `redis-server` nodes (unless `REDLOCK_NODES` lists plain `redis://`
+//! nodes, comma-separated), then 3 replicas of one service in this process, each in a
+//! sandbox of its own (own runtime, own links to the nodes), declaring the same jobs: one
+//! every second, one every 5 seconds, with the run history in a SQLite file. Mid-run the
+//! leader is killed like a process (links cut, tasks dropped, nothing released); a
+//! follower takes over when its lock expires and catches up the ticks missed meanwhile;
+//! the killed replica is then started again and joins as a follower.
 //!
-//! Prints acquisitions, contention, wait times, and the overlap check; exits non-zero if
-//! any two holds overlapped or an update was lost.
+//! Prints one line per tick from the history table (replica, lag, outcome) and ends with
+//! `N ticks, each ran exactly once, fail-over took X ms`, computed from the history;
+//! exits non-zero if a tick ran twice or not at all.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlock_core::{Redlock, RetryPolicy};
+use chrono::{DateTime, Utc};
+use redlock_core::Redlock;
 use redlock_examples::Nodes;
-use tokio::sync::Mutex;
+use redlock_scheduler::{History, Job, JobContext, Misfire, Outcome, Run, Scheduler};
+use redlock_testkit::Sandbox;
 
-const CLIENTS: usize = 5;
-const TASKS: usize = 4;
-const PER_TASK: usize = 25;
-const RESOURCE: &str = "demo:account:42";
+const LEADER_TTL: Duration = Duration::from_secs(2);
+const JOBS: [(&str, &str, u64); 2] = [
+    ("every-second", "* * * * * *", 50),
+    ("every-5s", "*/5 * * * * *", 300),
+];
 
-struct Hold {
-    client: usize,
-    start: Instant,
-    end: Instant,
-    waited: Duration,
-    attempts: u32,
+/// What each handler saw: (job, tick ms) → replicas that ran it.
+type Record = Arc<Mutex<HashMap<(String, i64), Vec<String>>>>;
+
+struct Replica {
+    name: String,
+    sandbox: Sandbox,
+    scheduler: Scheduler,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn start_replica(
+    name: &str,
+    servers: &[SocketAddr],
+    history: &str,
+    record: &Record,
+) -> Result<Replica, BoxError> {
+    let sandbox = Sandbox::start_with(servers).await;
+    let (urls, history, record, instance) = (
+        sandbox.urls(),
+        history.to_owned(),
+        Arc::clone(record),
+        name.to_owned(),
+    );
+    let scheduler = sandbox
+        .run(async move {
+            let redlock = Redlock::builder().nodes(urls).ttl(LEADER_TTL).build()?;
+            // Fresh local nodes sit in restart quarantine for the max TTL.
+            redlock_examples::wait_until_ready(&redlock).await;
+            let mut builder = Scheduler::builder(redlock)
+                .name("demo")
+                .instance(instance)
+                .leader_ttl(LEADER_TTL)
+                .history(History::connect(&history).await?);
+            for (job, cron, work_ms) in JOBS {
+                let record = Arc::clone(&record);
+                builder = builder.job(
+                    Job::new(job, cron, move |ctx: JobContext| {
+                        let record = Arc::clone(&record);
+                        async move {
+                            record
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .entry((ctx.job().to_owned(), ctx.tick().timestamp_millis()))
+                                .or_default()
+                                .push(ctx.instance().to_owned());
+                            tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                            Ok::<_, std::convert::Infallible>(())
+                        }
+                    })
+                    // Ticks missed during a fail-over run late rather than never.
+                    .misfire(Misfire::CatchUp { max: 10 }),
+                );
+            }
+            let scheduler = builder.build()?;
+            scheduler.start();
+            Ok::<_, BoxError>(scheduler)
+        })
+        .await?;
+    Ok(Replica {
+        name: name.to_owned(),
+        sandbox,
+        scheduler,
+    })
+}
+
+fn leader(replicas: &[Replica]) -> Option<usize> {
+    replicas
+        .iter()
+        .position(|r| !r.sandbox.is_crashed() && r.scheduler.leadership().is_some())
+}
+
+async fn wait_for_leader(replicas: &[Replica]) -> usize {
+    loop {
+        if let Some(i) = leader(replicas) {
+            return i;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), BoxError> {
     redlock_examples::init_tracing();
     let nodes = Nodes::from_env_or_start(5).await;
-    let urls = nodes.urls();
-
-    let clients: Vec<Redlock> = (0..CLIENTS)
-        .map(|_| {
-            Redlock::builder()
-                .nodes(urls.clone())
-                .ttl(Duration::from_secs(2))
-                .node_timeout(Duration::from_millis(50))
-                .retry(
-                    RetryPolicy::deadline(Duration::from_secs(30))
-                        .with_delay(Duration::from_millis(2), Duration::from_millis(8)),
-                )
-                .build()
-        })
-        .collect::<Result<_, _>>()?;
+    let servers = nodes.addrs();
+    let dir = tempfile::tempdir()?;
+    let history_url = format!("sqlite://{}", dir.path().join("history.db").display());
+    let history = History::connect(&history_url).await?;
+    let record: Record = Arc::default();
     println!(
-        "redlock demo: {} (quorum {}), {CLIENTS} clients x {TASKS} tasks contend for `{RESOURCE}`",
-        nodes.describe(),
-        clients[0].quorum()
+        "redlock demo: {}, 3 scheduler replicas, jobs every second and every 5 s, history in SQLite",
+        nodes.describe()
     );
-    for client in &clients {
-        redlock_examples::wait_until_ready(client).await;
-    }
 
-    // The "account" lives outside Redis; the lock is all that protects it.
-    let balance = Arc::new(AtomicU64::new(0));
-    let holds = Arc::new(Mutex::new(Vec::new()));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for (c, redlock) in clients.iter().enumerate() {
-        for _ in 0..TASKS {
-            let (redlock, balance, holds) = (redlock.clone(), balance.clone(), holds.clone());
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..PER_TASK {
-                    let asked = Instant::now();
-                    let lock = redlock.lock(RESOURCE).await?;
-                    let start = Instant::now();
-                    // Read, think, write: a lost update if anyone else ran meanwhile.
-                    let read = balance.load(Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    balance.store(read + 1, Ordering::SeqCst);
-                    let end = Instant::now();
-                    if end >= lock.valid_until() {
-                        return Err(format!("held past validity by client {c}").into());
-                    }
-                    holds.lock().await.push(Hold {
-                        client: c,
-                        start,
-                        end,
-                        waited: start - asked,
-                        attempts: lock.attempts(),
-                    });
-                    lock.release().await?;
-                }
-                Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
-            }));
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        replicas.push(start_replica(name, &servers, &history_url, &record).await?);
+    }
+    let first = wait_for_leader(&replicas).await;
+    let started = Utc::now();
+    println!("  replica {} leads", replicas[first].name);
+    tokio::time::sleep(Duration::from_secs(7)).await;
+
+    // Kill the leader like a process: no release, its lock must expire.
+    let dead = wait_for_leader(&replicas).await;
+    let dead_name = replicas[dead].name.clone();
+    replicas[dead].sandbox.crash();
+    let killed = Instant::now();
+    println!("  killed the leader, replica {dead_name}");
+    let next = wait_for_leader(&replicas).await;
+    println!(
+        "  replica {} leads after {} ms (leadership TTL {} ms)",
+        replicas[next].name,
+        killed.elapsed().as_millis(),
+        LEADER_TTL.as_millis()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    replicas[dead] = start_replica(&dead_name, &servers, &history_url, &record).await?;
+    println!("  replica {dead_name} restarted, following");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for replica in replicas.iter().filter(|r| !r.sandbox.is_crashed()) {
+        let scheduler = replica.scheduler.clone();
+        replica
+            .sandbox
+            .run(async move { scheduler.shutdown(Duration::from_secs(5)).await })
+            .await;
+    }
+    let ended = Utc::now();
+
+    // The report, from the history table.
+    let rows = history.runs_between(started, ended).await?;
+    println!(
+        "\n{:<24} {:<13} {:<8} {:>8}  outcome",
+        "tick (UTC)", "job", "replica", "lag ms"
+    );
+    for run in &rows {
+        let lag = run.started.map_or(String::from("-"), |s| {
+            (s - run.tick).num_milliseconds().to_string()
+        });
+        println!(
+            "{:<24} {:<13} {:<8} {:>8}  {}{}",
+            run.tick.format("%H:%M:%S%.3f"),
+            run.job,
+            run.instance,
+            lag,
+            run.outcome.as_str(),
+            run.error
+                .as_deref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default()
+        );
+    }
+    let problems = check(&rows, &record, &dead_name, started, ended);
+    let failover = failover_ms(&rows, &dead_name);
+    if !problems.is_empty() {
+        for problem in &problems {
+            eprintln!("VIOLATION: {problem}");
         }
-    }
-
-    // A minority fault mid-run: freeze one node for a second.
-    if let Nodes::Local(cluster) = &nodes {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        cluster.node(2).pause();
-        println!(
-            "  t={:>5} ms  node 3 of 5 frozen (SIGSTOP)",
-            started.elapsed().as_millis()
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        cluster.node(2).resume();
-        println!(
-            "  t={:>5} ms  node 3 of 5 resumed",
-            started.elapsed().as_millis()
-        );
-    }
-    for task in tasks {
-        task.await?.map_err(|e| e.to_string())?;
-    }
-    let elapsed = started.elapsed();
-
-    let mut holds = std::mem::take(&mut *holds.lock().await);
-    holds.sort_by_key(|h| h.start);
-    let overlaps = holds.windows(2).filter(|w| w[1].start < w[0].end).count();
-    let contended = holds.iter().filter(|h| h.attempts > 1).count();
-    let attempts: u64 = holds.iter().map(|h| u64::from(h.attempts)).sum();
-    let mut waits: Vec<Duration> = holds.iter().map(|h| h.waited).collect();
-    waits.sort_unstable();
-    let pct = |q: f64| waits[((waits.len() - 1) as f64 * q).round() as usize];
-    let mut per_client = [0usize; CLIENTS];
-    for h in &holds {
-        per_client[h.client] += 1;
-    }
-    let expected = (CLIENTS * TASKS * PER_TASK) as u64;
-    let final_balance = balance.load(Ordering::SeqCst);
-
-    println!(
-        "acquisitions:       {} in {:.2} s ({:.0}/s)",
-        holds.len(),
-        elapsed.as_secs_f64(),
-        holds.len() as f64 / elapsed.as_secs_f64()
-    );
-    println!(
-        "contention:         {contended} acquisitions had to retry; {attempts} attempts in all"
-    );
-    println!(
-        "wait for the lock:  p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-        ms(pct(0.5)),
-        ms(pct(0.99)),
-        ms(pct(1.0))
-    );
-    println!("per client:         {per_client:?}");
-    println!(
-        "balance:            {final_balance} of {expected} increments (lost updates: {})",
-        expected - final_balance.min(expected)
-    );
-    println!("overlapping holds:  {overlaps}");
-    if overlaps > 0 || final_balance != expected {
-        println!("MUTUAL EXCLUSION VIOLATED");
         std::process::exit(1);
     }
-    println!("ok: every hold was exclusive");
+    println!(
+        "\n{} ticks, each ran exactly once, fail-over took {} ms",
+        rows.len(),
+        failover.map_or_else(|| "?".to_owned(), |ms| ms.to_string())
+    );
     Ok(())
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+/// Every tick of every job in the run (but its first and last seconds) has exactly one
+/// row, succeeded (or still `running` if the killed leader was running it), and was run
+/// by exactly that replica.
+fn check(
+    rows: &[Run],
+    record: &Record,
+    dead: &str,
+    started: DateTime<Utc>,
+    ended: DateTime<Utc>,
+) -> Vec<String> {
+    let record = record
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut problems = Vec::new();
+    for ((job, tick), replicas) in record.iter() {
+        if replicas.len() != 1 {
+            problems.push(format!("{job} tick {tick} ran on {replicas:?}"));
+        }
+    }
+    let by_tick: HashMap<(&str, i64), &Run> = rows
+        .iter()
+        .map(|r| ((r.job.as_str(), r.tick.timestamp_millis()), r))
+        .collect();
+    for (job, cron, _) in JOBS {
+        let Ok(schedule) = redlock_scheduler::Schedule::parse(cron, "UTC") else {
+            problems.push(format!("{job}: invalid cron {cron}"));
+            continue;
+        };
+        let from = started + chrono::Duration::seconds(1);
+        let to = ended - chrono::Duration::seconds(1);
+        for tick in schedule.ticks_between(from, to) {
+            let ms = tick.timestamp_millis();
+            match by_tick.get(&(job, ms)) {
+                None => problems.push(format!("{job} tick {tick} never ran")),
+                // Started by the leader that was killed: it ran once, cut short.
+                Some(run) if run.outcome == Outcome::Running && run.instance == dead => {}
+                Some(run) if run.outcome != Outcome::Succeeded => {
+                    problems.push(format!("{job} tick {tick}: {:?}", run.outcome));
+                }
+                Some(run) => {
+                    let ran = record.get(&(job.to_owned(), ms));
+                    if ran.map(|r| r.as_slice()) != Some(std::slice::from_ref(&run.instance)) {
+                        problems.push(format!(
+                            "{job} tick {tick}: history says {}, handler saw {ran:?}",
+                            run.instance
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// From the dead leader's last run to the first run of its successor (every-second job).
+fn failover_ms(rows: &[Run], dead: &str) -> Option<i64> {
+    let mut runs: Vec<&Run> = rows
+        .iter()
+        .filter(|r| r.job == "every-second" && r.started.is_some())
+        .collect();
+    runs.sort_by_key(|r| r.started);
+    runs.windows(2)
+        .rev()
+        .find(|pair| pair[0].instance == dead && pair[1].instance != dead)
+        .and_then(|pair| Some((pair[1].started? - pair[0].started?).num_milliseconds()))
 }

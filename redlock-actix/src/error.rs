@@ -1,0 +1,203 @@
+//! [`DistributedLockError`]: why a request did not get its lock, and its HTTP answer.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use actix_web::{HttpResponse, ResponseError};
+use redlock_core::problem::{self, Problem};
+
+use crate::key::BadKey;
+
+/// Why a request could not get (or release) its lock.
+///
+/// It implements [`ResponseError`]: the answer is an
+/// [RFC 9457](https://www.rfc-editor.org/rfc/rfc9457) `application/problem+json` body
+/// built by [`redlock_core::problem::Problem`] (the same answer as `redlock-tower`'s),
+/// with a `Retry-After` header when the client may retry:
+///
+/// | variant | status | `Retry-After` |
+/// | --- | --- | --- |
+/// | [`Busy`](Self::Busy) | 409 | the holder's remaining TTL (whole seconds, rounded up) |
+/// | [`Unavailable`](Self::Unavailable) | 503 | 1 s |
+/// | [`BadKey`](Self::BadKey) | 400 | none |
+/// | [`MissingConfig`](Self::MissingConfig), [`Misconfigured`](Self::Misconfigured), [`Background`](Self::Background) | 500 | none |
+///
+/// ```
+/// use actix_web::ResponseError;
+/// use redlock_actix::{BadKey, DistributedLockError};
+///
+/// let err = DistributedLockError::BadKey(BadKey::new("the order id is empty"));
+/// let response = err.error_response();
+/// assert_eq!(response.status(), 400);
+/// assert_eq!(response.headers().get("content-type").unwrap(), "application/problem+json");
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DistributedLockError {
+    /// Another holder has the lock ([`redlock_core::Error::Taken`]): 409 Conflict.
+    #[error(transparent)]
+    Busy(redlock_core::Error),
+
+    /// The lock service cannot decide: no quorum of nodes answered, or the lock was lost
+    /// or expired ([`redlock_core::Error::NoQuorum`], `Lost`, `Expired`): 503.
+    #[error(transparent)]
+    Unavailable(redlock_core::Error),
+
+    /// The request names no usable lock key (empty, too long, a missing header): 400.
+    #[error(transparent)]
+    BadKey(BadKey),
+
+    /// No [`DistributedLockConfig`](crate::DistributedLockConfig) is registered in
+    /// `app_data` for this route: 500.
+    #[error(
+        "no `redlock_actix::DistributedLockConfig` is registered for this route: add one with `.app_data(DistributedLockConfig::new(redlock))` on the App, scope or resource (as a plain value, not wrapped in `web::Data`)"
+    )]
+    MissingConfig,
+
+    /// The lock call was rejected as invalid ([`redlock_core::Error::Config`], e.g. a TTL
+    /// the client does not accept): 500.
+    #[error(transparent)]
+    Misconfigured(redlock_core::Error),
+
+    /// The background task taking or releasing the lock did not finish (the runtime given
+    /// with [`DistributedLockConfig::runtime`](crate::DistributedLockConfig::runtime) was
+    /// shut down, or the task panicked): 500.
+    #[error("the lock's background task failed: {0}")]
+    Background(String),
+}
+
+impl From<redlock_core::Error> for DistributedLockError {
+    /// Sorts a core error by the answer it gets: `Taken` is busy, `Config` a
+    /// misconfiguration, anything else (no quorum, lost, expired) unavailable.
+    fn from(err: redlock_core::Error) -> Self {
+        match err {
+            redlock_core::Error::Taken { .. } => Self::Busy(err),
+            redlock_core::Error::Config(_) => Self::Misconfigured(err),
+            _ => Self::Unavailable(err),
+        }
+    }
+}
+
+impl From<BadKey> for DistributedLockError {
+    fn from(err: BadKey) -> Self {
+        Self::BadKey(err)
+    }
+}
+
+impl DistributedLockError {
+    /// The HTTP description of this error (status, `Retry-After`, body), from
+    /// [`redlock_core::problem`], so that every integration answers alike.
+    pub fn problem(&self) -> Problem {
+        match self {
+            Self::Busy(err) | Self::Unavailable(err) | Self::Misconfigured(err) => {
+                Problem::from_error(err)
+            }
+            Self::BadKey(err) => Problem::bad_key(err.to_string()),
+            Self::MissingConfig | Self::Background(_) => Problem::misconfigured(self.to_string()),
+        }
+    }
+}
+
+impl ResponseError for DistributedLockError {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.problem().status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        problem_response(&self.problem())
+    }
+}
+
+/// An `application/problem+json` response for `problem`, with `Retry-After` when it
+/// has one.
+pub fn problem_response(problem: &Problem) -> HttpResponse {
+    let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::build(status);
+    response.insert_header((
+        CONTENT_TYPE,
+        HeaderValue::from_static(problem::CONTENT_TYPE),
+    ));
+    if let Some(secs) = problem.retry_after_secs() {
+        response.insert_header((RETRY_AFTER, HeaderValue::from(secs)));
+    }
+    response.body(problem.to_json())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use actix_web::body::MessageBody;
+
+    use super::*;
+
+    fn parts(err: &DistributedLockError) -> (u16, Option<String>, String, String) {
+        let response = err.error_response();
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .map(|v: &HeaderValue| v.to_str().unwrap_or_default().to_owned())
+        };
+        let (retry_after, content_type) = (header(RETRY_AFTER), header(CONTENT_TYPE));
+        let status = response.status().as_u16();
+        let body = response.into_body().try_into_bytes().unwrap_or_default();
+        (
+            status,
+            retry_after,
+            content_type.unwrap_or_default(),
+            String::from_utf8_lossy(&body).into_owned(),
+        )
+    }
+
+    #[test]
+    fn busy_is_409_with_the_holders_remaining_time() {
+        let err = DistributedLockError::from(redlock_core::Error::Taken {
+            resource: "order:42".into(),
+            nodes: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            total: 3,
+            attempts: 1,
+            retry_after: Some(Duration::from_millis(1200)),
+        });
+        assert!(matches!(err, DistributedLockError::Busy(_)));
+        let (status, retry_after, content_type, body) = parts(&err);
+        assert_eq!(status, 409);
+        assert_eq!(retry_after.as_deref(), Some("2"));
+        assert_eq!(content_type, "application/problem+json");
+        assert!(body.contains(r#""status":409"#), "{body}");
+        assert!(body.contains("order:42"), "{body}");
+    }
+
+    #[test]
+    fn no_quorum_is_503_with_a_retry_after() {
+        let err = DistributedLockError::from(redlock_core::Error::NoQuorum {
+            resource: "order:42".into(),
+            needed: 2,
+            total: 3,
+            failures: Vec::new(),
+        });
+        assert!(matches!(err, DistributedLockError::Unavailable(_)));
+        let (status, retry_after, _, body) = parts(&err);
+        assert_eq!(status, 503);
+        assert_eq!(retry_after.as_deref(), Some("1"));
+        assert!(body.contains(r#""status":503"#), "{body}");
+    }
+
+    #[test]
+    fn missing_config_is_500_naming_the_type() {
+        let (status, retry_after, content_type, body) = parts(&DistributedLockError::MissingConfig);
+        assert_eq!(status, 500);
+        assert_eq!(retry_after, None);
+        assert_eq!(content_type, "application/problem+json");
+        assert!(body.contains("DistributedLockConfig"), "{body}");
+    }
+
+    #[test]
+    fn bad_key_is_400() {
+        let (status, retry_after, _, body) = parts(&DistributedLockError::BadKey(BadKey::new(
+            "the id is empty",
+        )));
+        assert_eq!(status, 400);
+        assert_eq!(retry_after, None);
+        assert!(body.contains("the id is empty"), "{body}");
+    }
+}

@@ -1,0 +1,230 @@
+//! [`LockGuard`]: a held lock, and [`LockedBody`]: a response body that keeps it.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use actix_web::body::{BodySize, MessageBody};
+use actix_web::web::Bytes;
+use redlock_core::{CancellationToken, Lock, LockHandle, Released};
+use tokio::runtime::Handle;
+
+use crate::error::DistributedLockError;
+
+/// The cluster-wide lock a request holds, auto-extended by the client's watchdog while
+/// it lives, and released when it is dropped (in the background) or by
+/// [`release`](Self::release).
+///
+/// Check [`is_held`](Self::is_held) before a protected write, or stop the work when
+/// [`lost`](Self::lost) completes / the [`cancellation_token`](Self::cancellation_token)
+/// is cancelled: a lock can be lost (a majority of nodes unreachable for longer than the
+/// TTL allows), and then another replica may take it.
+pub struct LockGuard {
+    /// `Some` until released or dropped.
+    lock: Option<Lock>,
+    handle: LockHandle,
+    acquired: Instant,
+    /// Where the client's calls run (see `DistributedLockConfig::runtime`).
+    runtime: Handle,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("resource", &self.resource())
+            .field("held", &self.is_held())
+            .field("validity", &self.validity())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(lock: Lock, runtime: Handle) -> Self {
+        Self {
+            handle: lock.handle(),
+            acquired: lock.acquired_at(),
+            lock: Some(lock),
+            runtime,
+        }
+    }
+
+    /// The locked resource: the configuration's prefix followed by the key.
+    pub fn resource(&self) -> &str {
+        self.handle.resource()
+    }
+
+    /// Whether the lock is still ours: valid, and not declared lost by the watchdog.
+    pub fn is_held(&self) -> bool {
+        self.handle.is_held()
+    }
+
+    /// The validity left (the watchdog moves it forward); zero once it ran out.
+    pub fn validity(&self) -> Duration {
+        self.handle.validity()
+    }
+
+    /// How long the lock has been held.
+    pub fn held_for(&self) -> Duration {
+        self.acquired.elapsed()
+    }
+
+    /// The fencing token, if the lock was taken with fencing on
+    /// ([`DistributedLockConfig::fencing`](crate::DistributedLockConfig::fencing)): pass it
+    /// with every write to the protected resource, which refuses older tokens.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.handle.fencing_token()
+    }
+
+    /// Completes when the lock is lost (declared lost by the watchdog, or its validity
+    /// ran out).
+    pub async fn lost(&self) {
+        self.handle.lost().await;
+    }
+
+    /// A token cancelled when the lock is lost; hand it to the protected work.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.handle.cancellation_token()
+    }
+
+    /// A cheap, cloneable, `Send` view of the lock (resource, token, validity, loss) for
+    /// work spawned elsewhere. It does not keep the lock.
+    pub fn handle(&self) -> LockHandle {
+        self.handle.clone()
+    }
+
+    /// Keeps this guard (and so the lock) until `body` has been sent: see
+    /// [`LockedBody`].
+    pub fn hold_during<B: MessageBody>(self, body: B) -> LockedBody<B> {
+        LockedBody::new(body, self)
+    }
+
+    /// Releases the lock now, and says whether it was still held by a majority.
+    ///
+    /// # Errors
+    ///
+    /// [`DistributedLockError::Unavailable`] if too few nodes answered (the lock then
+    /// ends at its TTL); [`DistributedLockError::Background`] if the release task could
+    /// not run.
+    pub async fn release(mut self) -> Result<Released, DistributedLockError> {
+        let Some(lock) = self.lock.take() else {
+            return Err(DistributedLockError::Background(
+                "the lock was already released".into(),
+            ));
+        };
+        let resource = self.resource().to_owned();
+        let held_ms = self.held_for().as_millis() as u64;
+        let lost = !self.handle.is_held();
+        let released = self
+            .runtime
+            .spawn(async move { lock.release().await })
+            .await
+            .map_err(|err| DistributedLockError::Background(err.to_string()))?;
+        match released {
+            Ok(released) => {
+                if lost || !released.was_held() {
+                    tracing::warn!(key = %resource, held_ms, "lock released after it was lost: another holder may have overlapped");
+                } else {
+                    tracing::debug!(key = %resource, held_ms, "lock released");
+                }
+                Ok(released)
+            }
+            Err(err) => {
+                tracing::warn!(key = %resource, held_ms, error = %err, "lock release failed: it ends at its TTL");
+                Err(err.into())
+            }
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let Some(lock) = self.lock.take() else {
+            return;
+        };
+        let resource = self.resource().to_owned();
+        let held_ms = self.held_for().as_millis() as u64;
+        if !self.handle.is_held() {
+            tracing::warn!(key = %resource, held_ms, "the lock was lost before the request finished");
+        }
+        // On the background runtime: the release must not depend on this worker's.
+        self.runtime.spawn(async move {
+            match lock.release().await {
+                Ok(released) => {
+                    tracing::debug!(key = %resource, held_ms, was_held = released.was_held(), "lock released");
+                }
+                Err(err) => {
+                    tracing::warn!(key = %resource, held_ms, error = %err, "lock release failed: it ends at its TTL");
+                }
+            }
+        });
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that holds a [`LockGuard`] until it has been produced: the lock is
+    /// released when the body ends (its last chunk or an error) or is dropped (the
+    /// client went away).
+    ///
+    /// Made by [`LockGuard::hold_during`]; [`LockMiddleware`](crate::LockMiddleware) wraps
+    /// every response body in one.
+    ///
+    /// ```
+    /// use actix_web::{HttpResponse, web};
+    /// use futures_util::stream;
+    /// use redlock_actix::DistributedLock;
+    ///
+    /// async fn export(lock: DistributedLock<web::Path<u64>>) -> HttpResponse {
+    ///     let (account, guard) = lock.into_parts();
+    ///     let rows = stream::iter((0..3).map(move |i| {
+    ///         Ok::<_, std::convert::Infallible>(web::Bytes::from(format!("{account},{i}\n")))
+    ///     }));
+    ///     // The lock is held until the last row has been sent.
+    ///     HttpResponse::Ok().body(guard.hold_during(actix_web::body::BodyStream::new(rows)))
+    /// }
+    /// ```
+    pub struct LockedBody<B> {
+        #[pin]
+        body: B,
+        guard: Option<LockGuard>,
+    }
+}
+
+impl<B> std::fmt::Debug for LockedBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockedBody")
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> LockedBody<B> {
+    /// `body`, holding `guard` until it ends.
+    pub fn new(body: B, guard: LockGuard) -> Self {
+        Self {
+            body,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl<B: MessageBody> MessageBody for LockedBody<B> {
+    type Error = B::Error;
+
+    fn size(&self) -> BodySize {
+        self.body.size()
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        let this = self.project();
+        let next = this.body.poll_next(cx);
+        if matches!(next, Poll::Ready(None | Some(Err(_)))) {
+            // The body is complete (or failed): release now rather than when the
+            // response is dropped.
+            drop(this.guard.take());
+        }
+        next
+    }
+}

@@ -1,0 +1,174 @@
+//! The wait queue: a released lock goes to the client that has waited longest.
+//!
+//! Every waiter joins it, whatever it waits for (one resource or several) and however it
+//! waits: a client that hears releases (wake on release) is handed the lock for a short
+//! time in which it comes at once; one that only retries on its timer is handed it until
+//! its next retry, so that nobody starves.
+//!
+//! Without it, a release wakes every waiter at once: they race, split the nodes' votes
+//! so that none reaches a majority, back off, and the releaser (which asks again at
+//! once) wins most of the time. So each resource has, on each node, a queue of waiters
+//! ordered by when they began waiting. A waiter joins it on its second attempt (its
+//! first failed one told it the lock is busy); a queued attempt that finds the lock busy
+//! refreshes its place, which is kept for a little longer than the waiter's retry delay.
+//!
+//! A release hands the lock over to the head of the queue instead of deleting it: the key
+//! then holds `~<waiter id>` for a short hand-over time, during which only that waiter
+//! can take it (everyone else's `SET NX` fails), and the waiter's id is published on the
+//! key's channel, so that it, and only it, retries at once. Every node orders the queue
+//! the same way (the same start time and id everywhere), so the hand-overs of one release
+//! name the same waiter on every node and the votes do not split.
+//!
+//! This is about speed and fairness only: the lock is still taken by `SET`-if-free (or if
+//! handed to us) on a majority, and a hand-over is never a grant. A waiter that dies
+//! blocks the resource for at most the hand-over time; one that gives up leaves the
+//! queues (and passes on a hand-over it did not take). Lock keys that expire are not
+//! handed over: the waiters' retry timers pick them up.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::RngExt;
+
+use crate::client::Shared;
+use crate::quorum::{Fanout, OpKind, Target};
+
+/// How long a released lock stays reserved for the waiter it was handed to: long
+/// enough for the release message to reach it and its attempt to come back, short
+/// enough that a waiter that died meanwhile costs little.
+pub(crate) fn handoff_time(ttl: Duration) -> Duration {
+    Duration::from_millis(25).min(ttl / 2)
+}
+
+/// One waiter's place in a resource's queues.
+#[derive(Debug, Clone)]
+pub(crate) struct Waiter {
+    /// Random, unique per acquisition request, then `:` and how long (ms) a hand-over to
+    /// this waiter is reserved for it.
+    pub(crate) id: String,
+    /// The key's value while a lock is handed over to this waiter.
+    pub(crate) placeholder: String,
+    /// When it began waiting (ms since the Unix epoch): its place in the queue.
+    pub(crate) since_ms: u64,
+    /// How long a node keeps its place after its last attempt (ms).
+    pub(crate) keep_ms: u64,
+}
+
+impl Waiter {
+    /// A new waiter whose attempts come at most `max_delay` apart. A `listening` one
+    /// (it hears its hand-overs) gets a hand-over reserved for `handoff`; one that only
+    /// retries on its timer (wake-on-release off, pooled nodes) gets it reserved until
+    /// its next attempt, so that it is not starved by the listening ones.
+    pub(crate) fn new(
+        max_delay: Duration,
+        node_timeout: Duration,
+        listening: bool,
+        handoff: Duration,
+    ) -> Self {
+        let hold = if listening {
+            handoff
+        } else {
+            max_delay + node_timeout + Duration::from_millis(10)
+        };
+        let id = format!(
+            "{:016x}:{}",
+            rand::rng().random::<u64>(),
+            hold.as_millis().max(1)
+        );
+        let since_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let keep = (max_delay * 2 + node_timeout).max(Duration::from_millis(100));
+        Self {
+            placeholder: format!("~{id}"),
+            id,
+            since_ms,
+            keep_ms: u64::try_from(keep.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// A queued waiter; when dropped (the request got its lock, gave up, or was cancelled),
+/// leaves the queues on the listed nodes in the background.
+pub(crate) struct QueueGuard {
+    shared: Arc<Shared>,
+    target: Arc<Target>,
+    /// Nodes to leave: all of them until the lock is granted.
+    nodes: Option<Vec<usize>>,
+}
+
+impl QueueGuard {
+    pub(crate) fn new(shared: &Arc<Shared>, keys: &[String], waiter: Waiter) -> Self {
+        let target = Target {
+            keys: keys.to_vec(),
+            fence_keys: Vec::new(),
+            value: waiter.placeholder.clone(),
+            handoff_ms: shared.handoff_ms,
+            waiter: Some(waiter),
+        };
+        Self {
+            shared: Arc::clone(shared),
+            target: Arc::new(target),
+            nodes: None,
+        }
+    }
+
+    pub(crate) fn waiter(&self) -> Option<&Waiter> {
+        self.target.waiter.as_ref()
+    }
+
+    /// The lock was granted: the nodes that granted it removed us from their queues;
+    /// only the `refused` ones (the others) may still hold our place.
+    pub(crate) fn granted(&mut self, refused: Vec<usize>) {
+        self.nodes = Some(refused);
+    }
+}
+
+impl Drop for QueueGuard {
+    fn drop(&mut self) {
+        if self.nodes.as_ref().is_some_and(Vec::is_empty) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (shared, target, nodes) = (
+            Arc::clone(&self.shared),
+            Arc::clone(&self.target),
+            self.nodes.take(),
+        );
+        handle.spawn(async move {
+            Fanout::start(&shared, &target, OpKind::Dequeue, nodes.as_deref())
+                .until_done()
+                .await;
+        });
+    }
+}
+
+/// The lock keys, then their queues, then the queues' deadlines (the release script's
+/// `KEYS`).
+pub(crate) fn with_queues(keys: &[String]) -> Vec<String> {
+    let mut all = keys.to_vec();
+    all.extend(keys.iter().map(|k| queue_key(k)));
+    all.extend(keys.iter().map(|k| deadlines_key(k)));
+    all
+}
+
+/// A queued attempt's `KEYS`: the lock keys, their queues, their queues' deadlines, the
+/// fence counters (if any).
+pub(crate) fn waiter_keys(keys: &[String], fence_keys: &[String]) -> Vec<String> {
+    let mut all = with_queues(keys);
+    all.extend(fence_keys.iter().cloned());
+    all
+}
+
+/// The wait queue of a lock key (a sorted set: waiter id by the time it began waiting).
+/// Same hash tag as the key.
+fn queue_key(key: &str) -> String {
+    format!("{key}:queue")
+}
+
+/// When each waiter's place in the queue expires (a sorted set: waiter id by deadline).
+fn deadlines_key(key: &str) -> String {
+    format!("{key}:queue:until")
+}

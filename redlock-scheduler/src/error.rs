@@ -1,0 +1,81 @@
+//! Errors: what went wrong and what to do next.
+
+/// A job definition or scheduler option that cannot work, reported by
+/// [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) with the offending input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A job has an empty (or blank) name: give it a unique one.
+    #[error("a job has an empty name: give every job a unique, non-empty name")]
+    EmptyName,
+
+    /// Two jobs share a name: names identify ticks and history rows, so they must be
+    /// unique.
+    #[error("job name `{name}` is used twice: job names must be unique")]
+    DuplicateJob {
+        /// The repeated name.
+        name: String,
+    },
+
+    /// A job's cron expression or time zone is invalid.
+    #[error("job `{job}`: invalid schedule `{expression}` ({reason})")]
+    InvalidSchedule {
+        /// The job.
+        job: String,
+        /// The expression (and zone) as given.
+        expression: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// An option is out of range.
+    #[error("{what}: {reason}")]
+    InvalidOption {
+        /// The option (and job, if it is a job's).
+        what: String,
+        /// Why it cannot work.
+        reason: String,
+    },
+}
+
+/// An error of a running scheduler or of its history store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The run history database failed. Check the database; the scheduler keeps going
+    /// with the Redis claims alone until it answers again.
+    #[error("run history: {0}")]
+    Store(#[from] sqlx::Error),
+
+    /// A lock operation failed (no quorum of Redis nodes, say).
+    #[error(transparent)]
+    Lock(#[from] redlock_core::Error),
+
+    /// No job has this name.
+    #[error("no job named `{name}`")]
+    UnknownJob {
+        /// The name asked for.
+        name: String,
+    },
+
+    /// The tick was already claimed (run, running or skipped) by some replica.
+    #[error("job `{job}`: the tick {tick} is already claimed")]
+    AlreadyClaimed {
+        /// The job.
+        job: String,
+        /// The tick (RFC 3339).
+        tick: String,
+    },
+
+    /// Only the leader runs jobs, manual triggers included: call this on the leader
+    /// (named if known).
+    #[error("this replica does not lead{}; trigger the job on the leader", leader.as_deref().map(|l| format!(" (`{l}` does)")).unwrap_or_default())]
+    NotLeader {
+        /// The leading replica, if known.
+        leader: Option<String>,
+    },
+
+    /// The scheduler is shutting down or shut down.
+    #[error("the scheduler is shut down")]
+    ShutDown,
+}

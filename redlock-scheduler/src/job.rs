@@ -1,0 +1,193 @@
+//! A job: a name, a schedule, a handler, and what to do about missed ticks, overlaps and
+//! runs that take too long.
+//!
+//! ```
+//! use std::time::Duration;
+//! use redlock_scheduler::{Job, JobContext, Misfire};
+//!
+//! let job = Job::new("invoices", "0 */5 * * * *", |ctx: JobContext| async move {
+//!     // The tick this run is for (not "now"), and the token to fence writes with.
+//!     println!("{} for {} with token {}", ctx.job(), ctx.tick(), ctx.fencing_token());
+//!     Ok::<_, std::io::Error>(())
+//! })
+//! .time_zone("Europe/Paris")
+//! .misfire(Misfire::CatchUp { max: 3 })
+//! .timeout(Duration::from_secs(60));
+//! assert_eq!(job.name(), "invoices");
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redlock_core::CancellationToken;
+
+use crate::clock::BoxFuture;
+
+/// The error type a handler may return.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub(crate) type Handler =
+    Arc<dyn Fn(JobContext) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
+
+/// What a run is told.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    pub(crate) job: Arc<str>,
+    pub(crate) tick: DateTime<Utc>,
+    pub(crate) fencing_token: u64,
+    pub(crate) instance: Arc<str>,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) manual: bool,
+}
+
+impl JobContext {
+    /// The job's name.
+    pub fn job(&self) -> &str {
+        &self.job
+    }
+
+    /// The scheduled tick this run is for: the planned time, not the time it started.
+    pub fn tick(&self) -> DateTime<Utc> {
+        self.tick
+    }
+
+    /// A token strictly greater than that of every earlier leadership: pass it along with
+    /// writes and have the target reject writes carrying an older one, so that a replica
+    /// that lost leadership without noticing (a long pause) cannot overwrite newer work.
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// The replica running it.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Fires when the run must stop: leadership lost, the tick's claim lost, the job's
+    /// timeout reached, or shutdown past its deadline. Stop promptly when it does; the
+    /// run is dropped a short grace time later.
+    pub fn cancellation_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Completes when [`cancellation_token`](Self::cancellation_token) fires.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await;
+    }
+
+    /// Started by [`Scheduler::trigger`](crate::Scheduler::trigger), not by the schedule.
+    pub fn is_manual(&self) -> bool {
+        self.manual
+    }
+}
+
+/// What to do with ticks that were missed (no replica led, or the leader was late).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "policy")]
+#[non_exhaustive]
+pub enum Misfire {
+    /// Do not run them.
+    #[default]
+    Skip,
+    /// Run the latest missed tick once (unless a tick is due on time anyway).
+    RunOnce,
+    /// Run up to `max` missed ticks, the latest ones, oldest first.
+    CatchUp {
+        /// How many missed ticks to run at most.
+        max: u32,
+    },
+}
+
+/// One job definition. Every replica must declare the same jobs (same names and
+/// schedules).
+#[derive(Clone)]
+pub struct Job {
+    pub(crate) name: String,
+    pub(crate) expression: String,
+    pub(crate) zone: String,
+    pub(crate) handler: Handler,
+    pub(crate) misfire: Misfire,
+    pub(crate) grace: Duration,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl fmt::Debug for Job {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Job")
+            .field("name", &self.name)
+            .field("expression", &self.expression)
+            .field("zone", &self.zone)
+            .field("misfire", &self.misfire)
+            .field("grace", &self.grace)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default misfire grace window: ticks missed longer ago are forgotten.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
+
+impl Job {
+    /// A job named `name` running `handler` on the cron `expression` (5 fields, or 6 with
+    /// seconds first), in UTC unless [`time_zone`](Self::time_zone) says otherwise. The
+    /// expression is checked by [`SchedulerBuilder::build`](crate::SchedulerBuilder::build).
+    pub fn new<F, Fut, E>(
+        name: impl Into<String>,
+        expression: impl Into<String>,
+        handler: F,
+    ) -> Self
+    where
+        F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        let handler: Handler = Arc::new(move |ctx| {
+            let run = handler(ctx);
+            Box::pin(async move { run.await.map_err(Into::into) })
+        });
+        Self {
+            name: name.into(),
+            expression: expression.into(),
+            zone: "UTC".to_owned(),
+            handler,
+            misfire: Misfire::default(),
+            grace: DEFAULT_GRACE,
+            timeout: None,
+        }
+    }
+
+    /// The IANA time zone the expression is read in (default `UTC`); see
+    /// [`Schedule`](crate::Schedule) for the DST behaviour.
+    pub fn time_zone(mut self, zone: impl Into<String>) -> Self {
+        self.zone = zone.into();
+        self
+    }
+
+    /// What to do with missed ticks (default [`Misfire::Skip`]).
+    pub fn misfire(mut self, misfire: Misfire) -> Self {
+        self.misfire = misfire;
+        self
+    }
+
+    /// How old a missed tick may be and still count (default 60 s); older ones are
+    /// forgotten. Without a history store it is also capped by how long the Redis claims
+    /// can be kept (the `Redlock`'s maximum TTL).
+    pub fn misfire_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Cancels a run that takes longer (through its token), records it as timed out.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}

@@ -1,0 +1,347 @@
+//! Leader election over a lock: one replica leads, the others wait to take over.
+//!
+//! Each replica campaigns for one lock. The winner keeps it auto-extended (a leadership
+//! *term*, then it steps down and campaigns again) and gets a [`Leadership`] with a
+//! fencing *epoch*: strictly greater than every earlier leader's. The others wait in the
+//! lock's queue: a leader that steps down (or shuts down) hands the lock over to the
+//! longest waiter at once; one that dies is replaced once its lock expires, within the
+//! TTL plus one retry interval.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let cluster = redlock_testkit::Cluster::start(3).await;
+//! use std::time::Duration;
+//! use redlock_scheduler::{LeaderElector, Redlock};
+//!
+//! let redlock = Redlock::builder()
+//!     .nodes(cluster.urls())
+//! #   .restart_quarantine(false) // the kit's nodes are seconds old
+//!     .build()?;
+//! let elector = LeaderElector::builder(redlock, "reports")
+//!     .instance("replica-a")
+//!     .ttl(Duration::from_secs(2))
+//!     .on_elected(|l| println!("{} leads with epoch {}", l.instance(), l.epoch()))
+//!     .start();
+//! let leadership = elector.elected().await;
+//! assert!(leadership.epoch() >= 1);
+//! elector.shutdown().await; // hands leadership over at once
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redlock_core::{CancellationToken, Error as LockError, Redlock, RetryPolicy};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+type Callback = Arc<dyn Fn(&Leadership) + Send + Sync>;
+
+/// This replica leads: what it needs to know.
+#[derive(Debug, Clone)]
+pub struct Leadership {
+    instance: Arc<str>,
+    epoch: u64,
+    since: DateTime<Utc>,
+    lost: CancellationToken,
+    ended: CancellationToken,
+}
+
+impl Leadership {
+    /// This replica's id.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The fencing epoch: strictly greater than every earlier leadership's.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// When it was won (wall clock).
+    pub fn since(&self) -> DateTime<Utc> {
+        self.since
+    }
+
+    /// Fires when leadership is lost against our will (the lock could not be extended
+    /// on a majority: Redis unreachable, or this process stalled). Work done as leader
+    /// must stop.
+    pub fn lost_token(&self) -> &CancellationToken {
+        &self.lost
+    }
+
+    /// Fires when leadership ends for any reason: lost, or given up (term over,
+    /// shutdown).
+    pub fn ended_token(&self) -> &CancellationToken {
+        &self.ended
+    }
+
+    /// Still leading.
+    pub fn is_current(&self) -> bool {
+        !self.ended.is_cancelled()
+    }
+}
+
+/// What changed, as seen by [`LeaderElector::subscribe`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum LeaderEvent {
+    /// Not leading (at start, or after leadership ended).
+    Follower,
+    /// This replica leads.
+    Elected(Leadership),
+}
+
+/// Builds a [`LeaderElector`].
+#[must_use = "a builder does nothing until `start()`"]
+pub struct LeaderElectorBuilder {
+    redlock: Redlock,
+    name: String,
+    instance: Option<String>,
+    ttl: Option<Duration>,
+    term: Duration,
+    retry_interval: Duration,
+    on_elected: Vec<Callback>,
+    on_lost: Vec<Callback>,
+}
+
+impl fmt::Debug for LeaderElectorBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderElectorBuilder")
+            .field("name", &self.name)
+            .field("instance", &self.instance)
+            .field("ttl", &self.ttl)
+            .field("term", &self.term)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default leadership term: then the leader steps down and campaigns again.
+pub const DEFAULT_TERM: Duration = Duration::from_secs(600);
+
+/// The default interval between campaign attempts while the leader's lock stands.
+pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_millis(100);
+
+impl LeaderElectorBuilder {
+    /// This replica's id (default: a random one).
+    pub fn instance(mut self, instance: impl Into<String>) -> Self {
+        self.instance = Some(instance.into());
+        self
+    }
+
+    /// The leadership lock's TTL (default: the `Redlock`'s): how long a dead leader
+    /// blocks the others at most.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long one leadership lasts before the leader steps down, handing over to the
+    /// longest waiting replica, and campaigns again (default 10 minutes). Bounds how
+    /// long any one process holds the lock.
+    pub fn term(mut self, term: Duration) -> Self {
+        self.term = term;
+        self
+    }
+
+    /// How often followers retry while the leader's lock stands (default 100 ms: every 50
+    /// to 100 ms). A graceful hand-over wakes them at once anyway.
+    pub fn retry_interval(mut self, interval: Duration) -> Self {
+        self.retry_interval = interval;
+        self
+    }
+
+    /// Called (on the election task) when this replica becomes leader.
+    pub fn on_elected(mut self, f: impl Fn(&Leadership) + Send + Sync + 'static) -> Self {
+        self.on_elected.push(Arc::new(f));
+        self
+    }
+
+    /// Called when this replica's leadership ends (lost or given up); see
+    /// [`Leadership::lost_token`] to tell which.
+    pub fn on_lost(mut self, f: impl Fn(&Leadership) + Send + Sync + 'static) -> Self {
+        self.on_lost.push(Arc::new(f));
+        self
+    }
+
+    /// Starts campaigning on the current tokio runtime.
+    pub fn start(self) -> LeaderElector {
+        let instance: Arc<str> = self
+            .instance
+            .unwrap_or_else(crate::scheduler::random_instance)
+            .into();
+        let (events, _) = watch::channel(LeaderEvent::Follower);
+        let events = Arc::new(events);
+        let stop = CancellationToken::new();
+        let campaign = Campaign {
+            redlock: self.redlock,
+            resource: self.name,
+            instance: Arc::clone(&instance),
+            ttl: self.ttl,
+            term: self.term,
+            retry_interval: self.retry_interval,
+            on_elected: self.on_elected,
+            on_lost: self.on_lost,
+            events: Arc::clone(&events),
+            stop: stop.clone(),
+        };
+        let task = tokio::spawn(campaign.run());
+        LeaderElector {
+            instance,
+            events,
+            stop,
+            task: tokio::sync::Mutex::new(Some(task)),
+        }
+    }
+}
+
+/// A running election: this replica campaigns until [`shutdown`](Self::shutdown).
+#[derive(Debug)]
+pub struct LeaderElector {
+    instance: Arc<str>,
+    events: Arc<watch::Sender<LeaderEvent>>,
+    stop: CancellationToken,
+    task: tokio::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl LeaderElector {
+    /// An elector for the lock `name` (every replica of one service must use the same).
+    pub fn builder(redlock: Redlock, name: impl Into<String>) -> LeaderElectorBuilder {
+        LeaderElectorBuilder {
+            redlock,
+            name: name.into(),
+            instance: None,
+            ttl: None,
+            term: DEFAULT_TERM,
+            retry_interval: DEFAULT_RETRY_INTERVAL,
+            on_elected: Vec::new(),
+            on_lost: Vec::new(),
+        }
+    }
+
+    /// This replica's id.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The current leadership, if this replica leads.
+    pub fn leadership(&self) -> Option<Leadership> {
+        match &*self.events.borrow() {
+            LeaderEvent::Elected(l) if l.is_current() => Some(l.clone()),
+            _ => None,
+        }
+    }
+
+    /// The events, as a `watch` receiver: the current state, then every change.
+    pub fn subscribe(&self) -> watch::Receiver<LeaderEvent> {
+        self.events.subscribe()
+    }
+
+    /// Waits until this replica leads.
+    pub async fn elected(&self) -> Leadership {
+        let mut rx = self.events.subscribe();
+        loop {
+            if let LeaderEvent::Elected(l) = &*rx.borrow_and_update()
+                && l.is_current()
+            {
+                return l.clone();
+            }
+            if rx.changed().await.is_err() {
+                // The campaign ended: wait forever, like a follower.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Stops campaigning; a leader hands the lock over to the longest waiting replica
+    /// at once. Returns when done.
+    pub async fn shutdown(&self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.lock().await.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for LeaderElector {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+struct Campaign {
+    redlock: Redlock,
+    resource: String,
+    instance: Arc<str>,
+    ttl: Option<Duration>,
+    term: Duration,
+    retry_interval: Duration,
+    on_elected: Vec<Callback>,
+    on_lost: Vec<Callback>,
+    events: Arc<watch::Sender<LeaderEvent>>,
+    stop: CancellationToken,
+}
+
+impl Campaign {
+    async fn run(self) {
+        let ttl = self.ttl.unwrap_or_else(|| self.redlock.default_ttl());
+        // Retries come at most one interval apart.
+        let half = self.retry_interval / 2;
+        let retry = RetryPolicy::deadline(ttl.max(Duration::from_secs(1))).with_delay(half, half);
+        while !self.stop.is_cancelled() {
+            let acquire = self
+                .redlock
+                .lock(&self.resource)
+                .ttl(ttl)
+                .fencing(true)
+                .retry(retry);
+            let mut lock = tokio::select! {
+                result = acquire => match result {
+                    Ok(lock) => lock,
+                    Err(LockError::Taken { .. }) => continue,
+                    Err(err) => {
+                        tracing::warn!(election = %self.resource, error = %err, "campaign failed; retrying");
+                        tokio::select! {
+                            () = tokio::time::sleep(self.retry_interval) => continue,
+                            () = self.stop.cancelled() => break,
+                        }
+                    }
+                },
+                () = self.stop.cancelled() => break,
+            };
+            lock.auto_extend_for(self.term + ttl);
+            let leadership = Leadership {
+                instance: Arc::clone(&self.instance),
+                epoch: lock.fencing_token().unwrap_or(0),
+                since: Utc::now(),
+                lost: CancellationToken::new(),
+                ended: CancellationToken::new(),
+            };
+            tracing::info!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "elected leader");
+            self.events
+                .send_replace(LeaderEvent::Elected(leadership.clone()));
+            self.on_elected.iter().for_each(|f| f(&leadership));
+
+            let lost = tokio::select! {
+                () = lock.lost() => true,
+                () = tokio::time::sleep(self.term) => false,
+                () = self.stop.cancelled() => false,
+            };
+            if lost {
+                tracing::warn!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "leadership lost");
+                leadership.lost.cancel();
+            } else {
+                tracing::info!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "stepping down");
+            }
+            leadership.ended.cancel();
+            self.events.send_replace(LeaderEvent::Follower);
+            self.on_lost.iter().for_each(|f| f(&leadership));
+            // A release hands the lock to the longest waiting replica.
+            let _ = lock.release().await;
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The wait queue: a released lock goes to the client that has waited longest, against
+//! real redis-server nodes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redlock_core::{Error, Redlock, RetryPolicy};
+use redlock_testkit::Cluster;
+
+mod common;
+use common::settle_keys;
+
+/// A client whose fallback retry delay is long (1 s): only a wake-up or a hand-over can
+/// make it quick.
+fn slow_retry_client(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .restart_quarantine(false) // fresh nodes: see common/mod.rs
+        .ttl(Duration::from_secs(5))
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(20))
+                .with_delay(Duration::from_secs(1), Duration::ZERO),
+        )
+        .build()
+        .unwrap()
+}
+
+/// Waiters get the lock in the order they began waiting, each right after the previous
+/// holder's release (not after its 1 s retry delay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_get_the_lock_in_arrival_order() {
+    let cluster = Cluster::start(5).await;
+    let holder = slow_retry_client(&cluster);
+    let lock = holder.lock("fifo").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let (redlock, order) = (slow_retry_client(&cluster), Arc::clone(&order));
+        waiters.push(tokio::spawn(async move {
+            let lock = redlock.lock("fifo").await.unwrap();
+            order.lock().unwrap().push((i, Instant::now()));
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            lock.release().await.unwrap();
+        }));
+        // Each one waits (is queued) before the next one comes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let released_at = Instant::now();
+    lock.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let ids: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3], "acquisition order");
+    // Four hand-overs, each after a 30 ms hold: far below one 1 s retry delay.
+    let last = order.last().unwrap().1 - released_at;
+    assert!(last < Duration::from_millis(800), "took {last:?}");
+    settle_keys(&cluster, "redlock:*", 0).await;
+}
+
+/// A release hands the lock over to the queued waiter: a newcomer asking right after the
+/// release does not get it, the waiter does. (Without the hand-over the newcomer, asking
+/// at once, would beat the waiter, which first has to hear of the release.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_does_not_overtake_the_queue() {
+    let cluster = Cluster::start(3).await;
+    let (holder, waiter, newcomer) = (
+        slow_retry_client(&cluster),
+        slow_retry_client(&cluster),
+        slow_retry_client(&cluster),
+    );
+    let lock = holder.lock("queue").await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let lock = waiter.lock("queue").await.unwrap();
+        let attempts = lock.attempts();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        lock.release().await.unwrap();
+        attempts
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = lock.release().await.unwrap();
+    assert!(released.was_held());
+    match newcomer.try_lock("queue").await {
+        Err(Error::Taken { .. }) => {}
+        other => panic!("the newcomer overtook the queued waiter: {other:?}"),
+    }
+    // The waiter: a first attempt that found it busy, one that queued it, one that took
+    // the hand-over (not a fallback retry: that would come after 1 s and fail the test
+    // by the deadline above... or count more attempts).
+    assert_eq!(waiting.await.unwrap(), 3);
+}
+
+/// A waiter that gives up, or whose request is dropped, leaves the queue: the next
+/// release frees the lock for anyone at once instead of reserving it for the gone
+/// waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_leaves_is_not_handed_the_lock() {
+    let cluster = Cluster::start(3).await;
+    let (holder, waiter, newcomer) = (
+        slow_retry_client(&cluster),
+        slow_retry_client(&cluster),
+        slow_retry_client(&cluster),
+    );
+    let lock = holder.lock("leave").await.unwrap();
+
+    // Gives up after its deadline.
+    let err = waiter
+        .lock("leave")
+        .retry(RetryPolicy::deadline(Duration::from_millis(150)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Taken { .. }), "{err}");
+    // Dropped while waiting.
+    let dropped = tokio::time::timeout(Duration::from_millis(150), waiter.lock("leave")).await;
+    assert!(dropped.is_err(), "should still be waiting");
+
+    // Both left the queues on every node: only the lock key is left.
+    settle_keys(&cluster, "redlock:{leave}:*", 0).await;
+    lock.release().await.unwrap();
+    let free = newcomer.try_lock("leave").await.unwrap();
+    free.release().await.unwrap();
+}
+
+/// Clients that cannot hear hand-overs (wake on release off) and multi-resource waiters
+/// wait in the same queue and get their turn while listening clients keep the resource
+/// busy, instead of starving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_only_and_multi_resource_waiters_are_not_starved() {
+    let cluster = Cluster::start(3).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        let (redlock, stop) = (slow_retry_client(&cluster), Arc::clone(&stop));
+        busy.push(tokio::spawn(async move {
+            let mut holds = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let lock = redlock.lock("hot").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                lock.release().await.unwrap();
+                holds += 1;
+            }
+            holds
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let timer_only = Redlock::builder()
+        .nodes(cluster.urls())
+        .restart_quarantine(false)
+        .wake_on_release(false)
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(3))
+                .with_delay(Duration::from_millis(10), Duration::from_millis(10)),
+        )
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let lock = timer_only
+            .lock("hot")
+            .await
+            .expect("timer-only waiter starved");
+        lock.release().await.unwrap();
+        let many = slow_retry_client(&cluster)
+            .lock_many(["hot", "cold"])
+            .retry(RetryPolicy::deadline(Duration::from_secs(3)))
+            .await
+            .expect("multi-resource waiter starved");
+        many.release().await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in busy {
+        assert!(task.await.unwrap() > 0, "every busy client held the lock");
+    }
+}
