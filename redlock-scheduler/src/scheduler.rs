@@ -156,6 +156,7 @@ impl SchedulerBuilder {
                 job,
                 paused: AtomicBool::new(false),
                 running: AtomicBool::new(false),
+                catching_up: AtomicBool::new(false),
                 last: Mutex::new(None),
                 idle: tokio::sync::Notify::new(),
             });
@@ -263,6 +264,8 @@ struct JobState {
     paused: AtomicBool,
     /// A run of this job is going on this replica (overlap policy).
     running: AtomicBool,
+    /// That run is for a missed tick (catch-up).
+    catching_up: AtomicBool,
     /// The last run this replica saw end.
     last: Mutex<Option<LastRun>>,
     /// Notified when a run ends.
@@ -358,7 +361,13 @@ impl Scheduler {
                 leader: self.leader().await,
             });
         };
-        let tick = inner.clock.now();
+        // Millisecond precision, like the history's.
+        let now = inner.clock.now();
+        let mut tick = DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now);
+        if tick.timestamp_subsec_millis() == 0 {
+            // Not the key of a scheduled tick (those are whole seconds).
+            tick += chrono::Duration::milliseconds(1);
+        }
         match inner
             .claim(state, tick, &leadership, Outcome::Running, None)
             .await?
@@ -623,11 +632,10 @@ impl Inner {
                     .unwrap_or(false),
                 None => false,
             };
-        // Catch-up runs of one batch go one after the other (the overlap rule is for a
-        // run still going from before).
-        let mut ran_in_batch = false;
         for &tick in due {
-            if ran_in_batch {
+            // Catch-up runs go one after the other, and the next tick waits for them:
+            // the overlap rule is for a run that takes longer than its interval.
+            if state.catching_up.load(Ordering::Acquire) {
                 tokio::select! {
                     () = state.wait_idle() => {}
                     () = leadership.ended_token().cancelled() => return,
@@ -656,8 +664,10 @@ impl Inner {
             };
             match self.claim(state, tick, leadership, outcome, skip).await {
                 Ok(Some(claim)) if skip.is_none() => {
+                    state
+                        .catching_up
+                        .store(on_time != Some(tick), Ordering::Release);
                     self.spawn_run(state, tick, claim, leadership.clone(), false);
-                    ran_in_batch = true;
                 }
                 Ok(Some(claim)) => {
                     tracing::info!(job = %state.job.name, %tick, reason = skip, "tick skipped");
@@ -787,6 +797,10 @@ impl Inner {
                     return;
                 };
                 let (outcome, error) = inner.run(state, tick, claim, &leadership, manual).await;
+                // The run is over (the overlap rule is about runs, not their records).
+                state.running.store(false, Ordering::Release);
+                state.catching_up.store(false, Ordering::Release);
+                state.idle.notify_waiters();
                 match outcome {
                     Outcome::Succeeded => tracing::info!("run succeeded"),
                     _ => tracing::warn!(
@@ -809,8 +823,6 @@ impl Inner {
                     tracing::warn!(error = %err, "could not record the run's outcome");
                 }
                 inner.remember(state, tick, outcome, error);
-                state.running.store(false, Ordering::Release);
-                state.idle.notify_waiters();
             }
             .instrument(span),
         );

@@ -202,6 +202,13 @@ impl History {
             })
             .connect(&url)
             .await?;
+        if sqlite && !memory && !url.contains("mode=memory") {
+            // Readers do not block the writer (and the other way round): replicas and
+            // their status queries share the file. The mode is stored in the file.
+            sqlx::query("PRAGMA journal_mode = WAL")
+                .execute(&pool)
+                .await?;
+        }
         let history = Self { pool };
         history.migrate().await?;
         Ok(history)
