@@ -394,7 +394,7 @@ impl<'a> Acquire<'a> {
                     }
                     // Busy: from now on, wait in the queue. (Listening for releases, the
                     // holder may have released while we subscribed: try again at once.)
-                    (None, None, AttemptFailure::Taken { .. }) => {
+                    (None, None, AttemptFailure::Taken { .. }) if shared.wakeups.is_some() => {
                         (subscription, queue) = join_queue(&shared, &keys, &retry).await;
                         if subscription.is_none() {
                             tokio::time::sleep(delay).await;
@@ -431,28 +431,29 @@ impl<'a> IntoFuture for Acquire<'a> {
     }
 }
 
-/// Takes a place in the wait queues of `keys` (see `queue.rs`), listening for releases
-/// if wake on release is on and a node listens.
+/// Listens for releases of `keys` and takes a place in their wait queues (see
+/// `queue.rs`). A client that cannot listen (wake on release off, or no node answers)
+/// does not queue: a hand-over it would not hear would only hold the lock idle. It
+/// retries on its timer and takes the lock when it finds it free, as in the plain
+/// algorithm.
 async fn join_queue(
     shared: &Arc<Shared>,
     keys: &[String],
     retry: &RetryPolicy,
 ) -> (Option<Subscription>, Option<QueueGuard>) {
-    let handoff = Duration::from_millis(shared.handoff_ms);
-    let mut waiter = Waiter::new(retry.max_delay(), shared.node_timeout, true, handoff);
-    let subscription = match &shared.wakeups {
-        Some(wakeups) => {
-            let id = Some(waiter.id.clone());
-            Some(wakeups.subscribe(keys, id, shared.node_timeout).await)
-        }
-        None => None,
+    let Some(wakeups) = &shared.wakeups else {
+        return (None, None);
     };
-    // A hand-over nobody hears is reserved until the waiter's next timed retry instead.
-    let subscription = subscription.filter(Subscription::listening);
-    if subscription.is_none() {
-        waiter = Waiter::new(retry.max_delay(), shared.node_timeout, false, handoff);
+    let handoff = Duration::from_millis(shared.handoff_ms);
+    let waiter = Waiter::new(retry.max_delay(), shared.node_timeout, handoff);
+    let subscription = wakeups
+        .subscribe(keys, Some(waiter.id.clone()), shared.node_timeout)
+        .await;
+    if !subscription.listening() {
+        return (None, None);
     }
-    (subscription, Some(QueueGuard::new(shared, keys, waiter)))
+    let queue = QueueGuard::new(shared, keys, waiter);
+    (Some(subscription), Some(queue))
 }
 
 fn check_resources(resources: &[String]) -> Result<(), ConfigError> {

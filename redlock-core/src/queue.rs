@@ -1,9 +1,12 @@
 //! The wait queue: a released lock goes to the client that has waited longest.
 //!
-//! Every waiter joins it, whatever it waits for (one resource or several) and however it
-//! waits: a client that hears releases (wake on release) is handed the lock for a short
-//! time in which it comes at once; one that only retries on its timer is handed it until
-//! its next retry, so that nobody starves.
+//! Every waiter that hears releases (wake on release, the default) joins it, whatever it
+//! waits for (one resource or several). A client that cannot hear them (wake on release
+//! off, or pooled nodes, which have no subscriber) does not: a hand-over it would not
+//! hear would hold the lock idle until its next timed retry, slowing every contended
+//! resource to the pace of retry delays. It retries on its timer and takes the lock
+//! when it finds it free, as in the plain algorithm; under steady contention from
+//! queued clients it rarely does, so give all clients of a resource the same setting.
 //!
 //! Without it, a release wakes every waiter at once: they race, split the nodes' votes
 //! so that none reaches a majority, back off, and the releaser (which asks again at
@@ -55,25 +58,13 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    /// A new waiter whose attempts come at most `max_delay` apart. A `listening` one
-    /// (it hears its hand-overs) gets a hand-over reserved for `handoff`; one that only
-    /// retries on its timer (wake-on-release off, pooled nodes) gets it reserved until
-    /// its next attempt, so that it is not starved by the listening ones.
-    pub(crate) fn new(
-        max_delay: Duration,
-        node_timeout: Duration,
-        listening: bool,
-        handoff: Duration,
-    ) -> Self {
-        let hold = if listening {
-            handoff
-        } else {
-            max_delay + node_timeout + Duration::from_millis(10)
-        };
+    /// A new waiter whose attempts come at most `max_delay` apart; a hand-over to it is
+    /// reserved for `handoff`.
+    pub(crate) fn new(max_delay: Duration, node_timeout: Duration, handoff: Duration) -> Self {
         let id = format!(
             "{:016x}:{}",
             rand::rng().random::<u64>(),
-            hold.as_millis().max(1)
+            handoff.as_millis().max(1)
         );
         let since_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
