@@ -445,9 +445,17 @@ async fn join_queue(
         return (None, None);
     };
     let handoff = Duration::from_millis(shared.handoff_ms);
-    let waiter = Waiter::new(retry.max_delay(), shared.node_timeout, handoff);
+    let waiter = Waiter::new(
+        wakeups.client(),
+        retry.max_delay(),
+        shared.node_timeout,
+        handoff,
+    );
+    // The keys' channels (deletions) and this client's (hand-overs to its waiters).
+    let mut channels = keys.to_vec();
+    channels.push(crate::wake::client_channel(wakeups.client()));
     let subscription = wakeups
-        .subscribe(keys, Some(waiter.id.clone()), shared.node_timeout)
+        .subscribe(&channels, Some(waiter.id.clone()), shared.node_timeout)
         .await;
     if !subscription.listening() {
         return (None, None);

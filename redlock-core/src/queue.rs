@@ -46,8 +46,9 @@ pub(crate) fn handoff_time(ttl: Duration) -> Duration {
 /// One waiter's place in a resource's queues.
 #[derive(Debug, Clone)]
 pub(crate) struct Waiter {
-    /// Random, unique per acquisition request, then `:` and how long (ms) a hand-over to
-    /// this waiter is reserved for it.
+    /// `<client>.<random>:<ms>`: the client's id (its hand-overs are published on its
+    /// channel), random bits unique per acquisition request, and how long (ms) a
+    /// hand-over to this waiter is reserved for it.
     pub(crate) id: String,
     /// The key's value while a lock is handed over to this waiter.
     pub(crate) placeholder: String,
@@ -60,9 +61,14 @@ pub(crate) struct Waiter {
 impl Waiter {
     /// A new waiter whose attempts come at most `max_delay` apart; a hand-over to it is
     /// reserved for `handoff`.
-    pub(crate) fn new(max_delay: Duration, node_timeout: Duration, handoff: Duration) -> Self {
+    pub(crate) fn new(
+        client: &str,
+        max_delay: Duration,
+        node_timeout: Duration,
+        handoff: Duration,
+    ) -> Self {
         let id = format!(
-            "{:016x}:{}",
+            "{client}.{:016x}:{}",
             rand::rng().random::<u64>(),
             handoff.as_millis().max(1)
         );

@@ -14,7 +14,8 @@ use redis::Script;
 /// first live waiter of its queue, or deletes it. A hand-over stores `~<waiter>` in the
 /// key for the time the waiter's id ends with (`<random>:<ms>`; `ARGV[3]` ms if none):
 /// only that waiter may take it, nobody else's SET NX succeeds; and
-/// publishes the waiter's id on the key's channel; a deletion publishes an empty message
+/// publishes the waiter's id on its client's channel (`redlock-wake:<client>`, the part
+/// of the id before the `.`); a deletion publishes an empty message on the key's channel
 /// when `ARGV[2] == '1'` (a lock's release, or the cleanup of a failed attempt that had
 /// set keys), see `wake.rs`. With `ARGV[4]` not empty, first removes that waiter from the
 /// queues (a waiter leaving: with `ARGV[1] = '~' .. ARGV[4]` it also passes on a
@@ -54,7 +55,12 @@ for i = 1, n do
     if heir then
       local hold = tonumber(string.match(heir, ':(%d+)$') or ARGV[3])
       redis.call('SET', key, '~' .. heir, 'PX', hold)
-      redis.call('PUBLISH', key, heir)
+      local client = string.match(heir, '^(%x+)%.')
+      if client then
+        redis.call('PUBLISH', 'redlock-wake:' .. client, heir)
+      else
+        redis.call('PUBLISH', key, heir)
+      end
     else
       redis.call('DEL', key)
       if ARGV[2] == '1' then

@@ -8,7 +8,8 @@
 //! trips). Every release publishes on every node, so a waiter needs just one node to
 //! listen: it waits only until the first node confirms, and slow or dead nodes never
 //! hold it up. A release that hands the lock over to a queued waiter (see `queue.rs`)
-//! publishes that waiter's id: it alone is woken and retries at once. A release that
+//! publishes that waiter's id on its client's own channel (so no other process even
+//! receives it): it alone is woken and retries at once. A release that
 //! deletes the lock publishes an empty message, which wakes every waiter of the key;
 //! each then retries after a small random jitter, so that one of them usually reaches a
 //! majority first instead of all splitting the votes. A message that comes during a
@@ -70,6 +71,13 @@ pub(crate) struct Wakeups {
     nodes: Vec<Arc<Subscriber>>,
     channels: Arc<Mutex<Channels>>,
     next_id: AtomicU64,
+    /// This client's id: hand-overs to its waiters are published on its own channel.
+    client: String,
+}
+
+/// The channel hand-overs to the waiters of client `client` are published on.
+pub(crate) fn client_channel(client: &str) -> String {
+    format!("redlock-wake:{client}")
 }
 
 /// One node's subscriber connection, opened on first need and re-opened after it broke.
@@ -110,7 +118,13 @@ impl Wakeups {
                 .collect(),
             channels: Arc::new(Mutex::new(HashMap::new())),
             next_id: AtomicU64::new(0),
+            client: format!("{:016x}", rand::RngExt::random::<u64>(&mut rand::rng())),
         }
+    }
+
+    /// This client's id (hex).
+    pub(crate) fn client(&self) -> &str {
+        &self.client
     }
 
     /// Someone of this client waits, or waited in the last few seconds, for `key`: a new
