@@ -748,3 +748,40 @@ async fn rows_after(history: &History, job: &str, from: DateTime<Utc>) -> Vec<Ru
     )
     .await
 }
+
+/// A run past its job's timeout gets its token fired and is recorded as timed out; a
+/// failing handler is recorded as failed with its error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_and_failures_are_recorded() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let history = History::connect(&url).await.unwrap();
+    let (slow, failing) = (unique("slow"), unique("failing"));
+    let jobs = vec![
+        Job::new(&slow, "*/2 * * * * *", |ctx: JobContext| async move {
+            ctx.cancelled().await; // stops only when told to
+            Ok::<_, std::io::Error>(())
+        })
+        .timeout(Duration::from_millis(300)),
+        Job::new(&failing, "*/2 * * * * *", |_ctx: JobContext| async move {
+            Err::<(), _>(std::io::Error::other("disk full"))
+        }),
+    ];
+    let replica = Replica::start(&cluster, "solo", Some(url.clone()), jobs, |b| b).await;
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        let slow_runs = history.runs(&slow, 5).await.unwrap();
+        let failing_runs = history.runs(&failing, 5).await.unwrap();
+        let timed_out = slow_runs.iter().find(|r| r.outcome == Outcome::TimedOut);
+        let failed = failing_runs.iter().find(|r| r.outcome == Outcome::Failed);
+        if let (Some(timed_out), Some(failed)) = (timed_out, failed) {
+            let took = timed_out.finished.unwrap() - timed_out.started.unwrap();
+            assert!(took < chrono::Duration::milliseconds(1000), "{took:?}");
+            assert_eq!(failed.error.as_deref(), Some("disk full"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "{slow_runs:?} {failing_runs:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    replica.shutdown().await;
+}
