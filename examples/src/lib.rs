@@ -110,3 +110,61 @@ pub fn init_tracing() {
         )
         .init();
 }
+
+/// What the benchmark programs measure with: CPU time (this process, the Redis
+/// servers) and how results are printed.
+pub mod measure {
+    use std::time::Duration;
+
+    use redis::aio::MultiplexedConnection;
+
+    /// CPU time (user + system) of this process so far, from /proc (0 where unavailable).
+    pub fn process_cpu_secs() -> f64 {
+        let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+            return 0.0;
+        };
+        // Fields after the command name (which may contain spaces): utime is the 12th.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
+            return 0.0;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        (ticks(11) + ticks(12)) / 100.0 // USER_HZ is 100 on Linux
+    }
+
+    /// CPU time (user + system) of all the Redis servers so far, from `INFO cpu`.
+    pub async fn servers_cpu_secs(conns: &[MultiplexedConnection]) -> f64 {
+        let mut total = 0.0;
+        for conn in conns {
+            let mut conn = conn.clone();
+            let info: String = redis::cmd("INFO")
+                .arg("cpu")
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            for line in info.lines() {
+                if let Some((name, value)) = line.split_once(':')
+                    && (name == "used_cpu_user" || name == "used_cpu_sys")
+                {
+                    total += value.trim().parse::<f64>().unwrap_or(0.0);
+                }
+            }
+        }
+        total
+    }
+
+    /// "met" or "MISSED", for a target.
+    pub fn verdict(ok: bool) -> &'static str {
+        if ok { "met" } else { "MISSED" }
+    }
+
+    /// A duration in microseconds.
+    pub fn fmt_us(d: Duration) -> String {
+        format!("{} us", d.as_micros())
+    }
+}

@@ -22,6 +22,7 @@ use futures_util::future::try_join_all;
 use redis::aio::MultiplexedConnection;
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
+use redlock_examples::measure::{fmt_us, process_cpu_secs, servers_cpu_secs, verdict};
 
 /// The same compare-and-delete (and release notification) the library runs, for the
 /// raw-commands reference.
@@ -195,54 +196,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     drop(nodes);
     Ok(())
-}
-
-/// CPU time (user + system) of this process so far, from /proc (0 where unavailable).
-fn process_cpu_secs() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    // Fields after the command name (which may contain spaces): utime is the 12th.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0 // USER_HZ is 100 on Linux
-}
-
-/// CPU time (user + system) of all the servers so far, from `INFO cpu`.
-async fn servers_cpu_secs(conns: &[MultiplexedConnection]) -> f64 {
-    let mut total = 0.0;
-    for conn in conns {
-        let mut conn = conn.clone();
-        let info: String = redis::cmd("INFO")
-            .arg("cpu")
-            .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
-        for line in info.lines() {
-            if let Some((name, value)) = line.split_once(':')
-                && (name == "used_cpu_user" || name == "used_cpu_sys")
-            {
-                total += value.trim().parse::<f64>().unwrap_or(0.0);
-            }
-        }
-    }
-    total
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "met" } else { "MISSED" }
-}
-
-fn fmt_us(d: Duration) -> String {
-    format!("{} us", d.as_micros())
 }
 
 /// Watchdog scale: 10,000 watched locks held by one client with a 3 s TTL for

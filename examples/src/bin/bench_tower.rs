@@ -35,6 +35,7 @@ use axum::routing::get;
 use http_body_util::BodyExt;
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
+use redlock_examples::measure::{fmt_us, process_cpu_secs, servers_cpu_secs, verdict};
 use redlock_tower::LockLayer;
 use redlock_tower::extract::PathParam;
 use tower::{Layer, ServiceExt};
@@ -355,51 +356,4 @@ impl Stats {
             server_cpu_us: server_cpu_secs / n * 1e6,
         }
     }
-}
-
-/// CPU time (user + system) of all the Redis servers so far, from `INFO cpu`.
-async fn servers_cpu_secs(conns: &[redis::aio::MultiplexedConnection]) -> f64 {
-    let mut total = 0.0;
-    for conn in conns {
-        let mut conn = conn.clone();
-        let info: String = redis::cmd("INFO")
-            .arg("cpu")
-            .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
-        for line in info.lines() {
-            if let Some((name, value)) = line.split_once(':')
-                && (name == "used_cpu_user" || name == "used_cpu_sys")
-            {
-                total += value.trim().parse::<f64>().unwrap_or(0.0);
-            }
-        }
-    }
-    total
-}
-
-/// CPU time (user + system) of this process so far, from /proc (0 where unavailable).
-fn process_cpu_secs() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0 // USER_HZ is 100 on Linux
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "met" } else { "MISSED" }
-}
-
-fn fmt_us(d: Duration) -> String {
-    format!("{} us", d.as_micros())
 }
