@@ -29,6 +29,10 @@ use crate::store::{History, Outcome};
 /// A tick whose time passed less than this long ago is on time; older ones are missed.
 const ON_TIME: Duration = Duration::from_secs(1);
 
+/// A run starting this late is not "on time" for the overlap rule: the next tick waits
+/// for it instead of being skipped.
+const LATE: Duration = Duration::from_millis(100);
+
 /// How long a cancelled run may take to stop before it is dropped.
 const CANCEL_GRACE: Duration = Duration::from_secs(1);
 
@@ -157,6 +161,7 @@ impl SchedulerBuilder {
                 paused: AtomicBool::new(false),
                 running: AtomicBool::new(false),
                 catching_up: AtomicBool::new(false),
+                running_tick: Mutex::new(None),
                 last: Mutex::new(None),
                 idle: tokio::sync::Notify::new(),
             });
@@ -266,6 +271,8 @@ struct JobState {
     running: AtomicBool,
     /// That run is for a missed tick (catch-up).
     catching_up: AtomicBool,
+    /// The tick of that run.
+    running_tick: Mutex<Option<DateTime<Utc>>>,
     /// The last run this replica saw end.
     last: Mutex<Option<LastRun>>,
     /// Notified when a run ends.
@@ -633,8 +640,9 @@ impl Inner {
                 None => false,
             };
         for &tick in due {
-            // Catch-up runs go one after the other, and the next tick waits for them:
-            // the overlap rule is for a run that takes longer than its interval.
+            // Catch-up (and late) runs go one after the other, and the next tick waits
+            // for them: the overlap rule is for a run that takes longer than its
+            // interval, not for one that started late.
             if state.catching_up.load(Ordering::Acquire) {
                 tokio::select! {
                     () = state.wait_idle() => {}
@@ -651,12 +659,20 @@ impl Inner {
                 continue;
             }
             let skip = if paused {
-                Some("paused")
+                Some("paused".to_owned())
             } else if state.running.load(Ordering::Acquire) {
-                Some("the previous run is still going (overlap)")
+                let running = *state
+                    .running_tick
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                Some(format!(
+                    "the run of {} is still going (overlap)",
+                    running.map_or_else(|| "the previous tick".to_owned(), |t| t.to_rfc3339())
+                ))
             } else {
                 None
             };
+            let skip = skip.as_deref();
             let outcome = if skip.is_some() {
                 Outcome::Skipped
             } else {
@@ -664,9 +680,11 @@ impl Inner {
             };
             match self.claim(state, tick, leadership, outcome, skip).await {
                 Ok(Some(claim)) if skip.is_none() => {
-                    state
-                        .catching_up
-                        .store(on_time != Some(tick), Ordering::Release);
+                    // A run that starts late (a missed tick, or one a new leader came
+                    // to late) is waited for by the next tick rather than overlapped.
+                    let late = on_time != Some(tick)
+                        || (self.clock.now() - tick).to_std().unwrap_or_default() > LATE;
+                    state.catching_up.store(late, Ordering::Release);
                     self.spawn_run(state, tick, claim, leadership.clone(), false);
                 }
                 Ok(Some(claim)) => {
@@ -780,6 +798,10 @@ impl Inner {
             return;
         };
         state.running.store(true, Ordering::Release);
+        *state
+            .running_tick
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tick);
         let inner = Arc::clone(self);
         let lag_ms = (inner.clock.now() - tick).num_milliseconds();
         let span = tracing::info_span!(
