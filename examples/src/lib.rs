@@ -158,6 +158,15 @@ pub mod measure {
         total
     }
 
+    /// Sorts `samples` and returns their `q` quantiles (0.5 for the median), in order.
+    pub fn quantiles<const N: usize>(samples: &mut [Duration], q: [f64; N]) -> [Duration; N] {
+        samples.sort_unstable();
+        q.map(|q| {
+            let idx = ((samples.len() as f64 - 1.0) * q).round() as usize;
+            samples.get(idx).copied().unwrap_or_default()
+        })
+    }
+
     /// "met" or "MISSED", for a target.
     pub fn verdict(ok: bool) -> &'static str {
         if ok { "met" } else { "MISSED" }

@@ -22,7 +22,7 @@ use futures_util::future::try_join_all;
 use redis::aio::MultiplexedConnection;
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
-use redlock_examples::measure::{fmt_us, process_cpu_secs, servers_cpu_secs, verdict};
+use redlock_examples::measure::{fmt_us, process_cpu_secs, quantiles, servers_cpu_secs, verdict};
 
 /// The same compare-and-delete (and release notification) the library runs, for the
 /// raw-commands reference.
@@ -482,15 +482,11 @@ async fn measure(
 
 impl Stats {
     fn from(samples: &mut [Duration], spent: Duration) -> Self {
-        samples.sort_unstable();
-        let pick = |q: f64| {
-            let idx = ((samples.len() as f64 - 1.0) * q).round() as usize;
-            samples.get(idx).copied().unwrap_or_default()
-        };
+        let [p50, p99] = quantiles(samples, [0.50, 0.99]);
         Self {
             cycles_per_sec: samples.len() as f64 / spent.as_secs_f64(),
-            p50: pick(0.50),
-            p99: pick(0.99),
+            p50,
+            p99,
         }
     }
 }

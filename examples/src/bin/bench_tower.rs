@@ -35,7 +35,7 @@ use axum::routing::get;
 use http_body_util::BodyExt;
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
-use redlock_examples::measure::{fmt_us, process_cpu_secs, servers_cpu_secs, verdict};
+use redlock_examples::measure::{fmt_us, process_cpu_secs, quantiles, servers_cpu_secs, verdict};
 use redlock_tower::LockLayer;
 use redlock_tower::extract::PathParam;
 use tower::{Layer, ServiceExt};
@@ -342,16 +342,12 @@ impl Stats {
         cpu_secs: f64,
         server_cpu_secs: f64,
     ) -> Self {
-        samples.sort_unstable();
-        let pick = |q: f64| {
-            let idx = ((samples.len() as f64 - 1.0) * q).round() as usize;
-            samples.get(idx).copied().unwrap_or_default()
-        };
+        let [p50, p99] = quantiles(samples, [0.50, 0.99]);
         let n = samples.len().max(1) as f64;
         Self {
             per_sec: samples.len() as f64 / spent.as_secs_f64(),
-            p50: pick(0.50),
-            p99: pick(0.99),
+            p50,
+            p99,
             cpu_us: cpu_secs / n * 1e6,
             server_cpu_us: server_cpu_secs / n * 1e6,
         }
