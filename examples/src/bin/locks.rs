@@ -125,8 +125,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let contended = holds.iter().filter(|h| h.attempts > 1).count();
     let attempts: u64 = holds.iter().map(|h| u64::from(h.attempts)).sum();
     let mut waits: Vec<Duration> = holds.iter().map(|h| h.waited).collect();
-    waits.sort_unstable();
-    let pct = |q: f64| waits[((waits.len() - 1) as f64 * q).round() as usize];
+    let [p50, p99, max] = redlock_examples::measure::quantiles(&mut waits, [0.5, 0.99, 1.0]);
     let mut per_client = [0usize; CLIENTS];
     for h in &holds {
         per_client[h.client] += 1;
@@ -145,9 +144,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!(
         "wait for the lock:  p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-        ms(pct(0.5)),
-        ms(pct(0.99)),
-        ms(pct(1.0))
+        ms(p50),
+        ms(p99),
+        ms(max)
     );
     println!("per client:         {per_client:?}");
     println!(
