@@ -13,7 +13,7 @@ use tracing::Instrument;
 use crate::builder::RedlockBuilder;
 use crate::error::{ConfigError, Error};
 use crate::lock::{Granted, Lock, LockHandle};
-use crate::node::{Node, NodeStatus};
+use crate::node::{Command, Node, NodeStatus};
 use crate::queue::{QueueGuard, Waiter};
 use crate::quorum::{Fanout, NodeFuture, OpKind, Target, majority};
 use crate::retry::RetryPolicy;
@@ -528,13 +528,11 @@ impl AttemptFailure {
 /// `None` when fewer than a majority answer within the node timeout.
 async fn time_until_free(shared: &Shared, keys: &[String]) -> Option<Duration> {
     let queued = std::sync::atomic::AtomicBool::new(false);
-    let asks = shared.nodes.iter().map(|node| {
-        node.run(
-            crate::node::Op::Remaining { keys },
-            shared.node_timeout,
-            &queued,
-        )
-    });
+    let command = Command::new(crate::node::Op::Remaining { keys });
+    let asks = shared
+        .nodes
+        .iter()
+        .map(|node| node.run(&command, shared.node_timeout, &queued));
     let replies = futures_util::future::join_all(asks).await;
     let mut remaining: Vec<u64> = replies.into_iter().filter_map(Result::ok).collect();
     remaining.sort_unstable();
@@ -755,12 +753,7 @@ fn release_after(
 async fn release_one(shared: &Shared, target: &Target, index: usize) {
     if let Some(node) = shared.nodes.get(index) {
         let queued = std::sync::atomic::AtomicBool::new(false);
-        let _ = node
-            .run(
-                target.op(OpKind::Release { notify: false }),
-                shared.node_timeout,
-                &queued,
-            )
-            .await;
+        let command = Command::new(target.op(OpKind::Release { notify: false }));
+        let _ = node.run(&command, shared.node_timeout, &queued).await;
     }
 }

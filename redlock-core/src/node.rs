@@ -21,7 +21,7 @@ use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, RedisError, Script};
+use redis::{AsyncConnectionConfig, RedisError, Script, Value};
 
 use crate::error::NodeError;
 use crate::queue::{Waiter, waiter_keys, with_queues};
@@ -84,6 +84,103 @@ pub(crate) enum Op<'a> {
     /// The longest remaining TTL (ms) among the keys; 0 when none exists. Not a vote:
     /// it tells a waiter when the holder's lock ends at the latest.
     Remaining { keys: &'a [String] },
+}
+
+impl Op<'_> {
+    /// Whether the answer is a vote (a node in quarantine may not give one; a release
+    /// still runs there, it only deletes).
+    fn votes(&self) -> bool {
+        !matches!(self, Op::Release { .. } | Op::Remaining { .. })
+    }
+}
+
+/// One operation, ready to send: built once per fan-out and shared by the calls to every
+/// node, which then only pack and send it.
+pub(crate) struct Command {
+    cmd: redis::Cmd,
+    /// The script behind an `EVALSHA`: loaded again if a node answers NOSCRIPT.
+    script: Option<&'static Script>,
+    /// The answer is a vote.
+    votes: bool,
+}
+
+impl Command {
+    pub(crate) fn new(op: Op<'_>) -> Self {
+        let (cmd, script) = build(op);
+        Self {
+            cmd,
+            script,
+            votes: op.votes(),
+        }
+    }
+
+    /// Sends the command on `conn` and reads the answer: `SET`'s OK or nil as 1 or 0,
+    /// a script's number as it is (a negative or unexpected answer is 0, a no). A node
+    /// that lost its scripts (`SCRIPT FLUSH`) gets the script loaded again, then the
+    /// command once more.
+    async fn execute<C: Send1>(&self, conn: &mut C) -> Result<u64, RedisError> {
+        let reply = match conn.send1(&self.cmd).await.and_then(Value::extract_error) {
+            Err(err) if is_no_script(&err) => match self.script {
+                // Boxed: rare, and it would make every call's future bigger.
+                Some(script) => Box::pin(self.reload(script, conn)).await?,
+                None => return Err(err),
+            },
+            reply => reply?,
+        };
+        Ok(match reply {
+            Value::Int(n) => u64::try_from(n).unwrap_or(0),
+            Value::Okay => 1,
+            _ => 0,
+        })
+    }
+}
+
+impl Command {
+    /// Loads `script` on the node, then sends the command again.
+    async fn reload<C: Send1>(&self, script: &Script, conn: &mut C) -> Result<Value, RedisError> {
+        script.load_async(conn).await?;
+        conn.send1(&self.cmd).await?.extract_error()
+    }
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The arguments hold the lock's value: not for logs.
+        f.debug_struct("Command")
+            .field("votes", &self.votes)
+            .finish_non_exhaustive()
+    }
+}
+
+fn is_no_script(err: &RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// Sends one command: directly on a multiplexed connection (its `ConnectionLike` method
+/// boxes a future per command), through `ConnectionLike` on a pooled one.
+trait Send1: ConnectionLike + Send {
+    fn send1<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a;
+}
+
+impl Send1 for MultiplexedConnection {
+    fn send1<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
+        self.send_packed_command(cmd)
+    }
+}
+
+impl Send1 for deadpool_redis::Connection {
+    fn send1<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
+        self.req_packed_command(cmd)
+    }
 }
 
 pub(crate) struct Node {
@@ -262,10 +359,10 @@ impl Node {
     ) -> Result<Vec<u64>, NodeError> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
+        let votes = ops.iter().any(|(target, kind)| target.op(*kind).votes());
+        self.check_quarantine(votes)?;
         for (target, kind) in ops {
-            let op = target.op(*kind);
-            self.check_quarantine(&op)?;
-            pipe.add_command(command(op));
+            pipe.add_command(build(target.op(*kind)).0);
         }
         let run = async {
             let replies: Vec<redis::RedisResult<redis::Value>> = match &self.backend {
@@ -273,11 +370,9 @@ impl Node {
                     let (id, mut conn, info) = direct.connection().await.map_err(redis_error)?;
                     if let Some(info) = info {
                         self.observe(&info);
-                        if let Some((target, kind)) = ops.first() {
-                            self.check_quarantine(&target.op(*kind))?;
-                        }
+                        self.check_quarantine(votes)?;
                     }
-                    let replies = pipe.query_async(&mut conn).await;
+                    let replies = query_batch(&pipe, &mut conn).await;
                     if let Err(err) = &replies
                         && breaks_connection(err)
                     {
@@ -287,10 +382,8 @@ impl Node {
                 }
                 Backend::Pool(pool) => {
                     let mut conn = self.pooled(pool, self.quarantine.is_some()).await?;
-                    if let Some((target, kind)) = ops.first() {
-                        self.check_quarantine(&target.op(*kind))?;
-                    }
-                    pipe.query_async(&mut conn).await.map_err(redis_error)?
+                    self.check_quarantine(votes)?;
+                    query_batch(&pipe, &mut conn).await.map_err(redis_error)?
                 }
             };
             Ok(replies
@@ -359,8 +452,8 @@ impl Node {
     }
 
     /// Fails a vote from a node in quarantine (release still runs: it only deletes).
-    fn check_quarantine(&self, op: &Op<'_>) -> Result<(), NodeError> {
-        if matches!(op, Op::Release { .. } | Op::Remaining { .. }) {
+    fn check_quarantine(&self, votes: bool) -> Result<(), NodeError> {
+        if !votes {
             return Ok(());
         }
         match self.quarantined() {
@@ -382,61 +475,64 @@ impl Node {
         &self.name
     }
 
-    /// Runs `op` with `timeout` covering everything (connecting included). `Ok(true)` is a
-    /// yes vote.
+    /// Runs `command` with `timeout` covering everything (connecting included). A
+    /// non-zero answer is a yes vote.
     ///
     /// `queued` is set once the command sits in the node's connection queue: from then
     /// on, a command sent later to this node (by anyone) is executed after it. Never set
     /// for a pooled node (its connections do not share a queue).
     pub(crate) async fn run(
         &self,
-        op: Op<'_>,
+        command: &Command,
         timeout: Duration,
         queued: &AtomicBool,
     ) -> Result<u64, NodeError> {
-        match tokio::time::timeout(timeout, self.run_untimed(op, queued)).await {
+        match tokio::time::timeout(timeout, self.run_untimed(command, queued)).await {
             Ok(result) => result,
             Err(_) => Err(NodeError::Timeout(timeout)),
         }
     }
 
-    async fn run_untimed(&self, op: Op<'_>, queued: &AtomicBool) -> Result<u64, NodeError> {
-        match &self.backend {
-            Backend::Direct(direct) => {
-                let (generation, mut conn, info) =
-                    direct.connection().await.map_err(redis_error)?;
-                if let Some(info) = info {
-                    self.observe(&info);
-                }
-                self.check_quarantine(&op)?;
-                let mut execution = std::pin::pin!(execute(&mut conn, op));
-                // The first poll puts the command in the connection's queue (deep enough
-                // never to be full; see PIPELINE_BUFFER).
-                let first =
-                    std::future::poll_fn(|cx| Poll::Ready(execution.as_mut().poll(cx))).await;
-                let result = match first {
-                    Poll::Ready(result) => result,
-                    Poll::Pending => {
-                        queued.store(true, Ordering::Release);
-                        execution.await
-                    }
-                };
-                if let Err(err) = &result
-                    && breaks_connection(err)
-                {
-                    direct.forget(generation);
-                }
-                result.map_err(redis_error)
-            }
-            Backend::Pool(pool) => {
-                let votes = !matches!(op, Op::Release { .. });
-                let mut conn = self
-                    .pooled(pool, votes && self.quarantine.is_some())
-                    .await?;
-                self.check_quarantine(&op)?;
-                execute(&mut conn, op).await.map_err(redis_error)
-            }
+    async fn run_untimed(&self, command: &Command, queued: &AtomicBool) -> Result<u64, NodeError> {
+        let direct = match &self.backend {
+            Backend::Direct(direct) => direct,
+            // Boxed: the pool's future is large, and the direct path is the hot one.
+            Backend::Pool(pool) => return Box::pin(self.run_pooled(pool, command)).await,
+        };
+        let (generation, mut conn, info) = direct.connection().await.map_err(redis_error)?;
+        if let Some(info) = info {
+            self.observe(&info);
         }
+        self.check_quarantine(command.votes)?;
+        let mut execution = std::pin::pin!(command.execute(&mut conn));
+        // The first poll puts the command in the connection's queue (deep enough never
+        // to be full; see PIPELINE_BUFFER).
+        let first = std::future::poll_fn(|cx| Poll::Ready(execution.as_mut().poll(cx))).await;
+        let result = match first {
+            Poll::Ready(result) => result,
+            Poll::Pending => {
+                queued.store(true, Ordering::Release);
+                execution.await
+            }
+        };
+        if let Err(err) = &result
+            && breaks_connection(err)
+        {
+            direct.forget(generation);
+        }
+        result.map_err(redis_error)
+    }
+
+    async fn run_pooled(
+        &self,
+        pool: &deadpool_redis::Pool,
+        command: &Command,
+    ) -> Result<u64, NodeError> {
+        let mut conn = self
+            .pooled(pool, command.votes && self.quarantine.is_some())
+            .await?;
+        self.check_quarantine(command.votes)?;
+        command.execute(&mut conn).await.map_err(redis_error)
     }
 }
 
@@ -512,9 +608,7 @@ impl Direct {
             // connection, so it gets them again.
             // `INFO server` in the same round trip: run_id and uptime, for the quarantine.
             let mut load = redis::pipe();
-            for source in scripts::ALL_SOURCES {
-                load.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
-            }
+            load_scripts(&mut load);
             load.cmd("INFO").arg("server");
             let (info,): (String,) = load.query_async(&mut conn).await?;
             if check_persistence {
@@ -572,10 +666,10 @@ async fn warn_unless_durable(conn: &mut MultiplexedConnection, node: &str) {
     }
 }
 
-/// One operation as a plain command (scripts by `EVALSHA`: the connection loaded them),
-/// for pipelines.
-fn command(op: Op<'_>) -> redis::Cmd {
-    let evalsha = |script: &Script, keys: &[&String], args: &[String]| {
+/// One operation as a command (scripts by `EVALSHA`: the connection loaded them), with
+/// the script it runs, if any.
+fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
+    let evalsha = |script: &'static Script, keys: &[&String], args: &[String]| {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(keys.len());
         for key in keys {
@@ -584,7 +678,7 @@ fn command(op: Op<'_>) -> redis::Cmd {
         for arg in args {
             cmd.arg(arg);
         }
-        cmd
+        (cmd, Some(script))
     };
     match op {
         Op::Acquire {
@@ -596,7 +690,7 @@ fn command(op: Op<'_>) -> redis::Cmd {
         } => {
             let mut cmd = redis::cmd("SET");
             cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
-            cmd
+            (cmd, None)
         }
         Op::Acquire {
             keys,
@@ -681,95 +775,37 @@ fn waiter_args(value: &str, ttl_ms: u64, waiter: &Waiter, keys: usize) -> [Strin
     ]
 }
 
+/// Adds loading every script to `pipe` (replies ignored).
+fn load_scripts(pipe: &mut redis::Pipeline) {
+    for source in scripts::ALL_SOURCES {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+    }
+}
+
+/// Runs a batch of operations (a pipeline that ignores errors) and returns each reply;
+/// a node that lost its scripts (`SCRIPT FLUSH`) gets them loaded again and the batch
+/// once more.
+async fn query_batch<C: ConnectionLike + Send>(
+    pipe: &redis::Pipeline,
+    conn: &mut C,
+) -> Result<Vec<redis::RedisResult<Value>>, RedisError> {
+    let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(conn).await?;
+    if !replies
+        .iter()
+        .any(|reply| reply.as_ref().is_err_and(is_no_script))
+    {
+        return Ok(replies);
+    }
+    let mut load = redis::pipe();
+    load_scripts(&mut load);
+    load.exec_async(conn).await?;
+    pipe.query_async(conn).await
+}
+
 fn breaks_connection(err: &RedisError) -> bool {
     err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
 }
 
 fn redis_error(err: RedisError) -> NodeError {
     NodeError::Redis(Arc::new(err))
-}
-
-async fn execute<C: ConnectionLike + Send>(conn: &mut C, op: Op<'_>) -> Result<u64, RedisError> {
-    match op {
-        Op::Acquire {
-            keys: [_],
-            fence_keys: [],
-            waiter: None,
-            ..
-        } => {
-            let reply: Option<String> = command(op).query_async(conn).await?;
-            Ok(u64::from(reply.is_some()))
-        }
-        Op::Acquire {
-            keys,
-            fence_keys,
-            value,
-            ttl_ms,
-            waiter: Some(waiter),
-        } => {
-            let all = waiter_keys(keys, fence_keys);
-            let args = waiter_args(value, ttl_ms, waiter, keys.len());
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            run_script(&scripts::ACQUIRE_QUEUED, conn, &all, &args, None).await
-        }
-        Op::Acquire {
-            keys,
-            fence_keys: [],
-            value,
-            ttl_ms,
-            ..
-        } => run_script(&scripts::ACQUIRE_MANY, conn, keys, &[value], Some(ttl_ms)).await,
-        Op::Acquire {
-            keys,
-            fence_keys,
-            value,
-            ttl_ms,
-            ..
-        } => {
-            let all: Vec<String> = keys.iter().chain(fence_keys).cloned().collect();
-            run_script(&scripts::ACQUIRE_FENCED, conn, &all, &[value], Some(ttl_ms)).await
-        }
-        Op::RaiseFence { fence_keys, token } => {
-            run_script(&scripts::RAISE_FENCE, conn, fence_keys, &[], Some(token)).await
-        }
-        Op::Release {
-            keys,
-            value,
-            notify,
-            handoff_ms,
-            dequeue,
-        } => {
-            let all = with_queues(keys);
-            let args = release_args(value, notify, handoff_ms, dequeue);
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            run_script(&scripts::RELEASE, conn, &all, &args, None).await
-        }
-        Op::Extend {
-            keys,
-            value,
-            ttl_ms,
-        } => run_script(&scripts::EXTEND, conn, keys, &[value], Some(ttl_ms)).await,
-        Op::Remaining { keys } => run_script(&scripts::REMAINING, conn, keys, &[], None).await,
-    }
-}
-
-async fn run_script<C: ConnectionLike + Send>(
-    script: &Script,
-    conn: &mut C,
-    keys: &[String],
-    values: &[&str],
-    number: Option<u64>,
-) -> Result<u64, RedisError> {
-    let mut invocation = script.prepare_invoke();
-    for key in keys {
-        invocation.key(key);
-    }
-    for value in values {
-        invocation.arg(*value);
-    }
-    if let Some(number) = number {
-        invocation.arg(number);
-    }
-    let n: i64 = invocation.invoke_async(conn).await?;
-    Ok(u64::try_from(n).unwrap_or(0))
 }

@@ -16,7 +16,7 @@ use futures_util::stream::FuturesUnordered;
 
 use crate::client::Shared;
 use crate::error::{Error, NodeError, NodeFailure};
-use crate::node::Op;
+use crate::node::{Command, Op};
 use crate::queue::Waiter;
 
 /// The majority of `n` nodes: `n / 2 + 1`.
@@ -161,14 +161,16 @@ impl Fanout {
         let n = shared.nodes.len();
         let pending = FuturesUnordered::new();
         let queued: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(false)).collect();
+        // Built once, sent to every node.
+        let command = Arc::new(Command::new(target.op(kind)));
         let mut push = |index: usize| {
             let shared = Arc::clone(shared);
-            let target = Arc::clone(target);
+            let command = Arc::clone(&command);
             let queued = Arc::clone(&queued);
             let fut: NodeFuture = Box::pin(async move {
                 let result = match (shared.nodes.get(index), queued.get(index)) {
                     (Some(node), Some(queued)) => {
-                        node.run(target.op(kind), shared.node_timeout, queued).await
+                        node.run(&command, shared.node_timeout, queued).await
                     }
                     _ => Ok(0),
                 };

@@ -311,3 +311,50 @@ async fn deadpool_pools_work_as_nodes() {
     direct.try_lock("p").await.unwrap().release().await.unwrap();
     assert_eq!(pooled.node_names(), vec!["pool#0", "pool#1", "pool#2"]);
 }
+
+/// `SCRIPT FLUSH` on every node.
+async fn flush_scripts(cluster: &Cluster) {
+    for i in 0..cluster.len() {
+        let mut conn = cluster
+            .node(i)
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Nodes that lose their script cache (`SCRIPT FLUSH`, a failover to a replica) answer
+/// NOSCRIPT: the client loads the scripts again, so extend, release and the watchdog's
+/// pipelined extension rounds keep working on the same connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_scripts_are_loaded_again() {
+    let cluster = Cluster::start(3).await;
+    let redlock = client(&cluster, TIMEOUT);
+    cycle(&redlock, "warm-up").await; // connections open, scripts loaded
+    let ttl = Duration::from_millis(400);
+
+    flush_scripts(&cluster).await;
+    let mut lock = redlock.lock("flushed").ttl(ttl).await.unwrap();
+    lock.extend(ttl).await.expect("extend after SCRIPT FLUSH");
+    flush_scripts(&cluster).await;
+    assert!(lock.release().await.unwrap().was_held());
+    settle_keys(&cluster, "redlock:flushed", 0).await;
+
+    let mut watched = redlock.lock("watched").ttl(ttl).await.unwrap();
+    watched.auto_extend();
+    flush_scripts(&cluster).await;
+    tokio::time::sleep(ttl * 3).await;
+    assert!(
+        watched.is_held(),
+        "the watchdog lost the lock after SCRIPT FLUSH"
+    );
+    flush_scripts(&cluster).await;
+    assert!(watched.release().await.unwrap().was_held());
+    settle_keys(&cluster, "redlock:watched", 0).await;
+}

@@ -162,10 +162,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Workload::Service,
         Workload::Manual,
     ];
-    for workload in workloads {
-        measure(&ctx, workload, Duration::from_millis(300)).await?; // warm up
-    }
-    // BENCH_ONLY=http|layer|lock|watched: one workload alone, for profiling.
+    // BENCH_ONLY=http|layer|lock|watched|service|manual: one workload alone (and only
+    // its own warm-up), for profiling.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         let Some(workload) = workloads
             .into_iter()
@@ -173,6 +171,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         else {
             return Err(format!("BENCH_ONLY: no workload `{only}`").into());
         };
+        measure(&ctx, workload, Duration::from_millis(300)).await?; // warm up
         let cpu_before = process_cpu_secs();
         let (mut s, spent) = measure(&ctx, workload, Duration::from_secs_f64(secs)).await?;
         let s = Stats::from(&mut s, spent, process_cpu_secs() - cpu_before, 0.0);
@@ -184,6 +183,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             s.cpu_us
         );
         return Ok(());
+    }
+    for workload in workloads {
+        measure(&ctx, workload, Duration::from_millis(300)).await?; // warm up
     }
     let slice = Duration::from_secs_f64(secs / f64::from(ROUNDS));
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); workloads.len()];
