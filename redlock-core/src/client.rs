@@ -15,7 +15,7 @@ use crate::error::{ConfigError, Error};
 use crate::lock::{Granted, Lock, LockHandle};
 use crate::node::{Command, Node, NodeStatus};
 use crate::queue::{QueueGuard, Waiter};
-use crate::quorum::{Fanout, NodeFuture, OpKind, Target, majority};
+use crate::quorum::{Fanout, OpKind, Pending, Target, majority};
 use crate::retry::RetryPolicy;
 use crate::value::random_value;
 use crate::wake::{Subscription, Wakeups};
@@ -719,12 +719,7 @@ impl Drop for AttemptGuard {
 /// In the background: release `target` on `nodes` now, and on each node of `pending`
 /// right after its in-flight operation completes (so the release is not overtaken by it).
 /// Without a runtime (dropped outside one) the keys expire by TTL.
-fn release_after(
-    shared: &Arc<Shared>,
-    target: &Arc<Target>,
-    pending: FuturesUnordered<NodeFuture>,
-    nodes: Vec<usize>,
-) {
+fn release_after(shared: &Arc<Shared>, target: &Arc<Target>, pending: Pending, nodes: Vec<usize>) {
     if nodes.is_empty() && pending.is_empty() {
         return;
     }

@@ -276,7 +276,8 @@ impl Lock {
         }
         // Nodes that did extend keep the longer TTL; that only delays others, it never
         // lets two hold the lock.
-        let no_quorum = fanout.no_quorum(self.resource());
+        let no_quorum =
+            (tally.failed > tally.nodes - tally.quorum).then(|| fanout.no_quorum(self.resource()));
         let _ = fanout.finish_in_background();
         if answered_at >= self.valid_until() {
             return Err(self.expired("its validity ran out during the extension"));
@@ -287,7 +288,7 @@ impl Lock {
             failed = tally.failed,
             "extension refused"
         );
-        if tally.failed > tally.nodes - tally.quorum {
+        if let Some(no_quorum) = no_quorum {
             Err(no_quorum)
         } else {
             Err(Error::Lost {
@@ -333,10 +334,7 @@ impl Lock {
         async move {
             let mut fanout = start_release(&self.shared, &self.target, self.in_flight.take());
             let tally = fanout.until_won_or_done().await;
-            let no_quorum = fanout.no_quorum(self.resource());
-            let _ = fanout.finish_in_background();
-            tracing::debug!(released = tally.yes, expired, "released");
-            if tally.won() || tally.majority_answered() {
+            let outcome = if tally.won() || tally.majority_answered() {
                 Ok(Released {
                     released: tally.yes,
                     nodes: tally.nodes,
@@ -344,8 +342,11 @@ impl Lock {
                     expired,
                 })
             } else {
-                Err(no_quorum)
-            }
+                Err(fanout.no_quorum(self.resource()))
+            };
+            let _ = fanout.finish_in_background();
+            tracing::debug!(released = tally.yes, expired, "released");
+            outcome
         }
         .instrument(span)
         .await

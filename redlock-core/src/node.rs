@@ -669,9 +669,15 @@ async fn warn_unless_durable(conn: &mut MultiplexedConnection, node: &str) {
 /// One operation as a command (scripts by `EVALSHA`: the connection loaded them), with
 /// the script it runs, if any.
 fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
+    // Sized up front: one allocation per buffer instead of a few growths.
     let evalsha = |script: &'static Script, keys: &[&String], args: &[String]| {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len());
+        let data = keys.iter().map(|k| k.len()).sum::<usize>()
+            + args.iter().map(String::len).sum::<usize>()
+            + 7 // EVALSHA
+            + 40 // the hash
+            + 20; // the key count
+        let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
         for key in keys {
             cmd.arg(key.as_str());
         }
@@ -688,8 +694,13 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             ttl_ms,
             waiter: None,
         } => {
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
+            let mut cmd = redis::Cmd::with_capacity(6, key.len() + value.len() + 3 + 2 + 2 + 20);
+            cmd.arg("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms);
             (cmd, None)
         }
         Op::Acquire {

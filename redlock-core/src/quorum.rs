@@ -11,8 +11,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use std::task::{Context, Poll};
+
 use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 
 use crate::client::Shared;
 use crate::error::{Error, NodeError, NodeFailure};
@@ -139,10 +140,56 @@ impl Target {
 
 pub(crate) type NodeFuture = Pin<Box<dyn Future<Output = (usize, Result<u64, NodeError>)> + Send>>;
 
+/// The node calls of a fan-out still in flight, answered in any order. At most one per
+/// node, so each wake-up simply polls them all: no allocation per call beyond its own
+/// future (a `FuturesUnordered` would add a task per call and one per set).
+#[derive(Default)]
+pub(crate) struct Pending(Vec<NodeFuture>);
+
+impl Pending {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl futures_util::Stream for Pending {
+    type Item = (usize, Result<u64, NodeError>);
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.0.is_empty() {
+            return Poll::Ready(None);
+        }
+        let answered =
+            self.0
+                .iter_mut()
+                .enumerate()
+                .find_map(|(i, call)| match call.as_mut().poll(cx) {
+                    Poll::Ready(answer) => Some((i, answer)),
+                    Poll::Pending => None,
+                });
+        match answered {
+            Some((i, answer)) => {
+                drop(self.0.swap_remove(i));
+                Poll::Ready(Some(answer))
+            }
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl IntoIterator for Pending {
+    type Item = NodeFuture;
+    type IntoIter = std::vec::IntoIter<NodeFuture>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
 /// One operation in flight on a set of nodes.
 pub(crate) struct Fanout {
     shared: Arc<Shared>,
-    pending: FuturesUnordered<NodeFuture>,
+    pending: Pending,
     /// Per node: the command is in the node's connection queue (see `Node::run`).
     queued: Arc<[AtomicBool]>,
     /// Each node's answer, once it came.
@@ -159,7 +206,7 @@ impl Fanout {
         which: Option<&[usize]>,
     ) -> Self {
         let n = shared.nodes.len();
-        let pending = FuturesUnordered::new();
+        let mut pending = Vec::with_capacity(which.map_or(n, <[usize]>::len));
         let queued: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(false)).collect();
         // Built once, sent to every node.
         let command = Arc::new(Command::new(target.op(kind)));
@@ -184,7 +231,7 @@ impl Fanout {
         }
         Self {
             shared: Arc::clone(shared),
-            pending,
+            pending: Pending(pending),
             queued,
             answers: vec![None; n],
             tally: Tally::new(n),
@@ -195,7 +242,7 @@ impl Fanout {
     pub(crate) fn empty(shared: &Arc<Shared>) -> Self {
         Self {
             shared: Arc::clone(shared),
-            pending: FuturesUnordered::new(),
+            pending: Pending::default(),
             queued: Arc::new([]),
             answers: vec![None; shared.nodes.len()],
             tally: Tally::new(shared.nodes.len()),
@@ -307,7 +354,7 @@ impl Fanout {
 
     /// Waits for the node operations still in flight and hands back the nodes they were
     /// on, for a cleanup that must come after them.
-    pub(crate) fn take_pending(&mut self) -> FuturesUnordered<NodeFuture> {
+    pub(crate) fn take_pending(&mut self) -> Pending {
         std::mem::take(&mut self.pending)
     }
 
