@@ -114,7 +114,9 @@ pub fn init_tracing() {
 /// What the benchmark programs measure with: CPU time (this process, the Redis
 /// servers) and how results are printed.
 pub mod measure {
-    use std::time::Duration;
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
 
     use redis::aio::MultiplexedConnection;
 
@@ -165,6 +167,46 @@ pub mod measure {
             let idx = ((samples.len() as f64 - 1.0) * q).round() as usize;
             samples.get(idx).copied().unwrap_or_default()
         })
+    }
+
+    /// An operation's error, as the benchmark clients report it.
+    pub type OpError = Box<dyn std::error::Error + Send + Sync>;
+
+    /// A closed loop: `clients` tasks, each running `op(client, i)` for i = 0, 1, ...
+    /// back to back until `run` is over. Returns every operation's duration and the
+    /// time it all took; the first error ends the measurement.
+    pub async fn closed_loop<F, Fut>(
+        clients: usize,
+        run: Duration,
+        op: F,
+    ) -> Result<(Vec<Duration>, Duration), OpError>
+    where
+        F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), OpError>> + Send + 'static,
+    {
+        let op = Arc::new(op);
+        let started = Instant::now();
+        let deadline = started + run;
+        let mut tasks = Vec::with_capacity(clients);
+        for client in 0..clients {
+            let op = Arc::clone(&op);
+            tasks.push(tokio::spawn(async move {
+                let mut samples = Vec::new();
+                let mut i: u64 = 0;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    op(client, i).await?;
+                    samples.push(t.elapsed());
+                    i += 1;
+                }
+                Ok::<_, OpError>(samples)
+            }));
+        }
+        let mut samples = Vec::new();
+        for task in tasks {
+            samples.extend(task.await??);
+        }
+        Ok((samples, started.elapsed()))
     }
 
     /// "met" or "MISSED", for a target.

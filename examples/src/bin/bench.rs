@@ -22,7 +22,9 @@ use futures_util::future::try_join_all;
 use redis::aio::MultiplexedConnection;
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
-use redlock_examples::measure::{fmt_us, process_cpu_secs, quantiles, servers_cpu_secs, verdict};
+use redlock_examples::measure::{
+    closed_loop, fmt_us, process_cpu_secs, quantiles, servers_cpu_secs, verdict,
+};
 
 /// The same compare-and-delete (and release notification) the library runs, for the
 /// raw-commands reference.
@@ -426,58 +428,54 @@ async fn measure(
     conns: &Arc<Vec<MultiplexedConnection>>,
     redlock: &Redlock,
 ) -> Result<(Vec<Duration>, Duration), Box<dyn std::error::Error>> {
-    let started = Instant::now();
-    let deadline = started + run;
-    let mut workers = Vec::new();
-    for worker in 0..concurrency {
-        let conns = Arc::clone(conns);
-        let redlock = redlock.clone();
-        workers.push(tokio::spawn(async move {
-            let mut samples = Vec::new();
-            let mut i: u64 = 0;
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                match workload {
-                    Workload::Floor => {
-                        for _ in 0..2 {
-                            try_join_all(conns.iter().map(|c| {
-                                let mut c = c.clone();
-                                async move { redis::cmd("PING").query_async::<String>(&mut c).await }
-                            }))
-                            .await?;
-                        }
-                    }
-                    Workload::Raw => {
-                        let key = format!("raw:{worker}:{i}");
+    let (conns, redlock) = (Arc::clone(conns), redlock.clone());
+    closed_loop(concurrency, run, move |worker, i| {
+        let (conns, redlock) = (Arc::clone(&conns), redlock.clone());
+        async move {
+            match workload {
+                Workload::Floor => {
+                    for _ in 0..2 {
                         try_join_all(conns.iter().map(|c| {
                             let mut c = c.clone();
-                            let key = key.clone();
-                            async move { redis::cmd("SET").arg(&key).arg("v").arg("NX").arg("PX").arg(10000).query_async::<Option<String>>(&mut c).await }
+                            async move { redis::cmd("PING").query_async::<String>(&mut c).await }
                         }))
                         .await?;
-                        try_join_all(conns.iter().map(|c| {
-                            let mut c = c.clone();
-                            let key = key.clone();
-                            async move { RELEASE.key(&key).arg("v").invoke_async::<i64>(&mut c).await }
-                        }))
-                        .await?;
-                    }
-                    Workload::Lock => {
-                        let lock = redlock.try_lock(format!("bench:{worker}:{i}")).await?;
-                        lock.release().await?;
                     }
                 }
-                samples.push(t.elapsed());
-                i += 1;
+                Workload::Raw => {
+                    let key = format!("raw:{worker}:{i}");
+                    try_join_all(conns.iter().map(|c| {
+                        let mut c = c.clone();
+                        let key = key.clone();
+                        async move {
+                            redis::cmd("SET")
+                                .arg(&key)
+                                .arg("v")
+                                .arg("NX")
+                                .arg("PX")
+                                .arg(10000)
+                                .query_async::<Option<String>>(&mut c)
+                                .await
+                        }
+                    }))
+                    .await?;
+                    try_join_all(conns.iter().map(|c| {
+                        let mut c = c.clone();
+                        let key = key.clone();
+                        async move { RELEASE.key(&key).arg("v").invoke_async::<i64>(&mut c).await }
+                    }))
+                    .await?;
+                }
+                Workload::Lock => {
+                    let lock = redlock.try_lock(format!("bench:{worker}:{i}")).await?;
+                    lock.release().await?;
+                }
             }
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(samples)
-        }));
-    }
-    let mut samples = Vec::new();
-    for worker in workers {
-        samples.extend(worker.await?.map_err(|e| e.to_string())?);
-    }
-    Ok((samples, started.elapsed()))
+            Ok(())
+        }
+    })
+    .await
+    .map_err(|e| e as Box<dyn std::error::Error>)
 }
 
 impl Stats {

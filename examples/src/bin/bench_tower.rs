@@ -28,14 +28,16 @@
 //! runs one workload alone (for profiling).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
 use http_body_util::BodyExt;
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
-use redlock_examples::measure::{fmt_us, process_cpu_secs, quantiles, servers_cpu_secs, verdict};
+use redlock_examples::measure::{
+    closed_loop, fmt_us, process_cpu_secs, quantiles, servers_cpu_secs, verdict,
+};
 use redlock_tower::LockLayer;
 use redlock_tower::extract::PathParam;
 use tower::{Layer, ServiceExt};
@@ -284,57 +286,45 @@ async fn measure(
     workload: Workload,
     run: Duration,
 ) -> Result<(Vec<Duration>, Duration), Box<dyn std::error::Error>> {
-    let started = Instant::now();
-    let deadline = started + run;
-    let mut workers = Vec::new();
-    for worker in 0..concurrency() {
-        let ctx = Arc::clone(ctx);
-        workers.push(tokio::spawn(async move {
-            let mut samples = Vec::new();
-            let mut i: u64 = 0;
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                match workload {
-                    Workload::Http | Workload::Layer | Workload::Manual => {
-                        let route = match workload {
-                            Workload::Http => "plain",
-                            Workload::Layer => "locked",
-                            _ => "manual",
-                        };
-                        let url = format!("{}/{route}/{worker}-{i}", ctx.base);
-                        let response = ctx.client.get(url).send().await?;
-                        let status = response.status();
-                        response.bytes().await?;
-                        if status != reqwest::StatusCode::OK {
-                            return Err(format!("{route}: {status}").into());
-                        }
-                    }
-                    Workload::Lock => {
-                        let lock = ctx.redlock.lock(format!("bench:raw:{worker}-{i}")).await?;
-                        lock.release().await?;
-                    }
-                    Workload::Service => {
-                        let request = http::Request::get(format!("/{worker}-{i}")).body(())?;
-                        let response = ctx.service.clone().oneshot(request).await?;
-                        response.into_body().collect().await?;
-                    }
-                    Workload::Watched => {
-                        let mut lock = ctx.redlock.lock(format!("bench:w:{worker}-{i}")).await?;
-                        lock.auto_extend();
-                        lock.release().await?;
+    let ctx = Arc::clone(ctx);
+    closed_loop(concurrency(), run, move |worker, i| {
+        let ctx = Arc::clone(&ctx);
+        async move {
+            match workload {
+                Workload::Http | Workload::Layer | Workload::Manual => {
+                    let route = match workload {
+                        Workload::Http => "plain",
+                        Workload::Layer => "locked",
+                        _ => "manual",
+                    };
+                    let url = format!("{}/{route}/{worker}-{i}", ctx.base);
+                    let response = ctx.client.get(url).send().await?;
+                    let status = response.status();
+                    response.bytes().await?;
+                    if status != reqwest::StatusCode::OK {
+                        return Err(format!("{route}: {status}").into());
                     }
                 }
-                samples.push(t.elapsed());
-                i += 1;
+                Workload::Lock => {
+                    let lock = ctx.redlock.lock(format!("bench:raw:{worker}-{i}")).await?;
+                    lock.release().await?;
+                }
+                Workload::Service => {
+                    let request = http::Request::get(format!("/{worker}-{i}")).body(())?;
+                    let response = ctx.service.clone().oneshot(request).await?;
+                    response.into_body().collect().await?;
+                }
+                Workload::Watched => {
+                    let mut lock = ctx.redlock.lock(format!("bench:w:{worker}-{i}")).await?;
+                    lock.auto_extend();
+                    lock.release().await?;
+                }
             }
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(samples)
-        }));
-    }
-    let mut samples = Vec::new();
-    for worker in workers {
-        samples.extend(worker.await?.map_err(|e| e.to_string())?);
-    }
-    Ok((samples, started.elapsed()))
+            Ok(())
+        }
+    })
+    .await
+    .map_err(|e| e as Box<dyn std::error::Error>)
 }
 
 impl Stats {
