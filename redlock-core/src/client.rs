@@ -15,7 +15,7 @@ use crate::error::{ConfigError, Error};
 use crate::lock::{Granted, Lock, LockHandle};
 use crate::node::{Command, Node, NodeStatus};
 use crate::queue::{QueueGuard, Waiter};
-use crate::quorum::{Fanout, OpKind, Pending, Target, majority};
+use crate::quorum::{Fanout, InFlight, OpKind, Pending, Target, Until, majority};
 use crate::retry::RetryPolicy;
 use crate::value::random_value;
 use crate::wake::{Subscription, Wakeups};
@@ -551,7 +551,11 @@ async fn attempt(
     ttl: Duration,
 ) -> Result<(Granted, Vec<usize>), AttemptFailure> {
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    // The Redlock rule: validity counts from the moment before the first command.
     let start = Instant::now();
+    let valid_until = start
+        .checked_add(ttl.saturating_sub(shared.drift(ttl)))
+        .unwrap_or(start);
     let fanout = Fanout::start(shared, &target, OpKind::Acquire { ttl_ms }, None);
     let mut guard = AttemptGuard {
         shared: Arc::clone(shared),
@@ -560,28 +564,21 @@ async fn attempt(
     };
     let tally = guard.fanout_mut().until_decided().await;
     let mut token = None;
+    let mut fence_in_flight = None;
     if tally.won() && !guard.target.fence_keys.is_empty() {
         let target = Arc::clone(&guard.target);
-        let tokens: Vec<u64> = guard.fanout_mut().yes_answers().collect();
-        match raise_fence(shared, &target, &tokens).await {
-            Ok(t) => token = Some(t),
+        match raise_fence(shared, &target, guard.fanout_mut()).await {
+            Ok((t, in_flight)) => {
+                token = Some(t);
+                fence_in_flight = in_flight;
+            }
             Err(failure) => {
                 guard.clean_up().await;
                 return Err(failure);
             }
         }
     }
-    // validity = ttl - elapsed - drift, on the monotonic clock; None if nothing is left.
-    let validity = ttl
-        .checked_sub(start.elapsed())
-        .and_then(|left| left.checked_sub(shared.drift(ttl)))
-        .filter(|left| !left.is_zero());
-    if tally.won()
-        && let Some(validity) = validity
-    {
-        let valid_until = Instant::now()
-            .checked_add(validity)
-            .unwrap_or_else(Instant::now);
+    if tally.won() && Instant::now() < valid_until {
         let (target, fanout) = guard.disarm();
         // Where we have not said yes yet, our attempt may (re)join the queue: leave it
         // there (after the in-flight attempt, on the same connection).
@@ -590,8 +587,9 @@ async fn attempt(
             .filter(|i| !granted_by.contains(i))
             .collect();
         // Slower nodes still get their SET: the lock is then held there too, and
-        // release covers every node, after those SETs.
-        let in_flight = fanout.finish_in_background();
+        // every later command of the lock goes to them after those SETs (and after
+        // the fence write-back).
+        let in_flight = InFlight::join(fanout.finish_in_background(), fence_in_flight);
         let granted = Granted {
             valid_until,
             acquired_at: start,
@@ -619,26 +617,41 @@ async fn attempt(
     Err(failure)
 }
 
-/// The fencing token of a won acquisition: the highest counter among the granting
-/// nodes. Unless a majority of them already returned that very value, it is first
-/// written back to a majority (never lowering a counter), so that any later quorum,
-/// which must share a node with this majority, counts past it.
+/// The fencing token of a won acquisition, and the write-back still on its way.
+///
+/// The token is the highest counter among the nodes that granted so far. Every node
+/// that has not reported exactly that value (those that said no, failed or have not
+/// answered yet included) is raised to it (never lowered): the lock is granted once a
+/// majority holds it, the rest follow in the background. Any later quorum shares a node
+/// with that majority, so it counts past the token; and since every node the client
+/// reaches gets it, one node that later restarts empty cannot hide it.
 async fn raise_fence(
     shared: &Arc<Shared>,
     target: &Arc<Target>,
-    tokens: &[u64],
-) -> Result<u64, AttemptFailure> {
-    let token = tokens.iter().copied().max().unwrap_or(0);
-    let at_token = tokens.iter().filter(|t| **t == token).count();
-    if at_token >= shared.quorum() {
-        return Ok(token);
+    acquire: &mut Fanout,
+) -> Result<(u64, Option<InFlight>), AttemptFailure> {
+    let token = acquire.yes_answers().max().unwrap_or(0);
+    let at_token: Vec<usize> = acquire
+        .answers
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| matches!(a, Some(Ok(t)) if *t == token))
+        .map(|(i, _)| i)
+        .collect();
+    let others: Vec<usize> = (0..shared.nodes.len())
+        .filter(|i| !at_token.contains(i))
+        .collect();
+    if others.is_empty() {
+        return Ok((token, None));
     }
-    let mut raise = Fanout::start(shared, target, OpKind::RaiseFence { token }, None);
+    let mut raise = Fanout::start(shared, target, OpKind::RaiseFence { token }, Some(&others));
+    // The nodes that already hold the token count as raised.
+    raise.tally.yes = at_token.len();
     let tally = raise.until_decided().await;
     let failures = raise.failures();
-    let _ = raise.finish_in_background();
+    let in_flight = raise.finish_in_background();
     if tally.won() {
-        Ok(token)
+        Ok((token, in_flight))
     } else {
         Err(AttemptFailure::Unreachable { failures })
     }
@@ -673,7 +686,8 @@ impl AttemptGuard {
     /// before returning (so that a retry, or a competitor, finds them clean); nodes that
     /// failed are released in the background, and nodes still in flight right after
     /// their SET completes (a paused node would otherwise hold every failed attempt up
-    /// for the whole node timeout).
+    /// for the whole node timeout). The releases run in a task of their own: cancelling
+    /// the acquisition meanwhile does not leave any of them unsent.
     async fn clean_up(&mut self) {
         let Some(mut fanout) = self.fanout.take() else {
             return;
@@ -696,7 +710,7 @@ impl AttemptGuard {
                 OpKind::Release { notify },
                 Some(&answered),
             )
-            .until_done()
+            .drive(Until::Done)
             .await;
         }
     }

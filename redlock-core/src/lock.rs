@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use crate::client::Shared;
 use crate::error::Error;
-use crate::quorum::{Fanout, InFlight, OpKind, Target};
+use crate::quorum::{Fanout, InFlight, OpKind, Target, Until};
 use crate::watchdog::{LockState, Watched};
 
 /// A held distributed lock.
@@ -32,8 +32,6 @@ pub struct Lock {
     acquired_at: Instant,
     attempts: u32,
     token: Option<u64>,
-    /// The acquire's commands to slower nodes, if still completing.
-    in_flight: Option<InFlight>,
     /// Set once released (or handed to a background release).
     done: bool,
 }
@@ -55,7 +53,8 @@ pub(crate) struct Granted {
     pub(crate) acquired_at: Instant,
     pub(crate) target: Arc<Target>,
     pub(crate) token: Option<u64>,
-    /// The SETs to slower nodes, still completing.
+    /// The acquisition's commands (SETs, fence write-backs) not yet queued on some
+    /// nodes: later commands of this lock to those nodes wait for them.
     pub(crate) in_flight: Option<InFlight>,
 }
 
@@ -96,11 +95,10 @@ impl Lock {
             shared,
             resources,
             target: granted.target,
-            state: Arc::new(LockState::new(granted.valid_until, ttl)),
+            state: Arc::new(LockState::new(granted.valid_until, ttl, granted.in_flight)),
             acquired_at: granted.acquired_at,
             attempts,
             token: granted.token,
-            in_flight: granted.in_flight,
             done: false,
         }
     }
@@ -229,19 +227,25 @@ impl Lock {
         }
     }
 
-    /// Extends the lock to a new TTL, counted from now.
+    /// Extends the lock to a new TTL, counted from now: longer or shorter than the
+    /// current one.
     ///
     /// Strict: a node extends only a key that still holds this lock's value, and never
     /// re-creates an expired one. The extension counts only if a majority accepted it
     /// before the current validity ran out; then the new validity is
-    /// `ttl - elapsed - drift` from the start of this call.
+    /// `ttl - elapsed - drift` from the start of this call (earlier than before, for a
+    /// shorter TTL). Commands still on their way to a node from the acquisition go
+    /// first, and an extension by the watchdog ([`auto_extend`](Self::auto_extend))
+    /// finishes before this one starts.
     ///
     /// # Errors
     ///
     /// [`Error::Expired`] if the validity ran out (before or during the call),
     /// [`Error::Lost`] if a majority no longer holds our value, [`Error::NoQuorum`] if
     /// too many nodes failed, [`Error::Config`] for an invalid TTL. On error the lock
-    /// keeps its previous validity.
+    /// keeps its previous validity, or ends sooner: a node that did apply a shorter TTL
+    /// lets the key expire by it, so the validity ends no later than
+    /// `ttl - drift` from the start of this call.
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let span = tracing::debug_span!("redlock.extend", resource = %self.resource(), ttl_ms = ttl.as_millis() as u64);
         self.extend_inner(ttl).instrument(span).await
@@ -250,23 +254,28 @@ impl Lock {
     async fn extend_inner(&mut self, ttl: Duration) -> Result<(), Error> {
         let ttl_ms = self.shared.check_ttl(ttl)?;
         let ttl = Duration::from_millis(ttl_ms);
+        // One extension at a time (the watchdog's included): held until this one is
+        // over on every node.
+        let guard = self.state.begin_extension().await;
         let start = Instant::now();
         if start >= self.valid_until() || self.state.lost.is_cancelled() {
             return Err(self.expired("its validity ran out before the extension"));
         }
-        let mut fanout = Fanout::start(&self.shared, &self.target, OpKind::Extend { ttl_ms }, None);
-        let tally = fanout.until_decided().await;
+        let fanout = Fanout::start_after(
+            &self.shared,
+            &self.target,
+            OpKind::Extend { ttl_ms },
+            None,
+            self.state.barrier(),
+        );
+        let decision = fanout.drive_holding(Until::Decided, guard).await;
+        let tally = decision.tally;
         let answered_at = Instant::now();
-        if tally.won() {
-            let _ = fanout.finish_in_background();
-            if answered_at >= self.valid_until() {
-                return Err(
-                    self.expired("a majority extended it only after its validity had run out")
-                );
-            }
-            let validity = ttl.saturating_sub(self.shared.drift(ttl));
-            self.state
-                .extended(start.checked_add(validity).unwrap_or(start), ttl);
+        // The keys live at least `ttl` from `start` wherever the extension was applied.
+        let bound = start + ttl.saturating_sub(self.shared.drift(ttl));
+        if tally.won() && answered_at < self.valid_until() {
+            self.state.extended(bound, ttl);
+            self.shared.watchdog.rescheduled(&self.state, start);
             tracing::debug!(
                 votes = tally.yes,
                 validity_ms = self.validity().as_millis() as u64,
@@ -274,13 +283,14 @@ impl Lock {
             );
             return Ok(());
         }
-        // Nodes that did extend keep the longer TTL; that only delays others, it never
-        // lets two hold the lock.
-        let no_quorum =
-            (tally.failed > tally.nodes - tally.quorum).then(|| fanout.no_quorum(self.resource()));
-        let _ = fanout.finish_in_background();
+        // Not extended; but nodes that did apply it let the key expire by it.
+        self.state.not_extended(bound);
         if answered_at >= self.valid_until() {
-            return Err(self.expired("its validity ran out during the extension"));
+            return Err(if tally.won() {
+                self.expired("a majority extended it only after its validity had run out")
+            } else {
+                self.expired("its validity ran out during the extension")
+            });
         }
         tracing::debug!(
             yes = tally.yes,
@@ -288,8 +298,8 @@ impl Lock {
             failed = tally.failed,
             "extension refused"
         );
-        if let Some(no_quorum) = no_quorum {
-            Err(no_quorum)
+        if tally.failed > tally.nodes - tally.quorum {
+            Err(decision.no_quorum(self.resource()))
         } else {
             Err(Error::Lost {
                 resource: self.resource().to_owned(),
@@ -332,9 +342,14 @@ impl Lock {
         let span = tracing::debug_span!("redlock.release", resource = %self.resource());
         let expired = !self.is_valid();
         async move {
-            let mut fanout = start_release(&self.shared, &self.target, self.in_flight.take());
-            let tally = fanout.until_won_or_done().await;
-            let outcome = if tally.won() || tally.majority_answered() {
+            // Driven by a task of its own: dropping this future half-way cannot leave
+            // the release unsent on some nodes.
+            let decision = start_release(&self.shared, &self.target, self.state.barrier())
+                .drive(Until::WonOrDone)
+                .await;
+            let tally = decision.tally;
+            tracing::debug!(released = tally.yes, expired, "released");
+            if tally.won() || tally.majority_answered() {
                 Ok(Released {
                     released: tally.yes,
                     nodes: tally.nodes,
@@ -342,11 +357,8 @@ impl Lock {
                     expired,
                 })
             } else {
-                Err(fanout.no_quorum(self.resource()))
-            };
-            let _ = fanout.finish_in_background();
-            tracing::debug!(released = tally.yes, expired, "released");
-            outcome
+                Err(decision.no_quorum(self.resource()))
+            }
         }
         .instrument(span)
         .await
@@ -364,7 +376,7 @@ impl Drop for Lock {
             tracing::warn!(resource = %self.resource(), "lock dropped outside a tokio runtime: it will expire at its TTL");
             return;
         };
-        let mut release = start_release(&self.shared, &self.target, self.in_flight.take());
+        let mut release = start_release(&self.shared, &self.target, self.state.barrier());
         handle.spawn(async move {
             release.until_done().await;
         });
@@ -414,50 +426,38 @@ impl LockHandle {
     }
 }
 
-/// Completes when `state` is declared lost or its validity runs out (re-reading it, as
-/// extensions move it).
+/// Completes when `state` is declared lost or its validity runs out (following the
+/// validity as extensions move it, earlier or later).
 async fn lost(state: &LockState) {
+    let mut validity = state.subscribe();
     loop {
-        let until = state.valid_until();
+        let until = *validity.borrow_and_update();
         if Instant::now() >= until {
             return;
         }
         tokio::select! {
             () = state.lost.cancelled() => return,
             () = tokio::time::sleep_until(until.into()) => {}
+            changed = validity.changed() => {
+                if changed.is_err() {
+                    // The state is gone with its lock: nothing can extend it any more.
+                    tokio::time::sleep_until(until.into()).await;
+                    return;
+                }
+            }
         }
     }
 }
 
-/// Starts releasing: at once on every node whose acquire has completed, and on a node
-/// whose acquire is still in flight right after it, so that the release cannot overtake
-/// the SET (which would leave the key until its TTL).
-fn start_release(
-    shared: &Arc<Shared>,
-    target: &Arc<Target>,
-    in_flight: Option<InFlight>,
-) -> Fanout {
-    let in_flight = match in_flight {
-        Some(in_flight) if !in_flight.is_done() => in_flight,
-        _ => return Fanout::start(shared, target, OpKind::Release { notify: true }, None),
-    };
-    let now: Vec<usize> = (0..shared.nodes.len())
-        .filter(|i| !in_flight.nodes.contains(i))
-        .collect();
-    let later = in_flight.nodes.clone();
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        let (shared, target) = (Arc::clone(shared), Arc::clone(target));
-        handle.spawn(async move {
-            in_flight.wait().await;
-            Fanout::start(
-                &shared,
-                &target,
-                OpKind::Release { notify: true },
-                Some(&later),
-            )
-            .until_done()
-            .await;
-        });
-    }
-    Fanout::start(shared, target, OpKind::Release { notify: true }, Some(&now))
+/// Starts releasing on every node; on a node where commands of this lock are still on
+/// their way (`after`), right after them, so that the release cannot overtake the SET
+/// (which would leave the key until its TTL) or the fence write-back.
+fn start_release(shared: &Arc<Shared>, target: &Arc<Target>, after: Option<&InFlight>) -> Fanout {
+    Fanout::start_after(
+        shared,
+        target,
+        OpKind::Release { notify: true },
+        None,
+        after,
+    )
 }

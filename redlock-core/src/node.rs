@@ -187,13 +187,15 @@ pub(crate) struct Node {
     name: String,
     backend: Backend,
     /// Restart quarantine; `None` when switched off.
-    quarantine: Option<Quarantine>,
+    quarantine: Option<Arc<Quarantine>>,
 }
 
 /// The client-side "delayed restart": a node that has been up for less than the longest
 /// lock TTL may have forgotten a live lock (restarted without persistence), so its
 /// votes do not count until it has been up that long.
 struct Quarantine {
+    /// The node's address, for the log.
+    node: String,
     period: Duration,
     state: Mutex<QuarantineState>,
 }
@@ -202,6 +204,49 @@ struct Quarantine {
 struct QuarantineState {
     run_id: Option<String>,
     until: Option<Instant>,
+}
+
+impl Quarantine {
+    /// Learns the node's `run_id` and uptime from an `INFO server` reply, and starts a
+    /// quarantine if it has been up for less than the period.
+    fn observe(&self, info: &str) {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let run_id = field("run_id").map(str::to_owned);
+        // Unknown uptime: assume the worst.
+        let uptime = field("uptime_in_seconds")
+            .and_then(|s| s.parse::<u64>().ok())
+            .map_or(Duration::ZERO, Duration::from_secs);
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let restarted = state.run_id.is_some() && state.run_id != run_id;
+        // Uptime is in whole seconds, rounded down: wait one second more to be sure.
+        let period = self.period.saturating_add(Duration::from_secs(1));
+        if uptime < period {
+            let left = period.saturating_sub(uptime);
+            let until = Instant::now() + left;
+            if state.until.is_none_or(|current| current < until) {
+                let quarantine_ms = left.as_millis() as u64;
+                let uptime_s = uptime.as_secs();
+                if restarted {
+                    tracing::warn!(node = %self.node, uptime_s, quarantine_ms,
+                        "node restarted: it may have forgotten live locks, so its votes do not count until it has been up for the longest lock TTL");
+                } else {
+                    tracing::info!(node = %self.node, uptime_s, quarantine_ms,
+                        "node up for less than the longest lock TTL: its votes do not count until then");
+                }
+                state.until = Some(until);
+            }
+        } else if restarted {
+            tracing::info!(node = %self.node, "node restarted long enough ago: no quarantine");
+        }
+        state.run_id = run_id;
+    }
 }
 
 enum Backend {
@@ -217,6 +262,9 @@ struct Direct {
     next_id: AtomicU64,
     /// Check the node's persistence on connecting (when quarantine is off).
     check_persistence: bool,
+    /// The node's restart quarantine: every new connection reports the node's identity
+    /// to it before anyone can send a vote on that connection.
+    quarantine: Option<Arc<Quarantine>>,
 }
 
 /// An opened connection, or one being opened, or none.
@@ -236,11 +284,10 @@ enum Slot {
 
 type Opening = Shared<BoxFuture<'static, Result<Opened, RedisError>>>;
 
-/// A new connection and what the node said about itself (`INFO server`).
+/// A new connection, whose node identity the quarantine has checked.
 #[derive(Clone)]
 struct Opened {
     conn: MultiplexedConnection,
-    info: Arc<str>,
 }
 
 /// Commands a connection queues before queuing waits: deep, so that a command is in the
@@ -267,6 +314,7 @@ impl Node {
                 slot: Mutex::new(Slot::Empty),
                 next_id: AtomicU64::new(1),
                 check_persistence: false,
+                quarantine: None,
             })),
             quarantine: None,
         }
@@ -285,58 +333,26 @@ impl Node {
     /// (`None`), in which case the node's persistence is checked on first contact and a
     /// warning logged if it cannot keep locks across a crash.
     pub(crate) fn with_quarantine(mut self, period: Option<Duration>) -> Self {
-        self.quarantine = period.map(|period| Quarantine {
-            period,
-            state: Mutex::new(QuarantineState::default()),
+        self.quarantine = period.map(|period| {
+            Arc::new(Quarantine {
+                node: self.name.clone(),
+                period,
+                state: Mutex::new(QuarantineState::default()),
+            })
         });
         if let Backend::Direct(direct) = &mut self.backend {
             direct.check_persistence = period.is_none();
+            direct.quarantine = self.quarantine.clone();
         }
         self
     }
 
-    /// Learns the node's `run_id` and uptime from an `INFO server` reply, and starts a
-    /// quarantine if it has been up for less than the period.
+    /// Learns the node's `run_id` and uptime from an `INFO server` reply (see
+    /// [`Quarantine::observe`]).
     fn observe(&self, info: &str) {
-        let Some(quarantine) = &self.quarantine else {
-            return;
-        };
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-                .map(str::trim)
-        };
-        let run_id = field("run_id").map(str::to_owned);
-        // Unknown uptime: assume the worst.
-        let uptime = field("uptime_in_seconds")
-            .and_then(|s| s.parse::<u64>().ok())
-            .map_or(Duration::ZERO, Duration::from_secs);
-        let mut state = quarantine
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let restarted = state.run_id.is_some() && state.run_id != run_id;
-        // Uptime is in whole seconds, rounded down: wait one second more to be sure.
-        let period = quarantine.period.saturating_add(Duration::from_secs(1));
-        if uptime < period {
-            let left = period.saturating_sub(uptime);
-            let until = Instant::now() + left;
-            if state.until.is_none_or(|current| current < until) {
-                let quarantine_ms = left.as_millis() as u64;
-                let uptime_s = uptime.as_secs();
-                if restarted {
-                    tracing::warn!(node = %self.name, uptime_s, quarantine_ms,
-                        "node restarted: it may have forgotten live locks, so its votes do not count until it has been up for the longest lock TTL");
-                } else {
-                    tracing::info!(node = %self.name, uptime_s, quarantine_ms,
-                        "node up for less than the longest lock TTL: its votes do not count until then");
-                }
-                state.until = Some(until);
-            }
-        } else if restarted {
-            tracing::info!(node = %self.name, "node restarted long enough ago: no quarantine");
+        if let Some(quarantine) = &self.quarantine {
+            quarantine.observe(info);
         }
-        state.run_id = run_id;
     }
 
     /// The quarantine time left, if the node is in quarantine.
@@ -367,11 +383,8 @@ impl Node {
         let run = async {
             let replies: Vec<redis::RedisResult<redis::Value>> = match &self.backend {
                 Backend::Direct(direct) => {
-                    let (id, mut conn, info) = direct.connection().await.map_err(redis_error)?;
-                    if let Some(info) = info {
-                        self.observe(&info);
-                        self.check_quarantine(votes)?;
-                    }
+                    let (id, mut conn) = direct.connection().await.map_err(redis_error)?;
+                    self.check_quarantine(votes)?;
                     let replies = query_batch(&pipe, &mut conn).await;
                     if let Err(err) = &replies
                         && breaks_connection(err)
@@ -428,10 +441,7 @@ impl Node {
         let probe = async {
             match &self.backend {
                 Backend::Direct(direct) => {
-                    let (_, mut conn, info) = direct.connection().await.map_err(redis_error)?;
-                    if let Some(info) = info {
-                        self.observe(&info);
-                    }
+                    let (_, mut conn) = direct.connection().await.map_err(redis_error)?;
                     redis::cmd("PING")
                         .query_async::<()>(&mut conn)
                         .await
@@ -499,10 +509,7 @@ impl Node {
             // Boxed: the pool's future is large, and the direct path is the hot one.
             Backend::Pool(pool) => return Box::pin(self.run_pooled(pool, command)).await,
         };
-        let (generation, mut conn, info) = direct.connection().await.map_err(redis_error)?;
-        if let Some(info) = info {
-            self.observe(&info);
-        }
+        let (generation, mut conn) = direct.connection().await.map_err(redis_error)?;
         self.check_quarantine(command.votes)?;
         let mut execution = std::pin::pin!(command.execute(&mut conn));
         // The first poll puts the command in the connection's queue (deep enough never
@@ -544,15 +551,14 @@ impl Direct {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The shared connection, opening it if needed. The node's `INFO server` reply comes
-    /// along to the one caller that installs a new connection.
-    async fn connection(
-        &self,
-    ) -> Result<(u64, MultiplexedConnection, Option<Arc<str>>), RedisError> {
+    /// The shared connection, opening it if needed. A new connection is handed out
+    /// only after the node's identity on it went through the quarantine (see
+    /// [`open`](Self::open)), so no vote is ever sent on an unchecked connection.
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), RedisError> {
         let (id, opened) = {
             let mut slot = self.slot();
             match &*slot {
-                Slot::Ready { id, conn } => return Ok((*id, conn.clone(), None)),
+                Slot::Ready { id, conn } => return Ok((*id, conn.clone())),
                 Slot::Connecting { id, opened } => (*id, opened.clone()),
                 Slot::Empty => {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -569,15 +575,14 @@ impl Direct {
         let mut slot = self.slot();
         let current = matches!(&*slot, Slot::Connecting { id: current, .. } if *current == id);
         match result {
-            Ok(Opened { conn, info }) => {
+            Ok(Opened { conn }) => {
                 if current {
                     *slot = Slot::Ready {
                         id,
                         conn: conn.clone(),
                     };
-                    return Ok((id, conn, Some(info)));
                 }
-                Ok((id, conn, None))
+                Ok((id, conn))
             }
             Err(err) => {
                 if current {
@@ -597,6 +602,7 @@ impl Direct {
             .set_response_timeout(None)
             .set_pipeline_buffer_size(PIPELINE_BUFFER);
         let check_persistence = self.check_persistence;
+        let quarantine = self.quarantine.clone();
         let connect = async move {
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&config)
@@ -611,13 +617,15 @@ impl Direct {
             load_scripts(&mut load);
             load.cmd("INFO").arg("server");
             let (info,): (String,) = load.query_async(&mut conn).await?;
+            // Before the connection is handed to anyone: a node that restarted is in
+            // quarantine before its first vote on the new connection is counted.
+            if let Some(quarantine) = &quarantine {
+                quarantine.observe(&info);
+            }
             if check_persistence {
                 warn_unless_durable(&mut conn, &name).await;
             }
-            Ok(Opened {
-                conn,
-                info: info.into(),
-            })
+            Ok(Opened { conn })
         };
         let opening: BoxFuture<'static, _> = match tokio::runtime::Handle::try_current() {
             Ok(handle) => {

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use futures_util::StreamExt;
+use futures_util::future::{self, BoxFuture, FutureExt};
 
 use crate::client::Shared;
 use crate::error::{Error, NodeError, NodeFailure};
@@ -204,6 +205,19 @@ impl Fanout {
         kind: OpKind,
         which: Option<&[usize]>,
     ) -> Self {
+        Self::start_after(shared, target, kind, which, None)
+    }
+
+    /// [`start`](Self::start), but on each node that `after` covers the command is sent
+    /// only once the earlier commands there have completed, so it cannot overtake them
+    /// (see [`InFlight`]). Waiting is bounded: those commands have timeouts of their own.
+    pub(crate) fn start_after(
+        shared: &Arc<Shared>,
+        target: &Arc<Target>,
+        kind: OpKind,
+        which: Option<&[usize]>,
+        after: Option<&InFlight>,
+    ) -> Self {
         let n = shared.nodes.len();
         let mut pending = Vec::with_capacity(which.map_or(n, <[usize]>::len));
         let queued: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(false)).collect();
@@ -213,7 +227,11 @@ impl Fanout {
             let shared = Arc::clone(shared);
             let command = Arc::clone(&command);
             let queued = Arc::clone(&queued);
+            let after = after.filter(|a| a.covers(index)).cloned();
             let fut: NodeFuture = Box::pin(async move {
+                if let Some(after) = after {
+                    after.wait().await;
+                }
                 let result = match (shared.nodes.get(index), queued.get(index)) {
                     (Some(node), Some(queued)) => {
                         node.run(&command, shared.node_timeout, queued).await
@@ -341,16 +359,6 @@ impl Fanout {
             .collect()
     }
 
-    /// The error for an outcome decided by failed nodes.
-    pub(crate) fn no_quorum(&self, resource: &str) -> Error {
-        Error::NoQuorum {
-            resource: resource.to_owned(),
-            needed: self.tally.quorum,
-            total: self.tally.nodes,
-            failures: self.failures(),
-        }
-    }
-
     /// Waits for the node operations still in flight and hands back the nodes they were
     /// on, for a cleanup that must come after them.
     pub(crate) fn take_pending(&mut self) -> Pending {
@@ -361,14 +369,27 @@ impl Fanout {
     /// dropping them half-way (a dropped request may never be sent).
     ///
     /// Returns what a later command to the same nodes must wait for: the operations
-    /// not yet in their node's connection queue (still connecting, or pooled), which a
-    /// later command could otherwise overtake.
+    /// not yet in their node's connection queue (still connecting, waiting for an
+    /// earlier command, or pooled), which a later command could otherwise overtake.
     pub(crate) fn finish_in_background(mut self) -> Option<InFlight> {
         let mut pending = self.take_pending();
         if pending.is_empty() {
             return None;
         }
-        let nodes: Vec<usize> = (0..self.answers.len())
+        let nodes = self.unqueued();
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        if nodes.is_empty() {
+            handle.spawn(async move { while pending.next().await.is_some() {} });
+            return None;
+        }
+        Some(InFlight::spawn(&handle, nodes, async move {
+            while pending.next().await.is_some() {}
+        }))
+    }
+
+    /// Nodes whose command has not answered and is not in the connection queue.
+    fn unqueued(&self) -> Vec<usize> {
+        (0..self.answers.len())
             .filter(|&i| self.answers.get(i).is_some_and(Option::is_none))
             .filter(|&i| {
                 !self
@@ -376,31 +397,163 @@ impl Fanout {
                     .get(i)
                     .is_some_and(|q| q.load(Ordering::Acquire))
             })
-            .collect();
-        let handle = tokio::runtime::Handle::try_current().ok()?;
-        let done = handle.spawn(async move { while pending.next().await.is_some() {} });
-        (!nodes.is_empty()).then_some(InFlight { nodes, done })
+            .collect()
+    }
+
+    /// Drives the fan-out in a task of its own until every node answered or timed out,
+    /// and reports the tally once `until` is reached. Dropping the receiver (the caller
+    /// was cancelled) does not stop the commands: a command whose future is dropped
+    /// before the connection sends it is never sent, so awaiting one in place is not
+    /// cancel-safe. Without a runtime, drives it in place instead.
+    pub(crate) async fn drive(self, until: Until) -> Decision {
+        self.drive_holding(until, ()).await
+    }
+
+    /// [`drive`](Self::drive), keeping `guard` until every node answered or timed out.
+    pub(crate) async fn drive_holding<G: Send + 'static>(
+        mut self,
+        until: Until,
+        guard: G,
+    ) -> Decision {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            let tally = self.run_until(until).await;
+            drop(guard);
+            return Decision {
+                tally,
+                failures: self.failures(),
+            };
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        handle.spawn(async move {
+            let tally = self.run_until(until).await;
+            let _ = tx.send(Decision {
+                tally,
+                failures: self.failures(),
+            });
+            self.until_done().await;
+            drop(guard);
+        });
+        rx.await.unwrap_or(Decision {
+            tally: Tally::new(0),
+            failures: Vec::new(),
+        })
+    }
+
+    async fn run_until(&mut self, until: Until) -> Tally {
+        match until {
+            Until::Decided => self.until_decided().await,
+            Until::WonOrDone => self.until_won_or_done().await,
+            Until::Done => self.until_done().await,
+        }
     }
 }
 
-/// Node operations of a fan-out that returned at its quorum, still completing in the
-/// background.
+/// When [`Fanout::drive`] reports.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Until {
+    /// The majority outcome is known.
+    Decided,
+    /// A majority said yes, or every node answered.
+    WonOrDone,
+    /// Every node answered or timed out.
+    Done,
+}
+
+/// What a driven fan-out reports: the votes, and what failed on which node.
 #[derive(Debug)]
+pub(crate) struct Decision {
+    pub(crate) tally: Tally,
+    pub(crate) failures: Vec<NodeFailure>,
+}
+
+impl Decision {
+    /// The error for an outcome decided by failed nodes.
+    pub(crate) fn no_quorum(self, resource: &str) -> Error {
+        Error::NoQuorum {
+            resource: resource.to_owned(),
+            needed: self.tally.quorum,
+            total: self.tally.nodes,
+            failures: self.failures,
+        }
+    }
+}
+
+/// Commands of one lock that are not yet in their node's connection queue (still
+/// connecting, or waiting for an earlier command), completing in the background.
+///
+/// Commands to one node travel in one queue and run in its order, so a command queued
+/// later runs later, except after one of these: a later command to those nodes must
+/// wait for them ([`Fanout::start_after`]). That keeps, per node, the order in which a
+/// lock's operations were issued: acquire, raise the fence, extend, release.
+#[derive(Clone)]
 pub(crate) struct InFlight {
     /// The nodes they are on.
-    pub(crate) nodes: Vec<usize>,
-    done: tokio::task::JoinHandle<()>,
+    pub(crate) nodes: Arc<[usize]>,
+    done: future::Shared<BoxFuture<'static, ()>>,
+    finished: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("nodes", &self.nodes)
+            .field("done", &self.is_done())
+            .finish()
+    }
 }
 
 impl InFlight {
+    /// Runs `work` (the commands on `nodes`) in a task of its own.
+    fn spawn(
+        handle: &tokio::runtime::Handle,
+        nodes: Vec<usize>,
+        work: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        let finished = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&finished);
+        let task = handle.spawn(async move {
+            work.await;
+            flag.store(true, Ordering::Release);
+        });
+        let done: BoxFuture<'static, ()> = Box::pin(async move {
+            let _ = task.await;
+        });
+        Self {
+            nodes: nodes.into(),
+            done: done.shared(),
+            finished,
+        }
+    }
+
+    /// Both `a` and `b` (either may be absent).
+    pub(crate) fn join(a: Option<Self>, b: Option<Self>) -> Option<Self> {
+        match (a, b) {
+            (Some(a), Some(b)) => {
+                let handle = tokio::runtime::Handle::try_current().ok()?;
+                let mut nodes: Vec<usize> = a.nodes.iter().chain(b.nodes.iter()).copied().collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                Some(Self::spawn(&handle, nodes, async move {
+                    futures_util::future::join(a.done, b.done).await;
+                }))
+            }
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether node `index` has one of them.
+    pub(crate) fn covers(&self, index: usize) -> bool {
+        self.nodes.contains(&index)
+    }
+
     /// Whether all of them have completed.
     pub(crate) fn is_done(&self) -> bool {
-        self.done.is_finished()
+        self.finished.load(Ordering::Acquire)
     }
 
     /// Waits until all of them have completed (each is bounded by the node timeout).
-    pub(crate) async fn wait(self) {
-        let _ = self.done.await;
+    pub(crate) async fn wait(&self) {
+        self.done.clone().await;
     }
 }
 

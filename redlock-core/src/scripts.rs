@@ -75,9 +75,11 @@ return released
 /// A queued waiter's attempt. `KEYS`: the n lock keys, then their wait queues, then the
 /// queues' deadlines, then (with fencing) their counters. `ARGV`: value, TTL ms, waiter
 /// id, the time it began waiting (its place in the queues), how long its places are kept
-/// (ms), n. If every lock key is free or handed over to this waiter: takes them all
-/// (incrementing the counters), leaves the queues, and returns the highest token (1
-/// without fencing). Otherwise joins or refreshes its places and returns 0.
+/// (ms), n. If every lock key is free or handed over to this waiter: takes them all,
+/// sets every counter to one above the highest of them (the token: so every resource's
+/// counter reaches every token issued for it, also through a multi-resource lock),
+/// leaves the queues, and returns the token (1 without fencing). Otherwise joins or
+/// refreshes its places and returns 0.
 pub(crate) static ACQUIRE_QUEUED: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_QUEUED_SOURCE));
 const ACQUIRE_QUEUED_SOURCE: &str = r"
@@ -94,11 +96,16 @@ end
 if free then
   local token = 1
   if #KEYS == 4 * n then
+    local highest = 0
     for i = 1, n do
-      local t = redis.call('INCR', KEYS[3 * n + i])
-      if t > token then
-        token = t
+      local t = tonumber(redis.call('GET', KEYS[3 * n + i]) or '0')
+      if t > highest then
+        highest = t
       end
+    end
+    token = highest + 1
+    for i = 1, n do
+      redis.call('SET', KEYS[3 * n + i], string.format('%d', token))
     end
   end
   for i = 1, n do
@@ -156,9 +163,10 @@ return 1
 ";
 
 /// Fencing acquire. `KEYS` holds the lock keys, then as many counter keys. If no lock
-/// key exists: increments every counter, sets every lock key to `ARGV[1]` with a TTL of
-/// `ARGV[2]` ms, and returns the highest counter (a token >= 1). Otherwise changes
-/// nothing and returns 0.
+/// key exists: sets every counter to one above the highest of them (the token), sets
+/// every lock key to `ARGV[1]` with a TTL of `ARGV[2]` ms, and returns the token (>= 1).
+/// Every resource's counter thus reaches the token, so a later lock of any one of them
+/// counts past it. Otherwise changes nothing and returns 0.
 pub(crate) static ACQUIRE_FENCED: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_FENCED_SOURCE));
 const ACQUIRE_FENCED_SOURCE: &str = r"
@@ -170,12 +178,14 @@ for i = 1, n do
 end
 local token = 0
 for i = 1, n do
-  local t = redis.call('INCR', KEYS[n + i])
+  local t = tonumber(redis.call('GET', KEYS[n + i]) or '0')
   if t > token then
     token = t
   end
 end
+token = token + 1
 for i = 1, n do
+  redis.call('SET', KEYS[n + i], string.format('%d', token))
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
 end
 return token

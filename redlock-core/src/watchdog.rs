@@ -17,16 +17,18 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Shared;
-use crate::quorum::{OpKind, Target};
+use crate::quorum::{InFlight, OpKind, Target};
 
 /// What a lock guard and the watchdog share.
 #[derive(Debug)]
 pub(crate) struct LockState {
-    valid_until: Mutex<Instant>,
+    /// When the validity ends. It moves with every extension, backwards too (an
+    /// extension to a shorter TTL); watchers are told.
+    valid_until: watch::Sender<Instant>,
     ttl: Mutex<Duration>,
     /// Cancelled when the lock is lost.
     pub(crate) lost: CancellationToken,
@@ -34,40 +36,84 @@ pub(crate) struct LockState {
     pub(crate) ended: AtomicBool,
     /// Nodes that accepted the last extension.
     pub(crate) last_votes: AtomicUsize,
+    /// The acquisition's commands (and its fence write-back) not yet queued on some
+    /// nodes: every later command of this lock to those nodes waits for them.
+    barrier: Option<InFlight>,
+    /// Held by an extension (the holder's or the watchdog's) until its commands have
+    /// completed on every node: extensions never overlap, so the one that set a TTL
+    /// last on a node is the one whose validity the holder counts.
+    extending: Arc<tokio::sync::Mutex<()>>,
+    /// The watchdog's id for this lock (0 while not watched).
+    pub(crate) watch_id: AtomicU64,
 }
 
 impl LockState {
-    pub(crate) fn new(valid_until: Instant, ttl: Duration) -> Self {
+    pub(crate) fn new(valid_until: Instant, ttl: Duration, barrier: Option<InFlight>) -> Self {
         Self {
-            valid_until: Mutex::new(valid_until),
+            valid_until: watch::Sender::new(valid_until),
             ttl: Mutex::new(ttl),
             lost: CancellationToken::new(),
             ended: AtomicBool::new(false),
             last_votes: AtomicUsize::new(0),
+            barrier,
+            extending: Arc::new(tokio::sync::Mutex::new(())),
+            watch_id: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        *self
-            .valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        *self.valid_until.borrow()
+    }
+
+    /// A receiver that sees every change of the validity end.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Instant> {
+        self.valid_until.subscribe()
     }
 
     pub(crate) fn ttl(&self) -> Duration {
         *self.ttl.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records a successful extension (never moves the validity backwards).
+    /// The commands a new command of this lock must not overtake, if any are left.
+    pub(crate) fn barrier(&self) -> Option<&InFlight> {
+        self.barrier.as_ref().filter(|b| !b.is_done())
+    }
+
+    /// Waits until no other extension of this lock is under way; the guard keeps it so
+    /// until dropped.
+    pub(crate) async fn begin_extension(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        Arc::clone(&self.extending).lock_owned().await
+    }
+
+    /// The guard of [`begin_extension`](Self::begin_extension), if no extension is under
+    /// way now.
+    pub(crate) fn try_begin_extension(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        Arc::clone(&self.extending).try_lock_owned().ok()
+    }
+
+    /// Records an extension a majority accepted: the keys now live at least `ttl` from
+    /// `sent_at` on a majority, so the validity is `sent_at + ttl - drift`, whatever it
+    /// was before (earlier or later).
     pub(crate) fn extended(&self, valid_until: Instant, ttl: Duration) {
-        let mut current = self
-            .valid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if valid_until > *current {
-            *current = valid_until;
-        }
         *self.ttl.lock().unwrap_or_else(PoisonError::into_inner) = ttl;
+        self.valid_until.send_if_modified(|current| {
+            let changed = *current != valid_until;
+            *current = valid_until;
+            changed
+        });
+    }
+
+    /// Records an extension that did not reach a majority: nodes that did apply it now
+    /// let the keys expire at `bound` (plus drift) at the earliest, so the validity
+    /// ends there if that is sooner (a failed extension to a shorter TTL).
+    pub(crate) fn not_extended(&self, bound: Instant) {
+        self.valid_until.send_if_modified(|current| {
+            let sooner = bound < *current;
+            if sooner {
+                *current = bound;
+            }
+            sooner
+        });
     }
 
     pub(crate) fn is_ended(&self) -> bool {
@@ -87,9 +133,11 @@ pub(crate) struct Watched {
 /// The handle to a `Redlock`'s watchdog task, started on first use.
 #[derive(Default)]
 pub(crate) struct Watchdog {
-    sender: Mutex<Option<mpsc::UnboundedSender<Watched>>>,
+    sender: Mutex<Option<mpsc::UnboundedSender<Message>>>,
     /// Extension rounds sent (each: one pipeline per node).
     pub(crate) rounds: AtomicU64,
+    /// Ids of watched locks.
+    next_id: AtomicU64,
 }
 
 impl Watchdog {
@@ -97,23 +145,46 @@ impl Watchdog {
     /// is not running. Without a runtime, the lock is not watched and `false` returned.
     pub(crate) fn watch(&self, shared: &Arc<Shared>, watched: Watched) -> bool {
         let mut sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        let watched = match sender.as_ref() {
-            Some(tx) => match tx.send(watched) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        watched.state.watch_id.store(id, Ordering::Release);
+        let message = match sender.as_ref() {
+            Some(tx) => match tx.send(Message::Watch(id, watched)) {
                 Ok(()) => return true,
-                Err(mpsc::error::SendError(watched)) => watched,
+                Err(mpsc::error::SendError(message)) => message,
             },
-            None => watched,
+            None => Message::Watch(id, watched),
         };
         // Not running (or its runtime has gone): start it.
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return false;
         };
         let (tx, rx) = mpsc::unbounded_channel();
-        let _ = tx.send(watched);
+        let _ = tx.send(message);
         handle.spawn(run(Arc::downgrade(shared), rx));
         *sender = Some(tx);
         true
     }
+
+    /// Tells the watchdog that the holder extended the lock `state` itself: its next
+    /// extension and loss deadline follow from that extension's TTL and validity.
+    pub(crate) fn rescheduled(&self, state: &LockState, extended_at: Instant) {
+        let id = state.watch_id.load(Ordering::Acquire);
+        if id == 0 {
+            return;
+        }
+        let sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(tx) = sender.as_ref() {
+            let _ = tx.send(Message::Extended(id, extended_at));
+        }
+    }
+}
+
+/// What the watchdog task is told.
+enum Message {
+    /// Watch this lock under this id.
+    Watch(u64, Watched),
+    /// The holder extended lock `id` itself, starting at this instant.
+    Extended(u64, Instant),
 }
 
 struct Entry {
@@ -158,9 +229,8 @@ impl Drop for Entries {
 }
 
 /// The watchdog task. Ends when the client is gone and no lock is watched.
-async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Watched>) {
+async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Message>) {
     let mut entries = Entries::default();
-    let mut next_id: u64 = 0;
     let mut in_flight: FuturesUnordered<BoxFuture<'static, Outcome>> = FuturesUnordered::new();
     let mut open = true;
     // When to tick next: recomputed over all entries only after a tick or an outcome
@@ -183,9 +253,8 @@ async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Watched
         drop(shared);
         tokio::select! {
             received = incoming.recv(), if open => match received {
-                Some(watched) => {
+                Some(Message::Watch(id, watched)) => {
                     let ttl = watched.state.ttl();
-                    next_id += 1;
                     let entry = Entry {
                         next_extend: Instant::now() + ttl / 3,
                         watched,
@@ -194,7 +263,13 @@ async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Watched
                     if let (Some(wake), Some(shared)) = (wake_at.as_mut(), client.upgrade()) {
                         *wake = [*wake, entry_wake(&shared, &entry)].into_iter().flatten().min();
                     }
-                    entries.insert(next_id, entry);
+                    entries.insert(id, entry);
+                }
+                Some(Message::Extended(id, at)) => {
+                    if let Some(entry) = entries.get_mut(&id) {
+                        entry.next_extend = at + entry.watched.state.ttl() / 3;
+                    }
+                    wake_at = None;
                 }
                 None => open = false,
             },
@@ -270,12 +345,26 @@ fn tick(
     // period: locks taken at different times thus converge on the same rounds, and
     // share their round trips.
     let mut batch: Vec<(u64, Arc<Target>, Duration)> = Vec::new();
+    let mut guards = Vec::new();
     for (id, entry) in entries.iter_mut() {
         let ttl = entry.watched.state.ttl();
         if entry.extending || now >= entry.watched.stop_at {
             continue;
         }
         if entry.next_extend <= now + ttl / 6 {
+            let state = &entry.watched.state;
+            // Not before the acquisition's own commands are queued on every node (an
+            // extension that overtook a SET would leave that node at the SET's TTL),
+            // nor while the holder extends it: look again shortly.
+            let guard = match state.barrier() {
+                None => state.try_begin_extension(),
+                Some(_) => None,
+            };
+            let Some(guard) = guard else {
+                entry.next_extend = now + Duration::from_millis(2);
+                continue;
+            };
+            guards.push(guard);
             entry.extending = true;
             batch.push((*id, Arc::clone(&entry.watched.target), ttl));
         }
@@ -284,7 +373,13 @@ fn tick(
         return None;
     }
     shared.watchdog.rounds.fetch_add(1, Ordering::Relaxed);
-    Some(Box::pin(extend_batch(Arc::clone(shared), batch)))
+    let round = extend_batch(Arc::clone(shared), batch);
+    Some(Box::pin(async move {
+        let outcome = round.await;
+        // The round is over on every node: the next extension may start.
+        drop(guards);
+        outcome
+    }))
 }
 
 /// Extends every lock of `batch` on every node: one pipeline per node.
@@ -342,12 +437,14 @@ fn apply(shared: &Shared, entries: &mut HashMap<u64, Entry>, outcome: Outcome) {
         let state = &entry.watched.state;
         let ttl = outcome.ttl.get(&id).copied().unwrap_or_else(|| state.ttl());
         state.last_votes.store(yes, Ordering::Relaxed);
+        let validity = ttl.saturating_sub(shared.drift(ttl));
+        let bound = outcome.sent_at + validity;
         if yes >= quorum && now < state.valid_until() {
-            let validity = ttl.saturating_sub(shared.drift(ttl));
-            state.extended(outcome.sent_at + validity, ttl);
+            state.extended(bound, ttl);
             entry.next_extend = outcome.sent_at + ttl / 3;
             tracing::trace!(resource = %entry.watched.resource, votes = yes, "extended");
         } else {
+            state.not_extended(bound);
             // Try again soon; the loss deadline decides when to give up.
             entry.next_extend = now + (ttl / 20).max(Duration::from_millis(5));
             tracing::debug!(
