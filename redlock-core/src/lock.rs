@@ -123,11 +123,16 @@ impl Lock {
     /// [`Acquire::fencing`](crate::Acquire::fencing)).
     ///
     /// It is strictly greater than every token handed out before for this resource (for a
-    /// multi-resource lock: for each of its resources). Pass it with every write to the
-    /// protected resource, and have the resource reject a write whose token is lower than
-    /// the highest it has seen: a holder that was paused past its validity is then
-    /// refused instead of overwriting its successor's work. The guarantee holds as long
-    /// as the nodes keep their counters (persistence with `appendfsync always`).
+    /// multi-resource lock: for each of its resources), by any of the lock calls. Pass it
+    /// with every write to the protected resource, and have the resource reject a write
+    /// whose token is lower than the highest it has seen: a holder that was paused past
+    /// its validity is then refused instead of overwriting its successor's work.
+    ///
+    /// The token was stored on a majority of nodes before the lock was granted, and is
+    /// written to every other node the client reaches. The guarantee holds as long as at
+    /// most a minority of nodes loses its counters between two acquisitions (one node of
+    /// three restarting empty, say); across restarts of a majority, only with
+    /// persistence (`appendonly yes`, `appendfsync always`).
     pub fn fencing_token(&self) -> Option<u64> {
         self.token
     }

@@ -57,17 +57,7 @@ async fn cancelled_cleanup_still_releases() {
         let resource = format!("cancel-cleanup-{polls}");
         let key = redlock.key_for(&resource);
         for i in 0..2 {
-            let _: () = cluster
-                .node(i)
-                .query(
-                    redis::cmd("SET")
-                        .arg(&key)
-                        .arg("stray")
-                        .arg("PX")
-                        .arg(60_000),
-                )
-                .await
-                .unwrap();
+            common::set_stray(&cluster, i, &key).await;
         }
         let acquire = redlock
             .try_lock(resource.as_str())

@@ -84,17 +84,7 @@ async fn tokens_go_up_after_one_node_restarts_empty() {
     }
     let key = redlock.key_for(resource);
     // A stray lock on node 2 only: node 2 says no to the next acquisition.
-    let _: () = cluster
-        .node(2)
-        .query(
-            redis::cmd("SET")
-                .arg(&key)
-                .arg("stray")
-                .arg("PX")
-                .arg(60_000),
-        )
-        .await
-        .unwrap();
+    common::set_stray(&cluster, 2, &key).await;
     let issued = token_of(&redlock, resource).await;
     let _: () = cluster
         .node(2)

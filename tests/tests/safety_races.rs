@@ -31,6 +31,20 @@ fn client(urls: Vec<String>, ttl: Duration, quarantine: bool, wake: bool) -> Red
         .unwrap()
 }
 
+/// Four clients, half of them queued (woken by hand-overs), half on timers, once a
+/// majority of nodes votes for each (fresh nodes are in quarantine themselves).
+async fn ready_clients(urls: &[String], ttl: Duration, quarantine: bool) -> Vec<Redlock> {
+    let redlocks: Vec<Redlock> = (0..4)
+        .map(|c| client(urls.to_vec(), ttl, quarantine, c % 2 == 0))
+        .collect();
+    for redlock in &redlocks {
+        while !redlock.ready().await {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    redlocks
+}
+
 /// Records one hold of `lock` lasting about `hold`, then releases it.
 async fn hold(lock: Lock, client: usize, hold: Duration, log: &SafetyLog) {
     let start = Instant::now();
@@ -86,15 +100,7 @@ async fn restart_race(quarantine: bool, rounds: usize) -> Vec<Violation> {
     let mut cluster = Cluster::start(3).await;
     let ttl = Duration::from_millis(1000);
     let period = ttl + Duration::from_secs(1);
-    let redlocks: Vec<Redlock> = (0..4)
-        .map(|c| client(cluster.urls(), ttl, quarantine, c % 2 == 0))
-        .collect();
-    // Fresh nodes are in quarantine themselves: wait it out.
-    for redlock in &redlocks {
-        while !redlock.ready().await {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+    let redlocks = ready_clients(&cluster.urls(), ttl, quarantine).await;
     let log = Arc::new(SafetyLog::new());
     let stop = Arc::new(AtomicBool::new(false));
     let tasks = contenders(&redlocks, Duration::from_millis(150), false, &log, &stop);
@@ -180,14 +186,7 @@ async fn mixed_fencing(wipe_counters: bool) -> (Vec<Violation>, usize) {
     let cluster = Arc::new(tokio::sync::Mutex::new(Cluster::start_proxied(5).await));
     let urls = cluster.lock().await.urls();
     let ttl = Duration::from_millis(400);
-    let redlocks: Vec<Redlock> = (0..4)
-        .map(|c| client(urls.clone(), ttl, true, c % 2 == 0))
-        .collect();
-    for redlock in &redlocks {
-        while !redlock.ready().await {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+    let redlocks = ready_clients(&urls, ttl, true).await;
     let log = Arc::new(SafetyLog::new());
     let stop = Arc::new(AtomicBool::new(false));
     let faults_stop = Arc::new(AtomicBool::new(false));

@@ -78,3 +78,19 @@ pub async fn settle_keys(cluster: &Cluster, pattern: &str, expected: usize) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// Sets `key` on node `node` to a value no client holds (a stray lock) for a minute, so
+/// that node says no to acquisitions of it.
+pub async fn set_stray(cluster: &Cluster, node: usize, key: &str) {
+    let _: () = cluster
+        .node(node)
+        .query(
+            redis::cmd("SET")
+                .arg(key)
+                .arg("stray")
+                .arg("PX")
+                .arg(60_000),
+        )
+        .await
+        .expect("node answers");
+}
