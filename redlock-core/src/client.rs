@@ -392,12 +392,19 @@ impl<'a> Acquire<'a> {
                             .wait(delay, retry.wake_jitter(), shared.quorum())
                             .await;
                     }
-                    // Busy: from now on, wait in the queue. (Listening for releases, the
-                    // holder may have released while we subscribed: try again at once.)
+                    // Busy: from now on, wait in the queue. A release from now on wakes
+                    // us; one between the attempt and the subscription is missed, and
+                    // the retry delay covers it (a lost attempt never makes anyone retry
+                    // at once: on a bare majority, that would spin).
                     (None, None, AttemptFailure::Taken { .. }) if shared.wakeups.is_some() => {
                         (subscription, queue) = join_queue(&shared, &keys, &retry).await;
-                        if subscription.is_none() {
-                            tokio::time::sleep(delay).await;
+                        match &subscription {
+                            Some(subscription) => {
+                                subscription
+                                    .wait(delay, retry.wake_jitter(), shared.quorum())
+                                    .await;
+                            }
+                            None => tokio::time::sleep(delay).await,
                         }
                     }
                     _ => tokio::time::sleep(delay).await,
@@ -682,7 +689,9 @@ impl AttemptGuard {
         (Arc::clone(&self.target), fanout)
     }
 
-    /// The attempt failed: release on every node. Nodes that answered are released
+    /// The attempt failed: release on every node, quietly (a lost attempt wakes
+    /// nobody and hands nothing over: waiters that did would retry at once, and on a
+    /// bare majority spin). Nodes that answered are released
     /// before returning (so that a retry, or a competitor, finds them clean); nodes that
     /// failed are released in the background, and nodes still in flight right after
     /// their SET completes (a paused node would otherwise hold every failed attempt up
@@ -693,9 +702,6 @@ impl AttemptGuard {
             return;
         };
         let mut answered = fanout.nodes_answering(true);
-        // Keys this attempt set may have made competitors fail too (a split vote):
-        // removing them wakes the waiters, or all would sleep their fallback delay.
-        let notify = !answered.is_empty();
         answered.append(&mut fanout.nodes_answering(false));
         release_after(
             &self.shared,
@@ -707,7 +713,7 @@ impl AttemptGuard {
             Fanout::start(
                 &self.shared,
                 &self.target,
-                OpKind::Release { notify },
+                OpKind::Release { hand_over: false },
                 Some(&answered),
             )
             .drive(Until::Done)
@@ -762,7 +768,7 @@ fn release_after(shared: &Arc<Shared>, target: &Arc<Target>, pending: Pending, n
 async fn release_one(shared: &Shared, target: &Target, index: usize) {
     if let Some(node) = shared.nodes.get(index) {
         let queued = std::sync::atomic::AtomicBool::new(false);
-        let command = Command::new(target.op(OpKind::Release { notify: false }));
+        let command = Command::new(target.op(OpKind::Release { hand_over: false }));
         let _ = node.run(&command, shared.node_timeout, &queued).await;
     }
 }

@@ -461,7 +461,7 @@ fn start_release(shared: &Arc<Shared>, target: &Arc<Target>, after: Option<&InFl
     Fanout::start_after(
         shared,
         target,
-        OpKind::Release { notify: true },
+        OpKind::Release { hand_over: true },
         None,
         after,
     )

@@ -65,13 +65,13 @@ pub(crate) enum Op<'a> {
         fence_keys: &'a [String],
         token: u64,
     },
-    /// Compare-and-delete (or hand over to the next queued waiter) every key; `notify`:
-    /// wake waiters on a deletion (a lock's release). `dequeue`: first remove this
+    /// Compare-and-delete every key; with `hand_over` (a lock's release), hand it over to
+    /// the next queued waiter or wake the waiters instead. `dequeue`: first remove this
     /// waiter from the keys' wait queues.
     Release {
         keys: &'a [String],
         value: &'a str,
-        notify: bool,
+        hand_over: bool,
         handoff_ms: u64,
         dequeue: Option<&'a str>,
     },
@@ -748,7 +748,7 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
         Op::Release {
             keys,
             value,
-            notify,
+            hand_over,
             handoff_ms,
             dequeue,
         } => {
@@ -756,7 +756,7 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             evalsha(
                 &scripts::RELEASE,
                 &all.iter().collect::<Vec<_>>(),
-                &release_args(value, notify, handoff_ms, dequeue),
+                &release_args(value, hand_over, handoff_ms, dequeue),
             )
         }
         Op::Extend {
@@ -774,10 +774,10 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
     }
 }
 
-fn release_args(value: &str, notify: bool, handoff_ms: u64, dequeue: Option<&str>) -> [String; 4] {
+fn release_args(value: &str, hand_over: bool, handoff_ms: u64, dequeue: Option<&str>) -> [String; 4] {
     [
         value.to_owned(),
-        u8::from(notify).to_string(),
+        u8::from(hand_over).to_string(),
         handoff_ms.to_string(),
         dequeue.unwrap_or_default().to_owned(),
     ]

@@ -77,9 +77,11 @@ pub(crate) enum OpKind {
     RaiseFence {
         token: u64,
     },
-    /// `notify`: wake waiters (a lock's release, or a failed attempt that set keys).
+    /// `hand_over`: a lock's release, which hands the lock over to the next queued
+    /// waiter or wakes the waiters; otherwise the cleanup of a lost attempt, which tells
+    /// nobody (see `scripts::RELEASE`).
     Release {
-        notify: bool,
+        hand_over: bool,
     },
     Extend {
         ttl_ms: u64,
@@ -115,17 +117,17 @@ impl Target {
                 fence_keys: &self.fence_keys,
                 token,
             },
-            OpKind::Release { notify } => Op::Release {
+            OpKind::Release { hand_over } => Op::Release {
                 keys: &self.keys,
                 value: &self.value,
-                notify,
+                hand_over,
                 handoff_ms: self.handoff_ms,
                 dequeue: None,
             },
             OpKind::Dequeue => Op::Release {
                 keys: &self.keys,
                 value: &self.value,
-                notify: true,
+                hand_over: true,
                 handoff_ms: self.handoff_ms,
                 dequeue: self.waiter.as_ref().map(|w| w.id.as_str()),
             },

@@ -10,16 +10,21 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// Releases: for each lock key of `KEYS` (the first third; then as many wait queues,
-/// then as many queue deadlines) that still holds `ARGV[1]`, hands the lock over to the
-/// first live waiter of its queue, or deletes it. A hand-over stores `~<waiter>` in the
-/// key for the time the waiter's id ends with (`<random>:<ms>`; `ARGV[3]` ms if none):
-/// only that waiter may take it, nobody else's SET NX succeeds; and
-/// publishes the waiter's id on its client's channel (`redlock-wake:<client>`, the part
-/// of the id before the `.`); a deletion publishes an empty message on the key's channel
-/// when `ARGV[2] == '1'` (a lock's release, or the cleanup of a failed attempt that had
-/// set keys), see `wake.rs`. With `ARGV[4]` not empty, first removes that waiter from the
-/// queues (a waiter leaving: with `ARGV[1] = '~' .. ARGV[4]` it also passes on a
-/// hand-over it did not take). Returns how many keys it released.
+/// then as many queue deadlines) that still holds `ARGV[1]`:
+///
+/// - with `ARGV[2] == '1'` (a lock's release, or a waiter passing on a hand-over it did
+///   not take), hands the lock over to the first live waiter of its queue, or deletes it
+///   and publishes an empty message on the key's channel (see `wake.rs`). A hand-over
+///   stores `~<waiter>` in the key for the time the waiter's id ends with
+///   (`<random>:<ms>`; `ARGV[3]` ms if none): only that waiter may take it, nobody
+///   else's SET NX succeeds; and publishes the waiter's id on its client's channel
+///   (`redlock-wake:<client>`, the part of the id before the `.`);
+/// - otherwise (the cleanup of an attempt that lost), deletes it and tells nobody: a lost
+///   attempt must not make anyone retry before their retry delay.
+///
+/// With `ARGV[4]` not empty, first removes that waiter from the queues (a waiter
+/// leaving: with `ARGV[1] = '~' .. ARGV[4]` it also passes on a hand-over it did not
+/// take). Returns how many keys it released.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 const RELEASE_SOURCE: &str = r"
 local n = #KEYS / 3
@@ -34,7 +39,7 @@ for i = 1, n do
   if redis.call('GET', key) == ARGV[1] then
     released = released + 1
     local heir = nil
-    if redis.call('EXISTS', queue) == 1 then
+    if ARGV[2] == '1' and redis.call('EXISTS', queue) == 1 then
       if now == nil then
         local t = redis.call('TIME')
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -1,0 +1,118 @@
+//! Waiting for a busy lock under faults, against real redis-server nodes: waiters honour
+//! the retry delay whatever the nodes say, a dead heir is skipped, every client gets a
+//! bounded wait, and a free resource can always be try-locked.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::{Duration, Instant};
+
+use redlock_core::{Error, Redlock, RetryPolicy};
+use redlock_testkit::Cluster;
+
+/// Commands clients sent node `i` since its last `CONFIG RESETSTAT`: `SET` (a first,
+/// unqueued attempt) and `EVALSHA` (every script: queued attempts, releases, leaving the
+/// queue). The commands the scripts call count too, in their own entries: left out.
+async fn lock_commands(cluster: &Cluster, i: usize) -> u64 {
+    let info: String = cluster
+        .node(i)
+        .query(redis::cmd("INFO").arg("commandstats"))
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            if !["evalsha", "eval"].contains(&name) {
+                return None;
+            }
+            rest.split(',')
+                .find_map(|field| field.strip_prefix("calls="))?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+async fn reset_stats(cluster: &Cluster) {
+    for i in 0..cluster.len() {
+        let () = cluster
+            .node(i)
+            .query(redis::cmd("CONFIG").arg("RESETSTAT"))
+            .await
+            .unwrap();
+    }
+}
+
+fn client(cluster: &Cluster, retry: RetryPolicy) -> Redlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .restart_quarantine(false) // fresh nodes
+        .ttl(Duration::from_secs(30))
+        .fencing(true)
+        .retry(retry)
+        .build()
+        .unwrap()
+}
+
+/// The holder's keys cover a bare majority (3 of 5: two nodes lost them, as after a
+/// restart without persistence). Waiters win the two empty nodes on every attempt and
+/// miss the quorum; neither the cleanup of such a lost attempt nor its hand-over to the
+/// next queued waiter may make anyone retry before its retry delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_do_not_spin_on_a_bare_majority() {
+    let cluster = Cluster::start(5).await;
+    let delay = Duration::from_millis(100);
+    let retry = RetryPolicy::deadline(Duration::from_secs(5)).with_delay(delay, delay / 2);
+    let holder = client(&cluster, retry);
+    let lock = holder.lock("spin").await.unwrap();
+    let key = holder.key_for("spin");
+    for i in [3, 4] {
+        let () = cluster
+            .node(i)
+            .query(redis::cmd("DEL").arg(&key))
+            .await
+            .unwrap();
+    }
+    reset_stats(&cluster).await;
+    let started = Instant::now();
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let redlock = client(&cluster, retry);
+            tokio::spawn(async move { redlock.lock("spin").await.map(drop) })
+        })
+        .collect();
+    for waiter in waiters {
+        let outcome = waiter.await.unwrap();
+        assert!(
+            matches!(outcome, Err(Error::Taken { .. })),
+            "a bare majority still holds the lock: {outcome:?}"
+        );
+    }
+    let waited = started.elapsed();
+    // Per waiter and retry interval: one attempt and its cleanup on each node, plus
+    // leaving the queue once (`intervals` counts the shortest delay: no jitter).
+    let intervals = (waited.as_millis() / delay.as_millis()) as u64 + 1;
+    let bound = 4 * intervals * 2 + 4 * 4;
+    for i in 0..cluster.len() {
+        let calls = lock_commands(&cluster, i).await;
+        eprintln!("node {i}: {calls} lock commands in {waited:?} (bound {bound})");
+        assert!(
+            calls <= bound,
+            "node {i}: {calls} lock commands in {waited:?} from 4 waiters (at most {bound})"
+        );
+    }
+    // Each attempt that won an empty node raised its counter by one.
+    let fence = holder.fence_key_for("spin");
+    for i in [3, 4] {
+        let counter: Option<u64> = cluster
+            .node(i)
+            .query(redis::cmd("GET").arg(&fence))
+            .await
+            .unwrap();
+        let counter = counter.unwrap_or(0);
+        assert!(
+            counter <= 4 * intervals + 2,
+            "node {i}: fencing counter at {counter} after {waited:?}"
+        );
+    }
+    lock.release().await.unwrap();
+}
