@@ -19,6 +19,10 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 /// The default longest time a watched lock is kept alive: 10 minutes.
 pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
+/// The largest drift factor accepted: beyond it the allowance eats the validity that
+/// a watched lock needs between two extensions.
+const MAX_DRIFT_FACTOR: f64 = 0.25;
+
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
 
@@ -155,7 +159,9 @@ impl RedlockBuilder {
     }
 
     /// The clock-drift factor (default 0.01): a lock's validity is
-    /// `ttl - elapsed - (ttl * factor + 2 ms)`. From 0 to 0.5.
+    /// `ttl - elapsed - (ttl * factor + 2 ms)`. From 0 to 0.25; `build()` also checks
+    /// that a watched lock of the default and maximum TTL is extended well before the
+    /// drift allowance would declare it lost.
     pub fn drift_factor(mut self, factor: f64) -> Self {
         self.drift_factor = factor;
         self
@@ -226,7 +232,8 @@ impl RedlockBuilder {
         if self.nodes.is_empty() {
             return Err(ConfigError::NoNodes);
         }
-        if !(self.drift_factor.is_finite() && (0.0..=0.5).contains(&self.drift_factor)) {
+        if !(self.drift_factor.is_finite() && (0.0..=MAX_DRIFT_FACTOR).contains(&self.drift_factor))
+        {
             return Err(ConfigError::InvalidDriftFactor {
                 factor: self.drift_factor,
             });
@@ -304,8 +311,10 @@ impl RedlockBuilder {
         };
         if let Some(max_ttl) = quarantine {
             shared.check_ttl(max_ttl)?;
+            shared.check_watchable(max_ttl)?;
         }
         shared.check_ttl(self.ttl)?;
+        shared.check_watchable(self.ttl)?;
         Ok(Redlock::from_shared(Arc::new(shared)))
     }
 }

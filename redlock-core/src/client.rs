@@ -75,7 +75,7 @@ impl Shared {
 
     /// The clock-drift allowance for `ttl`: `ttl * factor + 2 ms`.
     pub(crate) fn drift(&self, ttl: Duration) -> Duration {
-        // `ttl <= MAX_TTL` and `factor <= 0.5` are checked before, so this cannot overflow.
+        // `ttl <= MAX_TTL` and `factor <= 0.25` are checked before, so this cannot overflow.
         ttl.mul_f64(self.drift_factor).saturating_add(DRIFT_FIXED)
     }
 
@@ -106,6 +106,19 @@ impl Shared {
             });
         }
         Ok(ms)
+    }
+
+    /// Checks that the watchdog can keep a lock of `ttl`: its extension round (due a
+    /// third of the TTL after the last one, taking at most one node timeout) ends
+    /// before the lock's loss deadline (the TTL minus the drift allowance, twice: once
+    /// for the validity, once for the deadline).
+    pub(crate) fn check_watchable(&self, ttl: Duration) -> Result<(), ConfigError> {
+        let period = (ttl / 3).saturating_add(self.node_timeout);
+        let loss = ttl.saturating_sub(self.drift(ttl).saturating_mul(2));
+        if period >= loss {
+            return Err(ConfigError::ExtensionAfterLoss { ttl, period, loss });
+        }
+        Ok(())
     }
 
     /// `<prefix>{<resource>}`: the braces make a Redis Cluster hash tag, so the lock key

@@ -156,8 +156,12 @@ pub enum ConfigError {
     #[error("the per-node timeout must be above zero")]
     ZeroTimeout,
 
-    /// The drift factor is not a finite number in `[0, 0.5]`.
-    #[error("the drift factor must be a finite number from 0 to 0.5 (got {factor})")]
+    /// The drift factor is not a finite number in `[0, 0.25]`: the allowance must stay
+    /// well below the TTL, or a lock's validity (and a watched lock's time between
+    /// extensions) shrinks to nothing.
+    #[error(
+        "the drift factor must be a finite number from 0 to 0.25 (got {factor}); the usual value is 0.01"
+    )]
     InvalidDriftFactor {
         /// The factor given.
         factor: f64,
@@ -176,6 +180,21 @@ pub enum ConfigError {
         ttl: Duration,
         /// The configured maximum.
         max: Duration,
+    },
+
+    /// A watched lock of this TTL could not be kept: its next extension (a third of
+    /// the TTL, plus one per-node timeout for the round) would come after the moment the
+    /// watchdog has to declare it lost (the validity end minus the drift allowance).
+    #[error(
+        "with a TTL of {ttl:?} a watched lock is extended after {period:?} (a third of the TTL plus the per-node timeout), but is declared lost after {loss:?} (the TTL minus twice the drift allowance): use a longer TTL, a smaller drift factor or a shorter node timeout"
+    )]
+    ExtensionAfterLoss {
+        /// The TTL.
+        ttl: Duration,
+        /// When its first extension round ends at the latest.
+        period: Duration,
+        /// When the watchdog declares it lost without an extension.
+        loss: Duration,
     },
 
     /// A lock call named no resource, or an empty one.

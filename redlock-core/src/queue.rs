@@ -75,7 +75,12 @@ impl Waiter {
         let since_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let keep = (max_delay * 2 + node_timeout).max(Duration::from_millis(100));
+        // Saturating, and at most the longest TTL: a retry delay of `Duration::MAX` is
+        // a valid (if odd) policy, and Redis rejects expiries beyond its range.
+        let keep = max_delay
+            .saturating_mul(2)
+            .saturating_add(node_timeout)
+            .clamp(Duration::from_millis(100), crate::client::MAX_TTL);
         Self {
             placeholder: format!("~{id}"),
             id,

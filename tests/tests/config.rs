@@ -139,7 +139,8 @@ fn timeout_not_below_ttl() {
 
 #[test]
 fn drift_factor_out_of_range() {
-    for factor in [-0.1, 0.6, f64::NAN, f64::INFINITY] {
+    // Above a quarter (0.34: a third and more made every watched lock lost at once).
+    for factor in [-0.1, 0.26, 0.34, 0.6, f64::NAN, f64::INFINITY] {
         let err = Redlock::builder()
             .nodes(three())
             .drift_factor(factor)
@@ -150,6 +151,44 @@ fn drift_factor_out_of_range() {
             "{factor}: {err}"
         );
     }
+}
+
+/// Options that are each valid but contradict each other: a watched lock would be
+/// declared lost before its first extension round could end.
+#[test]
+fn extension_period_must_end_before_the_loss_deadline() {
+    // 0.2 of a 1 s TTL, twice: loss after 596 ms; extension round by 333 + 300 ms.
+    let err = Redlock::builder()
+        .nodes(three())
+        .ttl(Duration::from_secs(1))
+        .drift_factor(0.2)
+        .node_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::ExtensionAfterLoss { .. }),
+        "{err}"
+    );
+    // The maximum TTL is checked too.
+    let err = Redlock::builder()
+        .nodes(three())
+        .ttl(Duration::from_secs(10))
+        .max_ttl(Duration::from_millis(400))
+        .node_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::ExtensionAfterLoss { .. } | ConfigError::TtlAboveMax { .. }),
+        "{err}"
+    );
+    // A shorter node timeout makes the same TTL and drift fine.
+    Redlock::builder()
+        .nodes(three())
+        .ttl(Duration::from_secs(1))
+        .drift_factor(0.2)
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
 }
 
 #[test]
@@ -212,4 +251,52 @@ async fn bad_lock_arguments() {
     // And a valid call against unreachable nodes is a clear NoQuorum, not a hang.
     let err = redlock.try_lock("x").await.unwrap_err();
     assert!(matches!(err, Error::NoQuorum { .. }), "{err}");
+}
+
+/// Durations at the edge of their type, in every public option and lock argument:
+/// each is saturated or rejected with a `ConfigError`, never a panic (the wait queue used
+/// to overflow on a retry delay near `Duration::MAX`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extreme_durations_never_panic() {
+    let cluster = redlock_testkit::Cluster::start(1).await;
+    let huge = Duration::MAX;
+    for build in [
+        Redlock::builder().ttl(huge),
+        Redlock::builder().max_ttl(huge),
+        Redlock::builder().node_timeout(huge),
+        Redlock::builder().ttl(Duration::from_nanos(1)),
+    ] {
+        let err = build.nodes(cluster.urls()).build().unwrap_err();
+        let _ = err.to_string();
+    }
+    let redlock = Redlock::builder()
+        .nodes(cluster.urls())
+        .restart_quarantine(false)
+        .max_hold(huge)
+        .retry(
+            RetryPolicy::deadline(huge)
+                .with_delay(huge, huge)
+                .with_wake_jitter(huge),
+        )
+        .build()
+        .unwrap();
+    let mut lock = redlock.lock("edge").await.unwrap();
+    lock.auto_extend_for(huge);
+    // Busy: the waiter queues with a retry delay of `Duration::MAX` (it waits forever,
+    // so stop it), then a lock call with every extreme argument.
+    let waiter = tokio::time::timeout(
+        Duration::from_millis(300),
+        redlock
+            .lock("edge")
+            .retry(RetryPolicy::deadline(huge).with_delay(huge, huge)),
+    )
+    .await;
+    assert!(waiter.is_err(), "still waiting");
+    let err = redlock.try_lock("other").ttl(huge).await.unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+    let err = lock.extend(huge).await.unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+    lock.release().await.unwrap();
+    // And the client still works.
+    redlock.try_lock("edge").await.unwrap().release().await.unwrap();
 }
