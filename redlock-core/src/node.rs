@@ -437,16 +437,26 @@ impl Node {
     }
 
     /// Connects (if needed) and reports whether the node answers and its quarantine.
+    ///
+    /// A connection found broken is dropped and the node asked once more on a new one,
+    /// within the same `timeout`: a node that came back reports healthy at once (and,
+    /// if it restarted, enters quarantine), instead of a dead connection answering for
+    /// it forever.
     pub(crate) async fn status(&self, timeout: Duration) -> NodeStatus {
         let probe = async {
             match &self.backend {
-                Backend::Direct(direct) => {
-                    let (_, mut conn) = direct.connection().await.map_err(redis_error)?;
-                    redis::cmd("PING")
-                        .query_async::<()>(&mut conn)
-                        .await
-                        .map_err(redis_error)
-                }
+                Backend::Direct(direct) => match direct.ping().await {
+                    Err((id, err)) if breaks_connection(&err) => {
+                        direct.forget(id);
+                        direct.ping().await.map_err(|(id, err)| {
+                            if breaks_connection(&err) {
+                                direct.forget(id);
+                            }
+                            redis_error(err)
+                        })
+                    }
+                    other => other.map_err(|(_, err)| redis_error(err)),
+                },
                 Backend::Pool(pool) => self.pooled(pool, true).await.map(drop),
             }
         };
@@ -591,6 +601,16 @@ impl Direct {
                 Err(err)
             }
         }
+    }
+
+    /// `PING` on the shared connection (opening it if needed); on failure, the id of the
+    /// connection that failed (0 if none could be opened).
+    async fn ping(&self) -> Result<(), (u64, RedisError)> {
+        let (id, mut conn) = self.connection().await.map_err(|err| (0, err))?;
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|err| (id, err))
     }
 
     /// Starts opening a connection in a task of its own.
