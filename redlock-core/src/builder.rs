@@ -19,6 +19,9 @@ pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(100);
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 /// The default longest time a watched lock is kept alive: 10 minutes.
 pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
+/// How long a channel stays subscribed after its last waiter left, by default.
+pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
+
 /// The largest drift factor accepted: beyond it the allowance eats the validity that
 /// a watched lock needs between two extensions.
 const MAX_DRIFT_FACTOR: f64 = 0.25;
@@ -65,6 +68,7 @@ pub struct RedlockBuilder {
     quarantine: bool,
     max_ttl: Option<Duration>,
     wake_on_release: bool,
+    subscription_linger: Duration,
     max_hold: Duration,
 }
 
@@ -81,6 +85,7 @@ impl std::fmt::Debug for RedlockBuilder {
             .field("quarantine", &self.quarantine)
             .field("max_ttl", &self.max_ttl)
             .field("wake_on_release", &self.wake_on_release)
+            .field("subscription_linger", &self.subscription_linger)
             .field("max_hold", &self.max_hold)
             .finish()
     }
@@ -99,6 +104,7 @@ impl Default for RedlockBuilder {
             quarantine: true,
             max_ttl: None,
             wake_on_release: true,
+            subscription_linger: DEFAULT_SUBSCRIPTION_LINGER,
             max_hold: DEFAULT_MAX_HOLD,
         }
     }
@@ -220,6 +226,15 @@ impl RedlockBuilder {
         self
     }
 
+    /// How long a lock key's channel stays subscribed after its last waiter of this
+    /// client left (default 10 s): steady contention then costs no subscription round
+    /// trips, and a client that waited once for a key queues at once the next time.
+    /// Shorter frees the subscriptions of keys waited for once sooner.
+    pub fn subscription_linger(mut self, linger: Duration) -> Self {
+        self.subscription_linger = linger;
+        self
+    }
+
     /// Checks the configuration and builds the client. No node is contacted: nodes are
     /// connected on first use, so a node that is down now does not prevent start-up.
     ///
@@ -227,7 +242,8 @@ impl RedlockBuilder {
     ///
     /// A [`ConfigError`] for: no nodes, an unparsable URL, the same node twice, a zero
     /// TTL, a TTL not above the drift allowance, a per-node timeout of zero or not below
-    /// the TTL, a drift factor outside `[0, 0.5]`, a retry policy with zero attempts.
+    /// the TTL, a drift factor outside `[0, 0.25]`, a retry policy with zero attempts, a
+    /// TTL (default or maximum) too short for the watchdog to extend a lock in time.
     pub fn build(self) -> Result<Redlock, ConfigError> {
         if self.nodes.is_empty() {
             return Err(ConfigError::NoNodes);
@@ -291,9 +307,12 @@ impl RedlockBuilder {
             );
         }
 
-        let wakeups = self
-            .wake_on_release
-            .then(|| Arc::new(Wakeups::new(nodes.iter().map(Node::client).collect())));
+        let wakeups = self.wake_on_release.then(|| {
+            Arc::new(Wakeups::new(
+                nodes.iter().map(Node::client).collect(),
+                self.subscription_linger,
+            ))
+        });
         let shared = Shared {
             wakeups,
             watchdog: Watchdog::default(),

@@ -405,13 +405,16 @@ impl<'a> Acquire<'a> {
                             .wait(delay, retry.wake_jitter(), shared.quorum())
                             .await;
                     }
-                    // Busy: from now on, wait in the queue. A release from now on wakes
-                    // us; one between the attempt and the subscription is missed, and
-                    // the retry delay covers it (a lost attempt never makes anyone retry
-                    // at once: on a bare majority, that would spin).
+                    // Busy: from now on, wait in the queue. Listening, take a place in
+                    // the queues (without an attempt) and look whether the key is still
+                    // held on a majority: if not (released before we listened), retry at
+                    // once; if so, the next release hands it over to us or wakes us. A
+                    // lost attempt itself never makes anyone retry at once: on a bare
+                    // majority, that would spin.
                     (None, None, AttemptFailure::Taken { .. }) if shared.wakeups.is_some() => {
                         (subscription, queue) = join_queue(&shared, &keys, &retry).await;
                         match &subscription {
+                            Some(_) if join_and_look(&shared, &keys, queue.as_ref()).await => {}
                             Some(subscription) => {
                                 subscription
                                     .wait(delay, retry.wake_jitter(), shared.quorum())
@@ -541,6 +544,35 @@ impl AttemptFailure {
             },
         }
     }
+}
+
+/// Puts a new waiter in the keys' wait queues (so that the next release hands the lock
+/// over to it) without trying to take them, and tells whether a majority of nodes hold
+/// none of `keys` now (a release came before the waiter listened), decided as soon as
+/// the answers so far settle it; false if they cannot.
+async fn join_and_look(shared: &Shared, keys: &[String], queue: Option<&QueueGuard>) -> bool {
+    let Some(waiter) = queue.and_then(QueueGuard::waiter) else {
+        return false;
+    };
+    let queued = std::sync::atomic::AtomicBool::new(false);
+    let command = Command::new(crate::node::Op::JoinQueue { keys, waiter });
+    let mut asks: FuturesUnordered<_> = shared
+        .nodes
+        .iter()
+        .map(|node| node.run(&command, shared.node_timeout, &queued))
+        .collect();
+    let mut tally = crate::quorum::Tally::new(shared.nodes.len());
+    while let Some(answer) = asks.next().await {
+        match answer {
+            Ok(0) => tally.yes += 1,
+            Ok(_) => tally.no += 1,
+            Err(_) => tally.failed += 1,
+        }
+        if tally.decided() {
+            break;
+        }
+    }
+    tally.won()
 }
 
 /// How long until a majority of nodes no longer hold `keys` (the holder's lock ends

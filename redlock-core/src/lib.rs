@@ -87,8 +87,8 @@ mod wake;
 mod watchdog;
 
 pub use builder::{
-    DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT, DEFAULT_TTL,
-    RedlockBuilder,
+    DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT,
+    DEFAULT_SUBSCRIPTION_LINGER, DEFAULT_TTL, RedlockBuilder,
 };
 pub use client::{Acquire, MAX_TTL, Redlock};
 pub use error::{ConfigError, Error, NodeError, NodeFailure, Result};

@@ -84,13 +84,22 @@ pub(crate) enum Op<'a> {
     /// The longest remaining TTL (ms) among the keys; 0 when none exists. Not a vote:
     /// it tells a waiter when the holder's lock ends at the latest.
     Remaining { keys: &'a [String] },
+    /// A waiter takes (or refreshes) its place in the keys' wait queues; answers the
+    /// keys' longest remaining TTL (ms), 0 when all are free. Not a vote.
+    JoinQueue {
+        keys: &'a [String],
+        waiter: &'a Waiter,
+    },
 }
 
 impl Op<'_> {
     /// Whether the answer is a vote (a node in quarantine may not give one; a release
     /// still runs there, it only deletes).
     fn votes(&self) -> bool {
-        !matches!(self, Op::Release { .. } | Op::Remaining { .. })
+        !matches!(
+            self,
+            Op::Release { .. } | Op::Remaining { .. } | Op::JoinQueue { .. }
+        )
     }
 }
 
@@ -791,10 +800,27 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
         Op::Remaining { keys } => {
             evalsha(&scripts::REMAINING, &keys.iter().collect::<Vec<_>>(), &[])
         }
+        Op::JoinQueue { keys, waiter } => {
+            let all = with_queues(keys);
+            evalsha(
+                &scripts::JOIN_QUEUE,
+                &all.iter().collect::<Vec<_>>(),
+                &[
+                    waiter.id.clone(),
+                    waiter.since_ms.to_string(),
+                    waiter.keep_ms.to_string(),
+                ],
+            )
+        }
     }
 }
 
-fn release_args(value: &str, hand_over: bool, handoff_ms: u64, dequeue: Option<&str>) -> [String; 4] {
+fn release_args(
+    value: &str,
+    hand_over: bool,
+    handoff_ms: u64,
+    dequeue: Option<&str>,
+) -> [String; 4] {
     [
         value.to_owned(),
         u8::from(hand_over).to_string(),

@@ -135,6 +135,34 @@ end
 return 0
 ";
 
+/// A waiter joins (or refreshes its place in) the wait queues of the lock keys without
+/// trying to take them. `KEYS`: the n lock keys, their queues, their queues' deadlines.
+/// `ARGV`: waiter id, the time it began waiting (its place), how long its places are kept
+/// (ms). Returns the longest remaining TTL (ms) among the lock keys: 0 when they are all
+/// free (a hand-over to someone else counts as taken).
+pub(crate) static JOIN_QUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(JOIN_QUEUE_SOURCE));
+const JOIN_QUEUE_SOURCE: &str = r"
+local n = #KEYS / 3
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local keep = tonumber(ARGV[3])
+local longest = 0
+for i = 1, n do
+  redis.call('ZADD', KEYS[n + i], ARGV[2], ARGV[1])
+  redis.call('ZADD', KEYS[2 * n + i], now + keep, ARGV[1])
+  for _, key in ipairs({KEYS[n + i], KEYS[2 * n + i]}) do
+    if redis.call('PTTL', key) < keep then
+      redis.call('PEXPIRE', key, keep)
+    end
+  end
+  local ttl = redis.call('PTTL', KEYS[i])
+  if ttl > longest then
+    longest = ttl
+  end
+end
+return longest
+";
+
 /// Sets a new TTL (`ARGV[2]` ms) on all of `KEYS` if every one still holds `ARGV[1]`;
 /// all or nothing. `PEXPIRE` on a missing key is a no-op, so an expired lock is never
 /// re-created. Returns 1 if extended, 0 if not.
@@ -223,8 +251,9 @@ return longest
 ";
 
 /// Every script's source, to load on a new connection.
-pub(crate) const ALL_SOURCES: [&str; 7] = [
+pub(crate) const ALL_SOURCES: [&str; 8] = [
     ACQUIRE_QUEUED_SOURCE,
+    JOIN_QUEUE_SOURCE,
     REMAINING_SOURCE,
     RELEASE_SOURCE,
     EXTEND_SOURCE,

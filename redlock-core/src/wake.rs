@@ -1,11 +1,17 @@
 //! Wake on release: a client waiting for a busy lock retries as soon as it is released.
 //!
-//! The release script publishes on the lock key's channel when it deletes a lock's key
-//! (a release, or the cleanup of a failed attempt that had set keys). Each `Redlock` keeps at most one
-//! subscriber connection per node, shared by all its waiters. A key's channel is
-//! subscribed on every node when its first waiter comes, and stays subscribed for a
-//! while after its last waiter leaves (so steady contention costs no subscription round
-//! trips). Every release publishes on every node, so a waiter needs just one node to
+//! The release script publishes on the lock key's channel when a lock's release deletes
+//! its key. Each `Redlock` keeps at most one subscriber connection per node, owned by
+//! one listener task per node (started with the first waiter), and shared by all its
+//! waiters: a waiter only registers its channels and waits for a node to confirm; it
+//! spawns nothing, and a dead or black-holed node costs one task and one connection
+//! attempt at a time (each bounded by a timeout, with backoff), however many waiters
+//! come. A key's channel is subscribed on every node when its first waiter comes, and
+//! stays subscribed for a while after its last waiter leaves (so steady contention costs
+//! no subscription round trips). A node's task alone decides what its connection
+//! subscribes, from the registry of channels waited for: a channel wanted again while
+//! it was being unsubscribed is subscribed again, and a waiter counts as listening only
+//! once a node confirmed every channel registered before it. Every release publishes on every node, so a waiter needs just one node to
 //! listen: it waits only until the first node confirms, and slow or dead nodes never
 //! hold it up. A release that hands the lock over to a queued waiter (see `queue.rs`)
 //! publishes that waiter's id on its client's own channel (so no other process even
@@ -16,33 +22,33 @@
 //! waiter's own attempt is kept for it, not lost. The random retry delay stays as the
 //! fallback.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
-use redis::aio::PubSubSink;
 use tokio::sync::Notify;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
-/// How long a channel stays subscribed after its last waiter left.
-const LINGER: Duration = Duration::from_secs(10);
-
-/// How long a (un)subscription or a connection may take before the subscriber
+/// How long connecting, or one (un)subscription, may take before the subscriber
 /// connection is given up as broken.
 const SUBSCRIBER_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Runs `fut` within [`SUBSCRIBER_TIMEOUT`]; true if it completed with `Ok`.
+/// How often a node's task looks for idle channels at most, when none is idle.
+const MIN_RECHECK: Duration = Duration::from_secs(1);
+
+/// The pause before connecting again after a failure: doubles up to the maximum.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Runs `fut` within [`SUBSCRIBER_TIMEOUT`]; `Some` if it completed with `Ok`.
 async fn within<T, E>(fut: impl std::future::Future<Output = Result<T, E>>) -> Option<T> {
     tokio::time::timeout(SUBSCRIBER_TIMEOUT, fut)
         .await
         .ok()?
         .ok()
 }
-
-/// Waiters by key.
-type Channels = HashMap<String, HashMap<u64, Arc<Signal>>>;
 
 /// How one waiter is woken.
 struct Signal {
@@ -66,13 +72,100 @@ impl Signal {
     }
 }
 
+/// One channel waited for.
+#[derive(Default)]
+struct Channel {
+    waiters: HashMap<u64, Arc<Signal>>,
+    /// Since when it has had no waiter.
+    idle_since: Option<Instant>,
+}
+
+/// The channels waited for, and a generation that moves whenever the set changes.
+struct Channels {
+    map: HashMap<String, Channel>,
+    generation: u64,
+}
+
+/// What the waiters and the node tasks share.
+struct Registry {
+    channels: Mutex<Channels>,
+    /// How long a channel stays subscribed after its last waiter left.
+    linger: Duration,
+    /// Per node: the generation whose channels it has all subscribed (0: not listening).
+    synced: Vec<AtomicU64>,
+    /// Per node: tells its task that the set of channels changed.
+    changed: Vec<Notify>,
+    /// Told whenever a node's `synced` moves.
+    progress: Notify,
+}
+
+impl Registry {
+    fn channels(&self) -> MutexGuard<'_, Channels> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Some node listens on every channel registered up to `generation`.
+    fn listening(&self, generation: u64) -> bool {
+        self.synced
+            .iter()
+            .any(|s| s.load(Ordering::Acquire) >= generation)
+    }
+
+    /// Forgets channels idle for longer than the linger time (telling every node) and returns
+    /// the generation and channels to subscribe, and when to look for idle ones again.
+    fn snapshot(&self, now: Instant) -> (u64, HashSet<String>, Instant) {
+        let mut channels = self.channels();
+        let before = channels.map.len();
+        let linger = self.linger;
+        channels
+            .map
+            .retain(|_, c| c.idle_since.is_none_or(|t| now.duration_since(t) < linger));
+        if channels.map.len() != before {
+            channels.generation += 1;
+            self.changed.iter().for_each(Notify::notify_one);
+        }
+        let next = channels
+            .map
+            .values()
+            .filter_map(|c| c.idle_since)
+            .min()
+            .map_or(now + linger.max(MIN_RECHECK), |t| t + linger);
+        let wanted = channels.map.keys().cloned().collect();
+        (channels.generation, wanted, next)
+    }
+
+    /// Wakes the waiters of `channel` with `payload`.
+    fn deliver(&self, channel: &str, payload: &[u8]) {
+        let channels = self.channels();
+        if let Some(c) = channels.map.get(channel) {
+            // A stored permit if the waiter is not waiting right now.
+            c.waiters
+                .values()
+                .for_each(|signal| signal.on_message(payload));
+        }
+    }
+
+    fn set_synced(&self, node: usize, generation: u64) {
+        if let Some(s) = self.synced.get(node) {
+            s.store(generation, Ordering::Release);
+        }
+        self.progress.notify_waiters();
+    }
+}
+
 /// The subscribers of one `Redlock` and the keys being waited for.
 pub(crate) struct Wakeups {
-    nodes: Vec<Arc<Subscriber>>,
-    channels: Arc<Mutex<Channels>>,
+    /// Node i's client (`None` for a pooled node: no wake-ups there).
+    clients: Vec<Option<redis::Client>>,
+    /// Node i's task is running.
+    running: Vec<Arc<AtomicBool>>,
+    registry: Arc<Registry>,
     next_id: AtomicU64,
     /// This client's id: hand-overs to its waiters are published on its own channel.
     client: String,
+    /// Stops the node tasks when the client goes away.
+    stop: CancellationToken,
+    _stop_on_drop: DropGuard,
 }
 
 /// The channel hand-overs to the waiters of client `client` are published on.
@@ -80,17 +173,9 @@ pub(crate) fn client_channel(client: &str) -> String {
     format!("redlock-wake:{client}")
 }
 
-/// One node's subscriber connection, opened on first need and re-opened after it broke.
-struct Subscriber {
-    client: Option<redis::Client>,
-    sink: tokio::sync::Mutex<Option<PubSubSink>>,
-    /// The connection is up and subscribed to every channel in the map.
-    healthy: Arc<AtomicBool>,
-}
-
 /// A waiter's registration on some keys; unregisters when dropped.
 pub(crate) struct Subscription {
-    wakeups: Arc<Wakeups>,
+    registry: Arc<Registry>,
     id: u64,
     keys: Vec<String>,
     signal: Arc<Signal>,
@@ -98,27 +183,28 @@ pub(crate) struct Subscription {
     listening: bool,
 }
 
-fn lock(channels: &Mutex<Channels>) -> MutexGuard<'_, Channels> {
-    channels.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl Wakeups {
     /// `clients[i]` is node i's client (`None` for a pooled node: no wake-ups there).
-    pub(crate) fn new(clients: Vec<Option<redis::Client>>) -> Self {
+    pub(crate) fn new(clients: Vec<Option<redis::Client>>, linger: Duration) -> Self {
+        let n = clients.len();
+        let stop = CancellationToken::new();
         Self {
-            nodes: clients
-                .into_iter()
-                .map(|client| {
-                    Arc::new(Subscriber {
-                        client,
-                        sink: tokio::sync::Mutex::new(None),
-                        healthy: Arc::new(AtomicBool::new(false)),
-                    })
-                })
-                .collect(),
-            channels: Arc::new(Mutex::new(HashMap::new())),
+            running: (0..n).map(|_| Arc::new(AtomicBool::new(false))).collect(),
+            registry: Arc::new(Registry {
+                channels: Mutex::new(Channels {
+                    map: HashMap::new(),
+                    generation: 1,
+                }),
+                linger,
+                synced: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                changed: (0..n).map(|_| Notify::new()).collect(),
+                progress: Notify::new(),
+            }),
+            clients,
             next_id: AtomicU64::new(0),
             client: format!("{:016x}", rand::RngExt::random::<u64>(&mut rand::rng())),
+            _stop_on_drop: stop.clone().drop_guard(),
+            stop,
         }
     }
 
@@ -130,13 +216,14 @@ impl Wakeups {
     /// Someone of this client waits, or waited in the last few seconds, for `key`: a new
     /// request for it will likely have to wait too.
     pub(crate) fn recently_waited(&self, key: &str) -> bool {
-        lock(&self.channels).contains_key(key)
+        self.registry.channels().map.contains_key(key)
     }
 
-    /// Registers a waiter for `keys` (`waiter`: its id in the wait queue, if queued);
-    /// subscribes where needed and waits (at most `timeout`) until one node listens.
+    /// Registers a waiter for `keys` (`waiter`: its id in the wait queue, if queued) and
+    /// waits (at most `timeout`) until one node listens on them. Spawns nothing per
+    /// waiter: each node's task (started here if not running) does the subscribing.
     pub(crate) async fn subscribe(
-        self: &Arc<Self>,
+        &self,
         keys: &[String],
         waiter: Option<String>,
         timeout: Duration,
@@ -147,109 +234,174 @@ impl Wakeups {
             waiter,
             handovers: AtomicUsize::new(0),
         });
-        let mut new_keys = Vec::new();
-        {
-            let mut channels = lock(&self.channels);
+        let (generation, added) = {
+            let mut channels = self.registry.channels();
+            let mut added = false;
             for key in keys {
-                let waiters = channels.entry(key.clone()).or_insert_with(|| {
-                    new_keys.push(key.clone());
-                    HashMap::new()
+                let channel = channels.map.entry(key.clone()).or_insert_with(|| {
+                    added = true;
+                    Channel::default()
                 });
-                waiters.insert(id, Arc::clone(&signal));
+                channel.waiters.insert(id, Arc::clone(&signal));
+                channel.idle_since = None;
             }
-        }
+            if added {
+                channels.generation += 1;
+            }
+            (channels.generation, added)
+        };
         let mut subscription = Subscription {
-            wakeups: Arc::clone(self),
+            registry: Arc::clone(&self.registry),
             id,
             keys: keys.to_vec(),
             signal,
             listening: false,
         };
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        if self.clients.iter().all(Option::is_none) || !self.start_tasks() {
             return subscription;
-        };
-        let mut listening = 0;
-        let mut started = FuturesUnordered::new();
-        for node in self.nodes.iter().filter(|n| n.client.is_some()) {
-            let healthy = node.healthy.load(Ordering::Acquire);
-            if healthy && new_keys.is_empty() {
-                listening += 1;
-                continue;
-            }
-            let (node, channels, keys) = (
-                Arc::clone(node),
-                Arc::clone(&self.channels),
-                new_keys.clone(),
-            );
-            started.push(handle.spawn(async move { listen(&node, &channels, &keys).await }));
         }
-        subscription.listening = listening > 0
-            || tokio::time::timeout(timeout, async {
-                // Wait for the first node to listen; the others go on in the background.
-                while let Some(done) = started.next().await {
-                    if matches!(done, Ok(true)) {
-                        return true;
-                    }
+        if added {
+            self.registry.changed.iter().for_each(Notify::notify_one);
+        }
+        let registry = &self.registry;
+        subscription.listening = tokio::time::timeout(timeout, async {
+            loop {
+                let progress = registry.progress.notified();
+                tokio::pin!(progress);
+                progress.as_mut().enable();
+                if registry.listening(generation) {
+                    return;
                 }
-                false
-            })
-            .await
-            .unwrap_or(false);
+                progress.await;
+            }
+        })
+        .await
+        .is_ok();
+        tracing::trace!(
+            generation,
+            added,
+            listening = subscription.listening,
+            "subscribed"
+        );
         subscription
     }
+
+    /// Starts the task of every node that has a client and none running; false without
+    /// a runtime (nothing can listen then).
+    fn start_tasks(&self) -> bool {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        for (node, client) in self.clients.iter().enumerate() {
+            let Some(client) = client else { continue };
+            let running = &self.running[node];
+            if running
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            let task = NodeTask {
+                node,
+                client: client.clone(),
+                registry: Arc::clone(&self.registry),
+                _running: Running(Arc::clone(running), Arc::clone(&self.registry), node),
+            };
+            handle.spawn(task.run(self.stop.clone()));
+        }
+        true
+    }
 }
 
-/// Makes `node` listen on `keys`: subscribes them on its connection, or opens a new
-/// connection and subscribes every channel waited for. True once it listens.
-async fn listen(node: &Subscriber, channels: &Arc<Mutex<Channels>>, keys: &[String]) -> bool {
-    let Some(client) = &node.client else {
-        return false;
-    };
-    let mut sink = node.sink.lock().await;
-    if node.healthy.load(Ordering::Acquire)
-        && let Some(s) = sink.as_mut()
-    {
-        if keys.is_empty() || within(s.subscribe(keys)).await.is_some() {
-            return true;
-        }
-        node.healthy.store(false, Ordering::Release);
+/// Marks a node's task stopped, and the node not listening, however the task ends
+/// (the client dropped, or its runtime shut down): the next waiter starts a new one.
+struct Running(Arc<AtomicBool>, Arc<Registry>, usize);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.1.set_synced(self.2, 0);
+        self.0.store(false, Ordering::Release);
     }
-    *sink = None;
-    let Some(pubsub) = within(client.get_async_pubsub()).await else {
-        return false;
-    };
-    let (mut new_sink, mut stream) = pubsub.split();
-    let (readers, healthy) = (Arc::clone(channels), Arc::clone(&node.healthy));
-    tokio::spawn(async move {
-        // However the reader ends (connection gone, or its runtime shut down), the next
-        // waiter must open a new connection.
-        let _reset = Unhealthy(healthy);
-        while let Some(message) = stream.next().await {
-            let channels = lock(&readers);
-            if let Some(waiters) = channels.get(message.get_channel_name()) {
-                // A stored permit if the waiter is not waiting right now.
-                let payload = message.get_payload_bytes();
-                waiters
-                    .values()
-                    .for_each(|signal| signal.on_message(payload));
+}
+
+/// The one task that owns a node's subscriber connection.
+struct NodeTask {
+    node: usize,
+    client: redis::Client,
+    registry: Arc<Registry>,
+    _running: Running,
+}
+
+impl NodeTask {
+    async fn run(self, stop: CancellationToken) {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            // Nothing to listen for: wait until something is.
+            if self.registry.channels().map.is_empty() {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = self.registry.changed[self.node].notified() => continue,
+                }
+            }
+            let connected = tokio::select! {
+                () = stop.cancelled() => return,
+                connected = self.connected() => connected,
+            };
+            if connected {
+                backoff = BACKOFF_MIN;
+            }
+            self.registry.set_synced(self.node, 0);
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = backoff.saturating_mul(2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// Opens a connection and keeps it subscribed to the registry's channels until it
+    /// breaks; true if it got as far as listening.
+    async fn connected(&self) -> bool {
+        let Some(pubsub) = within(self.client.get_async_pubsub()).await else {
+            return false;
+        };
+        let (mut sink, mut stream) = pubsub.split();
+        let mut subscribed: HashSet<String> = HashSet::new();
+        let mut listened = false;
+        loop {
+            let (generation, wanted, recheck) = self.registry.snapshot(Instant::now());
+            let add: Vec<&String> = wanted.difference(&subscribed).collect();
+            if !add.is_empty() && within(sink.subscribe(&add)).await.is_none() {
+                return listened;
+            }
+            let remove: Vec<&String> = subscribed.difference(&wanted).collect();
+            if !remove.is_empty() && within(sink.unsubscribe(&remove)).await.is_none() {
+                return listened;
+            }
+            tracing::trace!(
+                node = self.node,
+                generation,
+                added = add.len(),
+                removed = remove.len(),
+                "subscriber in sync"
+            );
+            subscribed = wanted;
+            listened = true;
+            self.registry.set_synced(self.node, generation);
+            // Until the channels change, a message comes, or idle ones may expire.
+            loop {
+                tokio::select! {
+                    () = self.registry.changed[self.node].notified() => break,
+                    () = tokio::time::sleep_until(recheck.into()) => break,
+                    message = stream.next() => match message {
+                        Some(message) => self
+                            .registry
+                            .deliver(message.get_channel_name(), message.get_payload_bytes()),
+                        None => return listened,
+                    },
+                }
             }
         }
-    });
-    let all: Vec<String> = lock(channels).keys().cloned().collect();
-    if !all.is_empty() && within(new_sink.subscribe(&all)).await.is_none() {
-        return false;
-    }
-    *sink = Some(new_sink);
-    node.healthy.store(true, Ordering::Release);
-    true
-}
-
-/// Marks a subscriber connection broken when dropped.
-struct Unhealthy(Arc<AtomicBool>);
-
-impl Drop for Unhealthy {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -290,51 +442,16 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut idle = Vec::new();
-        {
-            let mut channels = lock(&self.wakeups.channels);
-            for key in &self.keys {
-                if let Some(waiters) = channels.get_mut(key) {
-                    waiters.remove(&self.id);
-                    if waiters.is_empty() {
-                        idle.push(key.clone());
-                    }
+        // The node tasks unsubscribe channels idle for a while (see `Registry::snapshot`).
+        let now = Instant::now();
+        let mut channels = self.registry.channels();
+        for key in &self.keys {
+            if let Some(channel) = channels.map.get_mut(key) {
+                channel.waiters.remove(&self.id);
+                if channel.waiters.is_empty() {
+                    channel.idle_since = Some(now);
                 }
             }
         }
-        if idle.is_empty() {
-            return;
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let wakeups = Arc::clone(&self.wakeups);
-        handle.spawn(async move {
-            tokio::time::sleep(LINGER).await;
-            // Unsubscribe what is still idle (a new waiter may have come meanwhile).
-            let gone: Vec<String> = {
-                let mut channels = lock(&wakeups.channels);
-                idle.into_iter()
-                    .filter(|key| {
-                        let empty = channels.get(key).is_some_and(HashMap::is_empty);
-                        if empty {
-                            channels.remove(key);
-                        }
-                        empty
-                    })
-                    .collect()
-            };
-            if gone.is_empty() {
-                return;
-            }
-            for node in &wakeups.nodes {
-                let mut sink = node.sink.lock().await;
-                if let Some(s) = sink.as_mut()
-                    && within(s.unsubscribe(&gone)).await.is_none()
-                {
-                    node.healthy.store(false, Ordering::Release);
-                }
-            }
-        });
     }
 }

@@ -1,6 +1,8 @@
 //! A TCP proxy whose link can be cut, black-holed or delayed.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -30,6 +32,8 @@ pub struct Proxy {
     addr: SocketAddr,
     state: watch::Sender<LinkState>,
     accept: JoinHandle<()>,
+    /// Client connections the client has not closed yet.
+    open: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -52,6 +56,8 @@ impl Proxy {
             delay: Duration::ZERO,
         });
         let states = state.clone();
+        let open = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&open);
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let rx = states.subscribe();
@@ -59,13 +65,16 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
-                tokio::spawn(relay(client, upstream, rx));
+                counter.fetch_add(1, Ordering::AcqRel);
+                let open = Open(Arc::clone(&counter));
+                tokio::spawn(relay(client, upstream, rx, open));
             }
         });
         Self {
             addr,
             state,
             accept,
+            open,
         }
     }
 
@@ -99,6 +108,13 @@ impl Proxy {
         self.set(LinkState::Up { delay });
     }
 
+    /// Client connections open through the proxy: accepted, and not closed by the
+    /// client yet (whatever the link state: a black-holed link still notices its
+    /// client hanging up). For tests that connections do not pile up.
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
     /// Back to a plain, undelayed link.
     pub fn restore(&self) {
         self.set(LinkState::Up {
@@ -114,7 +130,21 @@ impl Drop for Proxy {
     }
 }
 
-async fn relay(client: TcpStream, upstream: SocketAddr, state: watch::Receiver<LinkState>) {
+/// Counts one open client connection until dropped.
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    upstream: SocketAddr,
+    state: watch::Receiver<LinkState>,
+    open: Open,
+) {
     let Ok(server) = TcpStream::connect(upstream).await else {
         return;
     };
@@ -122,8 +152,8 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: watch::Receiver<L
     let _ = server.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
-    let up = pipe(client_read, server_write, state.clone());
-    let down = pipe(server_read, client_write, state);
+    let up = pipe(client_read, server_write, state.clone(), Some(open));
+    let down = pipe(server_read, client_write, state, None);
     // When either direction ends (closed, or the link is cut), drop both.
     tokio::select! {
         () = up => {}
@@ -133,8 +163,9 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: watch::Receiver<L
 
 /// Copies `from` to `to` under the link state: each chunk is delivered `delay` after it
 /// was read (pure latency: chunks in flight overlap, as on a real link), held while the
-/// link is black-holed, and the copy ends when the link is cut.
-async fn pipe<R, W>(mut from: R, mut to: W, state: watch::Receiver<LinkState>)
+/// link is black-holed, and the copy ends when the link is cut. `open` is dropped when
+/// reading ends (the reading side closed).
+async fn pipe<R, W>(mut from: R, mut to: W, state: watch::Receiver<LinkState>, open: Option<Open>)
 where
     R: AsyncReadExt + Unpin,
     W: AsyncWriteExt + Unpin,
@@ -142,6 +173,7 @@ where
     let (chunks, mut in_flight) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let mut read_state = state.clone();
     let reader = async move {
+        let _open = open;
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             tokio::select! {

@@ -178,7 +178,10 @@ fn extension_period_must_end_before_the_loss_deadline() {
         .build()
         .unwrap_err();
     assert!(
-        matches!(err, ConfigError::ExtensionAfterLoss { .. } | ConfigError::TtlAboveMax { .. }),
+        matches!(
+            err,
+            ConfigError::ExtensionAfterLoss { .. } | ConfigError::TtlAboveMax { .. }
+        ),
         "{err}"
     );
     // A shorter node timeout makes the same TTL and drift fine.
@@ -298,5 +301,11 @@ async fn extreme_durations_never_panic() {
     assert!(matches!(err, Error::Config(_)), "{err}");
     lock.release().await.unwrap();
     // And the client still works.
-    redlock.try_lock("edge").await.unwrap().release().await.unwrap();
+    redlock
+        .try_lock("edge")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }

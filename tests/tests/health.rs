@@ -49,10 +49,23 @@ async fn health_recovers_after_the_node_comes_back() {
     // Reachable at the first call: the broken connection is replaced there and then.
     let status = redlock.node_status().await;
     assert!(status[0].reachable.is_ok(), "{:?}", status[0]);
-    assert!(status[0].quarantined.is_some(), "restarted: {:?}", status[0]);
+    assert!(
+        status[0].quarantined.is_some(),
+        "restarted: {:?}",
+        status[0]
+    );
     // Healthy once the quarantine (500 ms + 1 s) is over.
     let took = until_votes(&redlock, 0, Duration::from_secs(4)).await;
-    assert!(took <= Duration::from_millis(1_700), "healthy after {took:?}");
+    assert!(
+        took <= Duration::from_millis(1_700),
+        "healthy after {took:?}"
+    );
     assert!(redlock.ready().await);
-    redlock.try_lock("back").await.unwrap().release().await.unwrap();
+    redlock
+        .try_lock("back")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
