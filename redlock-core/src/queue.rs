@@ -11,8 +11,9 @@
 //! Without it, a release wakes every waiter at once: they race, split the nodes' votes
 //! so that none reaches a majority, back off, and the releaser (which asks again at
 //! once) wins most of the time. So each resource has, on each node, a queue of waiters
-//! ordered by when they began waiting. A waiter joins it on its second attempt (its
-//! first failed one told it the lock is busy); a queued attempt that finds the lock busy
+//! ordered by when they began waiting. A waiter joins it as soon as its first attempt
+//! found the lock busy (a script that takes its place without trying the lock, and says
+//! whether the lock is free by now); a queued attempt that finds the lock busy
 //! refreshes its place, which is kept for a little longer than the waiter's retry delay.
 //!
 //! A release hands the lock over to the head of the queue instead of deleting it: the key
