@@ -13,7 +13,7 @@ use tracing::Instrument;
 use crate::builder::RedlockBuilder;
 use crate::error::{ConfigError, Error};
 use crate::lock::{Granted, Lock, LockHandle};
-use crate::node::{Command, Node, NodeStatus};
+use crate::node::{Command, Node, NodeStatus, ReleaseMode};
 use crate::queue::{QueueGuard, Waiter};
 use crate::quorum::{Fanout, InFlight, OpKind, Pending, Target, Until, majority};
 use crate::retry::RetryPolicy;
@@ -758,7 +758,9 @@ impl AttemptGuard {
             Fanout::start(
                 &self.shared,
                 &self.target,
-                OpKind::Release { hand_over: false },
+                OpKind::Release {
+                    mode: ReleaseMode::Quiet,
+                },
                 Some(&answered),
             )
             .drive(Until::Done)
@@ -813,7 +815,9 @@ fn release_after(shared: &Arc<Shared>, target: &Arc<Target>, pending: Pending, n
 async fn release_one(shared: &Shared, target: &Target, index: usize) {
     if let Some(node) = shared.nodes.get(index) {
         let queued = std::sync::atomic::AtomicBool::new(false);
-        let command = Command::new(target.op(OpKind::Release { hand_over: false }));
+        let command = Command::new(target.op(OpKind::Release {
+            mode: ReleaseMode::Quiet,
+        }));
         let _ = node.run(&command, shared.node_timeout, &queued).await;
     }
 }

@@ -9,6 +9,8 @@ use tracing::Instrument;
 
 use crate::client::Shared;
 use crate::error::Error;
+use crate::node::ReleaseMode;
+use crate::queue::follow_hand_overs;
 use crate::quorum::{Fanout, InFlight, OpKind, Target, Until};
 use crate::watchdog::{LockState, Watched};
 
@@ -349,8 +351,11 @@ impl Lock {
         async move {
             // Driven by a task of its own: dropping this future half-way cannot leave
             // the release unsent on some nodes.
+            let (shared, target) = (Arc::clone(&self.shared), Arc::clone(&self.target));
             let decision = start_release(&self.shared, &self.target, self.state.barrier())
-                .drive(Until::WonOrDone)
+                .drive_then(Until::WonOrDone, move |answers| {
+                    follow_hand_overs(shared, target, answers)
+                })
                 .await;
             let tally = decision.tally;
             tracing::debug!(released = tally.yes, expired, "released");
@@ -382,8 +387,11 @@ impl Drop for Lock {
             return;
         };
         let mut release = start_release(&self.shared, &self.target, self.state.barrier());
+        let (shared, target) = (Arc::clone(&self.shared), Arc::clone(&self.target));
         handle.spawn(async move {
             release.until_done().await;
+            let answers = std::mem::take(&mut release.answers);
+            follow_hand_overs(shared, target, answers).await;
         });
     }
 }
@@ -461,7 +469,9 @@ fn start_release(shared: &Arc<Shared>, target: &Arc<Target>, after: Option<&InFl
     Fanout::start_after(
         shared,
         target,
-        OpKind::Release { hand_over: true },
+        OpKind::Release {
+            mode: ReleaseMode::HandOver,
+        },
         None,
         after,
     )

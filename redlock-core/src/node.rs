@@ -65,13 +65,13 @@ pub(crate) enum Op<'a> {
         fence_keys: &'a [String],
         token: u64,
     },
-    /// Compare-and-delete every key; with `hand_over` (a lock's release), hand it over to
-    /// the next queued waiter or wake the waiters instead. `dequeue`: first remove this
-    /// waiter from the keys' wait queues.
+    /// Compare-and-delete every key, in one of the [`ReleaseMode`]s. `dequeue`: first
+    /// remove this waiter from the keys' wait queues. Answers the number of keys
+    /// released, plus 65536 times the longest hand-over left pending (ms).
     Release {
         keys: &'a [String],
         value: &'a str,
-        hand_over: bool,
+        mode: ReleaseMode,
         handoff_ms: u64,
         dequeue: Option<&'a str>,
     },
@@ -101,6 +101,23 @@ impl Op<'_> {
             Op::Release { .. } | Op::Remaining { .. } | Op::JoinQueue { .. }
         )
     }
+}
+
+/// How a release treats the keys it frees (see `scripts::RELEASE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseMode {
+    /// The cleanup of an attempt that lost: delete, tell nobody.
+    Quiet,
+    /// A lock's release (or a waiter passing on a hand-over): hand the key over to the
+    /// next live waiter, or delete it and wake the waiters.
+    HandOver,
+    /// After a hand-over: a key whose hand-over expired untaken goes to the next waiter.
+    FollowUp,
+}
+
+/// Splits a release's answer: keys released, and the longest hand-over left pending.
+pub(crate) fn release_answer(answer: u64) -> (u64, Duration) {
+    (answer % 65_536, Duration::from_millis(answer / 65_536))
 }
 
 /// One operation, ready to send: built once per fan-out and shared by the calls to every
@@ -777,7 +794,7 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
         Op::Release {
             keys,
             value,
-            hand_over,
+            mode,
             handoff_ms,
             dequeue,
         } => {
@@ -785,7 +802,7 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             evalsha(
                 &scripts::RELEASE,
                 &all.iter().collect::<Vec<_>>(),
-                &release_args(value, hand_over, handoff_ms, dequeue),
+                &release_args(value, mode, handoff_ms, dequeue),
             )
         }
         Op::Extend {
@@ -817,13 +834,18 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
 
 fn release_args(
     value: &str,
-    hand_over: bool,
+    mode: ReleaseMode,
     handoff_ms: u64,
     dequeue: Option<&str>,
 ) -> [String; 4] {
     [
         value.to_owned(),
-        u8::from(hand_over).to_string(),
+        match mode {
+            ReleaseMode::Quiet => "0",
+            ReleaseMode::HandOver => "1",
+            ReleaseMode::FollowUp => "2",
+        }
+        .to_owned(),
         handoff_ms.to_string(),
         dequeue.unwrap_or_default().to_owned(),
     ]

@@ -35,7 +35,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rand::RngExt;
 
 use crate::client::Shared;
-use crate::quorum::{Fanout, OpKind, Target};
+use crate::node::{ReleaseMode, release_answer};
+use crate::quorum::{Answers, Fanout, OpKind, Target};
 
 /// How long a released lock stays reserved for the waiter it was handed to: long
 /// enough for the release message to reach it and its attempt to come back, short
@@ -141,11 +142,59 @@ impl Drop for QueueGuard {
             self.nodes.take(),
         );
         handle.spawn(async move {
-            Fanout::start(&shared, &target, OpKind::Dequeue, nodes.as_deref())
-                .until_done()
-                .await;
+            let mut leave = Fanout::start(&shared, &target, OpKind::Dequeue, nodes.as_deref());
+            leave.until_done().await;
+            // A hand-over passed on may go to a dead waiter too.
+            let answers = std::mem::take(&mut leave.answers);
+            follow_hand_overs(shared, target, answers).await;
         });
     }
+}
+
+/// How many times a release follows its hand-overs up at most (each waits out the
+/// pending hand-over): a run of dead heirs is skipped within a bounded time.
+const FOLLOW_UPS: usize = 8;
+
+/// After a release (or a waiter passing on a hand-over) answered `answers`: once each
+/// hand-over's reservation is over, a key its heir did not take (the heir died, or its
+/// process did) goes to the next live waiter at once, instead of lying free while the
+/// live waiters sleep their retry delay. Follows the new hand-overs the same way, a
+/// bounded number of times.
+pub(crate) async fn follow_hand_overs(shared: Arc<Shared>, target: Arc<Target>, answers: Answers) {
+    let mut pending = pending_hand_overs(&answers);
+    for _ in 0..FOLLOW_UPS {
+        let Some(wait) = pending.iter().map(|(_, left)| *left).max() else {
+            return;
+        };
+        // The reservation is counted from the node's script; this waits from its answer.
+        tokio::time::sleep(wait.saturating_add(Duration::from_millis(1))).await;
+        let nodes: Vec<usize> = pending.iter().map(|(node, _)| *node).collect();
+        let mut follow_up = Fanout::start(
+            &shared,
+            &target,
+            OpKind::Release {
+                mode: ReleaseMode::FollowUp,
+            },
+            Some(&nodes),
+        );
+        follow_up.until_done().await;
+        pending = pending_hand_overs(&follow_up.answers);
+    }
+}
+
+/// The nodes whose answer left a hand-over pending, and for how long.
+fn pending_hand_overs(answers: &Answers) -> Vec<(usize, Duration)> {
+    answers
+        .iter()
+        .enumerate()
+        .filter_map(|(node, answer)| match answer {
+            Some(Ok(n)) => {
+                let (_, left) = release_answer(*n);
+                (!left.is_zero()).then_some((node, left))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The lock keys, then their queues, then the queues' deadlines (the release script's

@@ -17,7 +17,7 @@ use futures_util::future::{self, BoxFuture, FutureExt};
 
 use crate::client::Shared;
 use crate::error::{Error, NodeError, NodeFailure};
-use crate::node::{Command, Op};
+use crate::node::{Command, Op, ReleaseMode};
 use crate::queue::Waiter;
 
 /// The majority of `n` nodes: `n / 2 + 1`.
@@ -77,11 +77,9 @@ pub(crate) enum OpKind {
     RaiseFence {
         token: u64,
     },
-    /// `hand_over`: a lock's release, which hands the lock over to the next queued
-    /// waiter or wakes the waiters; otherwise the cleanup of a lost attempt, which tells
-    /// nobody (see `scripts::RELEASE`).
+    /// See [`ReleaseMode`].
     Release {
-        hand_over: bool,
+        mode: ReleaseMode,
     },
     Extend {
         ttl_ms: u64,
@@ -117,17 +115,17 @@ impl Target {
                 fence_keys: &self.fence_keys,
                 token,
             },
-            OpKind::Release { hand_over } => Op::Release {
+            OpKind::Release { mode } => Op::Release {
                 keys: &self.keys,
                 value: &self.value,
-                hand_over,
+                mode,
                 handoff_ms: self.handoff_ms,
                 dequeue: None,
             },
             OpKind::Dequeue => Op::Release {
                 keys: &self.keys,
                 value: &self.value,
-                hand_over: true,
+                mode: ReleaseMode::HandOver,
                 handoff_ms: self.handoff_ms,
                 dequeue: self.waiter.as_ref().map(|w| w.id.as_str()),
             },
@@ -139,6 +137,9 @@ impl Target {
         }
     }
 }
+
+/// Each node's answer to a fan-out, once it came.
+pub(crate) type Answers = Vec<Option<Result<u64, NodeError>>>;
 
 pub(crate) type NodeFuture = Pin<Box<dyn Future<Output = (usize, Result<u64, NodeError>)> + Send>>;
 
@@ -195,7 +196,7 @@ pub(crate) struct Fanout {
     /// Per node: the command is in the node's connection queue (see `Node::run`).
     queued: Arc<[AtomicBool]>,
     /// Each node's answer, once it came.
-    pub(crate) answers: Vec<Option<Result<u64, NodeError>>>,
+    pub(crate) answers: Answers,
     pub(crate) tally: Tally,
 }
 
@@ -412,14 +413,20 @@ impl Fanout {
     }
 
     /// [`drive`](Self::drive), keeping `guard` until every node answered or timed out.
-    pub(crate) async fn drive_holding<G: Send + 'static>(
-        mut self,
-        until: Until,
-        guard: G,
-    ) -> Decision {
+    pub(crate) async fn drive_holding<G: Send + 'static>(self, until: Until, guard: G) -> Decision {
+        self.drive_then(until, move |_| async move { drop(guard) })
+            .await
+    }
+
+    /// [`drive`](Self::drive), then, once every node answered or timed out, runs `then`
+    /// on the answers (in the same task).
+    pub(crate) async fn drive_then<F, Fut>(mut self, until: Until, then: F) -> Decision
+    where
+        F: FnOnce(Answers) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             let tally = self.run_until(until).await;
-            drop(guard);
             return Decision {
                 tally,
                 failures: self.failures(),
@@ -433,7 +440,7 @@ impl Fanout {
                 failures: self.failures(),
             });
             self.until_done().await;
-            drop(guard);
+            then(std::mem::take(&mut self.answers)).await;
         });
         rx.await.unwrap_or(Decision {
             tally: Tally::new(0),

@@ -19,16 +19,21 @@ use redis::Script;
 ///   (`<random>:<ms>`; `ARGV[3]` ms if none): only that waiter may take it, nobody
 ///   else's SET NX succeeds; and publishes the waiter's id on its client's channel
 ///   (`redlock-wake:<client>`, the part of the id before the `.`);
-/// - otherwise (the cleanup of an attempt that lost), deletes it and tells nobody: a lost
-///   attempt must not make anyone retry before their retry delay.
+/// - with `ARGV[2] == '0'` (the cleanup of an attempt that lost), deletes it and tells
+///   nobody: a lost attempt must not make anyone retry before their retry delay;
+/// - with `ARGV[2] == '2'` (a follow-up to a hand-over, see `queue.rs`), touches no key
+///   that holds a value: a key that is gone (its hand-over expired untaken: the heir is
+///   dead) is handed over to the next live waiter, as a release would.
 ///
 /// With `ARGV[4]` not empty, first removes that waiter from the queues (a waiter
 /// leaving: with `ARGV[1] = '~' .. ARGV[4]` it also passes on a hand-over it did not
-/// take). Returns how many keys it released.
+/// take). Returns how many keys it released, plus 65536 times the longest hand-over it
+/// left pending (ms: one it made, or, in follow-up mode, one it found).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 const RELEASE_SOURCE: &str = r"
 local n = #KEYS / 3
 local released = 0
+local pending = 0
 local now = nil
 for i = 1, n do
   local key, queue, deadlines = KEYS[i], KEYS[n + i], KEYS[2 * n + i]
@@ -36,10 +41,24 @@ for i = 1, n do
     redis.call('ZREM', queue, ARGV[4])
     redis.call('ZREM', deadlines, ARGV[4])
   end
-  if redis.call('GET', key) == ARGV[1] then
+  local current = redis.call('GET', key)
+  local free = false
+  if ARGV[2] == '2' then
+    if not current then
+      free = true
+    elseif string.sub(current, 1, 1) == '~' then
+      local left = redis.call('PTTL', key)
+      if left > pending then
+        pending = left
+      end
+    end
+  elseif current == ARGV[1] then
     released = released + 1
+    free = true
+  end
+  if free then
     local heir = nil
-    if ARGV[2] == '1' and redis.call('EXISTS', queue) == 1 then
+    if ARGV[2] ~= '0' and redis.call('EXISTS', queue) == 1 then
       if now == nil then
         local t = redis.call('TIME')
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -60,13 +79,16 @@ for i = 1, n do
     if heir then
       local hold = tonumber(string.match(heir, ':(%d+)$') or ARGV[3])
       redis.call('SET', key, '~' .. heir, 'PX', hold)
+      if hold > pending then
+        pending = hold
+      end
       local client = string.match(heir, '^(%x+)%.')
       if client then
         redis.call('PUBLISH', 'redlock-wake:' .. client, heir)
       else
         redis.call('PUBLISH', key, heir)
       end
-    else
+    elseif current then
       redis.call('DEL', key)
       if ARGV[2] == '1' then
         redis.call('PUBLISH', key, '')
@@ -74,7 +96,7 @@ for i = 1, n do
     end
   end
 end
-return released
+return released + 65536 * pending
 ";
 
 /// A queued waiter's attempt. `KEYS`: the n lock keys, then their wait queues, then the

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use redlock_core::{Error, Redlock, RetryPolicy};
-use redlock_testkit::Cluster;
+use redlock_testkit::{Cluster, Sandbox};
 
 /// Commands clients sent node `i` since its last `CONFIG RESETSTAT`: `SET` (a first,
 /// unqueued attempt) and `EVALSHA` (every script: queued attempts, releases, leaving the
@@ -43,8 +43,12 @@ async fn reset_stats(cluster: &Cluster) {
 }
 
 fn client(cluster: &Cluster, retry: RetryPolicy) -> Redlock {
+    client_for(cluster.urls(), retry)
+}
+
+fn client_for(urls: Vec<String>, retry: RetryPolicy) -> Redlock {
     Redlock::builder()
-        .nodes(cluster.urls())
+        .nodes(urls)
         .restart_quarantine(false) // fresh nodes
         .ttl(Duration::from_secs(30))
         .fencing(true)
@@ -115,4 +119,49 @@ async fn waiters_do_not_spin_on_a_bare_majority() {
         );
     }
     lock.release().await.unwrap();
+}
+
+/// Only a wake-up or a hand-over makes a waiter with this policy quick: its timer says 1 s.
+fn slow_retry() -> RetryPolicy {
+    RetryPolicy::deadline(Duration::from_secs(20))
+        .with_delay(Duration::from_secs(1), Duration::ZERO)
+}
+
+/// The head of the queue died while waiting (its process crashed: it left no word): the
+/// release hands the lock over to it, and once that hand-over's time is over, on to the
+/// next live waiter, which gets it within tens of milliseconds, not its retry delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_heir_is_skipped() {
+    let cluster = Cluster::start(3).await;
+    let holder = client(&cluster, slow_retry());
+    let lock = holder.lock("heir").await.unwrap();
+    let mut doomed = Sandbox::start(&cluster).await;
+    let urls = doomed.urls();
+    doomed
+        .run(async move {
+            tokio::spawn(async move {
+                let redlock = client_for(urls, slow_retry());
+                let _never = redlock.lock("heir").await;
+            });
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let live = client(&cluster, slow_retry());
+    let waiting = tokio::spawn(async move {
+        let lock = live.lock("heir").await.unwrap();
+        let at = Instant::now();
+        lock.release().await.unwrap();
+        at
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    doomed.crash();
+    let released = Instant::now();
+    lock.release().await.unwrap();
+    let took = waiting.await.unwrap() - released;
+    // The hand-over time (25 ms) and a follow-up round trip; before, the live waiter
+    // slept until its timer (about 600 ms from here).
+    assert!(
+        took < Duration::from_millis(250),
+        "the live waiter got the lock {took:?} after the release"
+    );
 }
