@@ -161,6 +161,15 @@ impl Redlock {
     }
 
     /// Makes exactly one attempt to lock `resource`: `Err(Error::Taken)` at once if busy.
+    ///
+    /// A free resource can always be try-locked, whatever the wait queue holds: `try_lock`
+    /// (like any request allowed a single attempt) does not queue, and takes the lock
+    /// also while a release is handing it over to a queued waiter (a hand-over reserves
+    /// the lock against waiters, which would otherwise race it; a dead waiter's stale
+    /// place must not make a free resource look busy). The waiter keeps its place at the
+    /// head of the queue and is handed the next release. So `try_lock` can overtake the
+    /// queue: to wait your turn, use [`lock`](Self::lock); a loop of `try_lock` calls is
+    /// polling, and can starve queued waiters.
     pub fn try_lock(&self, resource: impl Into<String>) -> Acquire<'_> {
         self.lock(resource).retry(RetryPolicy::once())
     }
@@ -362,9 +371,12 @@ impl<'a> Acquire<'a> {
         let mut subscription: Option<Subscription> = None;
         // This request's place in the wait queue, once it waits (one resource only).
         let mut queue: Option<QueueGuard> = None;
+        // A request that will not wait (one attempt, as `try_lock`) does not queue, and
+        // takes a lock that a release is handing over to a queued waiter.
+        let one_shot = retry.max_attempts() == Some(1);
         // A key this client has just waited for is likely still contended: join the
         // queue with the first attempt rather than the second.
-        if let (Some(wakeups), Some(key)) = (&shared.wakeups, keys.first())
+        if let (Some(wakeups), Some(key), false) = (&shared.wakeups, keys.first(), one_shot)
             && wakeups.recently_waited(key)
         {
             (subscription, queue) = join_queue(&shared, &keys, &retry).await;
@@ -377,6 +389,7 @@ impl<'a> Acquire<'a> {
                 value: random_value(),
                 handoff_ms: shared.handoff_ms,
                 waiter: queue.as_ref().and_then(QueueGuard::waiter).cloned(),
+                barge: one_shot,
             });
             let failure = match attempt(&shared, target, ttl).await {
                 Ok((granted, refused)) => {

@@ -59,6 +59,8 @@ pub(crate) enum Op<'a> {
         ttl_ms: u64,
         /// A queued waiter's attempt: the queue-aware script.
         waiter: Option<&'a Waiter>,
+        /// A lock handed over to a waiter (`~<waiter>`) counts as free.
+        barge: bool,
     },
     /// Raise the fencing counters to at least `token`.
     RaiseFence {
@@ -747,6 +749,7 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             value,
             ttl_ms,
             waiter: None,
+            barge: false,
         } => {
             let mut cmd = redis::Cmd::with_capacity(6, key.len() + value.len() + 3 + 2 + 2 + 20);
             cmd.arg("SET")
@@ -763,6 +766,7 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             value,
             ttl_ms,
             waiter: Some(waiter),
+            ..
         } => {
             let all = waiter_keys(keys, fence_keys);
             evalsha(
@@ -776,6 +780,7 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             fence_keys,
             value,
             ttl_ms,
+            barge,
             ..
         } => {
             let script = if fence_keys.is_empty() {
@@ -784,7 +789,15 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
                 &*scripts::ACQUIRE_FENCED
             };
             let all: Vec<&String> = keys.iter().chain(fence_keys).collect();
-            evalsha(script, &all, &[value.to_owned(), ttl_ms.to_string()])
+            evalsha(
+                script,
+                &all,
+                &[
+                    value.to_owned(),
+                    ttl_ms.to_string(),
+                    u8::from(barge).to_string(),
+                ],
+            )
         }
         Op::RaiseFence { fence_keys, token } => evalsha(
             &scripts::RAISE_FENCE,

@@ -109,6 +109,7 @@ impl QueueGuard {
             value: waiter.placeholder.clone(),
             handoff_ms: shared.handoff_ms,
             waiter: Some(waiter),
+            barge: false,
         };
         Self {
             shared: Arc::clone(shared),

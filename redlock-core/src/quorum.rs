@@ -99,6 +99,9 @@ pub(crate) struct Target {
     pub(crate) handoff_ms: u64,
     /// Set for the attempts of a queued waiter (one resource only).
     pub(crate) waiter: Option<Waiter>,
+    /// A request that will not wait (one attempt): a lock being handed over to a queued
+    /// waiter counts as free for it (see `Redlock::try_lock`).
+    pub(crate) barge: bool,
 }
 
 impl Target {
@@ -110,6 +113,7 @@ impl Target {
                 value: &self.value,
                 ttl_ms,
                 waiter: self.waiter.as_ref(),
+                barge: self.barge,
             },
             OpKind::RaiseFence { token } => Op::RaiseFence {
                 fence_keys: &self.fence_keys,

@@ -201,13 +201,16 @@ end
 return 1
 ";
 
-/// Sets all of `KEYS` to `ARGV[1]` with a TTL of `ARGV[2]` ms if none of them exists;
-/// all or nothing on this node. Returns 1 if set, 0 if any key was taken.
+/// Sets all of `KEYS` to `ARGV[1]` with a TTL of `ARGV[2]` ms if none of them is held
+/// (with `ARGV[3] == '1'`, a key being handed over to a queued waiter, `~<waiter>`,
+/// counts as free); all or nothing on this node. Returns 1 if set, 0 if any key was
+/// taken.
 pub(crate) static ACQUIRE_MANY: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_MANY_SOURCE));
 const ACQUIRE_MANY_SOURCE: &str = r"
 for _, key in ipairs(KEYS) do
-  if redis.call('EXISTS', key) == 1 then
+  local current = redis.call('GET', key)
+  if current and not (ARGV[3] == '1' and string.sub(current, 1, 1) == '~') then
     return 0
   end
 end
@@ -218,7 +221,8 @@ return 1
 ";
 
 /// Fencing acquire. `KEYS` holds the lock keys, then as many counter keys. If no lock
-/// key exists: sets every counter to one above the highest of them (the token), sets
+/// key is held (with `ARGV[3] == '1'`, one being handed over, `~<waiter>`, counts as
+/// free): sets every counter to one above the highest of them (the token), sets
 /// every lock key to `ARGV[1]` with a TTL of `ARGV[2]` ms, and returns the token (>= 1).
 /// Every resource's counter thus reaches the token, so a later lock of any one of them
 /// counts past it. Otherwise changes nothing and returns 0.
@@ -227,7 +231,8 @@ pub(crate) static ACQUIRE_FENCED: LazyLock<Script> =
 const ACQUIRE_FENCED_SOURCE: &str = r"
 local n = #KEYS / 2
 for i = 1, n do
-  if redis.call('EXISTS', KEYS[i]) == 1 then
+  local current = redis.call('GET', KEYS[i])
+  if current and not (ARGV[3] == '1' and string.sub(current, 1, 1) == '~') then
     return 0
   end
 end

@@ -165,3 +165,34 @@ async fn a_dead_heir_is_skipped() {
         "the live waiter got the lock {took:?} after the release"
     );
 }
+
+/// Waiters whose process died left their places in the queue; the holder's release hands
+/// the lock over to the first of them. The resource is free all the same: `try_lock`
+/// takes it at once (it does not wait its turn, so a stale place cannot make it fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_resource_can_always_be_try_locked() {
+    let cluster = Cluster::start(3).await;
+    let holder = client(&cluster, slow_retry());
+    let lock = holder.lock("stale").await.unwrap();
+    let mut doomed = Sandbox::start(&cluster).await;
+    let urls = doomed.urls();
+    doomed
+        .run(async move {
+            for _ in 0..3 {
+                let redlock = client_for(urls.clone(), slow_retry());
+                tokio::spawn(async move {
+                    let _never = redlock.lock("stale").await;
+                });
+            }
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    doomed.crash();
+    lock.release().await.unwrap();
+    let newcomer = client(&cluster, slow_retry());
+    let lock = newcomer
+        .try_lock("stale")
+        .await
+        .expect("nobody holds the resource");
+    lock.release().await.unwrap();
+}

@@ -83,7 +83,13 @@ async fn a_newcomer_does_not_overtake_the_queue() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let released = lock.release().await.unwrap();
     assert!(released.was_held());
-    match newcomer.try_lock("queue").await {
+    // A newcomer willing to wait a little (`try_lock`, which does not wait, may take a
+    // lock being handed over: see its docs).
+    let newcomer = newcomer
+        .lock("queue")
+        .retry(RetryPolicy::deadline(Duration::from_millis(50)))
+        .await;
+    match newcomer {
         Err(Error::Taken { .. }) => {}
         other => panic!("the newcomer overtook the queued waiter: {other:?}"),
     }
