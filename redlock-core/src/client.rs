@@ -424,16 +424,17 @@ impl<'a> Acquire<'a> {
                     // once; if so, the next release hands it over to us or wakes us. A
                     // lost attempt itself never makes anyone retry at once: on a bare
                     // majority, that would spin.
-                    (None, None, AttemptFailure::Taken { .. }) if shared.wakeups.is_some() => {
+                    (None, None, AttemptFailure::Taken { .. }) => {
                         (subscription, queue) = join_queue(&shared, &keys, &retry).await;
-                        match &subscription {
-                            Some(_) if join_and_look(&shared, &keys, queue.as_ref()).await => {}
-                            Some(subscription) => {
-                                subscription
-                                    .wait(delay, retry.wake_jitter(), shared.quorum())
-                                    .await;
+                        if !join_and_look(&shared, &keys, queue.as_ref()).await {
+                            match &subscription {
+                                Some(subscription) => {
+                                    subscription
+                                        .wait(delay, retry.wake_jitter(), shared.quorum())
+                                        .await;
+                                }
+                                None => tokio::time::sleep(delay).await,
                             }
-                            None => tokio::time::sleep(delay).await,
                         }
                     }
                     _ => tokio::time::sleep(delay).await,
@@ -467,37 +468,44 @@ impl<'a> IntoFuture for Acquire<'a> {
     }
 }
 
-/// Listens for releases of `keys` and takes a place in their wait queues (see
-/// `queue.rs`). A client that cannot listen (wake on release off, or no node answers)
-/// does not queue: a hand-over it would not hear would only hold the lock idle. It
-/// retries on its timer and takes the lock when it finds it free, as in the plain
-/// algorithm.
+/// Takes a place in the wait queues of `keys` (see `queue.rs`), listening for releases
+/// if this client can (wake on release on, a node's subscriber answering). A waiter that
+/// cannot listen queues all the same, so that every client gets its turn in a bounded
+/// time, but a hand-over to it is reserved until its next timed attempt (its longest
+/// retry delay and a node timeout) instead of the short hand-over time: it will not hear
+/// of it before.
 async fn join_queue(
     shared: &Arc<Shared>,
     keys: &[String],
     retry: &RetryPolicy,
 ) -> (Option<Subscription>, Option<QueueGuard>) {
-    let Some(wakeups) = &shared.wakeups else {
-        return (None, None);
-    };
-    let handoff = Duration::from_millis(shared.handoff_ms);
+    if let Some(wakeups) = &shared.wakeups {
+        let handoff = Duration::from_millis(shared.handoff_ms);
+        let waiter = Waiter::new(
+            wakeups.client(),
+            retry.max_delay(),
+            shared.node_timeout,
+            handoff,
+        );
+        // The keys' channels (deletions) and this client's (hand-overs to its waiters).
+        let mut channels = keys.to_vec();
+        channels.push(crate::wake::client_channel(wakeups.client()));
+        let subscription = wakeups
+            .subscribe(&channels, Some(waiter.id.clone()), shared.node_timeout)
+            .await;
+        if subscription.listening() {
+            let queue = QueueGuard::new(shared, keys, waiter);
+            return (Some(subscription), Some(queue));
+        }
+    }
+    let until_next_attempt = retry.max_delay().saturating_add(shared.node_timeout);
     let waiter = Waiter::new(
-        wakeups.client(),
+        &crate::value::random_value(),
         retry.max_delay(),
         shared.node_timeout,
-        handoff,
+        until_next_attempt,
     );
-    // The keys' channels (deletions) and this client's (hand-overs to its waiters).
-    let mut channels = keys.to_vec();
-    channels.push(crate::wake::client_channel(wakeups.client()));
-    let subscription = wakeups
-        .subscribe(&channels, Some(waiter.id.clone()), shared.node_timeout)
-        .await;
-    if !subscription.listening() {
-        return (None, None);
-    }
-    let queue = QueueGuard::new(shared, keys, waiter);
-    (Some(subscription), Some(queue))
+    (None, Some(QueueGuard::new(shared, keys, waiter)))
 }
 
 fn check_resources(resources: &[String]) -> Result<(), ConfigError> {

@@ -1,12 +1,14 @@
 //! The wait queue: a released lock goes to the client that has waited longest.
 //!
-//! Every waiter that hears releases (wake on release, the default) joins it, whatever it
-//! waits for (one resource or several). A client that cannot hear them (wake on release
-//! off, or pooled nodes, which have no subscriber) does not: a hand-over it would not
-//! hear would hold the lock idle until its next timed retry, slowing every contended
-//! resource to the pace of retry delays. It retries on its timer and takes the lock
-//! when it finds it free, as in the plain algorithm; under steady contention from
-//! queued clients it rarely does, so give all clients of a resource the same setting.
+//! Every waiter joins it, whatever it waits for (one resource or several), so every
+//! client gets its turn in a bounded time. One that hears releases (wake on release, the
+//! default) is handed the lock for a short hand-over time and retries at once. One that
+//! cannot hear them (wake on release off, or pooled nodes, which have no subscriber) is
+//! handed the lock until its next timed attempt (its longest retry delay and a node
+//! timeout): the lock then lies idle until it comes, so such clients slow a contended
+//! resource down to the pace of their retry delays; give all clients of a busy resource
+//! wake on release. (Only a request allowed a single attempt, `try_lock`, does not
+//! queue.)
 //!
 //! Without it, a release wakes every waiter at once: they race, split the nodes' votes
 //! so that none reaches a majority, back off, and the releaser (which asks again at
@@ -72,7 +74,7 @@ impl Waiter {
         let id = format!(
             "{client}.{:016x}:{}",
             rand::rng().random::<u64>(),
-            handoff.as_millis().max(1)
+            handoff.min(crate::client::MAX_TTL).as_millis().max(1)
         );
         let since_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)

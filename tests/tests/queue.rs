@@ -178,3 +178,53 @@ async fn multi_resource_waiters_are_not_starved() {
         assert!(task.await.unwrap() > 0, "every busy client held the lock");
     }
 }
+
+/// Clients that cannot hear releases (wake on release off) queue too: against queued
+/// clients that keep the resource busy, each gets its turn within a bounded wait (a few
+/// retry delays), instead of starving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_only_clients_are_not_starved() {
+    let cluster = Cluster::start(3).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        let (redlock, stop) = (slow_retry_client(&cluster), Arc::clone(&stop));
+        busy.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let lock = redlock.lock("busy").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                lock.release().await.unwrap();
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deaf = Redlock::builder()
+        .nodes(cluster.urls())
+        .restart_quarantine(false) // fresh nodes
+        .wake_on_release(false)
+        .ttl(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let started = Instant::now();
+        // 20 ms + up to 20 ms between attempts; 2 s is fifty of them.
+        let lock = deaf
+            .lock("busy")
+            .retry(
+                RetryPolicy::deadline(Duration::from_secs(2))
+                    .with_delay(Duration::from_millis(20), Duration::from_millis(20)),
+            )
+            .await
+            .expect("a client without wake-ups starved");
+        lock.release().await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(600),
+            "waited {:?}",
+            started.elapsed()
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in busy {
+        task.await.unwrap();
+    }
+}
