@@ -316,6 +316,7 @@ impl RedlockBuilder {
         let shared = Shared {
             wakeups,
             watchdog: Watchdog::default(),
+            server_clock: crate::server_clock::ServerClock::default(),
             max_hold: self.max_hold,
             handoff_ms: u64::try_from(crate::queue::handoff_time(self.ttl).as_millis())
                 .unwrap_or(u64::MAX),

@@ -17,6 +17,7 @@ use crate::node::{Command, Node, NodeStatus, ReleaseMode};
 use crate::queue::{QueueGuard, Waiter};
 use crate::quorum::{Fanout, InFlight, OpKind, Pending, Target, Until, majority};
 use crate::retry::RetryPolicy;
+use crate::server_clock::ServerClock;
 use crate::value::random_value;
 use crate::wake::{Subscription, Wakeups};
 use crate::watchdog::Watchdog;
@@ -66,6 +67,8 @@ pub(crate) struct Shared {
     pub(crate) max_hold: Duration,
     /// How long a release reserves the lock for the next queued waiter (ms).
     pub(crate) handoff_ms: u64,
+    /// The nodes' clock, for the order of the wait queue.
+    pub(crate) server_clock: ServerClock,
 }
 
 impl Shared {
@@ -479,6 +482,7 @@ async fn join_queue(
     keys: &[String],
     retry: &RetryPolicy,
 ) -> (Option<Subscription>, Option<QueueGuard>) {
+    let since_ms = shared.server_clock.now_ms(shared).await;
     if let Some(wakeups) = &shared.wakeups {
         let handoff = Duration::from_millis(shared.handoff_ms);
         let waiter = Waiter::new(
@@ -486,6 +490,7 @@ async fn join_queue(
             retry.max_delay(),
             shared.node_timeout,
             handoff,
+            since_ms,
         );
         // The keys' channels (deletions) and this client's (hand-overs to its waiters).
         let mut channels = keys.to_vec();
@@ -504,6 +509,7 @@ async fn join_queue(
         retry.max_delay(),
         shared.node_timeout,
         until_next_attempt,
+        since_ms,
     );
     (None, Some(QueueGuard::new(shared, keys, waiter)))
 }

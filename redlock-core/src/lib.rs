@@ -82,6 +82,7 @@ mod queue;
 mod quorum;
 mod retry;
 mod scripts;
+mod server_clock;
 mod value;
 mod wake;
 mod watchdog;

@@ -86,6 +86,8 @@ pub(crate) enum Op<'a> {
     /// The longest remaining TTL (ms) among the keys; 0 when none exists. Not a vote:
     /// it tells a waiter when the holder's lock ends at the latest.
     Remaining { keys: &'a [String] },
+    /// The node's clock (ms since the Unix epoch). Not a vote.
+    ServerTime,
     /// A waiter takes (or refreshes) its place in the keys' wait queues; answers the
     /// keys' longest remaining TTL (ms), 0 when all are free. Not a vote.
     JoinQueue {
@@ -100,7 +102,7 @@ impl Op<'_> {
     fn votes(&self) -> bool {
         !matches!(
             self,
-            Op::Release { .. } | Op::Remaining { .. } | Op::JoinQueue { .. }
+            Op::Release { .. } | Op::Remaining { .. } | Op::JoinQueue { .. } | Op::ServerTime
         )
     }
 }
@@ -830,6 +832,7 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
         Op::Remaining { keys } => {
             evalsha(&scripts::REMAINING, &keys.iter().collect::<Vec<_>>(), &[])
         }
+        Op::ServerTime => evalsha(&scripts::SERVER_TIME, &[], &[]),
         Op::JoinQueue { keys, waiter } => {
             let all = with_queues(keys);
             evalsha(

@@ -32,7 +32,7 @@
 //! handed over: the waiters' retry timers pick them up.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rand::RngExt;
 
@@ -56,29 +56,28 @@ pub(crate) struct Waiter {
     pub(crate) id: String,
     /// The key's value while a lock is handed over to this waiter.
     pub(crate) placeholder: String,
-    /// When it began waiting (ms since the Unix epoch): its place in the queue.
+    /// When it began waiting (ms since the Unix epoch, by the nodes' clock: see
+    /// `server_clock.rs`): its place in the queue.
     pub(crate) since_ms: u64,
     /// How long a node keeps its place after its last attempt (ms).
     pub(crate) keep_ms: u64,
 }
 
 impl Waiter {
-    /// A new waiter whose attempts come at most `max_delay` apart; a hand-over to it is
-    /// reserved for `handoff`.
+    /// A new waiter whose attempts come at most `max_delay` apart, waiting since
+    /// `since_ms`; a hand-over to it is reserved for `handoff`.
     pub(crate) fn new(
         client: &str,
         max_delay: Duration,
         node_timeout: Duration,
         handoff: Duration,
+        since_ms: u64,
     ) -> Self {
         let id = format!(
             "{client}.{:016x}:{}",
             rand::rng().random::<u64>(),
             handoff.min(crate::client::MAX_TTL).as_millis().max(1)
         );
-        let since_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         // Saturating, and at most the longest TTL: a retry delay of `Duration::MAX` is
         // a valid (if odd) policy, and Redis rejects expiries beyond its range.
         let keep = max_delay

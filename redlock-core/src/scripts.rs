@@ -185,6 +185,13 @@ end
 return longest
 ";
 
+/// The node's clock: milliseconds since the Unix epoch (`TIME`, as one number).
+pub(crate) static SERVER_TIME: LazyLock<Script> = LazyLock::new(|| Script::new(SERVER_TIME_SOURCE));
+const SERVER_TIME_SOURCE: &str = r"
+local t = redis.call('TIME')
+return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+
 /// Sets a new TTL (`ARGV[2]` ms) on all of `KEYS` if every one still holds `ARGV[1]`;
 /// all or nothing. `PEXPIRE` on a missing key is a no-op, so an expired lock is never
 /// re-created. Returns 1 if extended, 0 if not.
@@ -278,8 +285,9 @@ return longest
 ";
 
 /// Every script's source, to load on a new connection.
-pub(crate) const ALL_SOURCES: [&str; 8] = [
+pub(crate) const ALL_SOURCES: [&str; 9] = [
     ACQUIRE_QUEUED_SOURCE,
+    SERVER_TIME_SOURCE,
     JOIN_QUEUE_SOURCE,
     REMAINING_SOURCE,
     RELEASE_SOURCE,

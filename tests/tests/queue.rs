@@ -15,8 +15,12 @@ use common::settle_keys;
 /// A client whose fallback retry delay is long (1 s): only a wake-up or a hand-over can
 /// make it quick.
 fn slow_retry_client(cluster: &Cluster) -> Redlock {
+    slow_retry_client_for(cluster.urls())
+}
+
+fn slow_retry_client_for(urls: Vec<String>) -> Redlock {
     Redlock::builder()
-        .nodes(cluster.urls())
+        .nodes(urls)
         .restart_quarantine(false) // fresh nodes: see common/mod.rs
         .ttl(Duration::from_secs(5))
         .retry(
@@ -227,4 +231,73 @@ async fn timer_only_clients_are_not_starved() {
     for task in busy {
         task.await.unwrap();
     }
+}
+
+/// The skewed client of `a_skewed_client_clock_does_not_jump_the_queue`, run in a child
+/// process under `faketime`: waits for the lock, says so on stdout, releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of another test"]
+async fn skewed_clock_child() {
+    let Ok(urls) = std::env::var("REDLOCK_CHILD_URLS") else {
+        return;
+    };
+    let redlock = slow_retry_client_for(urls.split(',').map(str::to_owned).collect());
+    let lock = redlock.lock("skew").await.unwrap();
+    println!("ACQUIRED");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    lock.release().await.unwrap();
+}
+
+/// A client whose wall clock is a minute behind (run under `faketime`, Debian's package
+/// of that name) starts waiting after another: it gets the lock after it. The queue's
+/// order comes from the nodes' clocks, not from each client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_client_clock_does_not_jump_the_queue() {
+    let cluster = Cluster::start(3).await;
+    let holder = slow_retry_client(&cluster);
+    let lock = holder.lock("skew").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let in_time = {
+        let (redlock, order) = (slow_retry_client(&cluster), Arc::clone(&order));
+        tokio::spawn(async move {
+            let lock = redlock.lock("skew").await.unwrap();
+            order.lock().unwrap().push("in time");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            lock.release().await.unwrap();
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut child = std::process::Command::new("faketime")
+        .arg("-f")
+        .arg("-60s")
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "skewed_clock_child", "--ignored", "--nocapture"])
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("REDLOCK_CHILD_URLS", cluster.urls().join(","))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run `faketime` (Debian package faketime) for the skewed client");
+    let stdout = child.stdout.take().unwrap();
+    let skewed = {
+        let order = Arc::clone(&order);
+        tokio::task::spawn_blocking(move || {
+            use std::io::BufRead;
+            let mut acquired = false;
+            // Read to the end: the child's test harness writes more after.
+            for line in std::io::BufReader::new(stdout).lines() {
+                if !acquired && line.unwrap().contains("ACQUIRED") {
+                    order.lock().unwrap().push("skewed");
+                    acquired = true;
+                }
+            }
+            assert!(acquired, "the skewed client never got the lock");
+        })
+    };
+    // Let it start and take its place in the queue.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    lock.release().await.unwrap();
+    in_time.await.unwrap();
+    skewed.await.unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(*order.lock().unwrap(), ["in time", "skewed"]);
 }
