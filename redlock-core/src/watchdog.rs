@@ -4,7 +4,9 @@
 //! together are sent as one batch: one pipeline per node, whatever the number of locks
 //! (a round costs one round trip per node). An extension counts for a lock if a
 //! majority of nodes accepted it before the lock's validity ran out; its validity then
-//! restarts from the moment the batch was sent. A lock that could not be extended is
+//! restarts from the moment the batch was sent. A round's outcome is taken as soon as a
+//! majority decided it: a slow or dead node never delays it (its pipeline goes on in
+//! the background, and the next round skips that node until it is done). A lock that could not be extended is
 //! retried shortly, and declared **lost** once its loss deadline passes: its validity
 //! end minus the drift allowance, never later. A watched lock also stops being extended
 //! at its maximum hold time, and is then declared lost when its validity runs out.
@@ -39,10 +41,12 @@ pub(crate) struct LockState {
     /// The acquisition's commands (and its fence write-back) not yet queued on some
     /// nodes: every later command of this lock to those nodes waits for them.
     barrier: Option<InFlight>,
-    /// Held by an extension (the holder's or the watchdog's) until its commands have
-    /// completed on every node: extensions never overlap, so the one that set a TTL
-    /// last on a node is the one whose validity the holder counts.
-    extending: Arc<tokio::sync::Mutex<()>>,
+    /// Held by an extension until its commands have completed on every node: the
+    /// holder's extension exclusively (it never overlaps another, so the one that set a
+    /// TTL last on a node is the one whose validity the holder counts), the watchdog's
+    /// rounds shared (they may overlap a slow node's straggler, but a round skips a node
+    /// where the previous one is still in flight, so they keep their order per node).
+    extending: Arc<tokio::sync::RwLock<()>>,
     /// The watchdog's id for this lock (0 while not watched).
     pub(crate) watch_id: AtomicU64,
 }
@@ -56,7 +60,7 @@ impl LockState {
             ended: AtomicBool::new(false),
             last_votes: AtomicUsize::new(0),
             barrier,
-            extending: Arc::new(tokio::sync::Mutex::new(())),
+            extending: Arc::new(tokio::sync::RwLock::new(())),
             watch_id: AtomicU64::new(0),
         }
     }
@@ -79,16 +83,15 @@ impl LockState {
         self.barrier.as_ref().filter(|b| !b.is_done())
     }
 
-    /// Waits until no other extension of this lock is under way; the guard keeps it so
-    /// until dropped.
-    pub(crate) async fn begin_extension(&self) -> tokio::sync::OwnedMutexGuard<()> {
-        Arc::clone(&self.extending).lock_owned().await
+    /// Waits until no other extension of this lock is under way (the watchdog's rounds
+    /// included, stragglers too); the guard keeps it so until dropped.
+    pub(crate) async fn begin_extension(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        Arc::clone(&self.extending).write_owned().await
     }
 
-    /// The guard of [`begin_extension`](Self::begin_extension), if no extension is under
-    /// way now.
-    pub(crate) fn try_begin_extension(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
-        Arc::clone(&self.extending).try_lock_owned().ok()
+    /// A watchdog round's guard, if the holder is not extending the lock (nor waiting to).
+    pub(crate) fn try_begin_round(&self) -> Option<tokio::sync::OwnedRwLockReadGuard<()>> {
+        Arc::clone(&self.extending).try_read_owned().ok()
     }
 
     /// Records an extension a majority accepted: the keys now live at least `ttl` from
@@ -231,6 +234,15 @@ impl Drop for Entries {
 /// The watchdog task. Ends when the client is gone and no lock is watched.
 async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Message>) {
     let mut entries = Entries::default();
+    // Per node: a round's pipeline is still in flight there.
+    let busy: Arc<[AtomicBool]> = match client.upgrade() {
+        Some(shared) => shared
+            .nodes
+            .iter()
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+        None => return,
+    };
     let mut in_flight: FuturesUnordered<BoxFuture<'static, Outcome>> = FuturesUnordered::new();
     let mut open = true;
     // When to tick next: recomputed over all entries only after a tick or an outcome
@@ -276,7 +288,7 @@ async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Message
             () = sleep_until(wake) => {
                 wake_at = None;
                 if let Some(shared) = client.upgrade()
-                    && let Some(batch) = tick(&shared, &mut entries)
+                    && let Some(batch) = tick(&shared, &mut entries, &busy)
                 {
                     in_flight.push(batch);
                 }
@@ -327,6 +339,7 @@ fn entry_wake(shared: &Shared, entry: &Entry) -> Option<Instant> {
 fn tick(
     shared: &Arc<Shared>,
     entries: &mut HashMap<u64, Entry>,
+    busy: &Arc<[AtomicBool]>,
 ) -> Option<BoxFuture<'static, Outcome>> {
     let now = Instant::now();
     entries.retain(|_, entry| {
@@ -357,7 +370,7 @@ fn tick(
             // extension that overtook a SET would leave that node at the SET's TTL),
             // nor while the holder extends it: look again shortly.
             let guard = match state.barrier() {
-                None => state.try_begin_extension(),
+                None => state.try_begin_round(),
                 Some(_) => None,
             };
             let Some(guard) = guard else {
@@ -373,56 +386,115 @@ fn tick(
         return None;
     }
     shared.watchdog.rounds.fetch_add(1, Ordering::Relaxed);
-    let round = extend_batch(Arc::clone(shared), batch);
-    Some(Box::pin(async move {
-        let outcome = round.await;
-        // The round is over on every node: the next extension may start.
-        drop(guards);
-        outcome
-    }))
+    Some(extend_batch(
+        Arc::clone(shared),
+        batch,
+        guards,
+        Arc::clone(busy),
+    ))
 }
 
-/// Extends every lock of `batch` on every node: one pipeline per node.
-async fn extend_batch(shared: Arc<Shared>, batch: Vec<(u64, Arc<Target>, Duration)>) -> Outcome {
+/// Extends every lock of `batch` on every node not still busy with the previous round
+/// (a node that is counts as a failure for this one): one pipeline per node. The outcome
+/// comes as soon as every lock's is decided (a majority said yes, or can no longer), so
+/// a slow or dead node never delays it; the pipelines go on in a task of their own,
+/// which keeps the rounds' guards (`guards`) and the nodes' busy flags until each is done.
+fn extend_batch<G: Send + 'static>(
+    shared: Arc<Shared>,
+    batch: Vec<(u64, Arc<Target>, Duration)>,
+    guards: Vec<G>,
+    busy: Arc<[AtomicBool]>,
+) -> BoxFuture<'static, Outcome> {
     let sent_at = Instant::now();
-    let ops: Vec<(Arc<Target>, OpKind)> = batch
-        .iter()
-        .map(|(_, target, ttl)| {
-            let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-            (Arc::clone(target), OpKind::Extend { ttl_ms })
-        })
-        .collect();
-    // A round may take until the next one is due: with thousands of locks a pipeline
-    // takes longer than the per-node timeout (meant for single commands), and a round
-    // cut short would fail every lock in it.
-    let shortest = batch
-        .iter()
-        .map(|(_, _, ttl)| *ttl)
-        .min()
-        .unwrap_or_default();
-    let timeout = shared.node_timeout.max(shortest / 3);
-    let per_node = shared
-        .nodes
-        .iter()
-        .map(|node| node.run_batch(&ops, timeout));
-    let answers = futures_util::future::join_all(per_node).await;
-    let mut votes: HashMap<u64, usize> = batch.iter().map(|(id, _, _)| (*id, 0)).collect();
-    for (node, answer) in shared.nodes.iter().zip(&answers) {
-        if let Err(err) = answer {
-            tracing::debug!(node = node.name(), locks = batch.len(), error = %err, "extension round failed on a node");
-        }
-    }
-    for answer in answers.into_iter().flatten() {
-        for ((id, _, _), yes) in batch.iter().zip(answer) {
-            if yes > 0 {
-                *votes.entry(*id).or_default() += 1;
+    let ttl: HashMap<u64, Duration> = batch.iter().map(|(id, _, ttl)| (*id, *ttl)).collect();
+    let no_votes: HashMap<u64, usize> = batch.iter().map(|(id, _, _)| (*id, 0)).collect();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let outcome = Outcome {
+        sent_at,
+        ttl: ttl.clone(),
+        votes: no_votes.clone(),
+    };
+    let round = async move {
+        let ops: Vec<(Arc<Target>, OpKind)> = batch
+            .iter()
+            .map(|(_, target, ttl)| {
+                let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+                (Arc::clone(target), OpKind::Extend { ttl_ms })
+            })
+            .collect();
+        // A round may take until the next one is due: with thousands of locks a pipeline
+        // takes longer than the per-node timeout (meant for single commands), and a round
+        // cut short would fail every lock in it.
+        let shortest = batch
+            .iter()
+            .map(|(_, _, ttl)| *ttl)
+            .min()
+            .unwrap_or_default();
+        let timeout = shared.node_timeout.max(shortest / 3);
+        let quorum = shared.quorum();
+        let free: Vec<usize> = (0..shared.nodes.len())
+            .filter(|&i| busy.get(i).is_some_and(|b| !b.swap(true, Ordering::AcqRel)))
+            .collect();
+        let mut calls: FuturesUnordered<_> = free
+            .iter()
+            .map(|&i| {
+                let (node, ops, busy) = (&shared.nodes[i], &ops, &busy);
+                async move {
+                    let answer = node.run_batch(ops, timeout).await;
+                    if let Some(flag) = busy.get(i) {
+                        flag.store(false, Ordering::Release);
+                    }
+                    (node.name(), answer)
+                }
+            })
+            .collect();
+        let mut votes = no_votes;
+        let mut pending = calls.len();
+        let mut tx = Some(tx);
+        while let Some((node, answer)) = calls.next().await {
+            pending -= 1;
+            match answer {
+                Ok(answer) => {
+                    for ((id, _, _), yes) in batch.iter().zip(answer) {
+                        if yes > 0 {
+                            *votes.entry(*id).or_default() += 1;
+                        }
+                    }
+                }
+                Err(err) => {
+                    tracing::debug!(node, locks = batch.len(), error = %err, "extension round failed on a node");
+                }
+            }
+            let decided = votes
+                .values()
+                .all(|&yes| yes >= quorum || yes + pending < quorum);
+            if decided && let Some(tx) = tx.take() {
+                let _ = tx.send(Outcome {
+                    sent_at,
+                    ttl: ttl.clone(),
+                    votes: votes.clone(),
+                });
             }
         }
-    }
-    Outcome {
-        sent_at,
-        ttl: batch.iter().map(|(id, _, ttl)| (*id, *ttl)).collect(),
-        votes,
+        if let Some(tx) = tx {
+            let _ = tx.send(Outcome {
+                sent_at,
+                ttl,
+                votes,
+            });
+        }
+        // Done on every node: the holder may extend again.
+        drop(guards);
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(round);
+            Box::pin(async move { rx.await.unwrap_or(outcome) })
+        }
+        Err(_) => Box::pin(async move {
+            round.await;
+            rx.await.unwrap_or(outcome)
+        }),
     }
 }
 
