@@ -414,7 +414,14 @@ impl<'a> Acquire<'a> {
                 Err(failure) => failure,
             };
             tracing::debug!(attempts, ?failure, "attempt failed");
-            match retry.next_delay(attempts, started.elapsed()) {
+            // Nodes that refuse for good (missing permission, bad credentials) do not
+            // come round by retrying: say so at once.
+            let delay = if failure.hopeless(&shared) {
+                None
+            } else {
+                retry.next_delay(attempts, started.elapsed())
+            };
+            match delay {
                 Some(delay) => match (&subscription, &queue, &failure) {
                     (Some(subscription), _, _) => {
                         subscription
@@ -543,6 +550,15 @@ enum AttemptFailure {
 }
 
 impl AttemptFailure {
+    /// So many nodes refused for good that no retry can reach a majority.
+    fn hopeless(&self, shared: &Shared) -> bool {
+        let Self::Unreachable { failures } = self else {
+            return false;
+        };
+        let permanent = failures.iter().filter(|f| f.cause.is_permanent()).count();
+        permanent > shared.nodes.len() - shared.quorum()
+    }
+
     fn into_error(
         self,
         resource: String,

@@ -243,6 +243,23 @@ pub enum NodeError {
     /// quarantine left. Nothing to do: it ends by itself.
     #[error("in restart quarantine for another {0:?}")]
     Quarantined(Duration),
+    /// The node refused a command the lock needs (`NOPERM`: an ACL user without it).
+    /// Not retried for a while: grant the permission named, then it recovers by itself.
+    #[error("permission missing: {0}")]
+    Permission(String),
+    /// The node refused the credentials (wrong user or password, or none given where
+    /// one is needed). Not retried for a while: fix the node's URL.
+    #[error("authentication failed ({0}): check the user and password in the node's URL")]
+    Authentication(String),
+}
+
+impl NodeError {
+    /// A misconfiguration that retrying cannot cure (a missing permission, bad
+    /// credentials): an acquisition stops at once when such failures cost it the
+    /// majority, instead of retrying until its deadline.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::Permission(_) | Self::Authentication(_))
+    }
 }
 
 fn fmt_failures(failures: &[NodeFailure]) -> String {

@@ -73,6 +73,7 @@
 //! that the protected resource rejects stale writers.
 
 mod builder;
+mod checks;
 mod client;
 mod error;
 mod lock;

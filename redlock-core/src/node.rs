@@ -23,6 +23,7 @@ use futures_util::future::{BoxFuture, Shared};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, RedisError, Script, Value};
 
+use crate::checks::{Checks, refused};
 use crate::error::NodeError;
 use crate::queue::{Waiter, waiter_keys, with_queues};
 use crate::scripts;
@@ -290,8 +291,8 @@ struct Direct {
     slot: Mutex<Slot>,
     /// Numbers connections, so that a failure on an old one does not drop a new one.
     next_id: AtomicU64,
-    /// Check the node's persistence on connecting (when quarantine is off).
-    check_persistence: bool,
+    /// What every new connection checks (permissions, eviction, persistence).
+    checks: Arc<Checks>,
     /// The node's restart quarantine: every new connection reports the node's identity
     /// to it before anyone can send a vote on that connection.
     quarantine: Option<Arc<Quarantine>>,
@@ -310,9 +311,19 @@ enum Slot {
         id: u64,
         conn: MultiplexedConnection,
     },
+    /// The node refused the connection for good (a missing permission, bad
+    /// credentials): operations fail with this error at once until `until`, then a new
+    /// connection is tried.
+    Refused {
+        until: Instant,
+        error: NodeError,
+    },
 }
 
-type Opening = Shared<BoxFuture<'static, Result<Opened, RedisError>>>;
+type Opening = Shared<BoxFuture<'static, Result<Opened, NodeError>>>;
+
+/// How long a node that refused a connection for good is not asked again.
+const REFUSED_FOR: Duration = Duration::from_secs(10);
 
 /// A new connection, whose node identity the quarantine has checked.
 #[derive(Clone)]
@@ -337,13 +348,14 @@ impl std::fmt::Debug for Node {
 impl Node {
     /// A node reached through its own multiplexed connection.
     pub(crate) fn direct(name: String, client: redis::Client) -> Self {
+        let checks = Arc::new(Checks::new(name.clone(), false));
         Self {
             name,
             backend: Backend::Direct(Box::new(Direct {
                 client,
                 slot: Mutex::new(Slot::Empty),
                 next_id: AtomicU64::new(1),
-                check_persistence: false,
+                checks,
                 quarantine: None,
             })),
             quarantine: None,
@@ -371,7 +383,7 @@ impl Node {
             })
         });
         if let Backend::Direct(direct) = &mut self.backend {
-            direct.check_persistence = period.is_none();
+            direct.checks = Arc::new(Checks::new(self.name.clone(), period.is_none()));
             direct.quarantine = self.quarantine.clone();
         }
         self
@@ -413,7 +425,7 @@ impl Node {
         let run = async {
             let replies: Vec<redis::RedisResult<redis::Value>> = match &self.backend {
                 Backend::Direct(direct) => {
-                    let (id, mut conn) = direct.connection().await.map_err(redis_error)?;
+                    let (id, mut conn) = direct.connection().await?;
                     self.check_quarantine(votes)?;
                     let replies = query_batch(&pipe, &mut conn).await;
                     if let Err(err) = &replies
@@ -476,16 +488,16 @@ impl Node {
         let probe = async {
             match &self.backend {
                 Backend::Direct(direct) => match direct.ping().await {
-                    Err((id, err)) if breaks_connection(&err) => {
+                    Err((id, NodeError::Redis(err))) if breaks_connection(&err) => {
                         direct.forget(id);
                         direct.ping().await.map_err(|(id, err)| {
-                            if breaks_connection(&err) {
+                            if matches!(&err, NodeError::Redis(e) if breaks_connection(e)) {
                                 direct.forget(id);
                             }
-                            redis_error(err)
+                            err
                         })
                     }
-                    other => other.map_err(|(_, err)| redis_error(err)),
+                    other => other.map_err(|(_, err)| err),
                 },
                 Backend::Pool(pool) => self.pooled(pool, true).await.map(drop),
             }
@@ -549,7 +561,7 @@ impl Node {
             // Boxed: the pool's future is large, and the direct path is the hot one.
             Backend::Pool(pool) => return Box::pin(self.run_pooled(pool, command)).await,
         };
-        let (generation, mut conn) = direct.connection().await.map_err(redis_error)?;
+        let (generation, mut conn) = direct.connection().await?;
         self.check_quarantine(command.votes)?;
         let mut execution = std::pin::pin!(command.execute(&mut conn));
         // The first poll puts the command in the connection's queue (deep enough never
@@ -594,13 +606,16 @@ impl Direct {
     /// The shared connection, opening it if needed. A new connection is handed out
     /// only after the node's identity on it went through the quarantine (see
     /// [`open`](Self::open)), so no vote is ever sent on an unchecked connection.
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), RedisError> {
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), NodeError> {
         let (id, opened) = {
             let mut slot = self.slot();
             match &*slot {
                 Slot::Ready { id, conn } => return Ok((*id, conn.clone())),
                 Slot::Connecting { id, opened } => (*id, opened.clone()),
-                Slot::Empty => {
+                Slot::Refused { until, error } if Instant::now() < *until => {
+                    return Err(error.clone());
+                }
+                Slot::Empty | Slot::Refused { .. } => {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     let opened = self.open();
                     *slot = Slot::Connecting {
@@ -626,7 +641,15 @@ impl Direct {
             }
             Err(err) => {
                 if current {
-                    *slot = Slot::Empty;
+                    *slot = if err.is_permanent() {
+                        tracing::warn!(node = %self.checks.node(), error = %err, "node refused: not asked again for {REFUSED_FOR:?}");
+                        Slot::Refused {
+                            until: Instant::now() + REFUSED_FOR,
+                            error: err.clone(),
+                        }
+                    } else {
+                        Slot::Empty
+                    };
                 }
                 Err(err)
             }
@@ -635,12 +658,12 @@ impl Direct {
 
     /// `PING` on the shared connection (opening it if needed); on failure, the id of the
     /// connection that failed (0 if none could be opened).
-    async fn ping(&self) -> Result<(), (u64, RedisError)> {
+    async fn ping(&self) -> Result<(), (u64, NodeError)> {
         let (id, mut conn) = self.connection().await.map_err(|err| (0, err))?;
         redis::cmd("PING")
             .query_async::<()>(&mut conn)
             .await
-            .map_err(|err| (id, err))
+            .map_err(|err| (id, redis_error(err)))
     }
 
     /// Starts opening a connection in a task of its own.
@@ -651,13 +674,13 @@ impl Direct {
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(None)
             .set_pipeline_buffer_size(PIPELINE_BUFFER);
-        let check_persistence = self.check_persistence;
+        let checks = Arc::clone(&self.checks);
         let quarantine = self.quarantine.clone();
         let connect = async move {
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&config)
-                .await?;
-            let name = client.get_connection_info().addr().to_string();
+                .await
+                .map_err(|err| refused(err, "the connection's handshake (HELLO, AUTH)"))?;
             // Load the scripts now (one round trip), so that operations on this connection
             // do not meet NOSCRIPT: its fallback costs two more round trips, which may not
             // fit in the per-node timeout. A restarted node comes back through a new
@@ -666,15 +689,16 @@ impl Direct {
             let mut load = redis::pipe();
             load_scripts(&mut load);
             load.cmd("INFO").arg("server");
-            let (info,): (String,) = load.query_async(&mut conn).await?;
+            let (info,): (String,) = load
+                .query_async(&mut conn)
+                .await
+                .map_err(|err| refused(err, "SCRIPT LOAD or INFO"))?;
             // Before the connection is handed to anyone: a node that restarted is in
             // quarantine before its first vote on the new connection is counted.
             if let Some(quarantine) = &quarantine {
                 quarantine.observe(&info);
             }
-            if check_persistence {
-                warn_unless_durable(&mut conn, &name).await;
-            }
+            checks.run(&mut conn).await?;
             Ok(Opened { conn })
         };
         let opening: BoxFuture<'static, _> = match tokio::runtime::Handle::try_current() {
@@ -682,7 +706,9 @@ impl Direct {
                 let task = handle.spawn(connect);
                 Box::pin(async move {
                     task.await.unwrap_or_else(|err| {
-                        Err(RedisError::from(std::io::Error::other(err.to_string())))
+                        Err(redis_error(RedisError::from(std::io::Error::other(
+                            err.to_string(),
+                        ))))
                     })
                 })
             }
@@ -697,30 +723,6 @@ impl Direct {
         if matches!(&*slot, Slot::Ready { id: current, .. } if *current == id) {
             *slot = Slot::Empty;
         }
-    }
-}
-
-/// Logs a warning if the node cannot keep a lock across a crash (no AOF with
-/// `appendfsync always`) while the quarantine is off. Checked once per connection; a
-/// node that hides its configuration gets the warning too.
-async fn warn_unless_durable(conn: &mut MultiplexedConnection, node: &str) {
-    let fsync: Result<Vec<String>, _> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("appendfsync")
-        .query_async(conn)
-        .await;
-    let aof: Result<Vec<String>, _> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("appendonly")
-        .query_async(conn)
-        .await;
-    let durable = matches!((&aof, &fsync), (Ok(a), Ok(f))
-        if a.get(1).is_some_and(|v| v == "yes") && f.get(1).is_some_and(|v| v == "always"));
-    if !durable {
-        tracing::warn!(
-            node,
-            "restart quarantine is off but this node does not persist every write (appendonly yes + appendfsync always): a crash and restart can forget a live lock and let two clients hold it"
-        );
     }
 }
 
