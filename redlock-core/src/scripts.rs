@@ -99,6 +99,28 @@ end
 return released + 65536 * pending
 ";
 
+/// Lua that puts waiter `id` (waiting `since`, a number) in the wait queues of the `n`
+/// lock keys of `KEYS` (then their queues, then the queues' deadlines), its place kept
+/// `keep` ms past now; the queues live at least that long. Shared by the scripts that
+/// queue a waiter.
+macro_rules! take_places {
+    () => {
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 1, n do
+  redis.call('ZADD', KEYS[n + i], since, id)
+  redis.call('ZADD', KEYS[2 * n + i], now + keep, id)
+  for _, key in ipairs({KEYS[n + i], KEYS[2 * n + i]}) do
+    if redis.call('PTTL', key) < keep then
+      redis.call('PEXPIRE', key, keep)
+    end
+  end
+end
+"
+    };
+}
+
 /// A queued waiter's attempt. `KEYS`: the n lock keys, then their wait queues, then the
 /// queues' deadlines, then (with fencing) their counters. `ARGV`: value, TTL ms, waiter
 /// id, the time it began waiting (its place in the queues), how long its places are kept
@@ -109,7 +131,8 @@ return released + 65536 * pending
 /// refreshes its places and returns 0.
 pub(crate) static ACQUIRE_QUEUED: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_QUEUED_SOURCE));
-const ACQUIRE_QUEUED_SOURCE: &str = r"
+const ACQUIRE_QUEUED_SOURCE: &str = concat!(
+    r"
 local n = tonumber(ARGV[6])
 local mine = '~' .. ARGV[3]
 local free = true
@@ -142,20 +165,13 @@ if free then
   end
   return token
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local keep = tonumber(ARGV[5])
-for i = 1, n do
-  redis.call('ZADD', KEYS[n + i], ARGV[4], ARGV[3])
-  redis.call('ZADD', KEYS[2 * n + i], now + keep, ARGV[3])
-  for _, key in ipairs({KEYS[n + i], KEYS[2 * n + i]}) do
-    if redis.call('PTTL', key) < keep then
-      redis.call('PEXPIRE', key, keep)
-    end
-  end
-end
+local id, since, keep = ARGV[3], ARGV[4], tonumber(ARGV[5])
+",
+    take_places!(),
+    r"
 return 0
-";
+"
+);
 
 /// A waiter joins (or refreshes its place in) the wait queues of the lock keys without
 /// trying to take them. `KEYS`: the n lock keys, their queues, their queues' deadlines.
@@ -163,27 +179,23 @@ return 0
 /// (ms). Returns the longest remaining TTL (ms) among the lock keys: 0 when they are all
 /// free (a hand-over to someone else counts as taken).
 pub(crate) static JOIN_QUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(JOIN_QUEUE_SOURCE));
-const JOIN_QUEUE_SOURCE: &str = r"
+const JOIN_QUEUE_SOURCE: &str = concat!(
+    r"
 local n = #KEYS / 3
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local keep = tonumber(ARGV[3])
+local id, since, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
+",
+    take_places!(),
+    r"
 local longest = 0
 for i = 1, n do
-  redis.call('ZADD', KEYS[n + i], ARGV[2], ARGV[1])
-  redis.call('ZADD', KEYS[2 * n + i], now + keep, ARGV[1])
-  for _, key in ipairs({KEYS[n + i], KEYS[2 * n + i]}) do
-    if redis.call('PTTL', key) < keep then
-      redis.call('PEXPIRE', key, keep)
-    end
-  end
   local ttl = redis.call('PTTL', KEYS[i])
   if ttl > longest then
     longest = ttl
   end
 end
 return longest
-";
+"
+);
 
 /// The node's clock: milliseconds since the Unix epoch (`TIME`, as one number).
 pub(crate) static SERVER_TIME: LazyLock<Script> = LazyLock::new(|| Script::new(SERVER_TIME_SOURCE));
