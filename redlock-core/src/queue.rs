@@ -170,18 +170,53 @@ pub(crate) async fn follow_hand_overs(shared: Arc<Shared>, target: Arc<Target>, 
         };
         // The reservation is counted from the node's script; this waits from its answer.
         tokio::time::sleep(wait.saturating_add(Duration::from_millis(1))).await;
+        // One node first: in the usual case (the heir took the lock) it says so, and
+        // that is all the follow-up costs. If it passed the lock on (or did not answer),
+        // a majority of nodes: the next heir takes the others, where the reservation has
+        // run out, as free keys.
         let nodes: Vec<usize> = pending.iter().map(|(node, _)| *node).collect();
-        let mut follow_up = Fanout::start(
-            &shared,
-            &target,
-            OpKind::Release {
-                mode: ReleaseMode::FollowUp,
-            },
-            Some(&nodes),
-        );
-        follow_up.until_done().await;
-        pending = pending_hand_overs(&follow_up.answers);
+        let (first, rest) = nodes.split_at(1.min(nodes.len()));
+        let mut answers = follow_up(&shared, &target, first).await;
+        let settled = answers
+            .iter()
+            .flatten()
+            .all(|answer| matches!(answer, Ok(n) if release_answer(*n).1.is_zero()));
+        if !settled || answers.iter().all(Option::is_none) {
+            let more = shared.quorum().saturating_sub(first.len());
+            let others: Vec<usize> = rest.iter().copied().take(more).collect();
+            for (node, answer) in follow_up(&shared, &target, &others)
+                .await
+                .into_iter()
+                .enumerate()
+            {
+                if answer.is_some()
+                    && let Some(slot) = answers.get_mut(node)
+                {
+                    *slot = answer;
+                }
+            }
+        } else {
+            return;
+        }
+        pending = pending_hand_overs(&answers);
     }
+}
+
+/// Runs the follow-up release on `nodes`; every node's answer (`None` where not asked).
+async fn follow_up(shared: &Arc<Shared>, target: &Arc<Target>, nodes: &[usize]) -> Answers {
+    if nodes.is_empty() {
+        return Answers::new();
+    }
+    let mut fanout = Fanout::start(
+        shared,
+        target,
+        OpKind::Release {
+            mode: ReleaseMode::FollowUp,
+        },
+        Some(nodes),
+    );
+    fanout.until_done().await;
+    std::mem::take(&mut fanout.answers)
 }
 
 /// The nodes whose answer left a hand-over pending, and for how long.
