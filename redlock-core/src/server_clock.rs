@@ -6,7 +6,8 @@
 //! node. It is not read from the client's own clock either: a client whose wall clock is
 //! off would jump the queue or lose its place. It comes from the nodes' clocks: the
 //! client asks every node for its time now and then (every [`REFRESH`]), takes the median
-//! (a node whose clock is off does not move it), corrected by half the round trip, and
+//! of the first majority to answer (a node whose clock is off does not move it, a slow
+//! one does not hold the waiter up), corrected by half the round trip, and
 //! counts on from there with its monotonic clock, which a wall-clock step cannot move.
 
 use std::sync::{Mutex, PoisonError};
@@ -58,8 +59,8 @@ impl ServerClock {
     }
 }
 
-/// Asks every node for its time; the median of the answers, each moved back by half its
-/// round trip, as of the moment the question was sent.
+/// Asks every node for its time; the median of the first majority of answers, each
+/// moved back by half its round trip, as of the moment the question was sent.
 async fn read(shared: &Shared) -> Option<(Instant, u64)> {
     let queued = std::sync::atomic::AtomicBool::new(false);
     let command = Command::new(Op::ServerTime);
@@ -70,10 +71,14 @@ async fn read(shared: &Shared) -> Option<(Instant, u64)> {
         .map(|node| node.run(&command, shared.node_timeout, &queued))
         .collect();
     let mut times = Vec::with_capacity(shared.nodes.len());
+    // A majority's answers are enough (a slow node does not hold the waiter up).
     while let Some(answer) = answers.next().await {
         if let Ok(ms) = answer {
             let half_trip = u64::try_from(asked.elapsed().as_millis() / 2).unwrap_or(0);
             times.push(ms.saturating_sub(half_trip));
+            if times.len() >= shared.quorum() {
+                break;
+            }
         }
     }
     times.sort_unstable();

@@ -33,6 +33,10 @@ async fn a_release_is_heard_while_the_channel_is_being_unsubscribed() {
             .unwrap()
     };
     let (holder, waiter) = (build(), build());
+    // Connections opened (the slow node's takes a few of its round trips).
+    for redlock in [&holder, &waiter] {
+        assert!(redlock.ready().await);
+    }
     let mut slow = Vec::new();
     for round in 0..30u64 {
         let lock = holder.lock("linger").await.unwrap();
