@@ -696,15 +696,24 @@ async fn attempt(
     }
     let failure = {
         let fanout = guard.fanout_mut();
+        let spare = tally.nodes - tally.quorum;
+        let mut tally = tally;
+        if !tally.won() && tally.no <= spare && tally.failed <= spare {
+            // Refusals and failures together lost it, neither alone: hear the nodes
+            // still out before saying which it was.
+            tally = fanout.until_done().await;
+        }
         if tally.won() {
             AttemptFailure::TooSlow
-        } else if tally.failed > tally.nodes - tally.quorum {
-            AttemptFailure::Unreachable {
-                failures: fanout.failures(),
-            }
-        } else {
+        } else if tally.no > spare {
+            // Held elsewhere on enough nodes that no majority is possible.
             AttemptFailure::Taken {
                 nodes: fanout.names_answering(false),
+            }
+        } else {
+            // Unreachable nodes, or a split vote that they keep from being decided.
+            AttemptFailure::Unreachable {
+                failures: fanout.failures(),
             }
         }
     };

@@ -333,3 +333,29 @@ async fn slow_handshake_still_connects() {
     }
     panic!("never connected over a slow link: {outcomes:#?}");
 }
+
+/// A split vote kept undecided by unreachable nodes (5 nodes: 2 free, 1 held by someone
+/// else, 2 cut off) is `NoQuorum`, naming the failed nodes, not `Taken`: nobody holds
+/// the lock on a majority, and the fix is the unreachable nodes (a scheduler reading
+/// `Taken` as "claimed elsewhere" would drop its tick). A lock really held on a majority
+/// while some nodes are down is still `Taken`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_vote_with_failed_nodes_is_no_quorum() {
+    let cluster = Cluster::start_proxied(5).await;
+    let redlock = client(&cluster, TIMEOUT);
+    common::set_stray(&cluster, 0, &redlock.key_for("split")).await;
+    cluster.proxy(3).cut();
+    cluster.proxy(4).cut();
+    let err = redlock.try_lock("split").await.unwrap_err();
+    match &err {
+        Error::NoQuorum { failures, .. } => assert_eq!(failures.len(), 2, "{err}"),
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+    // Held on 3 of 5 (nodes 0 to 2), 2 down: taken.
+    for i in [1, 2] {
+        common::set_stray(&cluster, i, &redlock.key_for("held")).await;
+    }
+    common::set_stray(&cluster, 0, &redlock.key_for("held")).await;
+    let err = redlock.try_lock("held").await.unwrap_err();
+    assert!(matches!(err, Error::Taken { .. }), "{err}");
+}
