@@ -47,6 +47,55 @@ pub enum Error {
     #[error("run history: {0}")]
     Store(#[from] sqlx::Error),
 
+    /// A history statement did not finish in time (the database is slow, or its link is
+    /// down). The scheduler keeps going with the Redis claims alone and writes what it
+    /// could not once the database answers again.
+    #[error(
+        "run history: {operation} got no answer within {after:?}; check the database and the link to it"
+    )]
+    StoreTimeout {
+        /// What was being done.
+        operation: &'static str,
+        /// The bound that ran out.
+        after: std::time::Duration,
+    },
+
+    /// The history database could not be opened.
+    #[error("run history: cannot open {place}: {cause}")]
+    Connect {
+        /// The database (address or file, no credentials).
+        place: String,
+        /// Why: refused, no answer within the connect timeout, authentication, ...
+        cause: String,
+    },
+
+    /// The history URL names no supported database.
+    #[error("run history: invalid URL `{url}`: {reason}")]
+    InvalidUrl {
+        /// The URL as given (password redacted).
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A history option cannot work.
+    #[error("run history: {what}: {reason}")]
+    InvalidConfig {
+        /// The option.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// A schema migration failed (the transaction was rolled back; nothing changed).
+    #[error("run history: migration {version} failed: {source}")]
+    Migration {
+        /// The migration's number.
+        version: i64,
+        /// The database's error.
+        source: sqlx::Error,
+    },
+
     /// A lock operation failed (no quorum of Redis nodes, say).
     #[error(transparent)]
     Lock(#[from] redlock_core::Error),
@@ -73,6 +122,21 @@ pub enum Error {
     NotLeader {
         /// The leading replica, if known.
         leader: Option<String>,
+    },
+
+    /// A run of the job is still going (on this replica or another one): a job never
+    /// overlaps itself. Trigger it again once that run has ended.
+    #[error("job `{job}`: a run is still going")]
+    AlreadyRunning {
+        /// The job.
+        job: String,
+    },
+
+    /// The scheduler did not become ready in time: what was still missing.
+    #[error("the scheduler is not ready: {missing}")]
+    NotReady {
+        /// What is missing (Redis quorum, quarantine, history).
+        missing: String,
     },
 
     /// The scheduler is shutting down or shut down.

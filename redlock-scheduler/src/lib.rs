@@ -58,7 +58,7 @@
 //!     replica.shutdown(Duration::from_secs(5)).await;
 //! }
 //! // Each tick ran once, on one replica, however many replicas there are.
-//! let rows = history.runs("every-second", 100).await?;
+//! let rows = history.runs("scheduler", "every-second", 100).await?;
 //! assert_eq!(rows.len(), runs.load(Ordering::SeqCst));
 //! # Ok(())
 //! # }
@@ -66,8 +66,11 @@
 
 mod clock;
 mod error;
+mod health;
 mod job;
 mod leader;
+mod plan;
+mod record;
 mod schedule;
 mod scheduler;
 mod status;
@@ -75,6 +78,7 @@ mod store;
 
 pub use clock::{BoxFuture, Clock, ManualClock, SystemClock};
 pub use error::{BuildError, Error};
+pub use health::{ComponentHealth, Health};
 pub use job::{BoxError, DEFAULT_GRACE, Job, JobContext, Misfire};
 pub use leader::{
     DEFAULT_RETRY_INTERVAL, DEFAULT_TERM, LeaderElector, LeaderElectorBuilder, LeaderEvent,
@@ -84,7 +88,10 @@ pub use redlock_core::{CancellationToken, Redlock};
 pub use schedule::Schedule;
 pub use scheduler::{Scheduler, SchedulerBuilder};
 pub use status::{JobStatus, LastRun, SchedulerStatus};
-pub use store::{History, Outcome, Run};
+pub use store::{
+    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT,
+    DEFAULT_TABLE_PREFIX, History, HistoryBuilder, Outcome, Run,
+};
 
 /// Re-exported for time zones and tick times.
 pub use chrono;

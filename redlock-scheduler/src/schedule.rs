@@ -36,8 +36,13 @@ use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, TimeZone, Timelike, U
 use chrono_tz::Tz;
 use croner::{Cron, JobType};
 
-/// How far a DST transition can move local time (the largest shift in use is 2 h).
-const SHIFT: chrono::Duration = chrono::Duration::hours(3);
+/// How far apart the zone's offset is sampled when looking for a DST transition: two
+/// transitions closer than this (none in the tz database since 1950 are) would be missed.
+const PROBE: chrono::Duration = chrono::Duration::hours(24);
+
+/// A bound on the steps of one search: each step finds a tick, crosses a transition,
+/// or passes over a repeated wall time, so real schedules need a handful.
+const MAX_STEPS: usize = 1000;
 
 /// A cron expression in a time zone.
 #[derive(Clone)]
@@ -102,42 +107,58 @@ impl Schedule {
 
     /// The first tick strictly after `after`, or `None` if there is none (or none before
     /// the year 9999).
+    ///
+    /// The cost is bounded whatever the date: one cron match per stretch of constant UTC
+    /// offset it crosses, plus a daily sample of the offset up to the tick found.
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        // Local wall times, matched as if they were UTC, then placed in the zone. Near a
-        // transition local time is not monotonic: look from a few hours back and keep
-        // the earliest instant after `after`.
-        // Ticks are whole seconds: search from the second `after` falls in.
-        let local = after.with_timezone(&self.zone).naive_local();
-        let local = local.with_nanosecond(0).unwrap_or(local);
-        let near_transition = self.offset_at(after - SHIFT) != self.offset_at(after + SHIFT);
-        let mut cursor = if near_transition {
-            local - SHIFT
-        } else {
-            local
-        };
-        let mut best: Option<DateTime<Utc>> = None;
-        for _ in 0..100_000 {
-            let naive = self
+        self.search(after).0
+    }
+
+    /// [`next_after`](Self::next_after), and what it cost: cron matches plus offset
+    /// lookups.
+    fn search(&self, after: DateTime<Utc>) -> (Option<DateTime<Utc>>, usize) {
+        let mut cost = 0;
+        // Ticks are whole seconds: search after the second `after` falls in.
+        let mut from = after.with_nanosecond(0).unwrap_or(after);
+        for _ in 0..MAX_STEPS {
+            // The stretch starting just after `from` has one offset: wall time there is
+            // the instant plus that offset. Find the first wall time matching after
+            // `from`'s, and check the stretch reaches it.
+            let offset = self.offset_at(from + chrono::Duration::seconds(1));
+            let wall_from = from.naive_utc() + offset;
+            let Ok(wall) = self
                 .cron
-                .find_next_occurrence(&Utc.from_utc_datetime(&cursor), false)
-                .ok()?
-                .naive_utc();
-            if let Some(found) = best
-                && naive > found.with_timezone(&self.zone).naive_local() + SHIFT
-            {
-                break;
-            }
-            for instant in self.instants(naive) {
-                if instant > after && best.is_none_or(|b| instant < b) {
-                    best = Some(instant);
+                .find_next_occurrence(&Utc.from_utc_datetime(&wall_from), false)
+            else {
+                return (None, cost);
+            };
+            let wall = wall.naive_utc();
+            let instant = Utc.from_utc_datetime(&(wall - offset));
+            cost += 1;
+            match self.transition_between(from, instant, offset, &mut cost) {
+                None => {
+                    if self.fixed_time && self.is_second_pass(wall, instant) {
+                        // A fixed-time job ran at this wall time's first pass.
+                        from = instant;
+                        continue;
+                    }
+                    return (Some(instant), cost);
+                }
+                Some(change) => {
+                    let after_change = self.offset_at(change);
+                    // Spring forward: a fixed-time job whose wall time falls in the gap
+                    // runs when the gap ends.
+                    if self.fixed_time
+                        && after_change > offset
+                        && wall < change.naive_utc() + after_change
+                    {
+                        return (Some(change), cost);
+                    }
+                    from = change - chrono::Duration::seconds(1);
                 }
             }
-            if best.is_some() && !near_transition {
-                break;
-            }
-            cursor = naive;
         }
-        best
+        (None, cost)
     }
 
     /// Every tick in `(after, until]`, oldest first.
@@ -154,38 +175,54 @@ impl Schedule {
         ticks
     }
 
-    fn offset_at(&self, at: DateTime<Utc>) -> i32 {
-        self.zone
+    fn offset_at(&self, at: DateTime<Utc>) -> chrono::Duration {
+        let seconds = self
+            .zone
             .offset_from_utc_datetime(&at.naive_utc())
             .fix()
-            .local_minus_utc()
+            .local_minus_utc();
+        chrono::Duration::seconds(i64::from(seconds))
     }
 
-    /// The instants a matching local time stands for (see the module docs on DST).
-    fn instants(&self, naive: NaiveDateTime) -> Vec<DateTime<Utc>> {
-        match self.zone.from_local_datetime(&naive) {
-            LocalResult::Single(dt) => vec![dt.with_timezone(&Utc)],
-            LocalResult::Ambiguous(first, second) => {
-                if self.fixed_time {
-                    vec![first.with_timezone(&Utc)]
-                } else {
-                    vec![first.with_timezone(&Utc), second.with_timezone(&Utc)]
-                }
-            }
-            LocalResult::None if self.fixed_time => {
-                // The first valid local time after the gap.
-                let mut probe = naive;
-                for _ in 0..(4 * 60) {
-                    probe += chrono::Duration::minutes(1);
-                    let truncated = probe.with_second(0).unwrap_or(probe);
-                    if let Some(dt) = self.zone.from_local_datetime(&truncated).earliest() {
-                        return vec![dt.with_timezone(&Utc)];
+    /// The first instant in `(from, until]` whose offset is not `offset`, to the second.
+    fn transition_between(
+        &self,
+        from: DateTime<Utc>,
+        until: DateTime<Utc>,
+        offset: chrono::Duration,
+        cost: &mut usize,
+    ) -> Option<DateTime<Utc>> {
+        let mut low = from;
+        while low < until {
+            let high = (low + PROBE).min(until);
+            *cost += 1;
+            if self.offset_at(high) != offset {
+                // The change lies in (low, high]: halve down to the second.
+                let mut high = high;
+                while high - low > chrono::Duration::seconds(1) {
+                    let mid = low + (high - low) / 2;
+                    let mid = mid.with_nanosecond(0).unwrap_or(mid);
+                    *cost += 1;
+                    if self.offset_at(mid) == offset {
+                        low = mid;
+                    } else {
+                        high = mid;
                     }
                 }
-                Vec::new()
+                return Some(high);
             }
-            LocalResult::None => Vec::new(),
+            low = high;
         }
+        None
+    }
+
+    /// Whether `instant` is the second of two instants the wall time `wall` stands for
+    /// (the repeated hour after a fall-back).
+    fn is_second_pass(&self, wall: NaiveDateTime, instant: DateTime<Utc>) -> bool {
+        matches!(
+            self.zone.from_local_datetime(&wall),
+            LocalResult::Ambiguous(_, second) if second.with_timezone(&Utc) == instant
+        )
     }
 }
 
@@ -247,6 +284,133 @@ mod tests {
         assert_eq!(tick, utc(2026, 3, 8, 7, 0, 0));
         // The next day: 02:30 EDT.
         assert_eq!(s.next_after(tick), Some(utc(2026, 3, 9, 6, 30, 0)));
+    }
+
+    /// Every tick of `schedule` in `(from, to]`, with the largest cost of one lookup.
+    fn walk(
+        schedule: &Schedule,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> (Vec<DateTime<Utc>>, usize) {
+        let (mut ticks, mut worst, mut cursor) = (Vec::new(), 0, from);
+        loop {
+            let (next, cost) = schedule.search(cursor);
+            worst = worst.max(cost);
+            match next {
+                Some(t) if t <= to => {
+                    ticks.push(t);
+                    cursor = t;
+                }
+                _ => return (ticks, worst),
+            }
+        }
+    }
+
+    /// A per-second job across both 2026 transitions of `zone`: every second that exists
+    /// runs once, in order; each lookup costs a few steps, at the transition too.
+    fn per_second_across(zone: &str, spring: DateTime<Utc>, fall: DateTime<Utc>) {
+        let s = Schedule::parse("* * * * * *", zone).unwrap();
+        for change in [spring, fall] {
+            let from = change - chrono::Duration::minutes(10);
+            let to = change + chrono::Duration::minutes(10);
+            let (ticks, worst) = walk(&s, from, to);
+            // Instants are distinct seconds: 1,200 of them, none skipped or repeated.
+            assert_eq!(ticks.len(), 1200, "{zone} at {change}");
+            assert!(
+                ticks
+                    .windows(2)
+                    .all(|w| w[1] - w[0] == chrono::Duration::seconds(1))
+            );
+            // A normal lookup costs 2 (one match, one offset sample); one next to a
+            // transition adds the halving (about 17 samples) and one more match.
+            assert!(worst <= 40, "{zone}: a lookup cost {worst} steps");
+        }
+    }
+
+    #[test]
+    fn per_second_jobs_cross_dst_in_bounded_steps() {
+        // Europe/Berlin: 2026-03-29 01:00Z (02:00 → 03:00), 2026-10-25 01:00Z (03:00 → 02:00).
+        per_second_across(
+            "Europe/Berlin",
+            utc(2026, 3, 29, 1, 0, 0),
+            utc(2026, 10, 25, 1, 0, 0),
+        );
+        // America/New_York: 2026-03-08 07:00Z, 2026-11-01 06:00Z.
+        per_second_across(
+            "America/New_York",
+            utc(2026, 3, 8, 7, 0, 0),
+            utc(2026, 11, 1, 6, 0, 0),
+        );
+    }
+
+    #[test]
+    fn a_daily_0230_job_across_dst() {
+        // Berlin: 02:30 does not exist on 2026-03-29 (runs at 03:00 CEST = 01:00Z); it
+        // exists once on 2026-10-25 (02:30 CEST = 00:30Z; 02:30 CET an hour later is the
+        // repeated pass, not run).
+        let berlin = Schedule::parse("0 30 2 * * *", "Europe/Berlin").unwrap();
+        let (spring, worst) = walk(
+            &berlin,
+            utc(2026, 3, 27, 12, 0, 0),
+            utc(2026, 3, 30, 12, 0, 0),
+        );
+        assert_eq!(
+            spring,
+            vec![
+                utc(2026, 3, 28, 1, 30, 0),
+                utc(2026, 3, 29, 1, 0, 0),
+                utc(2026, 3, 30, 0, 30, 0)
+            ]
+        );
+        assert!(worst <= 40, "cost {worst}");
+        let (fall, worst) = walk(
+            &berlin,
+            utc(2026, 10, 23, 12, 0, 0),
+            utc(2026, 10, 26, 12, 0, 0),
+        );
+        assert_eq!(
+            fall,
+            vec![
+                utc(2026, 10, 24, 0, 30, 0),
+                utc(2026, 10, 25, 0, 30, 0),
+                utc(2026, 10, 26, 1, 30, 0)
+            ]
+        );
+        assert!(worst <= 40, "cost {worst}");
+        // New York: 02:30 is in the gap on 2026-03-08 (runs 03:00 EDT = 07:00Z); on
+        // 2026-11-01 02:30 happens once (EST, 07:30Z): the repeated hour is 01:00-02:00.
+        let ny = Schedule::parse("0 30 2 * * *", "America/New_York").unwrap();
+        let (spring, _) = walk(&ny, utc(2026, 3, 7, 0, 0, 0), utc(2026, 3, 9, 12, 0, 0));
+        assert_eq!(
+            spring,
+            vec![
+                utc(2026, 3, 7, 7, 30, 0),
+                utc(2026, 3, 8, 7, 0, 0),
+                utc(2026, 3, 9, 6, 30, 0)
+            ]
+        );
+        let (fall, _) = walk(&ny, utc(2026, 10, 31, 0, 0, 0), utc(2026, 11, 2, 12, 0, 0));
+        assert_eq!(
+            fall,
+            vec![
+                utc(2026, 10, 31, 6, 30, 0),
+                utc(2026, 11, 1, 7, 30, 0),
+                utc(2026, 11, 2, 7, 30, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn rare_schedules_stay_bounded() {
+        // Once a year, and once every four years (29 February): offset samples are daily.
+        let yearly = Schedule::parse("0 0 1 1 *", "Europe/Berlin").unwrap();
+        let (next, cost) = yearly.search(utc(2026, 1, 2, 0, 0, 0));
+        assert_eq!(next, Some(utc(2026, 12, 31, 23, 0, 0)));
+        assert!(cost < 500, "cost {cost}");
+        let leap = Schedule::parse("0 0 29 2 *", "America/New_York").unwrap();
+        let (next, cost) = leap.search(utc(2026, 3, 1, 0, 0, 0));
+        assert_eq!(next, Some(utc(2028, 2, 29, 5, 0, 0)));
+        assert!(cost < 1000, "cost {cost}");
     }
 
     #[test]

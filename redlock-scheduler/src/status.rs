@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::health::Health;
 use crate::job::Misfire;
 use crate::store::{Outcome, Run};
 
@@ -20,6 +21,8 @@ pub struct SchedulerStatus {
     pub leader: Option<String>,
     /// This replica's leadership epoch, if it leads.
     pub epoch: Option<u64>,
+    /// The Redis quorum and the history database: ok or failing since when.
+    pub health: Health,
     /// Every job.
     pub jobs: Vec<JobStatus>,
 }
@@ -42,8 +45,16 @@ pub struct JobStatus {
     pub paused: bool,
     /// A run is going on this replica.
     pub running: bool,
-    /// The latest run (from the history if there is one, else as seen here).
+    /// The latest run (from the history if there is one, else as seen here; this
+    /// replica's own account wins while its row waits to be written).
     pub last_run: Option<LastRun>,
+    /// The latest tick this replica did not run, with the reason (missed, paused,
+    /// overlap, not claimable).
+    pub last_skipped: Option<LastRun>,
+    /// Ticks this replica recorded as skipped since it started.
+    pub skipped: u64,
+    /// Runs of other replicas this replica found dead and closed as abandoned.
+    pub abandoned: u64,
 }
 
 /// The latest run of a job.
@@ -56,8 +67,10 @@ pub struct LastRun {
     pub instance: String,
     /// How it ended.
     pub outcome: Outcome,
-    /// Its error, if any.
+    /// Its error, if any (or why it was skipped or abandoned).
     pub error: Option<String>,
+    /// Its row is in the history (`false` while the write waits for the database).
+    pub recorded: bool,
 }
 
 impl From<Run> for LastRun {
@@ -67,6 +80,7 @@ impl From<Run> for LastRun {
             instance: run.instance,
             outcome: run.outcome,
             error: run.error,
+            recorded: true,
         }
     }
 }

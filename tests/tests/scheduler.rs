@@ -142,7 +142,7 @@ async fn leader_of(replicas: &[Replica], within: Duration) -> usize {
 /// The rows of `job` with a tick in `[from, to]`.
 async fn rows(history: &History, job: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<Run> {
     history
-        .runs_between(from, to)
+        .runs_between("scheduler", from, to)
         .await
         .unwrap()
         .into_iter()
@@ -368,7 +368,7 @@ async fn graceful_shutdown_hands_over_at_once_and_finishes_the_run() {
     eprintln!("graceful hand-over: {took:?}");
     assert!(took < Duration::from_millis(500), "hand-over took {took:?}");
     let run = history
-        .runs(&job, 100)
+        .runs("scheduler", &job, 100)
         .await
         .unwrap()
         .into_iter()
@@ -516,7 +516,7 @@ async fn lock_loss_mid_run_cancels_the_job() {
     // The outcome is recorded once the run has stopped.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let runs = history.runs(&job, 10).await.unwrap();
+        let runs = history.runs("scheduler", &job, 10).await.unwrap();
         if let Some(run) = runs.iter().find(|r| r.outcome != Outcome::Running) {
             assert_eq!(run.outcome, Outcome::Cancelled, "{run:?}");
             break;
@@ -567,7 +567,7 @@ async fn dst_fall_back_does_not_run_a_fixed_time_job_twice() {
     let record = ticks.snapshot();
     assert_eq!(record.len(), 1, "{record:?}");
     assert!(record.contains_key(&at(5, 30, 0).timestamp_millis()));
-    let runs = history.runs(&job, 10).await.unwrap();
+    let runs = history.runs("scheduler", &job, 10).await.unwrap();
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(
         replica.scheduler.status().await.jobs[0].next_fire,
@@ -662,7 +662,7 @@ async fn trigger_pause_resume_and_status() {
     ));
     let deadline = Instant::now() + Duration::from_secs(5);
     while history
-        .runs(&yearly, 5)
+        .runs("scheduler", &yearly, 5)
         .await
         .unwrap()
         .first()
@@ -676,7 +676,10 @@ async fn trigger_pause_resume_and_status() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(*manual.lock().unwrap(), vec![true]);
-    assert_eq!(history.runs(&yearly, 5).await.unwrap()[0].tick, tick);
+    assert_eq!(
+        history.runs("scheduler", &yearly, 5).await.unwrap()[0].tick,
+        tick
+    );
 
     // Pause (asked of the follower: cluster-wide through the history): ticks are skipped.
     replicas[follower].scheduler.pause(&secondly).await.unwrap();
@@ -770,8 +773,8 @@ async fn timeouts_and_failures_are_recorded() {
     let replica = Replica::start(&cluster, "solo", Some(url.clone()), jobs, |b| b).await;
     let deadline = Instant::now() + Duration::from_secs(8);
     loop {
-        let slow_runs = history.runs(&slow, 5).await.unwrap();
-        let failing_runs = history.runs(&failing, 5).await.unwrap();
+        let slow_runs = history.runs("scheduler", &slow, 5).await.unwrap();
+        let failing_runs = history.runs("scheduler", &failing, 5).await.unwrap();
         let timed_out = slow_runs.iter().find(|r| r.outcome == Outcome::TimedOut);
         let failed = failing_runs.iter().find(|r| r.outcome == Outcome::Failed);
         if let (Some(timed_out), Some(failed)) = (timed_out, failed) {

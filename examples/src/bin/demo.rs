@@ -165,7 +165,7 @@ async fn main() -> Result<(), BoxError> {
     let ended = Utc::now();
 
     // The report, from the history table.
-    let rows = history.runs_between(started, ended).await?;
+    let rows = history.runs_between("demo", started, ended).await?;
     println!(
         "\n{:<24} {:<13} {:<8} {:>8}  outcome",
         "tick (UTC)", "job", "replica", "lag ms"

@@ -132,7 +132,7 @@ async fn main() -> Result<(), BoxError> {
     }
     println!("\nlast runs:");
     for job in ["every-second", "report"] {
-        for run in history.runs(job, 5).await? {
+        for run in history.runs("example", job, 5).await? {
             println!(
                 "  {:<13} {}  {:<10} {}",
                 run.job,

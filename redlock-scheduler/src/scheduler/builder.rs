@@ -1,0 +1,187 @@
+//! [`SchedulerBuilder`]: jobs and options, checked in `build()`.
+
+use std::collections::HashSet;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use redlock_core::{CancellationToken, Redlock};
+use tokio_util::task::TaskTracker;
+
+use super::Scheduler;
+use super::state::{Inner, JobState};
+use crate::clock::{Clock, SystemClock};
+use crate::error::BuildError;
+use crate::health::HealthCell;
+use crate::job::Job;
+use crate::leader::{DEFAULT_RETRY_INTERVAL, DEFAULT_TERM};
+use crate::record::Recorder;
+use crate::schedule::Schedule;
+use crate::store::History;
+
+/// Builds a [`Scheduler`]; see [`Scheduler::builder`].
+#[must_use = "a builder does nothing until `build()`"]
+pub struct SchedulerBuilder {
+    redlock: Redlock,
+    name: String,
+    instance: Option<String>,
+    jobs: Vec<Job>,
+    history: Option<History>,
+    clock: Arc<dyn Clock>,
+    leader_ttl: Option<Duration>,
+    term: Duration,
+    retry_interval: Duration,
+}
+
+impl std::fmt::Debug for SchedulerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerBuilder")
+            .field("name", &self.name)
+            .field("instance", &self.instance)
+            .field("jobs", &self.jobs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SchedulerBuilder {
+    pub(super) fn new(redlock: Redlock) -> Self {
+        Self {
+            redlock,
+            name: "scheduler".to_owned(),
+            instance: None,
+            jobs: Vec::new(),
+            history: None,
+            clock: Arc::new(SystemClock),
+            leader_ttl: None,
+            term: DEFAULT_TERM,
+            retry_interval: DEFAULT_RETRY_INTERVAL,
+        }
+    }
+
+    /// Adds a job.
+    pub fn job(mut self, job: Job) -> Self {
+        self.jobs.push(job);
+        self
+    }
+
+    /// Records every run in `history` (SQLite or PostgreSQL); the database then refuses
+    /// a second run of a tick too, and gives the last fired tick after a fail-over.
+    /// Without one, the Redis claims alone keep each tick to one run.
+    pub fn history(mut self, history: History) -> Self {
+        self.history = Some(history);
+        self
+    }
+
+    /// The scheduler's name (default `"scheduler"`): replicas with the same name (and
+    /// the same Redis nodes) form one cluster; it prefixes the lock and claim keys and
+    /// keys the history's rows, so schedulers of different names share a database
+    /// without meeting.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// This replica's id, as recorded in the history (default: process id and random
+    /// bits).
+    pub fn instance(mut self, instance: impl Into<String>) -> Self {
+        self.instance = Some(instance.into());
+        self
+    }
+
+    /// The wall clock (default: the system's). Lock timing never uses it.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The leadership lock's TTL (default: the `Redlock`'s): a dead leader is replaced
+    /// within this plus one retry interval. Ticks that come due meanwhile are run late
+    /// (or skipped and recorded) per each job's [`Misfire`](crate::Misfire) policy.
+    pub fn leader_ttl(mut self, ttl: Duration) -> Self {
+        self.leader_ttl = Some(ttl);
+        self
+    }
+
+    /// How long one leadership lasts before the leader hands over (default 10 min).
+    pub fn leadership_term(mut self, term: Duration) -> Self {
+        self.term = term;
+        self
+    }
+
+    /// How often followers retry while the leader's lock stands (default 100 ms).
+    pub fn retry_interval(mut self, interval: Duration) -> Self {
+        self.retry_interval = interval;
+        self
+    }
+
+    /// Checks every job and option.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] naming the offending job and input: an empty or duplicate name, an
+    /// invalid cron expression or time zone, a zero timeout.
+    pub fn build(self) -> Result<Scheduler, BuildError> {
+        let mut names = HashSet::new();
+        let mut jobs = Vec::with_capacity(self.jobs.len());
+        for job in self.jobs {
+            if job.name.trim().is_empty() {
+                return Err(BuildError::EmptyName);
+            }
+            if !names.insert(job.name.clone()) {
+                return Err(BuildError::DuplicateJob { name: job.name });
+            }
+            let schedule = Schedule::parse(&job.expression, &job.zone).map_err(|reason| {
+                BuildError::InvalidSchedule {
+                    job: job.name.clone(),
+                    expression: format!("{} in {}", job.expression, job.zone),
+                    reason,
+                }
+            })?;
+            if job.timeout.is_some_and(|t| t.is_zero()) {
+                return Err(BuildError::InvalidOption {
+                    what: format!("job `{}`: timeout", job.name),
+                    reason: "must be more than zero".to_owned(),
+                });
+            }
+            jobs.push(JobState::new(job, schedule));
+        }
+        if self.name.trim().is_empty() {
+            return Err(BuildError::InvalidOption {
+                what: "scheduler name".to_owned(),
+                reason: "must not be empty".to_owned(),
+            });
+        }
+        if self.retry_interval.is_zero() || self.term.is_zero() {
+            return Err(BuildError::InvalidOption {
+                what: "retry interval / leadership term".to_owned(),
+                reason: "must be more than zero".to_owned(),
+            });
+        }
+        let instance: Arc<str> = self.instance.unwrap_or_else(super::random_instance).into();
+        let recorder = self
+            .history
+            .map(|h| Arc::new(Recorder::new(h, self.name.clone(), Arc::clone(&instance))));
+        Ok(Scheduler {
+            inner: Arc::new(Inner {
+                run_lock_ttl: self.redlock.default_ttl().min(self.redlock.max_ttl()),
+                redlock: self.redlock,
+                name: self.name,
+                instance,
+                jobs,
+                recorder,
+                clock: self.clock,
+                leader_ttl: self.leader_ttl,
+                term: self.term,
+                retry_interval: self.retry_interval,
+                elector: OnceLock::new(),
+                background: OnceLock::new(),
+                redis_health: Arc::new(HealthCell::new("the Redis quorum", false)),
+                ready: tokio::sync::watch::channel(false).0,
+                stop_firing: CancellationToken::new(),
+                hard_stop: CancellationToken::new(),
+                stop_background: CancellationToken::new(),
+                runs: TaskTracker::new(),
+                background_tasks: TaskTracker::new(),
+            }),
+        })
+    }
+}

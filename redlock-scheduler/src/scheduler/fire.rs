@@ -1,0 +1,268 @@
+//! Leading: find where each job stands, then fire its ticks while leadership lasts; and
+//! the leader's housekeeping (pauses, runs left behind, retention).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redlock_core::CancellationToken;
+
+use super::state::{Inner, JobState};
+use crate::LeaderEvent;
+use crate::leader::Leadership;
+use crate::plan::{self, Recorded};
+
+/// How often the leader refreshes the pauses other replicas set in the history.
+const PAUSE_REFRESH: Duration = Duration::from_secs(1);
+
+/// How often the leader looks for runs left `running` by a dead replica.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How often the leader prunes the history (with a retention set).
+const PRUNE_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Follows the election: while this replica leads, fires the jobs.
+pub(super) async fn lead(inner: Arc<Inner>, mut events: tokio::sync::watch::Receiver<LeaderEvent>) {
+    loop {
+        let leadership = match &*events.borrow_and_update() {
+            LeaderEvent::Elected(l) if l.is_current() => Some(l.clone()),
+            _ => None,
+        };
+        if let Some(leadership) = leadership {
+            let firing = CancellationToken::new();
+            if inner.recorder.is_some() {
+                tokio::spawn(housekeeping(
+                    Arc::clone(&inner),
+                    leadership.clone(),
+                    firing.clone(),
+                ));
+            }
+            let recorded = last_ticks(&inner, &leadership).await;
+            let loops = inner.jobs.iter().enumerate().map(|(index, state)| {
+                let recorded = match &recorded {
+                    Some(map) => map
+                        .get(&*state.name)
+                        .map_or(Recorded::Never, |t| Recorded::Last(*t)),
+                    None => Recorded::Unknown,
+                };
+                fire_loop(&inner, index, state, recorded, &leadership)
+            });
+            tokio::select! {
+                _ = futures_util::future::join_all(loops) => {}
+                () = leadership.ended_token().cancelled() => {}
+                () = inner.stop_firing.cancelled() => {}
+            }
+            firing.cancel();
+        }
+        tokio::select! {
+            changed = events.changed() => if changed.is_err() { return },
+            () = inner.stop_firing.cancelled() => return,
+        }
+    }
+}
+
+/// The latest recorded tick of each job, read with retries: a new leader does not fire
+/// before it knows what ran (then the misfire policy decides about what did not). `None`
+/// without a history, or when it stays unreadable past the longest grace window: the
+/// Redis claims of the ticks in the window then tell what ran.
+async fn last_ticks(
+    inner: &Inner,
+    leadership: &Leadership,
+) -> Option<HashMap<String, DateTime<Utc>>> {
+    let recorder = inner.recorder.as_ref()?;
+    let give_up = inner
+        .jobs
+        .iter()
+        .map(|s| inner.grace(s))
+        .max()
+        .unwrap_or_default();
+    let started = tokio::time::Instant::now();
+    let mut backoff = Duration::from_millis(100);
+    let mut failing = false;
+    loop {
+        match recorder.history().last_ticks(&inner.name).await {
+            Ok(ticks) => {
+                recorder.health.succeed();
+                if failing {
+                    tracing::warn!(waited = ?started.elapsed(), "history readable again: the missed ticks are handled per each job's misfire policy");
+                }
+                return Some(ticks);
+            }
+            Err(err) => {
+                recorder.health.fail(&err);
+                if !failing {
+                    tracing::warn!(error = %err, "cannot read the last ticks from the history: firing waits for it (missed ticks then go by each job's misfire policy)");
+                    failing = true;
+                }
+                if started.elapsed() >= give_up {
+                    tracing::error!(error = %err, "history unreadable for the whole grace window: firing from the grace window, the Redis claims telling what ran");
+                    return None;
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = leadership.ended_token().cancelled() => return None,
+            () = inner.stop_firing.cancelled() => return None,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Fires one job's ticks while `leadership` lasts.
+async fn fire_loop(
+    inner: &Arc<Inner>,
+    index: usize,
+    state: &JobState,
+    recorded: Recorded,
+    leadership: &Leadership,
+) {
+    let mut cursor = plan::start_cursor(recorded, inner.clock.now(), inner.grace(state));
+    loop {
+        let now = inner.clock.now();
+        let due = state.schedule.ticks_between(cursor, now);
+        if let Some(last) = due.last() {
+            cursor = *last;
+            let plan = plan::plan(&due, now, state.job.misfire);
+            if plan.uncounted > 0 {
+                tracing::warn!(job = %state.name, ticks = plan.uncounted, "missed ticks neither run nor recorded one by one (too many)");
+            }
+            for (tick, action) in plan.steps {
+                // Late runs go one after the other; the next tick waits for them.
+                if state.catching_up.load(Ordering::Acquire) {
+                    tokio::select! {
+                        () = state.wait_idle() => {}
+                        () = leadership.ended_token().cancelled() => return,
+                        () = inner.stop_firing.cancelled() => return,
+                    }
+                }
+                if !leadership.is_current() || inner.stop_firing.is_cancelled() {
+                    return;
+                }
+                let late = matches!(action, plan::Action::Run { late: true });
+                let task = {
+                    let (inner, leadership) = (Arc::clone(inner), leadership.clone());
+                    async move { inner.handle_tick(index, tick, action, &leadership).await }
+                };
+                if late {
+                    // Claimed and started before the next one is considered.
+                    inner.runs.track_future(task).await;
+                } else {
+                    inner.runs.spawn(task);
+                }
+            }
+        }
+        let Some(next) = state.schedule.next_after(cursor.max(now)) else {
+            return;
+        };
+        tokio::select! {
+            () = inner.clock.sleep_until(next) => {}
+            () = leadership.ended_token().cancelled() => return,
+            () = inner.stop_firing.cancelled() => return,
+        }
+    }
+}
+
+/// The leader's chores: refresh pauses set by other replicas; close runs whose replica
+/// died; prune the history per its retention.
+async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: CancellationToken) {
+    let Some(recorder) = inner.recorder.clone() else {
+        return;
+    };
+    if let Err(err) = recorder
+        .history()
+        .record_leader(&inner.name, &inner.instance, leadership.epoch())
+        .await
+    {
+        recorder.health.fail(&err);
+    }
+    let mut pauses = tokio::time::interval(PAUSE_REFRESH);
+    let mut sweeps = tokio::time::interval(SWEEP_INTERVAL);
+    let mut prunes = tokio::time::interval(PRUNE_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = pauses.tick() => match recorder.history().paused_jobs(&inner.name).await {
+                Ok(paused) => {
+                    recorder.health.succeed();
+                    for state in &inner.jobs {
+                        state.paused.store(paused.iter().any(|p| *p == *state.name), Ordering::Release);
+                    }
+                }
+                // The pauses last read stay in force.
+                Err(err) => recorder.health.fail(&err),
+            },
+            _ = sweeps.tick() => inner.sweep_abandoned(&leadership).await,
+            _ = prunes.tick(), if recorder.history().prunes() => {
+                match recorder.history().prune(&inner.name, inner.clock.now()).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(rows = n, "history pruned"),
+                    Err(err) => recorder.health.fail(&err),
+                }
+            }
+            () = firing.cancelled() => return,
+            () = leadership.ended_token().cancelled() => return,
+        }
+    }
+}
+
+impl Inner {
+    /// Closes the rows left `running` whose job's run lock nobody holds: their replica
+    /// died (or lost contact) mid-run.
+    async fn sweep_abandoned(&self, leadership: &Leadership) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        let running = match recorder.history().running(&self.name).await {
+            Ok(running) => running,
+            Err(err) => {
+                recorder.health.fail(&err);
+                return;
+            }
+        };
+        for run in running {
+            let Ok((_, state)) = self.job(&run.job) else {
+                continue;
+            };
+            // A live run of the job holds its run lock; a row whose tick is being
+            // claimed right now is younger than a claim attempt.
+            let young = (self.clock.now() - run.started.unwrap_or(run.tick))
+                .to_std()
+                .unwrap_or_default()
+                < self.run_lock_ttl;
+            if young {
+                continue;
+            }
+            let Ok(probe) = self
+                .take(
+                    &self.run_resource(&run.job),
+                    self.run_lock_ttl,
+                    Duration::ZERO,
+                    self.clock.now(),
+                    Some(leadership),
+                )
+                .await
+            else {
+                continue;
+            };
+            let _ = probe.release().await;
+            let reason = format!(
+                "abandoned: replica {} stopped while it ran (its run lock expired)",
+                run.instance
+            );
+            match recorder
+                .history()
+                .abandon(&run, &self.instance, &reason, self.clock.now())
+                .await
+            {
+                Ok(true) => {
+                    state.abandoned.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(job = %run.job, tick = %run.tick, instance = %run.instance, "run abandoned by its replica: marked so");
+                }
+                Ok(false) => {}
+                Err(err) => recorder.health.fail(&err),
+            }
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! [`Scheduler`]: the leader fires the jobs; every tick is claimed before it runs.
+//!
+//! Each replica declares the same jobs. The elected leader wakes at each tick of each
+//! job, **claims** it (a lock on the scheduler's name, the job's name and the tick's
+//! scheduled time, not "now"; then, with a [`History`](crate::History), a row under
+//! `UNIQUE (scheduler, job, tick)`) and only then runs it. The claim is left to expire
+//! once the tick has left its misfire grace window, never released, so a tick claimed once
+//! is never run again: not after a fail-over, not when two replicas briefly both believe
+//! they lead, not under clock skew. While a run goes on it holds the job's *run lock*,
+//! so no other run of the job starts anywhere (no overlap, cluster-wide, also across a
+//! hand-over); a job without a timeout keeps it as long as it runs.
+//!
+//! The scheduling loop never waits on the database: ticks are claimed and recorded by
+//! tasks of their own, the Redis claim stays the guard while the database is away, and
+//! the rows it could not write are written when it returns (see [`Health`]).
+
+mod builder;
+mod fire;
+mod state;
+mod tick;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rand::RngExt;
+use redlock_core::Redlock;
+
+pub use self::builder::SchedulerBuilder;
+use self::state::{Inner, lock};
+use self::tick::NotTaken;
+use crate::error::Error;
+use crate::health::{self, Health};
+use crate::leader::{LeaderElector, Leadership};
+use crate::status::{JobStatus, LastRun, SchedulerStatus};
+use crate::store::Outcome;
+
+/// A random replica id: process id and random bits.
+pub(crate) fn random_instance() -> String {
+    format!(
+        "{}-{:06x}",
+        std::process::id(),
+        rand::rng().random::<u32>() & 0xff_ffff
+    )
+}
+
+/// A cron scheduler whose every tick runs on exactly one replica. Cheap to clone.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let cluster = redlock_testkit::Cluster::start(3).await;
+/// use std::time::Duration;
+/// use redlock_scheduler::{History, Job, JobContext, Redlock, Scheduler};
+///
+/// let redlock = Redlock::builder()
+///     .nodes(cluster.urls())
+/// #   .restart_quarantine(false) // the kit's nodes are seconds old
+///     .build()?;
+/// let scheduler = Scheduler::builder(redlock)
+///     .job(Job::new("heartbeat", "* * * * * *", |ctx: JobContext| async move {
+///         println!("tick {} on {}", ctx.tick(), ctx.instance());
+///         Ok::<_, std::convert::Infallible>(())
+///     }))
+///     .history(History::connect("sqlite::memory:").await?)
+///     .build()?;
+/// scheduler.wait_ready(Duration::from_secs(5)).await?;
+/// scheduler.start();
+/// tokio::time::sleep(Duration::from_millis(2500)).await;
+/// scheduler.shutdown(Duration::from_secs(5)).await;
+/// let status = scheduler.status().await;
+/// assert!(status.jobs[0].last_run.is_some());
+/// assert!(status.health.redis.ok);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Scheduler {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("name", &self.inner.name)
+            .field("instance", &self.inner.instance)
+            .field("jobs", &self.inner.jobs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scheduler {
+    /// A scheduler whose locks go through `redlock`.
+    pub fn builder(redlock: Redlock) -> SchedulerBuilder {
+        SchedulerBuilder::new(redlock)
+    }
+
+    /// Starts the background tasks (the Redis probe, the history writer) once.
+    fn start_background(&self) {
+        let inner = &self.inner;
+        inner.background.get_or_init(|| {
+            inner.background_tasks.spawn(health::watch_redis(
+                inner.redlock.clone(),
+                Arc::clone(&inner.redis_health),
+                inner.ready.clone(),
+                inner.stop_background.clone(),
+            ));
+            if let Some(recorder) = inner.recorder.clone() {
+                let (stop, give_up) = (inner.stop_background.clone(), inner.hard_stop.clone());
+                inner
+                    .background_tasks
+                    .spawn(async move { recorder.drain(stop, give_up).await });
+            }
+        });
+    }
+
+    /// Starts campaigning for leadership and, while leading, firing the jobs (on the
+    /// current tokio runtime). Calling it again does nothing.
+    pub fn start(&self) {
+        let inner = &self.inner;
+        if inner.stop_firing.is_cancelled() {
+            return;
+        }
+        self.start_background();
+        let mut started = false;
+        let elector = inner.elector.get_or_init(|| {
+            started = true;
+            let mut builder =
+                LeaderElector::builder(inner.redlock.clone(), format!("{}:leader", inner.name))
+                    .instance(inner.instance.to_string())
+                    .term(inner.term)
+                    .retry_interval(inner.retry_interval);
+            if let Some(ttl) = inner.leader_ttl {
+                builder = builder.ttl(ttl);
+            }
+            builder.start()
+        });
+        if started {
+            let (inner, events) = (Arc::clone(&self.inner), elector.subscribe());
+            tokio::spawn(fire::lead(inner, events));
+        }
+    }
+
+    /// Waits until the scheduler can lead: a majority of Redis nodes answers and is out
+    /// of restart quarantine (the history, if any, was migrated when it connected). For
+    /// start-up and readiness probes; [`start`](Self::start) does not need it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotReady`] after `timeout`, saying what is missing.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), Error> {
+        self.start_background();
+        let mut ready = self.inner.ready.subscribe();
+        match tokio::time::timeout(timeout, ready.wait_for(|r| *r)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(Error::NotReady {
+                missing: self
+                    .inner
+                    .redis_health
+                    .snapshot()
+                    .last_error
+                    .unwrap_or_else(|| "no answer from the Redis nodes yet".to_owned()),
+            }),
+        }
+    }
+
+    /// Whether the scheduler can lead now (see [`wait_ready`](Self::wait_ready)); for
+    /// health checks. `false` until the first probe of the nodes, which
+    /// [`start`](Self::start) or [`wait_ready`](Self::wait_ready) begin.
+    pub fn is_ready(&self) -> bool {
+        *self.inner.ready.borrow()
+    }
+
+    /// The Redis quorum and the history database: ok or failing since when, and why.
+    pub fn health(&self) -> Health {
+        Health {
+            ready: self.is_ready(),
+            redis: self.inner.redis_health.snapshot(),
+            history: self.inner.recorder.as_ref().map(|r| r.health.snapshot()),
+        }
+    }
+
+    /// This replica's id.
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// This replica's leadership changes, as a `watch` receiver (`None` before
+    /// [`start`](Self::start)).
+    pub fn leader_events(&self) -> Option<tokio::sync::watch::Receiver<crate::LeaderEvent>> {
+        self.inner.elector.get().map(LeaderElector::subscribe)
+    }
+
+    /// The current leadership, if this replica leads.
+    pub fn leadership(&self) -> Option<Leadership> {
+        self.inner.elector.get().and_then(LeaderElector::leadership)
+    }
+
+    /// Runs `job` once now, through the same claim path as a scheduled tick (the tick is
+    /// the current time, recorded as manual: it does not count as the job's latest
+    /// scheduled tick). Only the leader runs jobs.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownJob`], [`Error::NotLeader`] (naming the leader if known),
+    /// [`Error::ShutDown`], [`Error::AlreadyRunning`] (a run of the job goes on
+    /// somewhere), [`Error::AlreadyClaimed`], or the claim's lock error.
+    pub async fn trigger(&self, job: &str) -> Result<DateTime<Utc>, Error> {
+        let inner = &self.inner;
+        let (index, state) = inner.job(job)?;
+        if inner.stop_firing.is_cancelled() {
+            return Err(Error::ShutDown);
+        }
+        let Some(leadership) = self.leadership() else {
+            return Err(Error::NotLeader {
+                leader: self.leader().await,
+            });
+        };
+        // Millisecond precision, like the history's.
+        let now = inner.clock.now();
+        let mut tick = DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now);
+        if tick.timestamp_subsec_millis() == 0 {
+            // Not the key of a scheduled tick (those are whole seconds).
+            tick += chrono::Duration::milliseconds(1);
+        }
+        let already_claimed = || Error::AlreadyClaimed {
+            job: job.to_owned(),
+            tick: tick.to_rfc3339(),
+        };
+        let now = inner.clock.now();
+        match inner
+            .take(
+                &inner.claim_resource(state, tick),
+                inner.claim_ttl(state),
+                Duration::ZERO,
+                now,
+                Some(&leadership),
+            )
+            .await
+        {
+            Ok(claim) => drop(claim.detach()),
+            Err(NotTaken::Held) => return Err(already_claimed()),
+            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
+            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
+        }
+        let run_lock = match inner
+            .take(
+                &inner.run_resource(job),
+                inner.run_lock_ttl,
+                Duration::ZERO,
+                now,
+                Some(&leadership),
+            )
+            .await
+        {
+            Ok(run_lock) => run_lock,
+            Err(NotTaken::Held) => {
+                return Err(Error::AlreadyRunning {
+                    job: job.to_owned(),
+                });
+            }
+            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
+            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
+        };
+        if !inner
+            .insert_row(state, tick, leadership.epoch(), true)
+            .await
+        {
+            let _ = run_lock.release().await;
+            return Err(already_claimed());
+        }
+        inner.start_run(index, tick, run_lock, leadership, false, true);
+        Ok(tick)
+    }
+
+    /// Stops firing `job` (its ticks are skipped and recorded as such) until
+    /// [`resume`](Self::resume); for every replica when a [`History`](crate::History) is
+    /// configured (the leader sees it within a second), for this one otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownJob`], or the history's error (nothing changed then).
+    pub async fn pause(&self, job: &str) -> Result<(), Error> {
+        self.set_paused(job, true).await
+    }
+
+    /// Fires `job` again after [`pause`](Self::pause).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownJob`], or the history's error (nothing changed then).
+    pub async fn resume(&self, job: &str) -> Result<(), Error> {
+        self.set_paused(job, false).await
+    }
+
+    async fn set_paused(&self, job: &str, paused: bool) -> Result<(), Error> {
+        let (_, state) = self.inner.job(job)?;
+        if let Some(history) = self.inner.history() {
+            history.set_paused(&self.inner.name, job, paused).await?;
+        }
+        state.paused.store(paused, Ordering::Release);
+        Ok(())
+    }
+
+    /// This replica, the leader if known, the health of Redis and the history, and each
+    /// job: schedule, next fire time, last run, last skipped tick. Serializable with
+    /// serde. Reads from the history are bounded by its statement timeout; when it does
+    /// not answer, this replica's own view is shown.
+    pub async fn status(&self) -> SchedulerStatus {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let leading = self.leadership();
+        let paused_in_history = match inner.history() {
+            Some(history) => history.paused_jobs(&inner.name).await.ok(),
+            None => None,
+        };
+        let mut jobs = Vec::with_capacity(inner.jobs.len());
+        for state in &inner.jobs {
+            let local = lock(&state.last).clone();
+            let mut last_run = local.clone();
+            if let Some(history) = inner.history()
+                && let Ok(runs) = history.runs(&inner.name, &state.name, 1).await
+                && let Some(run) = runs.into_iter().next()
+            {
+                let row = LastRun::from(run);
+                // This replica's account wins while its row waits to be written.
+                let newer_here = local.as_ref().is_some_and(|l| {
+                    !l.recorded
+                        && (l.tick > row.tick
+                            || (l.tick == row.tick && row.outcome == Outcome::Running))
+                });
+                if !newer_here {
+                    last_run = Some(row);
+                }
+            }
+            let paused = match &paused_in_history {
+                Some(paused) => paused.iter().any(|p| *p == *state.name),
+                None => state.paused.load(Ordering::Acquire),
+            };
+            jobs.push(JobStatus {
+                name: state.job.name.clone(),
+                schedule: state.schedule.expression().to_owned(),
+                time_zone: state.schedule.zone().name().to_owned(),
+                next_fire: state.schedule.next_after(now),
+                misfire: state.job.misfire,
+                paused,
+                running: state.running.load(Ordering::Acquire),
+                last_run,
+                last_skipped: lock(&state.last_skipped).clone(),
+                skipped: state.skipped.load(Ordering::Relaxed),
+                abandoned: state.abandoned.load(Ordering::Relaxed),
+            });
+        }
+        SchedulerStatus {
+            scheduler: inner.name.clone(),
+            instance: inner.instance.to_string(),
+            is_leader: leading.is_some(),
+            leader: match &leading {
+                Some(_) => Some(inner.instance.to_string()),
+                None => self.leader().await,
+            },
+            epoch: leading.map(|l| l.epoch()),
+            health: self.health(),
+            jobs,
+        }
+    }
+
+    /// The leader as last recorded in the history (`None` without one).
+    async fn leader(&self) -> Option<String> {
+        match self.inner.history() {
+            Some(history) => history.leader(&self.inner.name).await.ok().flatten(),
+            None => None,
+        }
+    }
+
+    /// Stops firing and hands leadership over to another replica at once; lets the runs
+    /// in progress finish until `deadline`, then cancels them (through their token, then
+    /// drops them after a short grace) and records their outcome (history writes still
+    /// waiting for the database get until the deadline too). Returns when all is done.
+    pub async fn shutdown(&self, deadline: Duration) {
+        let inner = &self.inner;
+        let until = tokio::time::Instant::now() + deadline;
+        inner.stop_firing.cancel();
+        if let Some(elector) = inner.elector.get() {
+            elector.shutdown().await;
+        }
+        inner.runs.close();
+        if tokio::time::timeout_at(until, inner.runs.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(scheduler = %inner.name, "shutdown deadline reached: cancelling the runs still going");
+            inner.hard_stop.cancel();
+            inner.runs.wait().await;
+        }
+        // The writer empties its queue, then ends (or gives up at the deadline).
+        inner.stop_background.cancel();
+        inner.background_tasks.close();
+        let give_up = inner.hard_stop.clone();
+        let deadline_passed = async move {
+            tokio::time::sleep_until(until).await;
+            give_up.cancel();
+        };
+        tokio::select! {
+            () = inner.background_tasks.wait() => {}
+            () = deadline_passed => inner.background_tasks.wait().await,
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! What a scheduler holds: its options, its jobs' state, its background tasks.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redlock_core::{CancellationToken, Redlock};
+use tokio_util::task::TaskTracker;
+
+use crate::clock::Clock;
+use crate::error::Error;
+use crate::health::HealthCell;
+use crate::job::Job;
+use crate::leader::LeaderElector;
+use crate::record::Recorder;
+use crate::schedule::Schedule;
+use crate::status::LastRun;
+
+/// What a tick's claim is kept for beyond the misfire grace window (clock skew between
+/// replicas).
+pub(super) const CLAIM_MARGIN: Duration = Duration::from_secs(5);
+
+pub(super) struct Inner {
+    pub(super) redlock: Redlock,
+    pub(super) name: String,
+    pub(super) instance: Arc<str>,
+    pub(super) jobs: Vec<JobState>,
+    pub(super) recorder: Option<Arc<Recorder>>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) leader_ttl: Option<Duration>,
+    pub(super) term: Duration,
+    pub(super) retry_interval: Duration,
+    /// TTL of a job's run lock while its run goes on (auto-extended).
+    pub(super) run_lock_ttl: Duration,
+    pub(super) elector: OnceLock<LeaderElector>,
+    /// Background tasks started (Redis probe, history writer).
+    pub(super) background: OnceLock<()>,
+    pub(super) redis_health: Arc<HealthCell>,
+    pub(super) ready: tokio::sync::watch::Sender<bool>,
+    /// Shutdown began: fire no more ticks.
+    pub(super) stop_firing: CancellationToken,
+    /// Shutdown's deadline passed: cancel the runs still going.
+    pub(super) hard_stop: CancellationToken,
+    /// The runs (and ticks being claimed) are done: background tasks may end.
+    pub(super) stop_background: CancellationToken,
+    pub(super) runs: TaskTracker,
+    pub(super) background_tasks: TaskTracker,
+}
+
+pub(super) struct JobState {
+    pub(super) job: Job,
+    pub(super) name: Arc<str>,
+    pub(super) schedule: Schedule,
+    pub(super) paused: AtomicBool,
+    /// A run of this job is going on this replica.
+    pub(super) running: AtomicBool,
+    /// That run is for a missed tick (catch-up).
+    pub(super) catching_up: AtomicBool,
+    /// The tick of that run.
+    pub(super) running_tick: Mutex<Option<DateTime<Utc>>>,
+    /// The last run this replica saw end.
+    pub(super) last: Arc<Mutex<Option<LastRun>>>,
+    /// The last tick this replica recorded as skipped.
+    pub(super) last_skipped: Mutex<Option<LastRun>>,
+    pub(super) skipped: AtomicU64,
+    pub(super) abandoned: AtomicU64,
+    /// Notified when a run ends.
+    pub(super) idle: tokio::sync::Notify,
+}
+
+impl JobState {
+    pub(super) fn new(job: Job, schedule: Schedule) -> Self {
+        Self {
+            name: job.name.as_str().into(),
+            schedule,
+            job,
+            paused: AtomicBool::new(false),
+            running: AtomicBool::new(false),
+            catching_up: AtomicBool::new(false),
+            running_tick: Mutex::new(None),
+            last: Arc::new(Mutex::new(None)),
+            last_skipped: Mutex::new(None),
+            skipped: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
+            idle: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Waits until no run of this job is going on this replica.
+    pub(super) async fn wait_idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if !self.running.load(Ordering::Acquire) {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    pub(super) fn running_tick(&self) -> Option<DateTime<Utc>> {
+        *lock(&self.running_tick)
+    }
+}
+
+/// Locks a std mutex, ignoring poisoning (the data are plain values).
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Inner {
+    pub(super) fn job(&self, name: &str) -> Result<(usize, &JobState), Error> {
+        self.jobs
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.job.name == name)
+            .ok_or_else(|| Error::UnknownJob {
+                name: name.to_owned(),
+            })
+    }
+
+    pub(super) fn history(&self) -> Option<&crate::History> {
+        self.recorder.as_deref().map(Recorder::history)
+    }
+
+    /// How old a missed tick may be: the job's grace, capped (without a history) by
+    /// how long a claim can be kept, since the claims are then the only record.
+    pub(super) fn grace(&self, state: &JobState) -> Duration {
+        match self.recorder {
+            Some(_) => state.job.grace,
+            None => state
+                .job
+                .grace
+                .min(self.redlock.max_ttl().saturating_sub(CLAIM_MARGIN)),
+        }
+    }
+
+    /// How long a tick's claim is kept: until its tick leaves the grace window (and a
+    /// margin), as far as the Redis nodes allow.
+    pub(super) fn claim_ttl(&self, state: &JobState) -> Duration {
+        (self.grace(state) + CLAIM_MARGIN).min(self.redlock.max_ttl())
+    }
+
+    pub(super) fn claim_resource(&self, state: &JobState, tick: DateTime<Utc>) -> String {
+        format!(
+            "{}:job:{}:{}",
+            self.name,
+            state.job.name,
+            tick.timestamp_millis()
+        )
+    }
+
+    /// The lock a run of the job holds while it goes on, on whichever replica: no run
+    /// starts while another holds it (no overlap, cluster-wide).
+    pub(super) fn run_resource(&self, job: &str) -> String {
+        format!("{}:job:{job}:run", self.name)
+    }
+
+    /// The latest moment `tick` may still be acted on.
+    pub(super) fn deadline(&self, state: &JobState, tick: DateTime<Utc>) -> DateTime<Utc> {
+        crate::plan::later(tick, self.grace(state))
+    }
+}

@@ -1,0 +1,372 @@
+//! One tick, from claim to record: claim it (retrying failures within its grace window),
+//! check pause and overlap (the job's run lock, cluster-wide), insert its row, run the
+//! handler, record the end. Each tick is a task of its own: the firing loop never waits
+//! on Redis or the database.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redlock_core::{CancellationToken, Error as LockError, Lock, RetryPolicy};
+use tracing::Instrument;
+
+use super::state::{Inner, JobState, lock};
+use crate::job::JobContext;
+use crate::leader::Leadership;
+use crate::plan::Action;
+use crate::record::{Inserted, Row};
+use crate::status::LastRun;
+use crate::store::Outcome;
+
+/// How long an on-time tick waits for the job's previous run to end before it is
+/// skipped as an overlap (a run ending just now hands its lock over at once).
+const OVERLAP_WAIT: Duration = Duration::from_millis(250);
+
+/// How long a cancelled run may take to stop before it is dropped.
+const CANCEL_GRACE: Duration = Duration::from_secs(1);
+
+/// Backoff between claim attempts that failed (not refused).
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Why taking a lock for a tick did not succeed.
+pub(super) enum NotTaken {
+    /// Held by someone else (another replica claimed the tick, or a run goes on).
+    Held,
+    /// Leadership ended or shutdown began: leave the tick to the next leader.
+    Stopped,
+    /// Failures until the deadline: the last one.
+    Failed(LockError),
+}
+
+impl Inner {
+    /// Takes `resource` for `ttl`, waiting up to `wait` while someone holds it, retrying
+    /// failures until `until` (wall clock).
+    pub(super) async fn take(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+        until: DateTime<Utc>,
+        leadership: Option<&Leadership>,
+    ) -> Result<Lock, NotTaken> {
+        let ended = leadership.map_or_else(CancellationToken::new, |l| l.ended_token().clone());
+        let mut backoff = RETRY_FIRST;
+        loop {
+            let acquire = if wait.is_zero() {
+                self.redlock.try_lock(resource)
+            } else {
+                self.redlock
+                    .lock(resource)
+                    .retry(RetryPolicy::deadline(wait))
+            }
+            .ttl(ttl)
+            .fencing(false);
+            let result = tokio::select! {
+                result = acquire => result,
+                () = ended.cancelled() => return Err(NotTaken::Stopped),
+                () = self.stop_firing.cancelled() => return Err(NotTaken::Stopped),
+            };
+            let err = match result {
+                Ok(lock) => return Ok(lock),
+                Err(LockError::Taken { .. }) => return Err(NotTaken::Held),
+                Err(err) => err,
+            };
+            let next_try =
+                self.clock.now() + chrono::Duration::from_std(backoff).unwrap_or_default();
+            if next_try > until {
+                return Err(NotTaken::Failed(err));
+            }
+            tracing::debug!(%resource, error = %err, "lock attempt failed; retrying");
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = ended.cancelled() => return Err(NotTaken::Stopped),
+                () = self.stop_firing.cancelled() => return Err(NotTaken::Stopped),
+            }
+            backoff = (backoff * 2).min(RETRY_MAX);
+        }
+    }
+
+    /// Carries out one planned tick.
+    pub(super) async fn handle_tick(
+        self: &Arc<Self>,
+        index: usize,
+        tick: DateTime<Utc>,
+        action: Action,
+        leadership: &Leadership,
+    ) {
+        let Some(state) = self.jobs.get(index) else {
+            return;
+        };
+        let deadline = self.deadline(state, tick);
+        let claim = self
+            .take(
+                &self.claim_resource(state, tick),
+                self.claim_ttl(state),
+                Duration::ZERO,
+                deadline,
+                Some(leadership),
+            )
+            .await;
+        match claim {
+            // Left to expire: until then no replica considers the tick again.
+            Ok(claim) => drop(claim.detach()),
+            Err(NotTaken::Held) => {
+                tracing::debug!(job = %state.name, %tick, "tick already claimed elsewhere");
+                return;
+            }
+            Err(NotTaken::Stopped) => return,
+            Err(NotTaken::Failed(err)) => {
+                tracing::warn!(job = %state.name, %tick, error = %err, "could not claim the tick within its grace window: not run");
+                self.record_skip(
+                    state,
+                    tick,
+                    leadership,
+                    format!("not claimable within the grace window: {err}"),
+                );
+                return;
+            }
+        }
+        let late = match action {
+            Action::Skip(reason) => {
+                self.record_skip(state, tick, leadership, reason);
+                return;
+            }
+            Action::Run { late } => late,
+        };
+        if state.paused.load(Ordering::Acquire) {
+            self.record_skip(state, tick, leadership, "paused".to_owned());
+            return;
+        }
+        // No overlap, cluster-wide: the job's run lock. A late run waits for the one
+        // before it (within the grace window); an on-time tick does not.
+        let wait = if late {
+            (deadline - self.clock.now()).to_std().unwrap_or_default()
+        } else {
+            OVERLAP_WAIT
+        };
+        let run_lock = match self
+            .take(
+                &self.run_resource(&state.name),
+                self.run_lock_ttl,
+                wait,
+                deadline,
+                Some(leadership),
+            )
+            .await
+        {
+            Ok(run_lock) => run_lock,
+            Err(NotTaken::Stopped) => return,
+            Err(NotTaken::Held) => {
+                let reason = match state.running_tick() {
+                    Some(running) => format!(
+                        "overlap: the run of {} is still going",
+                        running.to_rfc3339()
+                    ),
+                    None => {
+                        "overlap: a run of the job is still going on another replica".to_owned()
+                    }
+                };
+                self.record_skip(state, tick, leadership, reason);
+                return;
+            }
+            Err(NotTaken::Failed(err)) => {
+                self.record_skip(
+                    state,
+                    tick,
+                    leadership,
+                    format!("the job's run lock could not be taken: {err}"),
+                );
+                return;
+            }
+        };
+        if !self
+            .insert_row(state, tick, leadership.epoch(), false)
+            .await
+        {
+            let _ = run_lock.release().await;
+            return;
+        }
+        self.start_run(index, tick, run_lock, leadership.clone(), late, false);
+    }
+
+    /// Inserts the running row of a tick; `false` if another replica's row is there.
+    pub(super) async fn insert_row(
+        &self,
+        state: &JobState,
+        tick: DateTime<Utc>,
+        token: u64,
+        manual: bool,
+    ) -> bool {
+        let Some(recorder) = &self.recorder else {
+            return true;
+        };
+        let row = Row {
+            job: Arc::clone(&state.name),
+            tick,
+            token,
+            outcome: Outcome::Running,
+            note: None,
+            manual,
+            at: self.clock.now(),
+        };
+        match recorder.insert(row).await {
+            Inserted::Yes | Inserted::Queued => true,
+            Inserted::Taken => {
+                tracing::debug!(job = %state.name, %tick, "tick already recorded by another replica");
+                false
+            }
+        }
+    }
+
+    /// Records a tick that was claimed but not run.
+    pub(super) fn record_skip(
+        &self,
+        state: &JobState,
+        tick: DateTime<Utc>,
+        leadership: &Leadership,
+        reason: String,
+    ) {
+        tracing::info!(job = %state.name, %tick, %reason, "tick skipped");
+        state.skipped.fetch_add(1, Ordering::Relaxed);
+        *lock(&state.last_skipped) = Some(LastRun {
+            tick,
+            instance: self.instance.to_string(),
+            outcome: Outcome::Skipped,
+            error: Some(reason.clone()),
+            recorded: false,
+        });
+        if let Some(recorder) = &self.recorder {
+            recorder.insert_later(Row {
+                job: Arc::clone(&state.name),
+                tick,
+                token: leadership.epoch(),
+                outcome: Outcome::Skipped,
+                note: Some(reason),
+                manual: false,
+                at: self.clock.now(),
+            });
+        }
+    }
+
+    /// Starts the run of a claimed tick whose run lock is held.
+    pub(super) fn start_run(
+        self: &Arc<Self>,
+        index: usize,
+        tick: DateTime<Utc>,
+        run_lock: Lock,
+        leadership: Leadership,
+        late: bool,
+        manual: bool,
+    ) {
+        let Some(state) = self.jobs.get(index) else {
+            return;
+        };
+        state.running.store(true, Ordering::Release);
+        state.catching_up.store(late, Ordering::Release);
+        *lock(&state.running_tick) = Some(tick);
+        let inner = Arc::clone(self);
+        let lag_ms = (inner.clock.now() - tick).num_milliseconds();
+        let span = tracing::info_span!(
+            "job.run",
+            job = %state.name,
+            %tick,
+            instance = %inner.instance,
+            token = leadership.epoch(),
+            lag_ms,
+            manual,
+        );
+        self.runs.spawn(
+            async move {
+                let Some(state) = inner.jobs.get(index) else {
+                    return;
+                };
+                let (outcome, error) = inner.run(state, tick, run_lock, &leadership, manual).await;
+                state.running.store(false, Ordering::Release);
+                state.catching_up.store(false, Ordering::Release);
+                *lock(&state.running_tick) = None;
+                state.idle.notify_waiters();
+                match outcome {
+                    Outcome::Succeeded => tracing::info!("run succeeded"),
+                    _ => tracing::warn!(
+                        outcome = outcome.as_str(),
+                        error = error.as_deref(),
+                        "run did not succeed"
+                    ),
+                }
+                *lock(&state.last) = Some(LastRun {
+                    tick,
+                    instance: inner.instance.to_string(),
+                    outcome,
+                    error: error.clone(),
+                    recorded: false,
+                });
+                if let Some(recorder) = &inner.recorder {
+                    recorder.finish(
+                        Arc::clone(&state.name),
+                        tick,
+                        outcome,
+                        error,
+                        Arc::clone(&state.last),
+                    );
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Runs the handler until it ends or must stop; then lets the run lock go (to the
+    /// next tick waiting for it, if any).
+    async fn run(
+        &self,
+        state: &JobState,
+        tick: DateTime<Utc>,
+        mut run_lock: Lock,
+        leadership: &Leadership,
+        manual: bool,
+    ) -> (Outcome, Option<String>) {
+        // The lock lives as long as the run: up to the job's timeout (and the time to
+        // stop) if it has one; otherwise as long as it goes on (the core's upper bound
+        // on any hold, 30 days).
+        let bound = state
+            .job
+            .timeout
+            .map_or(Duration::MAX, |t| t + CANCEL_GRACE * 2);
+        run_lock.auto_extend_for(bound);
+        let cancel = CancellationToken::new();
+        let ctx = JobContext {
+            job: Arc::clone(&state.name),
+            tick,
+            fencing_token: leadership.epoch(),
+            instance: Arc::clone(&self.instance),
+            cancel: cancel.clone(),
+            manual,
+        };
+        let handler = Arc::clone(&state.job.handler);
+        let mut work = std::pin::pin!(handler(ctx));
+        let timeout = async {
+            match state.job.timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let stopped: (Outcome, &str) = tokio::select! {
+            result = &mut work => {
+                let _ = run_lock.release().await;
+                return match result {
+                    Ok(()) => (Outcome::Succeeded, None),
+                    Err(err) => (Outcome::Failed, Some(err.to_string())),
+                };
+            }
+            () = leadership.lost_token().cancelled() => (Outcome::Cancelled, "leadership lost"),
+            () = run_lock.lost() => (Outcome::Cancelled, "the job's run lock was lost"),
+            () = self.hard_stop.cancelled() => (Outcome::Cancelled, "shutdown deadline reached"),
+            () = timeout => (Outcome::TimedOut, "timed out"),
+        };
+        cancel.cancel();
+        let _ = tokio::time::timeout(CANCEL_GRACE, &mut work).await;
+        let _ = run_lock.release().await;
+        (stopped.0, Some(stopped.1.to_owned()))
+    }
+}

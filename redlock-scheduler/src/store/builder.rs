@@ -1,0 +1,326 @@
+//! [`HistoryBuilder`]: where the history lives, how long to wait for it, which tables,
+//! what to keep.
+
+use std::future::Future;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use chrono::Utc;
+use sqlx::any::AnyPoolOptions;
+use sqlx::{AnyPool, Connection};
+
+use super::schema::{self, DEFAULT_TABLE_PREFIX, Tables, is_identifier};
+use super::target::{self, Backend, Target};
+use super::{History, Shared, ms};
+use crate::error::Error;
+
+/// The default bound on opening the database (and on the first migration).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default bound on waiting for a pooled connection.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default bound on one statement, connection wait included.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub(super) enum Source {
+    Url(String),
+    Pool(AnyPool),
+}
+
+/// Builds a [`History`]: where, how long to wait, which tables, what to keep.
+#[must_use = "a builder does nothing until `connect()`"]
+pub struct HistoryBuilder {
+    source: Source,
+    connect_timeout: Duration,
+    acquire_timeout: Duration,
+    statement_timeout: Duration,
+    max_connections: u32,
+    prefix: String,
+    schema: Option<String>,
+    keep_for: Option<Duration>,
+    keep_runs: Option<u32>,
+}
+
+impl std::fmt::Debug for HistoryBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let source = match &self.source {
+            Source::Url(url) => target::redact(url),
+            Source::Pool(_) => "an existing pool".to_owned(),
+        };
+        f.debug_struct("HistoryBuilder")
+            .field("source", &source)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("prefix", &self.prefix)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HistoryBuilder {
+    pub(super) fn new(source: Source) -> Self {
+        Self {
+            source,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
+            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
+            max_connections: 5,
+            prefix: DEFAULT_TABLE_PREFIX.to_owned(),
+            schema: None,
+            keep_for: None,
+            keep_runs: None,
+        }
+    }
+
+    /// How long opening the database may take (default 5 s): past it,
+    /// [`connect`](Self::connect) fails naming the database and the cause.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a statement may wait for a pooled connection (default 2 s).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// How long one statement may take, waiting for a connection included (default
+    /// 5 s; on PostgreSQL also set as the server's `statement_timeout`).
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
+    /// The pool's size (default 5; an in-memory SQLite database always uses 1).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Prefix of the history's table names (default `redlock_`): letters, digits and
+    /// `_`.
+    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The PostgreSQL schema holding the tables (created if missing; default: the
+    /// connection's `search_path`).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// Deletes finished rows whose tick is older than this (the leader prunes about
+    /// every 10 minutes; the latest row of each job is always kept, since it tells a new
+    /// leader where to catch up from).
+    pub fn keep_for(mut self, age: Duration) -> Self {
+        self.keep_for = Some(age);
+        self
+    }
+
+    /// Keeps at most this many finished rows per job (the latest ones).
+    pub fn keep_runs(mut self, runs: u32) -> Self {
+        self.keep_runs = Some(runs);
+        self
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        let invalid = |what: &str, reason: &str| Error::InvalidConfig {
+            what: what.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if !is_identifier(&self.prefix) {
+            return Err(invalid(
+                "table prefix",
+                "use up to 40 letters, digits and `_`, not starting with a digit",
+            ));
+        }
+        if let Some(schema) = &self.schema
+            && !is_identifier(schema)
+        {
+            return Err(invalid(
+                "schema",
+                "use up to 40 letters, digits and `_`, not starting with a digit",
+            ));
+        }
+        for (what, t) in [
+            ("connect timeout", self.connect_timeout),
+            ("acquire timeout", self.acquire_timeout),
+            ("statement timeout", self.statement_timeout),
+        ] {
+            if t.is_zero() {
+                return Err(invalid(what, "must be more than zero"));
+            }
+        }
+        if self.max_connections == 0 {
+            return Err(invalid("max connections", "must be at least 1"));
+        }
+        if self.keep_runs == Some(0) || self.keep_for.is_some_and(|d| d.is_zero()) {
+            return Err(invalid(
+                "retention",
+                "keep at least one run and a positive age",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Opens the database (checking it answers within the connect timeout) and brings
+    /// the schema up to date.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for a URL that names no supported database,
+    /// [`Error::InvalidConfig`] for a bad prefix, schema or timeout, [`Error::Connect`]
+    /// naming the database and the cause (refused, no answer within the timeout, bad
+    /// credentials, a file that cannot be opened), [`Error::Migration`] if a migration
+    /// fails.
+    pub async fn connect(self) -> Result<History, Error> {
+        static DRIVERS: Once = Once::new();
+        DRIVERS.call_once(sqlx::any::install_default_drivers);
+        self.check()?;
+        let (pool, backend, place) = match &self.source {
+            Source::Url(url) => self.open(url).await?,
+            Source::Pool(pool) => {
+                let mut conn = bounded(self.connect_timeout, "connect", pool.acquire()).await?;
+                let backend = match conn.backend_name() {
+                    "PostgreSQL" => Backend::Postgres,
+                    "SQLite" => Backend::Sqlite,
+                    other => {
+                        return Err(Error::InvalidConfig {
+                            what: "pool".to_owned(),
+                            reason: format!("{other} is not supported: use SQLite or PostgreSQL"),
+                        });
+                    }
+                };
+                let _ = conn.ping().await;
+                (pool.clone(), backend, "the given pool".to_owned())
+            }
+        };
+        if self.schema.is_some() && backend == Backend::Sqlite {
+            return Err(Error::InvalidConfig {
+                what: "schema".to_owned(),
+                reason: "SQLite has no schemas: use a table prefix".to_owned(),
+            });
+        }
+        let tables = Tables::new(&self.prefix, self.schema.as_deref());
+        let history = History {
+            shared: Arc::new(Shared {
+                pool,
+
+                place,
+                tables,
+                statement_timeout: self.statement_timeout,
+                keep_for: self.keep_for,
+                keep_runs: self.keep_runs,
+            }),
+        };
+        // Waiting for other replicas' migrations is part of connecting.
+        let mut conn = bounded(
+            self.connect_timeout,
+            "connect",
+            history.shared.pool.acquire(),
+        )
+        .await?;
+        let migrate = schema::migrate(&mut conn, backend, &history.shared.tables, ms(Utc::now()));
+        tokio::time::timeout(self.connect_timeout + self.statement_timeout, migrate)
+            .await
+            .map_err(|_| Error::StoreTimeout {
+                operation: "migrate",
+                after: self.connect_timeout + self.statement_timeout,
+            })??;
+        Ok(history)
+    }
+
+    async fn open(&self, url: &str) -> Result<(AnyPool, Backend, String), Error> {
+        let target = Target::parse(url)?;
+        let connect_error = |cause: String| Error::Connect {
+            place: target.place.clone(),
+            cause,
+        };
+        // One connection first: its error names the cause (a pool would retry until its
+        // own timeout and say only "timed out").
+        match tokio::time::timeout(
+            self.connect_timeout,
+            sqlx::AnyConnection::connect(&target.url),
+        )
+        .await
+        {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+            Ok(Err(err)) => return Err(connect_error(err.to_string())),
+            Err(_) => {
+                return Err(connect_error(format!(
+                    "no answer within {:?} (the connect timeout)",
+                    self.connect_timeout
+                )));
+            }
+        }
+        let memory = target.private_memory || target.shared_memory;
+        let sqlite = target.backend == Backend::Sqlite;
+        let statement_ms = self.statement_timeout.as_millis();
+        let mut options = AnyPoolOptions::new()
+            // A private in-memory database exists once per connection: keep exactly one.
+            .max_connections(if target.private_memory {
+                1
+            } else {
+                self.max_connections
+            })
+            .min_connections(u32::from(memory))
+            .acquire_timeout(self.acquire_timeout)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    let setting = if sqlite {
+                        // Replicas write concurrently: wait for the file lock, not longer
+                        // than a statement may take.
+                        format!("PRAGMA busy_timeout = {statement_ms}")
+                    } else {
+                        format!("SET statement_timeout = {statement_ms}")
+                    };
+                    sqlx::query(&setting).execute(&mut *conn).await?;
+                    Ok(())
+                })
+            });
+        if memory {
+            // The database lives as long as its connection.
+            options = options.idle_timeout(None).max_lifetime(None);
+        }
+        let pool = options
+            .connect_lazy(&target.url)
+            .map_err(|err| connect_error(err.to_string()))?;
+        if sqlite && !memory {
+            // Readers do not block the writer (and the other way round): replicas and
+            // their status queries share the file. The mode is stored in the file.
+            bounded(
+                self.connect_timeout,
+                "connect",
+                sqlx::query("PRAGMA journal_mode = WAL").execute(&pool),
+            )
+            .await
+            .map_err(|err| match err {
+                Error::Store(err) => connect_error(err.to_string()),
+                other => other,
+            })?;
+        }
+        Ok((pool, target.backend, target.place))
+    }
+}
+
+/// `fut`, failing with [`Error::StoreTimeout`] after `limit`.
+pub(super) async fn bounded<T, E>(
+    limit: Duration,
+    operation: &'static str,
+    fut: impl Future<Output = Result<T, E>>,
+) -> Result<T, Error>
+where
+    Error: From<E>,
+{
+    match tokio::time::timeout(limit, fut).await {
+        Ok(result) => result.map_err(Error::from),
+        Err(_) => Err(Error::StoreTimeout {
+            operation,
+            after: limit,
+        }),
+    }
+}

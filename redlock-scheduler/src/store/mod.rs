@@ -1,0 +1,528 @@
+//! Run history in SQL (sqlx): one row per (scheduler, job, scheduled tick).
+//!
+//! SQLite (a file, or in memory) needs no server; PostgreSQL suits clusters. The row is
+//! inserted *before* a run starts, and the table's `UNIQUE (scheduler, job, tick_ms)`
+//! makes the database itself refuse a second run of the same tick: a conflicting insert
+//! means another replica has it.
+//!
+//! The schema is created and upgraded by [`History::connect`] (or
+//! [`HistoryBuilder::connect`]) from numbered migrations recorded in their own table, so
+//! they never mix with the application's own sqlx migrations in the same database; they
+//! run under a lock, so replicas starting together on a fresh database are safe. Table
+//! names take a prefix (default `redlock_`) and, on PostgreSQL, a schema:
+//!
+//! ```sql
+//! CREATE TABLE redlock_job_runs (
+//!     scheduler     TEXT    NOT NULL,  -- the scheduler's name
+//!     job           TEXT    NOT NULL,
+//!     tick_ms       BIGINT  NOT NULL,  -- the scheduled tick, Unix ms (UTC)
+//!     instance      TEXT    NOT NULL,  -- the replica that claimed it
+//!     fencing_token BIGINT,
+//!     started_ms    BIGINT,
+//!     finished_ms   BIGINT,
+//!     outcome       TEXT    NOT NULL,  -- running, succeeded, failed, timed_out,
+//!                                      -- cancelled, skipped, abandoned
+//!     error         TEXT,              -- the error, or why it was skipped or abandoned
+//!     manual        INTEGER NOT NULL DEFAULT 0,  -- 1: started by a trigger
+//!     closed_by     TEXT,              -- who marked it abandoned
+//!     UNIQUE (scheduler, job, tick_ms)
+//! );
+//! ```
+//!
+//! Every statement is bounded in time ([`HistoryBuilder::statement_timeout`]); a
+//! database that does not answer is an [`Error::StoreTimeout`], never a hang.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), redlock_scheduler::Error> {
+//! use std::time::Duration;
+//! use redlock_scheduler::History;
+//!
+//! let history = History::builder("sqlite::memory:")
+//!     .connect_timeout(Duration::from_secs(2))
+//!     .table_prefix("ops_")
+//!     .keep_for(Duration::from_secs(30 * 24 * 3600))
+//!     .connect()
+//!     .await?;
+//! assert!(history.runs("scheduler", "nightly", 10).await?.is_empty());
+//! # Ok(())
+//! # }
+//! ```
+
+mod builder;
+mod run;
+mod schema;
+mod target;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use sqlx::AnyPool;
+
+pub use self::builder::{
+    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, HistoryBuilder,
+};
+use self::builder::{Source, bounded};
+use self::run::run_from_row;
+pub(crate) use self::run::{NewRun, RunEnd};
+pub use self::run::{Outcome, Run};
+pub use self::schema::DEFAULT_TABLE_PREFIX;
+use self::schema::Tables;
+use crate::error::Error;
+
+pub(super) struct Shared {
+    pub(super) pool: AnyPool,
+    pub(super) place: String,
+    pub(super) tables: Tables,
+    pub(super) statement_timeout: Duration,
+    pub(super) keep_for: Option<Duration>,
+    pub(super) keep_runs: Option<u32>,
+}
+
+/// The run history: a sqlx pool on SQLite or PostgreSQL. Cheap to clone.
+#[derive(Clone)]
+pub struct History {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for History {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("History")
+            .field("database", &self.shared.place)
+            .field("runs", &self.shared.tables.runs)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+pub(super) fn from_ms(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
+}
+
+fn token(token: u64) -> i64 {
+    i64::try_from(token).unwrap_or(i64::MAX)
+}
+
+const RUN_COLUMNS: &str = "scheduler, job, tick_ms, instance, fencing_token, started_ms, \
+                           finished_ms, outcome, error, manual, closed_by";
+
+impl History {
+    /// Connects to `url` with the default options and brings the schema up to date:
+    /// `sqlite://path/to/file.db` (created if missing), `sqlite::memory:` (private to
+    /// this pool; use `sqlite:file:NAME?mode=memory&cache=shared` to share one between
+    /// pools), or `postgres://user@host/db`. See [`builder`](Self::builder) for the
+    /// options.
+    ///
+    /// # Errors
+    ///
+    /// As [`HistoryBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::builder(url).connect().await
+    }
+
+    /// A history at `url`, with options.
+    pub fn builder(url: impl Into<String>) -> HistoryBuilder {
+        HistoryBuilder::new(Source::Url(url.into()))
+    }
+
+    /// A history on a pool of your own (SQLite or PostgreSQL, through sqlx's `Any`
+    /// driver: call `sqlx::any::install_default_drivers()` before creating it). Its
+    /// timeouts and size are yours; statements are still bounded by
+    /// [`HistoryBuilder::statement_timeout`].
+    pub fn from_pool(pool: AnyPool) -> HistoryBuilder {
+        HistoryBuilder::new(Source::Pool(pool))
+    }
+
+    /// The database, as errors name it (no credentials).
+    pub fn place(&self) -> &str {
+        &self.shared.place
+    }
+
+    /// How long one statement may take.
+    pub fn statement_timeout(&self) -> Duration {
+        self.shared.statement_timeout
+    }
+
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        fut: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, Error> {
+        bounded(self.shared.statement_timeout, operation, fut).await
+    }
+
+    /// Inserts the row for a tick. `false` if the tick already has one (another replica
+    /// claimed it): then it must not run here.
+    pub(crate) async fn claim(&self, run: &NewRun<'_>) -> Result<bool, Error> {
+        let at = ms(run.at);
+        let (started, finished) = match run.outcome {
+            Outcome::Running => (Some(at), None),
+            _ => (None, Some(at)),
+        };
+        let sql = format!(
+            "INSERT INTO {} ({RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL)
+             ON CONFLICT (scheduler, job, tick_ms) DO NOTHING",
+            self.shared.tables.runs
+        );
+        let done = self
+            .bounded(
+                "claim",
+                sqlx::query(&sql)
+                    .bind(run.scheduler)
+                    .bind(run.job)
+                    .bind(ms(run.tick))
+                    .bind(run.instance)
+                    .bind(token(run.token))
+                    .bind(started)
+                    .bind(finished)
+                    .bind(run.outcome.as_str())
+                    .bind(run.note)
+                    .bind(i32::from(run.manual))
+                    .execute(&self.shared.pool),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records how a run this replica claimed ended (also over an `abandoned` mark a
+    /// leader made while this replica could not reach the database: the run's own
+    /// account wins).
+    pub(crate) async fn finish(&self, end: &RunEnd<'_>) -> Result<(), Error> {
+        let sql = format!(
+            "UPDATE {} SET finished_ms = $1, outcome = $2, error = $3, closed_by = NULL
+             WHERE scheduler = $4 AND job = $5 AND tick_ms = $6 AND instance = $7",
+            self.shared.tables.runs
+        );
+        self.bounded(
+            "finish",
+            sqlx::query(&sql)
+                .bind(ms(end.at))
+                .bind(end.outcome.as_str())
+                .bind(end.error)
+                .bind(end.scheduler)
+                .bind(end.job)
+                .bind(ms(end.tick))
+                .bind(end.instance)
+                .execute(&self.shared.pool),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The latest scheduled tick recorded for `job` of `scheduler` (run or skipped;
+    /// manual triggers do not count), if any.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    pub async fn last_tick(
+        &self,
+        scheduler: &str,
+        job: &str,
+    ) -> Result<Option<DateTime<Utc>>, Error> {
+        let sql = format!(
+            "SELECT MAX(tick_ms) FROM {} WHERE scheduler = $1 AND job = $2 AND manual = 0",
+            self.shared.tables.runs
+        );
+        let last: Option<i64> = self
+            .bounded(
+                "last tick",
+                sqlx::query_scalar(&sql)
+                    .bind(scheduler)
+                    .bind(job)
+                    .fetch_one(&self.shared.pool),
+            )
+            .await?;
+        Ok(last.map(from_ms))
+    }
+
+    /// The latest scheduled tick of every job of `scheduler` that has a row (manual
+    /// triggers do not count).
+    pub(crate) async fn last_ticks(
+        &self,
+        scheduler: &str,
+    ) -> Result<std::collections::HashMap<String, DateTime<Utc>>, Error> {
+        let sql = format!(
+            "SELECT job, MAX(tick_ms) AS last FROM {} WHERE scheduler = $1 AND manual = 0
+             GROUP BY job",
+            self.shared.tables.runs
+        );
+        let rows: Vec<(String, i64)> = self
+            .bounded(
+                "last ticks",
+                sqlx::query_as(&sql)
+                    .bind(scheduler)
+                    .fetch_all(&self.shared.pool),
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(job, last)| (job, from_ms(last)))
+            .collect())
+    }
+
+    /// The `limit` latest rows of `job` of `scheduler`, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    pub async fn runs(&self, scheduler: &str, job: &str, limit: u32) -> Result<Vec<Run>, Error> {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1 AND job = $2
+             ORDER BY tick_ms DESC LIMIT $3",
+            self.shared.tables.runs
+        );
+        let rows = self
+            .bounded(
+                "read runs",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(job)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.shared.pool),
+            )
+            .await?;
+        rows.iter().map(run_from_row).collect()
+    }
+
+    /// Every row of `scheduler` with a tick in `[from, to]`, oldest first (all jobs).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    pub async fn runs_between(
+        &self,
+        scheduler: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Vec<Run>, Error> {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1 AND tick_ms >= $2 AND tick_ms <= $3
+             ORDER BY tick_ms, job",
+            self.shared.tables.runs
+        );
+        let rows = self
+            .bounded(
+                "read runs",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(ms(from))
+                    .bind(ms(to))
+                    .fetch_all(&self.shared.pool),
+            )
+            .await?;
+        rows.iter().map(run_from_row).collect()
+    }
+
+    /// The rows of `scheduler` still marked running.
+    pub(crate) async fn running(&self, scheduler: &str) -> Result<Vec<Run>, Error> {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1 AND outcome = 'running'
+             ORDER BY tick_ms LIMIT 1000",
+            self.shared.tables.runs
+        );
+        let rows = self
+            .bounded(
+                "read running runs",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .fetch_all(&self.shared.pool),
+            )
+            .await?;
+        rows.iter().map(run_from_row).collect()
+    }
+
+    /// Closes a row still marked running as abandoned, by `closed_by`. `false` if it
+    /// was closed meanwhile.
+    pub(crate) async fn abandon(
+        &self,
+        run: &Run,
+        closed_by: &str,
+        reason: &str,
+        at: DateTime<Utc>,
+    ) -> Result<bool, Error> {
+        let sql = format!(
+            "UPDATE {} SET outcome = 'abandoned', finished_ms = $1, error = $2, closed_by = $3
+             WHERE scheduler = $4 AND job = $5 AND tick_ms = $6 AND instance = $7
+               AND outcome = 'running'",
+            self.shared.tables.runs
+        );
+        let done = self
+            .bounded(
+                "abandon",
+                sqlx::query(&sql)
+                    .bind(ms(at))
+                    .bind(reason)
+                    .bind(closed_by)
+                    .bind(&run.scheduler)
+                    .bind(&run.job)
+                    .bind(ms(run.tick))
+                    .bind(&run.instance)
+                    .execute(&self.shared.pool),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Deletes finished rows of `scheduler` beyond the retention (the latest row of
+    /// each job always stays). Returns how many went.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    pub async fn prune(&self, scheduler: &str, now: DateTime<Utc>) -> Result<u64, Error> {
+        let runs = &self.shared.tables.runs;
+        let mut deleted = 0;
+        if let Some(age) = self.shared.keep_for {
+            let cutoff = crate::plan::earlier(now, age);
+            let sql = format!(
+                "DELETE FROM {runs} AS r WHERE r.scheduler = $1 AND r.tick_ms < $2
+                   AND r.outcome <> 'running'
+                   AND r.tick_ms < (SELECT MAX(l.tick_ms) FROM {runs} AS l
+                                    WHERE l.scheduler = r.scheduler AND l.job = r.job)"
+            );
+            deleted += self
+                .bounded(
+                    "prune",
+                    sqlx::query(&sql)
+                        .bind(scheduler)
+                        .bind(ms(cutoff))
+                        .execute(&self.shared.pool),
+                )
+                .await?
+                .rows_affected();
+        }
+        if let Some(keep) = self.shared.keep_runs {
+            let sql = format!(
+                "DELETE FROM {runs} AS r WHERE r.scheduler = $1 AND r.outcome <> 'running'
+                   AND (SELECT COUNT(*) FROM {runs} AS l
+                        WHERE l.scheduler = r.scheduler AND l.job = r.job
+                          AND l.tick_ms > r.tick_ms) >= $2"
+            );
+            deleted += self
+                .bounded(
+                    "prune",
+                    sqlx::query(&sql)
+                        .bind(scheduler)
+                        .bind(i64::from(keep))
+                        .execute(&self.shared.pool),
+                )
+                .await?
+                .rows_affected();
+        }
+        Ok(deleted)
+    }
+
+    /// Whether a retention is configured.
+    pub(crate) fn prunes(&self) -> bool {
+        self.shared.keep_for.is_some() || self.shared.keep_runs.is_some()
+    }
+
+    /// Records that `instance` leads `scheduler` with `epoch` (ignored if a newer epoch
+    /// is already recorded).
+    pub(crate) async fn record_leader(
+        &self,
+        scheduler: &str,
+        instance: &str,
+        epoch: u64,
+    ) -> Result<(), Error> {
+        let sql = format!(
+            "INSERT INTO {leaders} (scheduler, instance, epoch, since_ms)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (scheduler) DO UPDATE
+             SET instance = excluded.instance, epoch = excluded.epoch, since_ms = excluded.since_ms
+             WHERE {leaders_bare}.epoch < excluded.epoch",
+            leaders = self.shared.tables.leaders,
+            leaders_bare = self
+                .shared
+                .tables
+                .leaders
+                .rsplit('.')
+                .next()
+                .unwrap_or_default(),
+        );
+        self.bounded(
+            "record the leader",
+            sqlx::query(&sql)
+                .bind(scheduler)
+                .bind(instance)
+                .bind(token(epoch))
+                .bind(ms(Utc::now()))
+                .execute(&self.shared.pool),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The replica last recorded as leading `scheduler`.
+    pub(crate) async fn leader(&self, scheduler: &str) -> Result<Option<String>, Error> {
+        let sql = format!(
+            "SELECT instance FROM {} WHERE scheduler = $1",
+            self.shared.tables.leaders
+        );
+        self.bounded(
+            "read the leader",
+            sqlx::query_scalar(&sql)
+                .bind(scheduler)
+                .fetch_optional(&self.shared.pool),
+        )
+        .await
+    }
+
+    /// Marks `job` paused (or not) for every replica of `scheduler`.
+    pub(crate) async fn set_paused(
+        &self,
+        scheduler: &str,
+        job: &str,
+        paused: bool,
+    ) -> Result<(), Error> {
+        let pauses = &self.shared.tables.pauses;
+        let sql = if paused {
+            format!(
+                "INSERT INTO {pauses} (scheduler, job) VALUES ($1, $2)
+                 ON CONFLICT (scheduler, job) DO NOTHING"
+            )
+        } else {
+            format!("DELETE FROM {pauses} WHERE scheduler = $1 AND job = $2")
+        };
+        self.bounded(
+            "pause",
+            sqlx::query(&sql)
+                .bind(scheduler)
+                .bind(job)
+                .execute(&self.shared.pool),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The jobs of `scheduler` paused for every replica.
+    pub(crate) async fn paused_jobs(&self, scheduler: &str) -> Result<Vec<String>, Error> {
+        let sql = format!(
+            "SELECT job FROM {} WHERE scheduler = $1",
+            self.shared.tables.pauses
+        );
+        self.bounded(
+            "read pauses",
+            sqlx::query_scalar(&sql)
+                .bind(scheduler)
+                .fetch_all(&self.shared.pool),
+        )
+        .await
+    }
+
+    /// The underlying pool, for queries of your own.
+    pub fn pool(&self) -> &AnyPool {
+        &self.shared.pool
+    }
+
+    /// The table holding the runs (prefix and schema applied), for queries of your own.
+    pub fn runs_table(&self) -> &str {
+        &self.shared.tables.runs
+    }
+}

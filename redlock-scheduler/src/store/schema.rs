@@ -1,0 +1,248 @@
+//! The history's tables and their versioned migrations.
+//!
+//! Table names carry a configurable prefix (default `redlock_`) and, on PostgreSQL, an
+//! optional schema. Migrations are numbered; each database records the ones it applied in
+//! `<prefix>scheduler_migrations`. They run in one transaction that first takes a lock
+//! every other replica waits on: `pg_advisory_xact_lock` on PostgreSQL (DDL is
+//! transactional there, so a migration applies entirely or not at all), `BEGIN IMMEDIATE`
+//! on SQLite. Many replicas starting at once on a fresh database therefore migrate it
+//! exactly once, one after the other.
+
+use sqlx::AnyConnection;
+
+use super::target::Backend;
+use crate::error::Error;
+
+/// The history's table names, prefix and schema applied.
+#[derive(Debug, Clone)]
+pub(crate) struct Tables {
+    pub(crate) schema: Option<String>,
+    pub(crate) runs: String,
+    pub(crate) leaders: String,
+    pub(crate) pauses: String,
+    pub(crate) migrations: String,
+    /// The bare prefix (index and constraint names).
+    prefix: String,
+}
+
+/// The default table prefix.
+pub const DEFAULT_TABLE_PREFIX: &str = "redlock_";
+
+/// Whether `name` is a plain SQL identifier (letters, digits, `_`; not starting with a
+/// digit), safe to splice into statements.
+pub(crate) fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 40
+}
+
+impl Tables {
+    pub(crate) fn new(prefix: &str, schema: Option<&str>) -> Self {
+        let qualify = |name: &str| match schema {
+            Some(schema) => format!("{schema}.{prefix}{name}"),
+            None => format!("{prefix}{name}"),
+        };
+        Self {
+            schema: schema.map(str::to_owned),
+            runs: qualify("job_runs"),
+            leaders: qualify("scheduler_leaders"),
+            pauses: qualify("job_pauses"),
+            migrations: qualify("scheduler_migrations"),
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// A number every replica using these tables derives alike (the advisory lock key).
+    fn lock_key(&self) -> i64 {
+        // FNV-1a: stable across processes and builds (unlike std's hasher).
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in self.migrations.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        i64::from_ne_bytes(hash.to_ne_bytes())
+    }
+
+    /// The migrations, in order: (version, statements).
+    fn migrations(&self) -> Vec<(i64, Vec<String>)> {
+        let Self {
+            runs,
+            leaders,
+            pauses,
+            prefix,
+            ..
+        } = self;
+        // The name a table gets back after a rebuild (no schema: same one).
+        let runs_bare = format!("{prefix}job_runs");
+        let runs_new = match &self.schema {
+            Some(schema) => format!("{schema}.{prefix}job_runs_next"),
+            None => format!("{prefix}job_runs_next"),
+        };
+        vec![
+            (
+                1,
+                vec![format!(
+                    "CREATE TABLE IF NOT EXISTS {runs} (
+                        job TEXT NOT NULL,
+                        tick_ms BIGINT NOT NULL,
+                        instance TEXT NOT NULL,
+                        fencing_token BIGINT,
+                        started_ms BIGINT,
+                        finished_ms BIGINT,
+                        outcome TEXT NOT NULL,
+                        error TEXT,
+                        CONSTRAINT {prefix}job_runs_tick UNIQUE (job, tick_ms)
+                    )"
+                )],
+            ),
+            (
+                2,
+                vec![format!(
+                    "CREATE TABLE IF NOT EXISTS {leaders} (
+                        scheduler TEXT NOT NULL PRIMARY KEY,
+                        instance TEXT NOT NULL,
+                        epoch BIGINT NOT NULL,
+                        since_ms BIGINT NOT NULL
+                    )"
+                )],
+            ),
+            (
+                3,
+                vec![format!(
+                    "CREATE TABLE IF NOT EXISTS {pauses} (
+                        scheduler TEXT NOT NULL,
+                        job TEXT NOT NULL,
+                        PRIMARY KEY (scheduler, job)
+                    )"
+                )],
+            ),
+            // Runs are keyed by scheduler name too (two schedulers with the same job names
+            // share a database without blocking each other), say whether the schedule or
+            // a manual trigger started them, and who closed a run its replica left
+            // behind. Rows from before belong to the one scheduler that recorded a leader,
+            // or to the default name.
+            (
+                4,
+                vec![
+                    format!(
+                        "CREATE TABLE {runs_new} (
+                            scheduler TEXT NOT NULL,
+                            job TEXT NOT NULL,
+                            tick_ms BIGINT NOT NULL,
+                            instance TEXT NOT NULL,
+                            fencing_token BIGINT,
+                            started_ms BIGINT,
+                            finished_ms BIGINT,
+                            outcome TEXT NOT NULL,
+                            error TEXT,
+                            manual INTEGER NOT NULL DEFAULT 0,
+                            closed_by TEXT,
+                            CONSTRAINT {prefix}job_runs_key UNIQUE (scheduler, job, tick_ms)
+                        )"
+                    ),
+                    format!(
+                        "INSERT INTO {runs_new}
+                            (scheduler, job, tick_ms, instance, fencing_token, started_ms,
+                             finished_ms, outcome, error)
+                         SELECT (SELECT CASE WHEN COUNT(*) = 1 THEN MAX(scheduler)
+                                             ELSE 'scheduler' END FROM {leaders}),
+                                job, tick_ms, instance, fencing_token, started_ms,
+                                finished_ms, outcome, error
+                         FROM {runs}"
+                    ),
+                    format!("DROP TABLE {runs}"),
+                    format!("ALTER TABLE {runs_new} RENAME TO {runs_bare}"),
+                    format!("CREATE INDEX {prefix}job_runs_outcome ON {runs} (scheduler, outcome)"),
+                ],
+            ),
+        ]
+    }
+}
+
+/// Brings the schema up to date on `conn`, under the migration lock.
+pub(crate) async fn migrate(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    tables: &Tables,
+    now_ms: i64,
+) -> Result<(), Error> {
+    use sqlx::Connection;
+
+    let begin = match backend {
+        Backend::Sqlite => "BEGIN IMMEDIATE",
+        Backend::Postgres => "BEGIN",
+    };
+    let mut tx = conn.begin_with(begin).await.map_err(Error::Store)?;
+    if backend == Backend::Postgres {
+        sqlx::query("SELECT 1 FROM (SELECT pg_advisory_xact_lock($1)) AS migration_lock")
+            .bind(tables.lock_key())
+            .execute(&mut *tx)
+            .await?;
+        if let Some(schema) = &tables.schema {
+            sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {} (
+            version BIGINT NOT NULL PRIMARY KEY,
+            applied_ms BIGINT NOT NULL
+        )",
+        tables.migrations
+    ))
+    .execute(&mut *tx)
+    .await?;
+    let applied: Vec<i64> =
+        sqlx::query_scalar(&format!("SELECT version FROM {}", tables.migrations))
+            .fetch_all(&mut *tx)
+            .await?;
+    for (version, statements) in tables.migrations() {
+        if applied.contains(&version) {
+            continue;
+        }
+        for statement in statements {
+            sqlx::query(&statement)
+                .execute(&mut *tx)
+                .await
+                .map_err(|source| Error::Migration { version, source })?;
+        }
+        sqlx::query(&format!(
+            "INSERT INTO {} (version, applied_ms) VALUES ($1, $2)",
+            tables.migrations
+        ))
+        .bind(version)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers() {
+        assert!(is_identifier("redlock_"));
+        assert!(is_identifier("app2_jobs"));
+        assert!(!is_identifier("2fast"));
+        assert!(!is_identifier("x; DROP TABLE y"));
+        assert!(!is_identifier(""));
+    }
+
+    #[test]
+    fn names_and_lock_keys() {
+        let plain = Tables::new("redlock_", None);
+        assert_eq!(plain.runs, "redlock_job_runs");
+        let scoped = Tables::new("ops_", Some("jobs"));
+        assert_eq!(scoped.runs, "jobs.ops_job_runs");
+        assert_ne!(plain.lock_key(), scoped.lock_key());
+        assert_eq!(plain.lock_key(), Tables::new("redlock_", None).lock_key());
+    }
+}
