@@ -102,6 +102,14 @@ impl HealthCell {
         }
     }
 
+    /// A read worked: ok again, unless writes still wait (only the writer can say the
+    /// database takes them again).
+    pub(crate) fn read_ok(&self) {
+        if self.with(|s| s.pending_writes) == 0 {
+            self.succeed();
+        }
+    }
+
     pub(crate) fn is_ok(&self) -> bool {
         self.with(|s| s.ok)
     }

@@ -89,10 +89,12 @@ impl JobContext {
 #[serde(rename_all = "snake_case", tag = "policy")]
 #[non_exhaustive]
 pub enum Misfire {
-    /// Do not run them.
-    #[default]
+    /// Do not run them (each is recorded as skipped, with the reason).
     Skip,
-    /// Run the latest missed tick once (unless a tick is due on time anyway).
+    /// The default: run the latest missed tick once, late (unless a tick is due on time
+    /// anyway); the older missed ticks are recorded as skipped. A fail-over delays a
+    /// tick; it does not lose it.
+    #[default]
     RunOnce,
     /// Run up to `max` missed ticks, the latest ones, oldest first.
     CatchUp {
@@ -166,7 +168,7 @@ impl Job {
         self
     }
 
-    /// What to do with missed ticks (default [`Misfire::Skip`]).
+    /// What to do with missed ticks (default [`Misfire::RunOnce`]).
     pub fn misfire(mut self, misfire: Misfire) -> Self {
         self.misfire = misfire;
         self

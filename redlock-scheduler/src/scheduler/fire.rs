@@ -17,8 +17,10 @@ use crate::plan::{self, Recorded};
 /// How often the leader refreshes the pauses other replicas set in the history.
 const PAUSE_REFRESH: Duration = Duration::from_secs(1);
 
-/// How often the leader looks for runs left `running` by a dead replica.
-const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the leader looks for runs left `running` by a dead replica: a few run-lock
+/// TTLs (a dead replica's run lock is gone one TTL after it died), within these bounds.
+const SWEEP_MIN: Duration = Duration::from_secs(1);
+const SWEEP_MAX: Duration = Duration::from_secs(30);
 
 /// How often the leader prunes the history (with a retention set).
 const PRUNE_INTERVAL: Duration = Duration::from_secs(600);
@@ -84,7 +86,7 @@ async fn last_ticks(
     loop {
         match recorder.history().last_ticks(&inner.name).await {
             Ok(ticks) => {
-                recorder.health.succeed();
+                recorder.health.read_ok();
                 if failing {
                     tracing::warn!(waited = ?started.elapsed(), "history readable again: the missed ticks are handled per each job's misfire policy");
                 }
@@ -179,13 +181,13 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
         recorder.health.fail(&err);
     }
     let mut pauses = tokio::time::interval(PAUSE_REFRESH);
-    let mut sweeps = tokio::time::interval(SWEEP_INTERVAL);
+    let mut sweeps = tokio::time::interval((inner.run_lock_ttl * 2).clamp(SWEEP_MIN, SWEEP_MAX));
     let mut prunes = tokio::time::interval(PRUNE_INTERVAL);
     loop {
         tokio::select! {
             _ = pauses.tick() => match recorder.history().paused_jobs(&inner.name).await {
                 Ok(paused) => {
-                    recorder.health.succeed();
+                    recorder.health.read_ok();
                     for state in &inner.jobs {
                         state.paused.store(paused.iter().any(|p| *p == *state.name), Ordering::Release);
                     }

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod replicas;
+
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
