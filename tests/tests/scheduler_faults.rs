@@ -578,9 +578,12 @@ async fn no_run_overlaps_another_across_a_hand_over() {
     let stopping = first
         .sandbox
         .run(async move {
-            tokio::spawn(async move { scheduler.shutdown(Duration::from_secs(10)).await })
+            let handle =
+                tokio::spawn(async move { scheduler.shutdown(Duration::from_secs(10)).await });
+            Ok::<_, ()>(handle)
         })
-        .await;
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(8)).await;
     let _ = stopping.await;
     second.shutdown().await;
