@@ -2,27 +2,32 @@
 //!
 //! A tick's row is inserted before its run starts, waiting at most one statement timeout,
 //! and only while the database is known to answer: the row is a second guard, the Redis
-//! claim is the first. When the insert fails or the database is already known to be
-//! failing, the run starts anyway (its Redis claim still keeps it to one replica) and the
-//! row joins a queue. Every other write (a run's end, a skipped tick) goes through the
-//! same queue. One writer task empties it in order, retrying with backoff (100 ms up to
-//! 5 s) until the database answers; the history's health says how many writes wait. A row
-//! that finds the tick already recorded by another replica when it is finally written is
-//! logged at ERROR (the tick may have run twice while the database was away).
+//! claim is the first. Rows of ticks due together share one transaction (group commit:
+//! a burst of a hundred ticks costs one commit, not a hundred). When the insert fails or
+//! the database is already known to be failing, the run starts anyway (its Redis claim
+//! still keeps it to one replica) and the row joins a queue. Every other write (a run's
+//! end, a skipped tick) goes through the same queue. One writer task empties it in order,
+//! many writes to a transaction, retrying with backoff (100 ms up to 5 s) until the
+//! database answers; the history's health says how many writes wait. A row that finds
+//! the tick already recorded by another replica when it is finally written is logged at
+//! ERROR (the tick may have run twice while the database was away).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use crate::health::HealthCell;
 use crate::status::LastRun;
-use crate::store::{History, NewRun, Outcome, RunEnd};
+use crate::store::{Change, History, NewRun, Outcome, RunEnd};
 
 /// At most this many writes wait; beyond, the oldest are dropped (and counted).
 const MAX_PENDING: usize = 10_000;
+
+/// At most this many writes share one transaction.
+const MAX_BATCH: usize = 256;
 
 /// A row to insert, owned.
 #[derive(Debug, Clone)]
@@ -70,6 +75,15 @@ pub(crate) struct Recorder {
     pub(crate) health: Arc<HealthCell>,
     queue: Mutex<VecDeque<Write>>,
     wake: Notify,
+    /// Rows of ticks about to run, waiting for the next group commit.
+    claims: Mutex<Vec<(Row, oneshot::Sender<Inserted>)>>,
+    claims_wake: Notify,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Recorder {
@@ -81,6 +95,8 @@ impl Recorder {
             health: Arc::new(HealthCell::new("the history database", true)),
             queue: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
+            claims: Mutex::new(Vec::new()),
+            claims_wake: Notify::new(),
         }
     }
 
@@ -102,25 +118,78 @@ impl Recorder {
         }
     }
 
-    /// Inserts a tick's row now if the database answers (within one statement timeout),
-    /// else queues it.
+    /// Inserts a tick's row with the next group commit if the database answers (within
+    /// one statement timeout), else queues it.
     pub(crate) async fn insert(&self, row: Row) -> Inserted {
-        if self.health.is_ok() && self.pending() == 0 {
-            match self.history.claim(&self.new_run(&row)).await {
-                Ok(true) => {
-                    self.health.succeed();
-                    return Inserted::Yes;
-                }
-                Ok(false) => {
-                    self.health.succeed();
-                    return Inserted::Taken;
-                }
-                Err(err) => self.health.fail(&err),
+        if self.health.is_ok() {
+            let (reply, inserted) = oneshot::channel();
+            locked(&self.claims).push((row.clone(), reply));
+            self.claims_wake.notify_one();
+            if let Ok(inserted) = inserted.await {
+                return inserted;
             }
         }
+        self.queue_claim(row)
+    }
+
+    fn queue_claim(&self, row: Row) -> Inserted {
         tracing::warn!(job = %row.job, tick = %row.tick, "history unavailable: the Redis claim alone guards this tick; its row is written when the database answers");
         self.push(Write::Insert(row));
         Inserted::Queued
+    }
+
+    /// Writes the rows of ticks about to run, all waiting rows in one transaction, until
+    /// `stop` fires and none wait. While the database fails, waiting rows are queued at
+    /// once instead (their runs do not wait on it).
+    pub(crate) async fn commit_claims(&self, stop: redlock_core::CancellationToken) {
+        loop {
+            let batch: Vec<_> = {
+                let mut claims = locked(&self.claims);
+                let n = claims.len().min(MAX_BATCH);
+                claims.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                if stop.is_cancelled() {
+                    return;
+                }
+                tokio::select! {
+                    () = self.claims_wake.notified() => {}
+                    () = stop.cancelled() => {}
+                }
+                continue;
+            }
+            // While the database is known to fail, the rows are queued at once.
+            let written = if self.health.is_ok() {
+                let changes: Vec<Change<'_>> = batch
+                    .iter()
+                    .map(|(row, _)| Change::Claim(self.new_run(row)))
+                    .collect();
+                Some(self.history.apply(&changes).await)
+            } else {
+                None
+            };
+            match written {
+                Some(Ok(applied)) => {
+                    self.health.succeed();
+                    for ((_, reply), applied) in batch.into_iter().zip(applied) {
+                        let _ = reply.send(if applied {
+                            Inserted::Yes
+                        } else {
+                            Inserted::Taken
+                        });
+                    }
+                }
+                failed => {
+                    if let Some(Err(err)) = failed {
+                        self.health.fail(&err);
+                    }
+                    let waiting: Vec<_> = locked(&self.claims).drain(..).collect();
+                    for (row, reply) in batch.into_iter().chain(waiting) {
+                        let _ = reply.send(self.queue_claim(row));
+                    }
+                }
+            }
+        }
     }
 
     /// Queues a skipped tick's row.
@@ -149,10 +218,7 @@ impl Recorder {
 
     fn push(&self, write: Write) {
         let (pending, dropped) = {
-            let mut queue = self
-                .queue
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut queue = locked(&self.queue);
             queue.push_back(write);
             let dropped = queue.len().saturating_sub(MAX_PENDING);
             queue.drain(..dropped);
@@ -171,27 +237,35 @@ impl Recorder {
 
     /// Writes waiting.
     pub(crate) fn pending(&self) -> usize {
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
+        locked(&self.queue).len()
     }
 
-    /// Empties the queue in order, retrying each write until the database takes it, until
-    /// `stop` fires and the queue is empty (or `stop` fires and `give_up` does too).
-    pub(crate) async fn drain(
+    /// Runs the writers: the group commit of rows for ticks about to run, and the queue.
+    /// Ends once `stop` fires and nothing waits (or `give_up` fires too).
+    pub(crate) async fn run(
+        &self,
+        stop: redlock_core::CancellationToken,
+        give_up: redlock_core::CancellationToken,
+    ) {
+        tokio::join!(self.commit_claims(stop.clone()), self.drain(stop, give_up));
+    }
+
+    /// Empties the queue in order, many writes to a transaction, retrying until the
+    /// database takes them, until `stop` fires and the queue is empty (or `stop` fires
+    /// and `give_up` does too).
+    async fn drain(
         &self,
         stop: redlock_core::CancellationToken,
         give_up: redlock_core::CancellationToken,
     ) {
         let mut backoff = Duration::from_millis(100);
         loop {
-            let next = self
-                .queue
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .pop_front();
-            let Some(write) = next else {
+            let batch: Vec<Write> = {
+                let mut queue = locked(&self.queue);
+                let n = queue.len().min(MAX_BATCH);
+                queue.drain(..n).collect()
+            };
+            if batch.is_empty() {
                 self.health.set_pending(0);
                 if stop.is_cancelled() {
                     return;
@@ -201,8 +275,8 @@ impl Recorder {
                     () = stop.cancelled() => {}
                 }
                 continue;
-            };
-            match self.write(&write).await {
+            }
+            match self.write(&batch).await {
                 Ok(()) => {
                     self.health.succeed();
                     backoff = Duration::from_millis(100);
@@ -210,10 +284,12 @@ impl Recorder {
                 }
                 Err(err) => {
                     self.health.fail(&err);
-                    self.queue
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push_front(write);
+                    {
+                        let mut queue = locked(&self.queue);
+                        for write in batch.into_iter().rev() {
+                            queue.push_front(write);
+                        }
+                    }
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = give_up.cancelled() => {
@@ -228,44 +304,44 @@ impl Recorder {
         }
     }
 
-    async fn write(&self, write: &Write) -> Result<(), crate::Error> {
-        match write {
-            Write::Insert(row) => {
-                if !self.history.claim(&self.new_run(row)).await? && row.outcome == Outcome::Running
-                {
+    /// Writes `batch` in one transaction.
+    async fn write(&self, batch: &[Write]) -> Result<(), crate::Error> {
+        let changes: Vec<Change<'_>> = batch
+            .iter()
+            .map(|write| match write {
+                Write::Insert(row) => Change::Claim(self.new_run(row)),
+                Write::Finish {
+                    job,
+                    tick,
+                    outcome,
+                    error,
+                    at,
+                    ..
+                } => Change::Finish(RunEnd {
+                    scheduler: &self.scheduler,
+                    job,
+                    tick: *tick,
+                    instance: &self.instance,
+                    outcome: *outcome,
+                    error: error.as_deref(),
+                    at: *at,
+                }),
+            })
+            .collect();
+        let applied = self.history.apply(&changes).await?;
+        for (write, applied) in batch.iter().zip(applied) {
+            match write {
+                Write::Insert(row) if !applied && row.outcome == Outcome::Running => {
                     tracing::error!(job = %row.job, tick = %row.tick, "the tick's row was written by another replica while the database was unreachable: it may have run twice");
                 }
-                Ok(())
-            }
-            Write::Finish {
-                job,
-                tick,
-                outcome,
-                error,
-                at,
-                last,
-            } => {
-                self.history
-                    .finish(&RunEnd {
-                        scheduler: &self.scheduler,
-                        job,
-                        tick: *tick,
-                        instance: &self.instance,
-                        outcome: *outcome,
-                        error: error.as_deref(),
-                        at: *at,
-                    })
-                    .await?;
-                if let Some(last) = last
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .as_mut()
-                    .filter(|l| l.tick == *tick)
-                {
-                    last.recorded = true;
+                Write::Insert(_) => {}
+                Write::Finish { tick, last, .. } => {
+                    if let Some(last) = locked(last).as_mut().filter(|l| l.tick == *tick) {
+                        last.recorded = true;
+                    }
                 }
-                Ok(())
             }
         }
+        Ok(())
     }
 }

@@ -110,7 +110,7 @@ impl Scheduler {
                 let (stop, give_up) = (inner.stop_background.clone(), inner.hard_stop.clone());
                 inner
                     .background_tasks
-                    .spawn(async move { recorder.drain(stop, give_up).await });
+                    .spawn(async move { recorder.run(stop, give_up).await });
             }
         });
     }

@@ -66,7 +66,7 @@ pub use self::builder::{
 };
 use self::builder::{Source, bounded};
 use self::run::run_from_row;
-pub(crate) use self::run::{NewRun, RunEnd};
+pub(crate) use self::run::{Change, NewRun, RunEnd};
 pub use self::run::{Outcome, Run};
 pub use self::schema::DEFAULT_TABLE_PREFIX;
 use self::schema::Tables;
@@ -156,62 +156,62 @@ impl History {
         bounded(self.shared.statement_timeout, operation, fut).await
     }
 
-    /// Inserts the row for a tick. `false` if the tick already has one (another replica
-    /// claimed it): then it must not run here.
-    pub(crate) async fn claim(&self, run: &NewRun<'_>) -> Result<bool, Error> {
-        let at = ms(run.at);
-        let (started, finished) = match run.outcome {
-            Outcome::Running => (Some(at), None),
-            _ => (None, Some(at)),
-        };
-        let sql = format!(
+    /// Applies `changes` in one transaction (one commit, so one disk flush on SQLite and
+    /// one commit round trip on PostgreSQL, however many rows): for each, whether it took
+    /// effect. A [`Change::Claim`] that finds the tick's row already there (another
+    /// replica claimed it) does not take effect: that tick must not run here. Either all
+    /// changes are applied or, on an error, none.
+    pub(crate) async fn apply(&self, changes: &[Change<'_>]) -> Result<Vec<bool>, Error> {
+        let claim = format!(
             "INSERT INTO {} ({RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL)
              ON CONFLICT (scheduler, job, tick_ms) DO NOTHING",
             self.shared.tables.runs
         );
-        let done = self
-            .bounded(
-                "claim",
-                sqlx::query(&sql)
-                    .bind(run.scheduler)
-                    .bind(run.job)
-                    .bind(ms(run.tick))
-                    .bind(run.instance)
-                    .bind(token(run.token))
-                    .bind(started)
-                    .bind(finished)
-                    .bind(run.outcome.as_str())
-                    .bind(run.note)
-                    .bind(i32::from(run.manual))
-                    .execute(&self.shared.pool),
-            )
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    /// Records how a run this replica claimed ended (also over an `abandoned` mark a
-    /// leader made while this replica could not reach the database: the run's own
-    /// account wins).
-    pub(crate) async fn finish(&self, end: &RunEnd<'_>) -> Result<(), Error> {
-        let sql = format!(
+        let finish = format!(
             "UPDATE {} SET finished_ms = $1, outcome = $2, error = $3, closed_by = NULL
              WHERE scheduler = $4 AND job = $5 AND tick_ms = $6 AND instance = $7",
             self.shared.tables.runs
         );
-        self.bounded(
-            "finish",
-            sqlx::query(&sql)
-                .bind(ms(end.at))
-                .bind(end.outcome.as_str())
-                .bind(end.error)
-                .bind(end.scheduler)
-                .bind(end.job)
-                .bind(ms(end.tick))
-                .bind(end.instance)
-                .execute(&self.shared.pool),
-        )
-        .await?;
-        Ok(())
+        let pool = &self.shared.pool;
+        self.bounded("write", async {
+            let mut tx = pool.begin().await?;
+            let mut applied = Vec::with_capacity(changes.len());
+            for change in changes {
+                let query = match change {
+                    Change::Claim(run) => {
+                        let at = ms(run.at);
+                        let (started, finished) = match run.outcome {
+                            Outcome::Running => (Some(at), None),
+                            _ => (None, Some(at)),
+                        };
+                        sqlx::query(&claim)
+                            .bind(run.scheduler)
+                            .bind(run.job)
+                            .bind(ms(run.tick))
+                            .bind(run.instance)
+                            .bind(token(run.token))
+                            .bind(started)
+                            .bind(finished)
+                            .bind(run.outcome.as_str())
+                            .bind(run.note)
+                            .bind(i32::from(run.manual))
+                    }
+                    Change::Finish(end) => sqlx::query(&finish)
+                        .bind(ms(end.at))
+                        .bind(end.outcome.as_str())
+                        .bind(end.error)
+                        .bind(end.scheduler)
+                        .bind(end.job)
+                        .bind(ms(end.tick))
+                        .bind(end.instance),
+                };
+                let done = query.execute(&mut *tx).await?;
+                applied.push(done.rows_affected() == 1);
+            }
+            tx.commit().await?;
+            Ok(applied)
+        })
+        .await
     }
 
     /// The latest scheduled tick recorded for `job` of `scheduler` (run or skipped;
@@ -526,3 +526,6 @@ impl History {
         &self.shared.tables.runs
     }
 }
+
+#[cfg(test)]
+mod tests;

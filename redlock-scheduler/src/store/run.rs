@@ -125,6 +125,15 @@ pub(crate) struct RunEnd<'a> {
     pub(crate) at: DateTime<Utc>,
 }
 
+/// One write to the runs table.
+#[derive(Debug, Clone)]
+pub(crate) enum Change<'a> {
+    /// Insert a tick's row, unless the tick already has one.
+    Claim(NewRun<'a>),
+    /// Record how a run ended.
+    Finish(RunEnd<'a>),
+}
+
 pub(super) fn run_from_row(row: &AnyRow) -> Result<Run, Error> {
     let outcome: String = row.try_get("outcome")?;
     let token: Option<i64> = row.try_get("fencing_token")?;

@@ -1,0 +1,71 @@
+//! The batched writes of the runs table, on an in-memory SQLite database (the same
+//! statements run on PostgreSQL in the integration tests).
+
+use chrono::{TimeZone, Utc};
+
+use super::{Change, History, NewRun, Outcome, RunEnd};
+
+fn claim<'a>(job: &'a str, tick_s: i64, instance: &'a str) -> Change<'a> {
+    Change::Claim(NewRun {
+        scheduler: "s",
+        job,
+        tick: Utc.timestamp_opt(tick_s, 0).unwrap(),
+        instance,
+        token: 7,
+        outcome: Outcome::Running,
+        note: None,
+        manual: false,
+        at: Utc.timestamp_opt(tick_s, 0).unwrap(),
+    })
+}
+
+#[tokio::test]
+async fn a_batch_reports_each_change_and_refuses_a_second_claim_of_a_tick() {
+    let history = History::connect("sqlite::memory:").await.unwrap();
+    let applied = history
+        .apply(&[
+            claim("a", 60, "r1"),
+            claim("b", 60, "r1"),
+            // Another replica's claim of a tick already recorded: not applied.
+            claim("a", 60, "r2"),
+            Change::Finish(RunEnd {
+                scheduler: "s",
+                job: "a",
+                tick: Utc.timestamp_opt(60, 0).unwrap(),
+                instance: "r1",
+                outcome: Outcome::Succeeded,
+                error: None,
+                at: Utc.timestamp_opt(61, 0).unwrap(),
+            }),
+            // The end of a run this replica never claimed changes nothing.
+            Change::Finish(RunEnd {
+                scheduler: "s",
+                job: "b",
+                tick: Utc.timestamp_opt(60, 0).unwrap(),
+                instance: "r2",
+                outcome: Outcome::Failed,
+                error: Some("no"),
+                at: Utc.timestamp_opt(61, 0).unwrap(),
+            }),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(applied, [true, true, false, true, false]);
+    let a = history.runs("s", "a", 10).await.unwrap();
+    assert_eq!(a.len(), 1);
+    assert_eq!(
+        (a[0].instance.as_str(), a[0].outcome),
+        ("r1", Outcome::Succeeded)
+    );
+    let b = history.runs("s", "b", 10).await.unwrap();
+    assert_eq!(
+        (b[0].instance.as_str(), b[0].outcome),
+        ("r1", Outcome::Running)
+    );
+}
+
+#[tokio::test]
+async fn an_empty_batch_is_a_no_op() {
+    let history = History::connect("sqlite::memory:").await.unwrap();
+    assert!(history.apply(&[]).await.unwrap().is_empty());
+}
