@@ -12,9 +12,9 @@ use redlock_core::{Redlock, RetryPolicy};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
+use crate::error::BadKey;
 use crate::error::DistributedLockError;
 use crate::guard::LockGuard;
-use crate::key::BadKey;
 
 /// The longest lock key accepted by default, in bytes (see
 /// [`DistributedLockConfig::max_key_len`]).

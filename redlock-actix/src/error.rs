@@ -3,9 +3,9 @@
 use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use actix_web::{HttpResponse, ResponseError};
-use redlock_core::problem::{self, Problem};
+use std::borrow::Cow;
 
-use crate::key::BadKey;
+use redlock_core::problem::{self, Problem};
 
 /// Why a request could not get (or release) its lock.
 ///
@@ -199,5 +199,22 @@ mod tests {
         assert_eq!(status, 400);
         assert_eq!(retry_after, None);
         assert!(body.contains("the id is empty"), "{body}");
+    }
+}
+
+/// The request carries no usable lock key; answered with 400 Bad Request
+/// ([`DistributedLockError::BadKey`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct BadKey {
+    detail: Cow<'static, str>,
+}
+
+impl BadKey {
+    /// A bad key, and why (told to the client in the problem's `detail`).
+    pub fn new(detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            detail: detail.into(),
+        }
     }
 }

@@ -10,7 +10,7 @@ use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, web};
 
 use crate::config::DistributedLockConfig;
-use crate::error::DistributedLockError;
+use crate::error::{BadKey, DistributedLockError};
 
 /// A value that names a lock: the key an extracted value (a path, a query, a header…)
 /// is locked by. The lock's resource is the configured
@@ -52,23 +52,6 @@ pub trait LockKey {
     ///
     /// [`BadKey`] when the value cannot name a lock (e.g. it is empty).
     fn lock_key(&self) -> Result<String, BadKey>;
-}
-
-/// The request carries no usable lock key; answered with 400 Bad Request
-/// ([`DistributedLockError::BadKey`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{detail}")]
-pub struct BadKey {
-    detail: Cow<'static, str>,
-}
-
-impl BadKey {
-    /// A bad key, and why (told to the client in the problem's `detail`).
-    pub fn new(detail: impl Into<Cow<'static, str>>) -> Self {
-        Self {
-            detail: detail.into(),
-        }
-    }
 }
 
 /// `%` → `%25`, `:` → `%3A`: the key of a string never contains `:`, so tuples joined by

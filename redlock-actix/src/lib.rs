@@ -117,9 +117,10 @@ mod key;
 mod middleware;
 
 pub use config::{DEFAULT_MAX_KEY_LEN, DistributedLockConfig};
+pub use error::BadKey;
 pub use error::{DistributedLockError, problem_response};
 pub use extract::DistributedLock;
 pub use guard::{LockGuard, LockedBody};
-pub use key::{BadKey, LockHeader, LockHeaderName, LockKey};
+pub use key::{LockHeader, LockHeaderName, LockKey};
 pub use middleware::{HeaderParam, LockMiddleware, LockMiddlewareService, PathParam, RequestKey};
 pub use redlock_core::{self, LockHandle, Redlock, Released, RetryPolicy};

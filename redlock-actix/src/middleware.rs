@@ -9,9 +9,10 @@ use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forwar
 use futures_util::future::LocalBoxFuture;
 
 use crate::config::DistributedLockConfig;
+use crate::error::BadKey;
 use crate::error::DistributedLockError;
 use crate::guard::LockedBody;
-use crate::key::{BadKey, LockKey};
+use crate::key::LockKey;
 
 /// Names the lock a request takes in [`LockMiddleware`].
 ///

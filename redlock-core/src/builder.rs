@@ -4,10 +4,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::client::{Redlock, Shared};
+use crate::client::Redlock;
 use crate::error::ConfigError;
 use crate::node::Node;
+use crate::quorum::Cluster;
 use crate::retry::RetryPolicy;
+use crate::shared::Shared;
 use crate::wake::Wakeups;
 use crate::watchdog::Watchdog;
 
@@ -107,6 +109,13 @@ impl Default for RedlockBuilder {
             subscription_linger: DEFAULT_SUBSCRIPTION_LINGER,
             max_hold: DEFAULT_MAX_HOLD,
         }
+    }
+}
+
+impl Redlock {
+    /// Starts building a client.
+    pub fn builder() -> RedlockBuilder {
+        RedlockBuilder::default()
     }
 }
 
@@ -320,12 +329,14 @@ impl RedlockBuilder {
             max_hold: self.max_hold,
             handoff_ms: u64::try_from(crate::queue::handoff_time(self.ttl).as_millis())
                 .unwrap_or(u64::MAX),
-            nodes,
-            node_timeout: self.node_timeout,
+            cluster: Arc::new(Cluster {
+                nodes,
+                node_timeout: self.node_timeout,
+                drift_factor: self.drift_factor,
+            }),
             key_prefix: self.key_prefix,
             default_ttl: self.ttl,
             retry: self.retry,
-            drift_factor: self.drift_factor,
             fencing: self.fencing,
             max_ttl: quarantine,
         };

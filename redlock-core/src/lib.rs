@@ -72,30 +72,35 @@
 //! protected write, keep the work short compared to the TTL, and use fencing tokens so
 //! that the protected resource rejects stale writers.
 
+// The layers, bottom up: each module uses only those listed before it.
+mod acquire;
+mod attempt;
 mod builder;
-mod checks;
 mod client;
 mod error;
 mod lock;
 mod node;
 pub mod problem;
+mod protocol;
 mod queue;
 mod quorum;
 mod retry;
-mod scripts;
 mod server_clock;
+mod shared;
 mod value;
 mod wake;
 mod watchdog;
 
+pub use acquire::Acquire;
 pub use builder::{
     DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT,
     DEFAULT_SUBSCRIPTION_LINGER, DEFAULT_TTL, RedlockBuilder,
 };
-pub use client::{Acquire, MAX_TTL, Redlock};
+pub use client::Redlock;
 pub use error::{ConfigError, Error, NodeError, NodeFailure, Result};
 pub use lock::{Lock, LockHandle, Released};
 pub use node::NodeStatus;
+pub use protocol::MAX_TTL;
 pub use retry::RetryPolicy;
 pub use tokio_util::sync::CancellationToken;
 

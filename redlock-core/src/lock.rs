@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::client::Shared;
 use crate::error::Error;
-use crate::node::ReleaseMode;
+use crate::protocol::ReleaseMode;
 use crate::queue::follow_hand_overs;
-use crate::quorum::{Fanout, InFlight, OpKind, Target, Until};
+use crate::quorum::{Cluster, Fanout, InFlight, OpKind, Target, Until};
+use crate::shared::Shared;
 use crate::watchdog::{LockState, Watched};
 
 /// A held distributed lock.
@@ -190,14 +190,14 @@ impl Lock {
         let stop_at = self
             .acquired_at
             .checked_add(max_hold)
-            .unwrap_or_else(|| self.acquired_at + crate::client::MAX_TTL);
+            .unwrap_or_else(|| self.acquired_at + crate::protocol::MAX_TTL);
         let watched = Watched {
             state: Arc::clone(&self.state),
             target: Arc::clone(&self.target),
             resource: self.resource().to_owned(),
             stop_at,
         };
-        if !self.shared.watchdog.watch(&self.shared, watched) {
+        if !self.shared.watchdog.watch(&self.shared.cluster, watched) {
             tracing::warn!(resource = %self.resource(), "no tokio runtime: the lock cannot be watched");
         }
     }
@@ -219,8 +219,8 @@ impl Lock {
         Error::Lost {
             resource: self.resource().to_owned(),
             held: self.state.last_votes.load(Ordering::Relaxed),
-            needed: self.shared.quorum(),
-            total: self.shared.nodes.len(),
+            needed: self.shared.cluster.quorum(),
+            total: self.shared.cluster.nodes.len(),
         }
     }
 
@@ -269,7 +269,7 @@ impl Lock {
             return Err(self.expired("its validity ran out before the extension"));
         }
         let fanout = Fanout::start_after(
-            &self.shared,
+            &self.shared.cluster,
             &self.target,
             OpKind::Extend { ttl_ms },
             None,
@@ -279,7 +279,7 @@ impl Lock {
         let tally = decision.tally;
         let answered_at = Instant::now();
         // The keys live at least `ttl` from `start` wherever the extension was applied.
-        let bound = start + ttl.saturating_sub(self.shared.drift(ttl));
+        let bound = start + ttl.saturating_sub(self.shared.cluster.drift(ttl));
         if tally.won() && answered_at < self.valid_until() {
             self.state.extended(bound, ttl);
             self.shared.watchdog.rescheduled(&self.state, start);
@@ -351,10 +351,10 @@ impl Lock {
         async move {
             // Driven by a task of its own: dropping this future half-way cannot leave
             // the release unsent on some nodes.
-            let (shared, target) = (Arc::clone(&self.shared), Arc::clone(&self.target));
-            let decision = start_release(&self.shared, &self.target, self.state.barrier())
+            let (cluster, target) = (Arc::clone(&self.shared.cluster), Arc::clone(&self.target));
+            let decision = start_release(&self.shared.cluster, &self.target, self.state.barrier())
                 .drive_then(Until::WonOrDone, move |answers| {
-                    follow_hand_overs(shared, target, answers)
+                    follow_hand_overs(cluster, target, answers)
                 })
                 .await;
             let tally = decision.tally;
@@ -386,12 +386,12 @@ impl Drop for Lock {
             tracing::warn!(resource = %self.resource(), "lock dropped outside a tokio runtime: it will expire at its TTL");
             return;
         };
-        let mut release = start_release(&self.shared, &self.target, self.state.barrier());
-        let (shared, target) = (Arc::clone(&self.shared), Arc::clone(&self.target));
+        let mut release = start_release(&self.shared.cluster, &self.target, self.state.barrier());
+        let (cluster, target) = (Arc::clone(&self.shared.cluster), Arc::clone(&self.target));
         handle.spawn(async move {
             release.until_done().await;
             let answers = std::mem::take(&mut release.answers);
-            follow_hand_overs(shared, target, answers).await;
+            follow_hand_overs(cluster, target, answers).await;
         });
     }
 }
@@ -465,9 +465,9 @@ async fn lost(state: &LockState) {
 /// Starts releasing on every node; on a node where commands of this lock are still on
 /// their way (`after`), right after them, so that the release cannot overtake the SET
 /// (which would leave the key until its TTL) or the fence write-back.
-fn start_release(shared: &Arc<Shared>, target: &Arc<Target>, after: Option<&InFlight>) -> Fanout {
+fn start_release(cluster: &Arc<Cluster>, target: &Arc<Target>, after: Option<&InFlight>) -> Fanout {
     Fanout::start_after(
-        shared,
+        cluster,
         target,
         OpKind::Release {
             mode: ReleaseMode::HandOver,

@@ -34,11 +34,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::RngExt;
-
-use crate::client::Shared;
-use crate::node::{ReleaseMode, release_answer};
-use crate::quorum::{Answers, Fanout, OpKind, Target};
+use crate::protocol::{ReleaseMode, Waiter, release_answer};
+use crate::quorum::{Answers, Cluster, Fanout, OpKind, Target};
 
 /// How long a released lock stays reserved for the waiter it was handed to: long
 /// enough for the release message to reach it and its attempt to come back, short
@@ -47,73 +44,32 @@ pub(crate) fn handoff_time(ttl: Duration) -> Duration {
     Duration::from_millis(25).min(ttl / 2)
 }
 
-/// One waiter's place in a resource's queues.
-#[derive(Debug, Clone)]
-pub(crate) struct Waiter {
-    /// `<client>.<random>:<ms>`: the client's id (its hand-overs are published on its
-    /// channel), random bits unique per acquisition request, and how long (ms) a
-    /// hand-over to this waiter is reserved for it.
-    pub(crate) id: String,
-    /// The key's value while a lock is handed over to this waiter.
-    pub(crate) placeholder: String,
-    /// When it began waiting (ms since the Unix epoch, by the nodes' clock: see
-    /// `server_clock.rs`): its place in the queue.
-    pub(crate) since_ms: u64,
-    /// How long a node keeps its place after its last attempt (ms).
-    pub(crate) keep_ms: u64,
-}
-
-impl Waiter {
-    /// A new waiter whose attempts come at most `max_delay` apart, waiting since
-    /// `since_ms`; a hand-over to it is reserved for `handoff`.
-    pub(crate) fn new(
-        client: &str,
-        max_delay: Duration,
-        node_timeout: Duration,
-        handoff: Duration,
-        since_ms: u64,
-    ) -> Self {
-        let id = format!(
-            "{client}.{:016x}:{}",
-            rand::rng().random::<u64>(),
-            handoff.min(crate::client::MAX_TTL).as_millis().max(1)
-        );
-        // Saturating, and at most the longest TTL: a retry delay of `Duration::MAX` is
-        // a valid (if odd) policy, and Redis rejects expiries beyond its range.
-        let keep = max_delay
-            .saturating_mul(2)
-            .saturating_add(node_timeout)
-            .clamp(Duration::from_millis(100), crate::client::MAX_TTL);
-        Self {
-            placeholder: format!("~{id}"),
-            id,
-            since_ms,
-            keep_ms: u64::try_from(keep.as_millis()).unwrap_or(u64::MAX),
-        }
-    }
-}
-
 /// A queued waiter; when dropped (the request got its lock, gave up, or was cancelled),
 /// leaves the queues on the listed nodes in the background.
 pub(crate) struct QueueGuard {
-    shared: Arc<Shared>,
+    cluster: Arc<Cluster>,
     target: Arc<Target>,
     /// Nodes to leave: all of them until the lock is granted.
     nodes: Option<Vec<usize>>,
 }
 
 impl QueueGuard {
-    pub(crate) fn new(shared: &Arc<Shared>, keys: &[String], waiter: Waiter) -> Self {
+    pub(crate) fn new(
+        cluster: &Arc<Cluster>,
+        handoff_ms: u64,
+        keys: &[String],
+        waiter: Waiter,
+    ) -> Self {
         let target = Target {
             keys: keys.to_vec(),
             fence_keys: Vec::new(),
             value: waiter.placeholder.clone(),
-            handoff_ms: shared.handoff_ms,
+            handoff_ms,
             waiter: Some(waiter),
             barge: false,
         };
         Self {
-            shared: Arc::clone(shared),
+            cluster: Arc::clone(cluster),
             target: Arc::new(target),
             nodes: None,
         }
@@ -138,17 +94,17 @@ impl Drop for QueueGuard {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (shared, target, nodes) = (
-            Arc::clone(&self.shared),
+        let (cluster, target, nodes) = (
+            Arc::clone(&self.cluster),
             Arc::clone(&self.target),
             self.nodes.take(),
         );
         handle.spawn(async move {
-            let mut leave = Fanout::start(&shared, &target, OpKind::Dequeue, nodes.as_deref());
+            let mut leave = Fanout::start(&cluster, &target, OpKind::Dequeue, nodes.as_deref());
             leave.until_done().await;
             // A hand-over passed on may go to a dead waiter too.
             let answers = std::mem::take(&mut leave.answers);
-            follow_hand_overs(shared, target, answers).await;
+            follow_hand_overs(cluster, target, answers).await;
         });
     }
 }
@@ -162,7 +118,11 @@ const FOLLOW_UPS: usize = 8;
 /// process did) goes to the next live waiter at once, instead of lying free while the
 /// live waiters sleep their retry delay. Follows the new hand-overs the same way, a
 /// bounded number of times.
-pub(crate) async fn follow_hand_overs(shared: Arc<Shared>, target: Arc<Target>, answers: Answers) {
+pub(crate) async fn follow_hand_overs(
+    cluster: Arc<Cluster>,
+    target: Arc<Target>,
+    answers: Answers,
+) {
     let mut pending = pending_hand_overs(&answers);
     for _ in 0..FOLLOW_UPS {
         let Some(wait) = pending.iter().map(|(_, left)| *left).max() else {
@@ -176,15 +136,15 @@ pub(crate) async fn follow_hand_overs(shared: Arc<Shared>, target: Arc<Target>, 
         // run out, as free keys.
         let nodes: Vec<usize> = pending.iter().map(|(node, _)| *node).collect();
         let (first, rest) = nodes.split_at(1.min(nodes.len()));
-        let mut answers = follow_up(&shared, &target, first).await;
+        let mut answers = follow_up(&cluster, &target, first).await;
         let settled = answers
             .iter()
             .flatten()
             .all(|answer| matches!(answer, Ok(n) if release_answer(*n).1.is_zero()));
         if !settled || answers.iter().all(Option::is_none) {
-            let more = shared.quorum().saturating_sub(first.len());
+            let more = cluster.quorum().saturating_sub(first.len());
             let others: Vec<usize> = rest.iter().copied().take(more).collect();
-            for (node, answer) in follow_up(&shared, &target, &others)
+            for (node, answer) in follow_up(&cluster, &target, &others)
                 .await
                 .into_iter()
                 .enumerate()
@@ -203,12 +163,12 @@ pub(crate) async fn follow_hand_overs(shared: Arc<Shared>, target: Arc<Target>, 
 }
 
 /// Runs the follow-up release on `nodes`; every node's answer (`None` where not asked).
-async fn follow_up(shared: &Arc<Shared>, target: &Arc<Target>, nodes: &[usize]) -> Answers {
+async fn follow_up(cluster: &Arc<Cluster>, target: &Arc<Target>, nodes: &[usize]) -> Answers {
     if nodes.is_empty() {
         return Answers::new();
     }
     let mut fanout = Fanout::start(
-        shared,
+        cluster,
         target,
         OpKind::Release {
             mode: ReleaseMode::FollowUp,
@@ -232,32 +192,4 @@ fn pending_hand_overs(answers: &Answers) -> Vec<(usize, Duration)> {
             _ => None,
         })
         .collect()
-}
-
-/// The lock keys, then their queues, then the queues' deadlines (the release script's
-/// `KEYS`).
-pub(crate) fn with_queues(keys: &[String]) -> Vec<String> {
-    let mut all = keys.to_vec();
-    all.extend(keys.iter().map(|k| queue_key(k)));
-    all.extend(keys.iter().map(|k| deadlines_key(k)));
-    all
-}
-
-/// A queued attempt's `KEYS`: the lock keys, their queues, their queues' deadlines, the
-/// fence counters (if any).
-pub(crate) fn waiter_keys(keys: &[String], fence_keys: &[String]) -> Vec<String> {
-    let mut all = with_queues(keys);
-    all.extend(fence_keys.iter().cloned());
-    all
-}
-
-/// The wait queue of a lock key (a sorted set: waiter id by the time it began waiting).
-/// Same hash tag as the key.
-fn queue_key(key: &str) -> String {
-    format!("{key}:queue")
-}
-
-/// When each waiter's place in the queue expires (a sorted set: waiter id by deadline).
-fn deadlines_key(key: &str) -> String {
-    format!("{key}:queue:until")
 }

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
-use crate::client::Shared;
-use crate::node::{Command, Op};
+use crate::protocol::{Command, Op};
+use crate::quorum::Cluster;
 
 /// How long one reading of the nodes' clocks is counted on from.
 const REFRESH: Duration = Duration::from_secs(10);
@@ -33,11 +33,11 @@ impl ServerClock {
     /// The nodes' time now, in ms since the Unix epoch: from the last reading if it is
     /// recent, else from a new one (one round trip to every node, within the node
     /// timeout). Only if no node answers, this client's wall clock.
-    pub(crate) async fn now_ms(&self, shared: &Shared) -> u64 {
+    pub(crate) async fn now_ms(&self, cluster: &Cluster) -> u64 {
         if let Some(ms) = self.counted_on(REFRESH) {
             return ms;
         }
-        match read(shared).await {
+        match read(cluster).await {
             Some(reading) => {
                 *self.reading.lock().unwrap_or_else(PoisonError::into_inner) = Some(reading);
                 self.counted_on(Duration::MAX).unwrap_or(reading.1)
@@ -61,22 +61,22 @@ impl ServerClock {
 
 /// Asks every node for its time; the median of the first majority of answers, each
 /// moved back by half its round trip, as of the moment the question was sent.
-async fn read(shared: &Shared) -> Option<(Instant, u64)> {
+async fn read(cluster: &Cluster) -> Option<(Instant, u64)> {
     let queued = std::sync::atomic::AtomicBool::new(false);
     let command = Command::new(Op::ServerTime);
     let asked = Instant::now();
-    let mut answers: FuturesUnordered<_> = shared
+    let mut answers: FuturesUnordered<_> = cluster
         .nodes
         .iter()
-        .map(|node| node.run(&command, shared.node_timeout, &queued))
+        .map(|node| node.run(&command, cluster.node_timeout, &queued))
         .collect();
-    let mut times = Vec::with_capacity(shared.nodes.len());
+    let mut times = Vec::with_capacity(cluster.nodes.len());
     // A majority's answers are enough (a slow node does not hold the waiter up).
     while let Some(answer) = answers.next().await {
         if let Ok(ms) = answer {
             let half_trip = u64::try_from(asked.elapsed().as_millis() / 2).unwrap_or(0);
             times.push(ms.saturating_sub(half_trip));
-            if times.len() >= shared.quorum() {
+            if times.len() >= cluster.quorum() {
                 break;
             }
         }

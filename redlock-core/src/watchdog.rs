@@ -22,8 +22,8 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Shared;
-use crate::quorum::{InFlight, OpKind, Target};
+use crate::protocol::Op;
+use crate::quorum::{Cluster, InFlight, OpKind, Target};
 
 /// What a lock guard and the watchdog share.
 #[derive(Debug)]
@@ -138,7 +138,7 @@ pub(crate) struct Watched {
 pub(crate) struct Watchdog {
     sender: Mutex<Option<mpsc::UnboundedSender<Message>>>,
     /// Extension rounds sent (each: one pipeline per node).
-    pub(crate) rounds: AtomicU64,
+    pub(crate) rounds: Arc<AtomicU64>,
     /// Ids of watched locks.
     next_id: AtomicU64,
 }
@@ -146,7 +146,7 @@ pub(crate) struct Watchdog {
 impl Watchdog {
     /// Hands `watched` to the watchdog task, starting it (on the current runtime) if it
     /// is not running. Without a runtime, the lock is not watched and `false` returned.
-    pub(crate) fn watch(&self, shared: &Arc<Shared>, watched: Watched) -> bool {
+    pub(crate) fn watch(&self, cluster: &Arc<Cluster>, watched: Watched) -> bool {
         let mut sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         watched.state.watch_id.store(id, Ordering::Release);
@@ -163,7 +163,7 @@ impl Watchdog {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let _ = tx.send(message);
-        handle.spawn(run(Arc::downgrade(shared), rx));
+        handle.spawn(run(Arc::downgrade(cluster), Arc::clone(&self.rounds), rx));
         *sender = Some(tx);
         true
     }
@@ -232,11 +232,15 @@ impl Drop for Entries {
 }
 
 /// The watchdog task. Ends when the client is gone and no lock is watched.
-async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Message>) {
+async fn run(
+    client: Weak<Cluster>,
+    rounds: Arc<AtomicU64>,
+    mut incoming: mpsc::UnboundedReceiver<Message>,
+) {
     let mut entries = Entries::default();
     // Per node: a round's pipeline is still in flight there.
     let busy: Arc<[AtomicBool]> = match client.upgrade() {
-        Some(shared) => shared
+        Some(cluster) => cluster
             .nodes
             .iter()
             .map(|_| AtomicBool::new(false))
@@ -251,7 +255,7 @@ async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Message
     // short-lived locks are watched (one per HTTP request, say).
     let mut wake_at: Option<Option<Instant>> = None;
     loop {
-        let Some(shared) = client.upgrade() else {
+        let Some(cluster) = client.upgrade() else {
             // The client is gone: nobody can release these locks; let them expire.
             for entry in entries.values() {
                 entry.watched.state.lost.cancel();
@@ -261,8 +265,8 @@ async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Message
         if !open && entries.is_empty() && in_flight.is_empty() {
             return;
         }
-        let wake = *wake_at.get_or_insert_with(|| next_wake(&shared, &entries));
-        drop(shared);
+        let wake = *wake_at.get_or_insert_with(|| next_wake(&cluster, &entries));
+        drop(cluster);
         tokio::select! {
             received = incoming.recv(), if open => match received {
                 Some(Message::Watch(id, watched)) => {
@@ -272,8 +276,8 @@ async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Message
                         watched,
                         extending: false,
                     };
-                    if let (Some(wake), Some(shared)) = (wake_at.as_mut(), client.upgrade()) {
-                        *wake = [*wake, entry_wake(&shared, &entry)].into_iter().flatten().min();
+                    if let (Some(wake), Some(cluster)) = (wake_at.as_mut(), client.upgrade()) {
+                        *wake = [*wake, entry_wake(&cluster, &entry)].into_iter().flatten().min();
                     }
                     entries.insert(id, entry);
                 }
@@ -287,16 +291,16 @@ async fn run(client: Weak<Shared>, mut incoming: mpsc::UnboundedReceiver<Message
             },
             () = sleep_until(wake) => {
                 wake_at = None;
-                if let Some(shared) = client.upgrade()
-                    && let Some(batch) = tick(&shared, &mut entries, &busy)
+                if let Some(cluster) = client.upgrade()
+                    && let Some(batch) = tick(&cluster, &mut entries, &busy, &rounds)
                 {
                     in_flight.push(batch);
                 }
             }
             Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
                 wake_at = None;
-                if let Some(shared) = client.upgrade() {
-                    apply(&shared, &mut entries, outcome);
+                if let Some(cluster) = client.upgrade() {
+                    apply(&cluster, &mut entries, outcome);
                 }
             }
         }
@@ -311,25 +315,25 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// When the lock is to be declared lost: its validity end minus the drift allowance.
-fn loss_deadline(shared: &Shared, state: &LockState) -> Instant {
+fn loss_deadline(cluster: &Cluster, state: &LockState) -> Instant {
     let valid_until = state.valid_until();
     valid_until
-        .checked_sub(shared.drift(state.ttl()))
+        .checked_sub(cluster.drift(state.ttl()))
         .unwrap_or(valid_until)
 }
 
-fn next_wake(shared: &Shared, entries: &HashMap<u64, Entry>) -> Option<Instant> {
+fn next_wake(cluster: &Cluster, entries: &HashMap<u64, Entry>) -> Option<Instant> {
     entries
         .values()
-        .filter_map(|entry| entry_wake(shared, entry))
+        .filter_map(|entry| entry_wake(cluster, entry))
         .min()
 }
 
 /// When `entry` needs the watchdog next: its loss deadline, or its next extension.
-fn entry_wake(shared: &Shared, entry: &Entry) -> Option<Instant> {
+fn entry_wake(cluster: &Cluster, entry: &Entry) -> Option<Instant> {
     let extend = (!entry.extending && entry.next_extend < entry.watched.stop_at)
         .then_some(entry.next_extend);
-    [Some(loss_deadline(shared, &entry.watched.state)), extend]
+    [Some(loss_deadline(cluster, &entry.watched.state)), extend]
         .into_iter()
         .flatten()
         .min()
@@ -337,9 +341,10 @@ fn entry_wake(shared: &Shared, entry: &Entry) -> Option<Instant> {
 
 /// Drops ended locks, declares lost ones, and starts a batch for those due.
 fn tick(
-    shared: &Arc<Shared>,
+    cluster: &Arc<Cluster>,
     entries: &mut HashMap<u64, Entry>,
     busy: &Arc<[AtomicBool]>,
+    rounds: &AtomicU64,
 ) -> Option<BoxFuture<'static, Outcome>> {
     let now = Instant::now();
     entries.retain(|_, entry| {
@@ -347,7 +352,7 @@ fn tick(
         if state.is_ended() {
             return false;
         }
-        if now >= loss_deadline(shared, state) {
+        if now >= loss_deadline(cluster, state) {
             tracing::warn!(resource = %entry.watched.resource, "lock lost: not extended on a majority in time");
             state.lost.cancel();
             return false;
@@ -385,9 +390,9 @@ fn tick(
     if batch.is_empty() {
         return None;
     }
-    shared.watchdog.rounds.fetch_add(1, Ordering::Relaxed);
+    rounds.fetch_add(1, Ordering::Relaxed);
     Some(extend_batch(
-        Arc::clone(shared),
+        Arc::clone(cluster),
         batch,
         guards,
         Arc::clone(busy),
@@ -400,7 +405,7 @@ fn tick(
 /// a slow or dead node never delays it; the pipelines go on in a task of their own,
 /// which keeps the rounds' guards (`guards`) and the nodes' busy flags until each is done.
 fn extend_batch<G: Send + 'static>(
-    shared: Arc<Shared>,
+    cluster: Arc<Cluster>,
     batch: Vec<(u64, Arc<Target>, Duration)>,
     guards: Vec<G>,
     busy: Arc<[AtomicBool]>,
@@ -415,11 +420,11 @@ fn extend_batch<G: Send + 'static>(
         votes: no_votes.clone(),
     };
     let round = async move {
-        let ops: Vec<(Arc<Target>, OpKind)> = batch
+        let ops: Vec<Op<'_>> = batch
             .iter()
             .map(|(_, target, ttl)| {
                 let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-                (Arc::clone(target), OpKind::Extend { ttl_ms })
+                target.op(OpKind::Extend { ttl_ms })
             })
             .collect();
         // A round may take until the next one is due: with thousands of locks a pipeline
@@ -430,15 +435,15 @@ fn extend_batch<G: Send + 'static>(
             .map(|(_, _, ttl)| *ttl)
             .min()
             .unwrap_or_default();
-        let timeout = shared.node_timeout.max(shortest / 3);
-        let quorum = shared.quorum();
-        let free: Vec<usize> = (0..shared.nodes.len())
+        let timeout = cluster.node_timeout.max(shortest / 3);
+        let quorum = cluster.quorum();
+        let free: Vec<usize> = (0..cluster.nodes.len())
             .filter(|&i| busy.get(i).is_some_and(|b| !b.swap(true, Ordering::AcqRel)))
             .collect();
         let mut calls: FuturesUnordered<_> = free
             .iter()
             .map(|&i| {
-                let (node, ops, busy) = (&shared.nodes[i], &ops, &busy);
+                let (node, ops, busy) = (&cluster.nodes[i], &ops, &busy);
                 async move {
                     let answer = node.run_batch(ops, timeout).await;
                     if let Some(flag) = busy.get(i) {
@@ -498,9 +503,9 @@ fn extend_batch<G: Send + 'static>(
     }
 }
 
-fn apply(shared: &Shared, entries: &mut HashMap<u64, Entry>, outcome: Outcome) {
+fn apply(cluster: &Cluster, entries: &mut HashMap<u64, Entry>, outcome: Outcome) {
     let now = Instant::now();
-    let quorum = shared.quorum();
+    let quorum = cluster.quorum();
     for (id, yes) in outcome.votes {
         let Some(entry) = entries.get_mut(&id) else {
             continue;
@@ -509,7 +514,7 @@ fn apply(shared: &Shared, entries: &mut HashMap<u64, Entry>, outcome: Outcome) {
         let state = &entry.watched.state;
         let ttl = outcome.ttl.get(&id).copied().unwrap_or_else(|| state.ttl());
         state.last_votes.store(yes, Ordering::Relaxed);
-        let validity = ttl.saturating_sub(shared.drift(ttl));
+        let validity = ttl.saturating_sub(cluster.drift(ttl));
         let bound = outcome.sent_at + validity;
         if yes >= quorum && now < state.valid_until() {
             state.extended(bound, ttl);

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use rand::RngExt;
 use redlock_core::{CancellationToken, Error as LockError, Redlock, RetryPolicy};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -170,10 +171,7 @@ impl LeaderElectorBuilder {
 
     /// Starts campaigning on the current tokio runtime.
     pub fn start(self) -> LeaderElector {
-        let instance: Arc<str> = self
-            .instance
-            .unwrap_or_else(crate::scheduler::random_instance)
-            .into();
+        let instance: Arc<str> = self.instance.unwrap_or_else(random_instance).into();
         let (events, _) = watch::channel(LeaderEvent::Follower);
         let events = Arc::new(events);
         let stop = CancellationToken::new();
@@ -344,4 +342,13 @@ impl Campaign {
             let _ = lock.release().await;
         }
     }
+}
+
+/// A random replica id: process id and random bits.
+pub(crate) fn random_instance() -> String {
+    format!(
+        "{}-{:06x}",
+        std::process::id(),
+        rand::rng().random::<u32>() & 0xff_ffff
+    )
 }

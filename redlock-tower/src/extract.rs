@@ -8,7 +8,7 @@
 //!   malformed key), with a [`Problem`] saying why.
 //!
 //! Built in: [`Header`] (optionally required), [`PathPrefix`], [`Global`], and, with the
-//! `axum` feature, [`PathParam`] for a path parameter of an axum route. Any closure
+//! `axum` feature, `PathParam` for a path parameter of an axum route. Any closure
 //! `Fn(&http::Request<B>) -> Option<String>` is an extractor too (`None` passes the
 //! request through), and [`from_fn`] wraps a closure that returns a full [`Key`].
 //!

@@ -14,8 +14,8 @@ use redlock_core::{Error, Lock, Redlock};
 use tower_service::Service;
 
 use crate::body::LockBody;
+use crate::config::{Config, Hold};
 use crate::guard::Guard;
-use crate::layer::{Config, Hold};
 use crate::response::{Rejection, RejectionKind, RejectionResponse};
 
 type AcquireFuture = Pin<Box<dyn Future<Output = Result<Lock, Error>> + Send>>;

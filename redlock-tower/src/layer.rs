@@ -10,56 +10,9 @@ use http::StatusCode;
 use redlock_core::{Redlock, RetryPolicy};
 use tower_layer::Layer;
 
+use crate::config::{Config, Hold};
 use crate::response::{OnRejection, Rejection, RejectionResponse};
 use crate::service::LockService;
-
-/// How long a request keeps its lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Hold {
-    /// Until the service's response future completes (the response head is ready); the
-    /// body is sent without the lock. For handlers that do all their work before
-    /// answering.
-    UntilHead,
-    /// Until the response body has been fully produced, or dropped (the client went
-    /// away): the lock lives inside the [`LockBody`](crate::LockBody). For streaming
-    /// responses whose production is the protected work. The default.
-    #[default]
-    UntilBodyEnd,
-}
-
-/// The layer's settings, shared by every service it makes.
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) key_prefix: String,
-    pub(crate) ttl: Duration,
-    pub(crate) retry: RetryPolicy,
-    pub(crate) hold: Hold,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) fail_open: bool,
-    pub(crate) busy_status: StatusCode,
-    pub(crate) abort_on_loss: bool,
-    pub(crate) on_rejection: Option<OnRejection>,
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("key_prefix", &self.key_prefix)
-            .field("ttl", &self.ttl)
-            .field("retry", &self.retry)
-            .field("hold", &self.hold)
-            .field("max_hold", &self.max_hold)
-            .field("fail_open", &self.fail_open)
-            .field("busy_status", &self.busy_status)
-            .field("abort_on_loss", &self.abort_on_loss)
-            .field(
-                "on_rejection",
-                &self.on_rejection.as_ref().map(|_| "custom"),
-            )
-            .finish()
-    }
-}
 
 /// Serializes requests per key across every replica of a service, with a Redlock
 /// distributed lock. See the [crate documentation](crate) for the behaviour and an

@@ -24,7 +24,7 @@
 //! # Example
 //!
 //! Any tower service works; here a plain `service_fn` (with axum, pass the layer to
-//! `Router::route_layer`, see [`extract::PathParam`] with the `axum` feature):
+//! `Router::route_layer`, see `extract::PathParam`, which needs the `axum` feature):
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -106,6 +106,7 @@
 //! hold time).
 
 mod body;
+mod config;
 pub mod extract;
 mod future;
 mod guard;
@@ -114,7 +115,8 @@ pub mod response;
 mod service;
 
 pub use body::{BoxError, LockBody, LockLost};
+pub use config::Hold;
 pub use future::ResponseFuture;
-pub use layer::{Hold, LockLayer};
+pub use layer::LockLayer;
 pub use redlock_core::{LockHandle, Redlock, RetryPolicy};
 pub use service::LockService;

@@ -10,9 +10,10 @@ use redlock_core::problem::Problem;
 use tower_service::Service;
 
 use crate::body::LockBody;
+use crate::config::Config;
 use crate::extract::{Key, KeyExtractor};
 use crate::future::ResponseFuture;
-use crate::layer::{Config, LockLayer};
+use crate::layer::LockLayer;
 use crate::response::RejectionKind;
 
 /// The middleware made by [`LockLayer`]: extracts each request's key, takes the lock,

@@ -156,7 +156,10 @@ impl SchedulerBuilder {
                 reason: "must be more than zero".to_owned(),
             });
         }
-        let instance: Arc<str> = self.instance.unwrap_or_else(super::random_instance).into();
+        let instance: Arc<str> = self
+            .instance
+            .unwrap_or_else(crate::leader::random_instance)
+            .into();
         let recorder = self
             .history
             .map(|h| Arc::new(Recorder::new(h, self.name.clone(), Arc::clone(&instance))));

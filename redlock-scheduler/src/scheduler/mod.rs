@@ -24,7 +24,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use rand::RngExt;
 use redlock_core::Redlock;
 
 pub use self::builder::SchedulerBuilder;
@@ -35,15 +34,6 @@ use crate::health::{self, Health};
 use crate::leader::{LeaderElector, Leadership};
 use crate::status::{JobStatus, LastRun, SchedulerStatus};
 use crate::store::Outcome;
-
-/// A random replica id: process id and random bits.
-pub(crate) fn random_instance() -> String {
-    format!(
-        "{}-{:06x}",
-        std::process::id(),
-        rand::rng().random::<u32>() & 0xff_ffff
-    )
-}
 
 /// A cron scheduler whose every tick runs on exactly one replica. Cheap to clone.
 ///

@@ -20,7 +20,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{RedisError, RedisResult, Value};
 
 use crate::error::NodeError;
-use crate::scripts;
+use crate::protocol::scripts;
 
 /// One node's checks and the warnings already given.
 #[derive(Debug)]

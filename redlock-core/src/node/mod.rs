@@ -1,0 +1,310 @@
+//! One Redis master: its connection and the lock operations sent to it.
+//!
+//! A node built from a URL keeps one multiplexed connection, opened lazily on first use
+//! and re-opened after the connection breaks; all concurrent operations share it as a
+//! pipeline. That also keeps the order of commands to one node: a release sent after an
+//! acquire that is still in flight is executed after it, so cleaning up after a failed or
+//! abandoned acquisition never races the acquisition itself. A node built from a
+//! `deadpool_redis::Pool` takes a connection from the pool for each operation.
+//!
+//! Every operation is bounded by the per-node timeout, connecting included. Opening a
+//! connection runs in a task of its own (bounded by `CONNECT_TIMEOUT`), so that a link
+//! whose handshake is slower than the per-node timeout still ends up connected.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use self::checks::Checks;
+use self::connection::{Backend, Direct, Slot};
+use self::quarantine::{Quarantine, QuarantineState};
+use crate::error::NodeError;
+use crate::protocol::{Command, Op, breaks_connection, build, query_batch, redis_error};
+
+/// What [`Redlock::node_status`](crate::Redlock::node_status) found out about one node.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct NodeStatus {
+    /// The node's address (no credentials).
+    pub node: String,
+    /// Whether it answered, or why not.
+    pub reachable: Result<(), NodeError>,
+    /// The restart quarantine left, if the node is in quarantine.
+    pub quarantined: Option<Duration>,
+}
+
+impl NodeStatus {
+    /// The node answers and is not in quarantine: its votes count.
+    pub fn votes(&self) -> bool {
+        self.reachable.is_ok() && self.quarantined.is_none()
+    }
+}
+
+mod checks;
+mod connection;
+mod quarantine;
+
+pub(crate) struct Node {
+    name: String,
+    backend: Backend,
+    /// Restart quarantine; `None` when switched off.
+    quarantine: Option<Arc<Quarantine>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("name", &self.name).finish()
+    }
+}
+
+impl Node {
+    /// A node reached through its own multiplexed connection.
+    pub(crate) fn direct(name: String, client: redis::Client) -> Self {
+        let checks = Arc::new(Checks::new(name.clone(), false));
+        Self {
+            name,
+            backend: Backend::Direct(Box::new(Direct {
+                client,
+                slot: Mutex::new(Slot::Empty),
+                next_id: AtomicU64::new(1),
+                checks,
+                quarantine: None,
+            })),
+            quarantine: None,
+        }
+    }
+
+    /// A node reached through a connection pool.
+    pub(crate) fn pool(name: String, pool: deadpool_redis::Pool) -> Self {
+        Self {
+            name,
+            backend: Backend::Pool(pool),
+            quarantine: None,
+        }
+    }
+
+    /// Switches the restart quarantine on, for nodes up for less than `period`; or off
+    /// (`None`), in which case the node's persistence is checked on first contact and a
+    /// warning logged if it cannot keep locks across a crash.
+    pub(crate) fn with_quarantine(mut self, period: Option<Duration>) -> Self {
+        self.quarantine = period.map(|period| {
+            Arc::new(Quarantine {
+                node: self.name.clone(),
+                period,
+                state: Mutex::new(QuarantineState::default()),
+            })
+        });
+        if let Backend::Direct(direct) = &mut self.backend {
+            direct.checks = Arc::new(Checks::new(self.name.clone(), period.is_none()));
+            direct.quarantine = self.quarantine.clone();
+        }
+        self
+    }
+
+    /// Learns the node's `run_id` and uptime from an `INFO server` reply (see
+    /// [`Quarantine::observe`]).
+    fn observe(&self, info: &str) {
+        if let Some(quarantine) = &self.quarantine {
+            quarantine.observe(info);
+        }
+    }
+
+    /// The quarantine time left, if the node is in quarantine.
+    fn quarantined(&self) -> Option<Duration> {
+        let quarantine = self.quarantine.as_ref()?;
+        let state = quarantine
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let left = state.until?.checked_duration_since(Instant::now())?;
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// Runs several operations in one pipeline (one round trip), `timeout` covering it
+    /// all. Returns each operation's answer (an operation the node failed counts as 0).
+    pub(crate) async fn run_batch(
+        &self,
+        ops: &[Op<'_>],
+        timeout: Duration,
+    ) -> Result<Vec<u64>, NodeError> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let votes = ops.iter().any(Op::votes);
+        self.check_quarantine(votes)?;
+        for op in ops {
+            pipe.add_command(build(*op).0);
+        }
+        let run = async {
+            let replies: Vec<redis::RedisResult<redis::Value>> = match &self.backend {
+                Backend::Direct(direct) => {
+                    let (id, mut conn) = direct.connection().await?;
+                    self.check_quarantine(votes)?;
+                    let replies = query_batch(&pipe, &mut conn).await;
+                    if let Err(err) = &replies
+                        && breaks_connection(err)
+                    {
+                        direct.forget(id);
+                    }
+                    replies.map_err(redis_error)?
+                }
+                Backend::Pool(pool) => {
+                    let mut conn = self.pooled(pool, self.quarantine.is_some()).await?;
+                    self.check_quarantine(votes)?;
+                    query_batch(&pipe, &mut conn).await.map_err(redis_error)?
+                }
+            };
+            Ok(replies
+                .into_iter()
+                .map(|reply| match reply {
+                    Ok(redis::Value::Int(n)) => u64::try_from(n).unwrap_or(0),
+                    Ok(redis::Value::Okay) => 1,
+                    _ => 0,
+                })
+                .collect())
+        };
+        match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result,
+            Err(_) => Err(NodeError::Timeout(timeout)),
+        }
+    }
+
+    /// A connection from `pool`. With `ask`, first learns the node's `run_id` and uptime
+    /// (a pooled connection may be new, and the node behind it restarted).
+    async fn pooled(
+        &self,
+        pool: &deadpool_redis::Pool,
+        ask: bool,
+    ) -> Result<deadpool_redis::Connection, NodeError> {
+        let mut conn = pool
+            .get()
+            .await
+            .map_err(|err| NodeError::Pool(err.to_string()))?;
+        if ask {
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error)?;
+            self.observe(&info);
+        }
+        Ok(conn)
+    }
+
+    /// Connects (if needed) and reports whether the node answers and its quarantine.
+    ///
+    /// A connection found broken is dropped and the node asked once more on a new one,
+    /// within the same `timeout`: a node that came back reports healthy at once (and,
+    /// if it restarted, enters quarantine), instead of a dead connection answering for
+    /// it forever.
+    pub(crate) async fn status(&self, timeout: Duration) -> NodeStatus {
+        let probe = async {
+            match &self.backend {
+                Backend::Direct(direct) => match direct.ping().await {
+                    Err((id, NodeError::Redis(err))) if breaks_connection(&err) => {
+                        direct.forget(id);
+                        direct.ping().await.map_err(|(id, err)| {
+                            if matches!(&err, NodeError::Redis(e) if breaks_connection(e)) {
+                                direct.forget(id);
+                            }
+                            err
+                        })
+                    }
+                    other => other.map_err(|(_, err)| err),
+                },
+                Backend::Pool(pool) => self.pooled(pool, true).await.map(drop),
+            }
+        };
+        let reachable = match tokio::time::timeout(timeout, probe).await {
+            Ok(result) => result,
+            Err(_) => Err(NodeError::Timeout(timeout)),
+        };
+        NodeStatus {
+            node: self.name.clone(),
+            reachable,
+            quarantined: self.quarantined(),
+        }
+    }
+
+    /// Fails a vote from a node in quarantine (release still runs: it only deletes).
+    fn check_quarantine(&self, votes: bool) -> Result<(), NodeError> {
+        if !votes {
+            return Ok(());
+        }
+        match self.quarantined() {
+            Some(left) => Err(NodeError::Quarantined(left)),
+            None => Ok(()),
+        }
+    }
+
+    /// The node's client, for a node with its own connection (a pooled node has none).
+    pub(crate) fn client(&self) -> Option<redis::Client> {
+        match &self.backend {
+            Backend::Direct(direct) => Some(direct.client.clone()),
+            Backend::Pool(_) => None,
+        }
+    }
+
+    /// The node's address, without credentials.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `command` with `timeout` covering everything (connecting included). A
+    /// non-zero answer is a yes vote.
+    ///
+    /// `queued` is set once the command sits in the node's connection queue: from then
+    /// on, a command sent later to this node (by anyone) is executed after it. Never set
+    /// for a pooled node (its connections do not share a queue).
+    pub(crate) async fn run(
+        &self,
+        command: &Command,
+        timeout: Duration,
+        queued: &AtomicBool,
+    ) -> Result<u64, NodeError> {
+        match tokio::time::timeout(timeout, self.run_untimed(command, queued)).await {
+            Ok(result) => result,
+            Err(_) => Err(NodeError::Timeout(timeout)),
+        }
+    }
+
+    async fn run_untimed(&self, command: &Command, queued: &AtomicBool) -> Result<u64, NodeError> {
+        let direct = match &self.backend {
+            Backend::Direct(direct) => direct,
+            // Boxed: the pool's future is large, and the direct path is the hot one.
+            Backend::Pool(pool) => return Box::pin(self.run_pooled(pool, command)).await,
+        };
+        let (generation, mut conn) = direct.connection().await?;
+        self.check_quarantine(command.votes)?;
+        let mut execution = std::pin::pin!(command.execute(&mut conn));
+        // The first poll puts the command in the connection's queue (deep enough never
+        // to be full; see PIPELINE_BUFFER).
+        let first = std::future::poll_fn(|cx| Poll::Ready(execution.as_mut().poll(cx))).await;
+        let result = match first {
+            Poll::Ready(result) => result,
+            Poll::Pending => {
+                queued.store(true, Ordering::Release);
+                execution.await
+            }
+        };
+        if let Err(err) = &result
+            && breaks_connection(err)
+        {
+            direct.forget(generation);
+        }
+        result.map_err(redis_error)
+    }
+
+    async fn run_pooled(
+        &self,
+        pool: &deadpool_redis::Pool,
+        command: &Command,
+    ) -> Result<u64, NodeError> {
+        let mut conn = self
+            .pooled(pool, command.votes && self.quarantine.is_some())
+            .await?;
+        self.check_quarantine(command.votes)?;
+        command.execute(&mut conn).await.map_err(redis_error)
+    }
+}

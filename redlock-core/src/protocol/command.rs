@@ -1,0 +1,289 @@
+//! One operation as a Redis command, sent on a connection and its answer read.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{RedisError, Script, Value};
+
+use super::op::{Op, ReleaseMode, Waiter, waiter_keys, with_queues};
+use super::scripts;
+use crate::error::NodeError;
+
+/// One operation, ready to send: built once per fan-out and shared by the calls to every
+/// node, which then only pack and send it.
+pub(crate) struct Command {
+    cmd: redis::Cmd,
+    /// The script behind an `EVALSHA`: loaded again if a node answers NOSCRIPT.
+    script: Option<&'static Script>,
+    /// The answer is a vote.
+    pub(crate) votes: bool,
+}
+
+impl Command {
+    pub(crate) fn new(op: Op<'_>) -> Self {
+        let (cmd, script) = build(op);
+        Self {
+            cmd,
+            script,
+            votes: op.votes(),
+        }
+    }
+
+    /// Sends the command on `conn` and reads the answer: `SET`'s OK or nil as 1 or 0,
+    /// a script's number as it is (a negative or unexpected answer is 0, a no). A node
+    /// that lost its scripts (`SCRIPT FLUSH`) gets the script loaded again, then the
+    /// command once more.
+    pub(crate) async fn execute<C: Send1>(&self, conn: &mut C) -> Result<u64, RedisError> {
+        let reply = match conn.send1(&self.cmd).await.and_then(Value::extract_error) {
+            Err(err) if is_no_script(&err) => match self.script {
+                // Boxed: rare, and it would make every call's future bigger.
+                Some(script) => Box::pin(self.reload(script, conn)).await?,
+                None => return Err(err),
+            },
+            reply => reply?,
+        };
+        Ok(match reply {
+            Value::Int(n) => u64::try_from(n).unwrap_or(0),
+            Value::Okay => 1,
+            _ => 0,
+        })
+    }
+}
+
+impl Command {
+    /// Loads `script` on the node, then sends the command again.
+    async fn reload<C: Send1>(&self, script: &Script, conn: &mut C) -> Result<Value, RedisError> {
+        script.load_async(conn).await?;
+        conn.send1(&self.cmd).await?.extract_error()
+    }
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The arguments hold the lock's value: not for logs.
+        f.debug_struct("Command")
+            .field("votes", &self.votes)
+            .finish_non_exhaustive()
+    }
+}
+
+fn is_no_script(err: &RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// Sends one command: directly on a multiplexed connection (its `ConnectionLike` method
+/// boxes a future per command), through `ConnectionLike` on a pooled one.
+pub(crate) trait Send1: ConnectionLike + Send {
+    fn send1<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a;
+}
+
+impl Send1 for MultiplexedConnection {
+    fn send1<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
+        self.send_packed_command(cmd)
+    }
+}
+
+impl Send1 for deadpool_redis::Connection {
+    fn send1<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
+        self.req_packed_command(cmd)
+    }
+}
+
+/// One operation as a command (scripts by `EVALSHA`: the connection loaded them), with
+/// the script it runs, if any.
+pub(crate) fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
+    // Sized up front: one allocation per buffer instead of a few growths.
+    let evalsha = |script: &'static Script, keys: &[&String], args: &[String]| {
+        let data = keys.iter().map(|k| k.len()).sum::<usize>()
+            + args.iter().map(String::len).sum::<usize>()
+            + 7 // EVALSHA
+            + 40 // the hash
+            + 20; // the key count
+        let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(key.as_str());
+        }
+        for arg in args {
+            cmd.arg(arg);
+        }
+        (cmd, Some(script))
+    };
+    match op {
+        Op::Acquire {
+            keys: [key],
+            fence_keys: [],
+            value,
+            ttl_ms,
+            waiter: None,
+            barge: false,
+        } => {
+            let mut cmd = redis::Cmd::with_capacity(6, key.len() + value.len() + 3 + 2 + 2 + 20);
+            cmd.arg("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms);
+            (cmd, None)
+        }
+        Op::Acquire {
+            keys,
+            fence_keys,
+            value,
+            ttl_ms,
+            waiter: Some(waiter),
+            ..
+        } => {
+            let all = waiter_keys(keys, fence_keys);
+            evalsha(
+                &scripts::ACQUIRE_QUEUED,
+                &all.iter().collect::<Vec<_>>(),
+                &waiter_args(value, ttl_ms, waiter, keys.len()),
+            )
+        }
+        Op::Acquire {
+            keys,
+            fence_keys,
+            value,
+            ttl_ms,
+            barge,
+            ..
+        } => {
+            let script = if fence_keys.is_empty() {
+                &*scripts::ACQUIRE_MANY
+            } else {
+                &*scripts::ACQUIRE_FENCED
+            };
+            let all: Vec<&String> = keys.iter().chain(fence_keys).collect();
+            evalsha(
+                script,
+                &all,
+                &[
+                    value.to_owned(),
+                    ttl_ms.to_string(),
+                    u8::from(barge).to_string(),
+                ],
+            )
+        }
+        Op::RaiseFence { fence_keys, token } => evalsha(
+            &scripts::RAISE_FENCE,
+            &fence_keys.iter().collect::<Vec<_>>(),
+            &[token.to_string()],
+        ),
+        Op::Release {
+            keys,
+            value,
+            mode,
+            handoff_ms,
+            dequeue,
+        } => {
+            let all = with_queues(keys);
+            evalsha(
+                &scripts::RELEASE,
+                &all.iter().collect::<Vec<_>>(),
+                &release_args(value, mode, handoff_ms, dequeue),
+            )
+        }
+        Op::Extend {
+            keys,
+            value,
+            ttl_ms,
+        } => evalsha(
+            &scripts::EXTEND,
+            &keys.iter().collect::<Vec<_>>(),
+            &[value.to_owned(), ttl_ms.to_string()],
+        ),
+        Op::Remaining { keys } => {
+            evalsha(&scripts::REMAINING, &keys.iter().collect::<Vec<_>>(), &[])
+        }
+        Op::ServerTime => evalsha(&scripts::SERVER_TIME, &[], &[]),
+        Op::JoinQueue { keys, waiter } => {
+            let all = with_queues(keys);
+            evalsha(
+                &scripts::JOIN_QUEUE,
+                &all.iter().collect::<Vec<_>>(),
+                &[
+                    waiter.id.clone(),
+                    waiter.since_ms.to_string(),
+                    waiter.keep_ms.to_string(),
+                ],
+            )
+        }
+    }
+}
+
+fn release_args(
+    value: &str,
+    mode: ReleaseMode,
+    handoff_ms: u64,
+    dequeue: Option<&str>,
+) -> [String; 4] {
+    [
+        value.to_owned(),
+        match mode {
+            ReleaseMode::Quiet => "0",
+            ReleaseMode::HandOver => "1",
+            ReleaseMode::FollowUp => "2",
+        }
+        .to_owned(),
+        handoff_ms.to_string(),
+        dequeue.unwrap_or_default().to_owned(),
+    ]
+}
+
+fn waiter_args(value: &str, ttl_ms: u64, waiter: &Waiter, keys: usize) -> [String; 6] {
+    [
+        value.to_owned(),
+        ttl_ms.to_string(),
+        waiter.id.clone(),
+        waiter.since_ms.to_string(),
+        waiter.keep_ms.to_string(),
+        keys.to_string(),
+    ]
+}
+
+/// Adds loading every script to `pipe` (replies ignored).
+pub(crate) fn load_scripts(pipe: &mut redis::Pipeline) {
+    for source in scripts::ALL_SOURCES {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+    }
+}
+
+/// Runs a batch of operations (a pipeline that ignores errors) and returns each reply;
+/// a node that lost its scripts (`SCRIPT FLUSH`) gets them loaded again and the batch
+/// once more.
+pub(crate) async fn query_batch<C: ConnectionLike + Send>(
+    pipe: &redis::Pipeline,
+    conn: &mut C,
+) -> Result<Vec<redis::RedisResult<Value>>, RedisError> {
+    let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(conn).await?;
+    if !replies
+        .iter()
+        .any(|reply| reply.as_ref().is_err_and(is_no_script))
+    {
+        return Ok(replies);
+    }
+    let mut load = redis::pipe();
+    load_scripts(&mut load);
+    load.exec_async(conn).await?;
+    pipe.query_async(conn).await
+}
+
+pub(crate) fn breaks_connection(err: &RedisError) -> bool {
+    err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
+}
+
+pub(crate) fn redis_error(err: RedisError) -> NodeError {
+    NodeError::Redis(Arc::new(err))
+}

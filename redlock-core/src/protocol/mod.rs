@@ -1,0 +1,14 @@
+//! What is said to a node: the operations of the algorithm (`op`), how each becomes a
+//! Redis command (`command`: `SET NX PX`, or a script by `EVALSHA`), and the Lua
+//! scripts themselves (`scripts`). The bottom layer: it knows nothing of nodes,
+//! connections or quorums.
+
+mod command;
+mod op;
+pub(crate) mod scripts;
+
+pub(crate) use command::{
+    Command, breaks_connection, build, load_scripts, query_batch, redis_error,
+};
+pub use op::MAX_TTL;
+pub(crate) use op::{Op, ReleaseMode, Waiter, release_answer};

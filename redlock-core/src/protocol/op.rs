@@ -1,0 +1,160 @@
+//! The lock operations sent to one node, and the keys they touch.
+
+use std::time::Duration;
+
+use rand::RngExt;
+
+/// The longest TTL accepted: 30 days.
+pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// A lock operation on one node. Every one answers a number: 0 is a "no" vote, anything
+/// else a "yes" (for a fencing acquire, the node's token).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Op<'a> {
+    /// `SET key value NX PX ttl` on one key, or the all-or-nothing script on several;
+    /// with fence keys, the fencing script.
+    Acquire {
+        keys: &'a [String],
+        fence_keys: &'a [String],
+        value: &'a str,
+        ttl_ms: u64,
+        /// A queued waiter's attempt: the queue-aware script.
+        waiter: Option<&'a Waiter>,
+        /// A lock handed over to a waiter (`~<waiter>`) counts as free.
+        barge: bool,
+    },
+    /// Raise the fencing counters to at least `token`.
+    RaiseFence {
+        fence_keys: &'a [String],
+        token: u64,
+    },
+    /// Compare-and-delete every key, in one of the [`ReleaseMode`]s. `dequeue`: first
+    /// remove this waiter from the keys' wait queues. Answers the number of keys
+    /// released, plus 65536 times the longest hand-over left pending (ms).
+    Release {
+        keys: &'a [String],
+        value: &'a str,
+        mode: ReleaseMode,
+        handoff_ms: u64,
+        dequeue: Option<&'a str>,
+    },
+    /// Compare-and-`PEXPIRE` every key, all or nothing.
+    Extend {
+        keys: &'a [String],
+        value: &'a str,
+        ttl_ms: u64,
+    },
+    /// The longest remaining TTL (ms) among the keys; 0 when none exists. Not a vote:
+    /// it tells a waiter when the holder's lock ends at the latest.
+    Remaining { keys: &'a [String] },
+    /// The node's clock (ms since the Unix epoch). Not a vote.
+    ServerTime,
+    /// A waiter takes (or refreshes) its place in the keys' wait queues; answers the
+    /// keys' longest remaining TTL (ms), 0 when all are free. Not a vote.
+    JoinQueue {
+        keys: &'a [String],
+        waiter: &'a Waiter,
+    },
+}
+
+impl Op<'_> {
+    /// Whether the answer is a vote (a node in quarantine may not give one; a release
+    /// still runs there, it only deletes).
+    pub(crate) fn votes(&self) -> bool {
+        !matches!(
+            self,
+            Op::Release { .. } | Op::Remaining { .. } | Op::JoinQueue { .. } | Op::ServerTime
+        )
+    }
+}
+
+/// How a release treats the keys it frees (see `scripts::RELEASE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseMode {
+    /// The cleanup of an attempt that lost: delete, tell nobody.
+    Quiet,
+    /// A lock's release (or a waiter passing on a hand-over): hand the key over to the
+    /// next live waiter, or delete it and wake the waiters.
+    HandOver,
+    /// After a hand-over: a key whose hand-over expired untaken goes to the next waiter.
+    FollowUp,
+}
+
+/// Splits a release's answer: keys released, and the longest hand-over left pending.
+pub(crate) fn release_answer(answer: u64) -> (u64, Duration) {
+    (answer % 65_536, Duration::from_millis(answer / 65_536))
+}
+
+/// One waiter's place in a resource's queues.
+#[derive(Debug, Clone)]
+pub(crate) struct Waiter {
+    /// `<client>.<random>:<ms>`: the client's id (its hand-overs are published on its
+    /// channel), random bits unique per acquisition request, and how long (ms) a
+    /// hand-over to this waiter is reserved for it.
+    pub(crate) id: String,
+    /// The key's value while a lock is handed over to this waiter.
+    pub(crate) placeholder: String,
+    /// When it began waiting (ms since the Unix epoch, by the nodes' clock: see
+    /// `server_clock.rs`): its place in the queue.
+    pub(crate) since_ms: u64,
+    /// How long a node keeps its place after its last attempt (ms).
+    pub(crate) keep_ms: u64,
+}
+
+impl Waiter {
+    /// A new waiter whose attempts come at most `max_delay` apart, waiting since
+    /// `since_ms`; a hand-over to it is reserved for `handoff`.
+    pub(crate) fn new(
+        client: &str,
+        max_delay: Duration,
+        node_timeout: Duration,
+        handoff: Duration,
+        since_ms: u64,
+    ) -> Self {
+        let id = format!(
+            "{client}.{:016x}:{}",
+            rand::rng().random::<u64>(),
+            handoff.min(MAX_TTL).as_millis().max(1)
+        );
+        // Saturating, and at most the longest TTL: a retry delay of `Duration::MAX` is
+        // a valid (if odd) policy, and Redis rejects expiries beyond its range.
+        let keep = max_delay
+            .saturating_mul(2)
+            .saturating_add(node_timeout)
+            .clamp(Duration::from_millis(100), MAX_TTL);
+        Self {
+            placeholder: format!("~{id}"),
+            id,
+            since_ms,
+            keep_ms: u64::try_from(keep.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// The lock keys, then their queues, then the queues' deadlines (the release script's
+/// `KEYS`).
+pub(crate) fn with_queues(keys: &[String]) -> Vec<String> {
+    let mut all = keys.to_vec();
+    all.extend(keys.iter().map(|k| queue_key(k)));
+    all.extend(keys.iter().map(|k| deadlines_key(k)));
+    all
+}
+
+/// A queued attempt's `KEYS`: the lock keys, their queues, their queues' deadlines, the
+/// fence counters (if any).
+pub(crate) fn waiter_keys(keys: &[String], fence_keys: &[String]) -> Vec<String> {
+    let mut all = with_queues(keys);
+    all.extend(fence_keys.iter().cloned());
+    all
+}
+
+/// The wait queue of a lock key (a sorted set: waiter id by the time it began waiting).
+/// Same hash tag as the key.
+fn queue_key(key: &str) -> String {
+    format!("{key}:queue")
+}
+
+/// When each waiter's place in the queue expires (a sorted set: waiter id by deadline).
+fn deadlines_key(key: &str) -> String {
+    format!("{key}:queue:until")
+}

@@ -1,0 +1,99 @@
+//! What a client, its locks and their background tasks share: the cluster, the
+//! configuration, and the client's services (watchdog, wake on release, the nodes'
+//! clock). Only the layers above the services use it; each layer below gets just what
+//! it needs (the cluster, a number).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::protocol::MAX_TTL;
+use crate::quorum::Cluster;
+use crate::retry::RetryPolicy;
+use crate::server_clock::ServerClock;
+use crate::wake::Wakeups;
+use crate::watchdog::Watchdog;
+
+/// Configuration and nodes, shared by the client, its locks and their background tasks.
+pub(crate) struct Shared {
+    /// The nodes, their timeout and the drift allowance.
+    pub(crate) cluster: Arc<Cluster>,
+    pub(crate) key_prefix: String,
+    pub(crate) default_ttl: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) fencing: bool,
+    /// The longest TTL allowed, with the restart quarantine on (`None` when off).
+    pub(crate) max_ttl: Option<Duration>,
+    /// Wake-on-release subscribers (`None` when switched off).
+    pub(crate) wakeups: Option<Arc<Wakeups>>,
+    /// Keeps watched locks alive.
+    pub(crate) watchdog: Watchdog,
+    /// How long a watched lock is extended at most.
+    pub(crate) max_hold: Duration,
+    /// How long a release reserves the lock for the next queued waiter (ms).
+    pub(crate) handoff_ms: u64,
+    /// The nodes' clock, for the order of the wait queue.
+    pub(crate) server_clock: ServerClock,
+}
+
+impl Shared {
+    /// Checks a TTL against the configuration; returns it in whole milliseconds (what
+    /// Redis will apply).
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<u64, ConfigError> {
+        if ttl > MAX_TTL {
+            return Err(ConfigError::TtlTooLong { ttl, max: MAX_TTL });
+        }
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 {
+            return Err(ConfigError::ZeroTtl { ttl });
+        }
+        let effective = Duration::from_millis(ms);
+        let drift = self.cluster.drift(effective);
+        if effective <= drift {
+            return Err(ConfigError::TtlNotAboveDrift { ttl, drift });
+        }
+        if let Some(max) = self.max_ttl
+            && ttl > max
+        {
+            return Err(ConfigError::TtlAboveMax { ttl, max });
+        }
+        if self.cluster.node_timeout >= effective {
+            return Err(ConfigError::TimeoutNotBelowTtl {
+                timeout: self.cluster.node_timeout,
+                ttl,
+            });
+        }
+        Ok(ms)
+    }
+
+    /// Checks that the watchdog can keep a lock of `ttl`: its extension round (due a
+    /// third of the TTL after the last one, taking at most one node timeout) ends
+    /// before the lock's loss deadline (the TTL minus the drift allowance, twice: once
+    /// for the validity, once for the deadline).
+    pub(crate) fn check_watchable(&self, ttl: Duration) -> Result<(), ConfigError> {
+        let period = (ttl / 3).saturating_add(self.cluster.node_timeout);
+        let loss = ttl.saturating_sub(self.cluster.drift(ttl).saturating_mul(2));
+        if period >= loss {
+            return Err(ConfigError::ExtensionAfterLoss { ttl, period, loss });
+        }
+        Ok(())
+    }
+
+    /// `<prefix>{<resource>}`: the braces make a Redis Cluster hash tag, so the lock key
+    /// and its fencing counter live in the same slot.
+    pub(crate) fn key(&self, resource: &str) -> String {
+        let mut key = String::with_capacity(self.key_prefix.len() + resource.len() + 2);
+        key.push_str(&self.key_prefix);
+        key.push('{');
+        key.push_str(resource);
+        key.push('}');
+        key
+    }
+
+    /// `<prefix>{<resource>}:fence`: the resource's fencing counter.
+    pub(crate) fn fence_key(&self, resource: &str) -> String {
+        let mut key = self.key(resource);
+        key.push_str(":fence");
+        key
+    }
+}
