@@ -129,3 +129,48 @@ mod tests {
         assert_eq!(log.violations().len(), 2);
     }
 }
+
+/// Hold intervals on one monotonic clock, from any number of holders (threads, tasks,
+/// HTTP handlers); [`overlaps`](Self::overlaps) finds any two that intersect.
+#[derive(Debug, Default)]
+pub struct Intervals(Mutex<Vec<Interval>>);
+
+/// One hold: start, end (monotonic clock), holder id.
+pub type Interval = (Instant, Instant, usize);
+
+impl Intervals {
+    /// Records that `who` held from `start` to `end`.
+    pub fn record(&self, start: Instant, end: Instant, who: usize) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((start, end, who));
+    }
+
+    /// Holds recorded.
+    pub fn len(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether none was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Pairs of overlapping holds (sorted by start, each compared with the next).
+    pub fn overlaps(&self) -> Vec<(Interval, Interval)> {
+        let mut all = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        all.sort_by_key(|i| i.0);
+        all.windows(2)
+            .filter(|w| w[1].0 < w[0].1)
+            .map(|w| (w[0], w[1]))
+            .collect()
+    }
+}

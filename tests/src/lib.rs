@@ -14,6 +14,9 @@
 //!   tokens), and [`run_faults`]: a random fault schedule on a minority of nodes.
 //!
 //! - [`ServerOptions`]: a password, an ACL user, TLS with a CA of the server's own.
+//! - [`Intervals`]: hold intervals from many holders, and their overlaps.
+//! - With the `redlock-core` feature: `client` / `client_for` (a lock client over a
+//!   cluster, quarantine off, patient retries) and `cycle` (one lock and release).
 //!
 //! Needs `redis-server` on `PATH` (or its path in `REDIS_SERVER`), and `openssl` for TLS
 //! servers.
@@ -31,12 +34,16 @@
 #![allow(clippy::expect_used, clippy::panic)] // a kit that cannot start Redis must fail the test
 
 pub mod checker;
+#[cfg(feature = "redlock-core")]
+mod client;
 pub mod faults;
 mod proxy;
 mod sandbox;
 mod server;
 
-pub use checker::{Hold, SafetyLog, Violation};
+pub use checker::{Hold, Interval, Intervals, SafetyLog, Violation};
+#[cfg(feature = "redlock-core")]
+pub use client::{client, client_for, cycle};
 pub use faults::{FaultKind, FaultReport, run_faults};
 pub use proxy::{LinkState, Proxy};
 pub use sandbox::Sandbox;
@@ -133,5 +140,39 @@ impl Cluster {
     /// Total number of keys matching `pattern` over the running servers.
     pub async fn count_keys(&self, pattern: &str) -> usize {
         self.keys(pattern).await.iter().map(Vec::len).sum()
+    }
+
+    /// Waits (up to 2 s) until `pattern` matches `expected` keys over the cluster:
+    /// commands to the slower nodes complete after an operation returns at its quorum.
+    /// Panics if they do not.
+    pub async fn settle_keys(&self, pattern: &str, expected: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            let found = self.count_keys(pattern).await;
+            if found == expected {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{pattern}: {found} keys, expected {expected}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Sets `key` on node `node` to a value no client holds (a stray lock) for a
+    /// minute, so that node says no to acquisitions of it.
+    pub async fn set_stray(&self, node: usize, key: &str) {
+        let _: () = self
+            .node(node)
+            .query(
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg("stray")
+                    .arg("PX")
+                    .arg(60_000),
+            )
+            .await
+            .expect("node answers");
     }
 }

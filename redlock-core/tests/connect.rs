@@ -12,7 +12,7 @@ const TIMEOUT: Duration = Duration::from_millis(500);
 fn redlock(urls: impl IntoIterator<Item = String>) -> Redlock {
     Redlock::builder()
         .nodes(urls)
-        .restart_quarantine(false) // fresh nodes: see common/mod.rs
+        .restart_quarantine(false) // fresh nodes: see redlock_testkit::client
         .node_timeout(TIMEOUT)
         .build()
         .unwrap()

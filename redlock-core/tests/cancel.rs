@@ -4,15 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-mod common;
-
 use std::future::{Future, IntoFuture};
 use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use common::client;
 use redlock_testkit::Cluster;
+use redlock_testkit::client;
 
 /// Polls `fut` until it is ready or has been polled `polls` times, letting the runtime
 /// run between polls (so replies arrive), then drops it right after the last poll,
@@ -57,7 +55,7 @@ async fn cancelled_cleanup_still_releases() {
         let resource = format!("cancel-cleanup-{polls}");
         let key = redlock.key_for(&resource);
         for i in 0..2 {
-            common::set_stray(&cluster, i, &key).await;
+            cluster.set_stray(i, &key).await;
         }
         let acquire = redlock
             .try_lock(resource.as_str())

@@ -9,9 +9,6 @@ use std::time::{Duration, Instant};
 use redlock_core::{Error, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
-mod common;
-use common::settle_keys;
-
 /// A client whose fallback retry delay is long (1 s): only a wake-up or a hand-over can
 /// make it quick.
 fn slow_retry_client(cluster: &Cluster) -> Redlock {
@@ -21,7 +18,7 @@ fn slow_retry_client(cluster: &Cluster) -> Redlock {
 fn slow_retry_client_for(urls: Vec<String>) -> Redlock {
     Redlock::builder()
         .nodes(urls)
-        .restart_quarantine(false) // fresh nodes: see common/mod.rs
+        .restart_quarantine(false) // fresh nodes: see redlock_testkit::client
         .ttl(Duration::from_secs(5))
         .retry(
             RetryPolicy::deadline(Duration::from_secs(20))
@@ -86,7 +83,7 @@ async fn waiters_get_the_lock_in_arrival_order() {
     // Four hand-overs, each after a 30 ms hold: far below one 1 s retry delay.
     let last = order.last().unwrap().1 - released_at;
     assert!(last < Duration::from_millis(800), "took {last:?}");
-    settle_keys(&cluster, "redlock:*", 0).await;
+    cluster.settle_keys("redlock:*", 0).await;
 }
 
 /// A release hands the lock over to the queued waiter: a newcomer asking right after the
@@ -152,7 +149,7 @@ async fn a_waiter_that_leaves_is_not_handed_the_lock() {
     assert!(dropped.is_err(), "should still be waiting");
 
     // Both left the queues on every node: only the lock key is left.
-    settle_keys(&cluster, "redlock:{leave}:*", 0).await;
+    cluster.settle_keys("redlock:{leave}:*", 0).await;
     lock.release().await.unwrap();
     let free = newcomer.try_lock("leave").await.unwrap();
     free.release().await.unwrap();

@@ -4,8 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-mod common;
-
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -16,9 +14,9 @@ use axum::extract::Request;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use bytes::Bytes;
-use common::Intervals;
 use redlock_core::{LockHandle, Redlock};
 use redlock_testkit::Cluster;
+use redlock_testkit::Intervals;
 use redlock_tower::extract::{Header, PathParam};
 use redlock_tower::{Hold, LockLayer};
 use reqwest::StatusCode;
@@ -38,7 +36,7 @@ fn http() -> reqwest::Client {
 
 /// One replica's lock client: its own connections to the shared nodes.
 fn replica(cluster: &Cluster, node_timeout: Duration) -> Redlock {
-    common::client(cluster, node_timeout)
+    redlock_testkit::client(cluster, node_timeout)
 }
 
 /// Sets a flag when dropped (to see a handler or a body stream cancelled).

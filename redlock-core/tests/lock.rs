@@ -3,15 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Intervals, client, cycle, settle_keys};
 use redlock_core::{Error, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
+use redlock_testkit::{Intervals, client, cycle};
 
 const TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -53,7 +51,7 @@ async fn exclusivity(nodes: usize, clients: usize, tasks: usize, rounds: usize) 
     }
     assert_eq!(intervals.len(), clients * tasks * rounds);
     assert!(intervals.overlaps().is_empty(), "overlapping holds");
-    settle_keys(&cluster, "redlock:*", 0).await;
+    cluster.settle_keys("redlock:*", 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,7 +247,7 @@ async fn multi_resource_lock_is_all_or_nothing() {
     single.release().await.unwrap();
     let both = b.lock_many(["acct:2", "acct:1"]).await.unwrap();
     assert_eq!(both.resources(), ["acct:2".to_owned(), "acct:1".to_owned()]);
-    settle_keys(&cluster, "redlock:{acct:*", 10).await;
+    cluster.settle_keys("redlock:{acct:*", 10).await;
     assert!(a.try_lock("acct:1").await.is_err());
     assert!(a.try_lock("acct:2").await.is_err());
     let mut both = both;
@@ -262,7 +260,7 @@ async fn multi_resource_lock_is_all_or_nothing() {
     assert!(ttl > 10_000, "{ttl}");
     let report = both.release().await.unwrap();
     assert!(report.was_held());
-    settle_keys(&cluster, "redlock:*", 0).await;
+    cluster.settle_keys("redlock:*", 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,7 +342,7 @@ async fn flushed_scripts_are_loaded_again() {
     lock.extend(ttl).await.expect("extend after SCRIPT FLUSH");
     flush_scripts(&cluster).await;
     assert!(lock.release().await.unwrap().was_held());
-    settle_keys(&cluster, "redlock:flushed", 0).await;
+    cluster.settle_keys("redlock:flushed", 0).await;
 
     let mut watched = redlock.lock("watched").ttl(ttl).await.unwrap();
     watched.auto_extend();
@@ -356,5 +354,5 @@ async fn flushed_scripts_are_loaded_again() {
     );
     flush_scripts(&cluster).await;
     assert!(watched.release().await.unwrap().was_held());
-    settle_keys(&cluster, "redlock:watched", 0).await;
+    cluster.settle_keys("redlock:watched", 0).await;
 }

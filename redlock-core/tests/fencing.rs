@@ -3,8 +3,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-mod common;
-
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -84,7 +82,7 @@ async fn tokens_go_up_after_one_node_restarts_empty() {
     }
     let key = redlock.key_for(resource);
     // A stray lock on node 2 only: node 2 says no to the next acquisition.
-    common::set_stray(&cluster, 2, &key).await;
+    cluster.set_stray(2, &key).await;
     let issued = token_of(&redlock, resource).await;
     let _: () = cluster
         .node(2)
@@ -97,7 +95,7 @@ async fn tokens_go_up_after_one_node_restarts_empty() {
     // Let the client notice the restart and reconnect to node 1 (on other resources),
     // so that the next lock is granted at its first attempt.
     for round in 0..3 {
-        common::cycle(&redlock, &format!("elsewhere-{round}")).await;
+        redlock_testkit::cycle(&redlock, &format!("elsewhere-{round}")).await;
     }
     cluster.node(0).pause();
     let next = token_of(&redlock, resource).await;
@@ -151,7 +149,7 @@ async fn fence_write_back_precedes_the_release_on_every_node() {
             .await
             .unwrap();
         // Warm the connections, then close node 2's: the next commands reconnect, slowly.
-        common::cycle(&redlock, "warm").await;
+        redlock_testkit::cycle(&redlock, "warm").await;
         cluster.proxy(2).cut();
         tokio::time::sleep(Duration::from_millis(20)).await;
         cluster.proxy(2).delay(Duration::from_millis(30));

@@ -4,20 +4,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::body::BodyStream;
 use actix_web::dev::{ServerHandle, ServiceRequest};
 use actix_web::{App, HttpResponse, HttpServer, test as actix_test, web};
-use common::Intervals;
 use redlock_actix::{
     BadKey, DistributedLock, DistributedLockConfig, LockHandle, LockHeader, LockHeaderName,
     LockMiddleware, Redlock,
 };
 use redlock_testkit::Cluster;
+use redlock_testkit::Intervals;
 
 // ---------------------------------------------------------------------------------------
 // Plumbing: servers, a client, handlers.
@@ -123,7 +121,7 @@ where
 }
 
 fn redlock(cluster: &Cluster, node_timeout: Duration) -> Redlock {
-    common::client(cluster, node_timeout)
+    redlock_testkit::client(cluster, node_timeout)
 }
 
 #[derive(serde::Deserialize)]

@@ -20,7 +20,7 @@ use redlock_scheduler::{
 use redlock_testkit::Cluster;
 
 mod common;
-use common::replicas::*;
+use common::*;
 
 async fn exactly_once(url: String) {
     let cluster = Cluster::start(3).await;

@@ -14,7 +14,7 @@ use redlock_testkit::Cluster;
 fn client(cluster: &Cluster, ttl: Duration, node_timeout: Duration) -> Redlock {
     Redlock::builder()
         .nodes(cluster.urls())
-        .restart_quarantine(false) // fresh nodes: see common/mod.rs
+        .restart_quarantine(false) // fresh nodes: see redlock_testkit::client
         .ttl(ttl)
         .node_timeout(node_timeout)
         .build()

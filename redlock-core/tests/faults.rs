@@ -4,13 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{client, client_for, cycle, settle_keys};
 use redlock_core::{Error, NodeError};
 use redlock_testkit::Cluster;
+use redlock_testkit::{client, client_for, cycle};
 
 const TIMEOUT: Duration = Duration::from_millis(200);
 /// Scheduling slack on a loaded 2-core machine.
@@ -59,7 +57,7 @@ async fn three_of_five_killed_is_no_quorum_at_once() {
     }
     // The two live nodes may still have been answering when the three refusals
     // decided: their SETs are released right after they complete.
-    settle_keys(&cluster, "redlock:*", 0).await;
+    cluster.settle_keys("redlock:*", 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,7 +341,7 @@ async fn slow_handshake_still_connects() {
 async fn a_split_vote_with_failed_nodes_is_no_quorum() {
     let cluster = Cluster::start_proxied(5).await;
     let redlock = client(&cluster, TIMEOUT);
-    common::set_stray(&cluster, 0, &redlock.key_for("split")).await;
+    cluster.set_stray(0, &redlock.key_for("split")).await;
     cluster.proxy(3).cut();
     cluster.proxy(4).cut();
     let err = redlock.try_lock("split").await.unwrap_err();
@@ -353,9 +351,9 @@ async fn a_split_vote_with_failed_nodes_is_no_quorum() {
     }
     // Held on 3 of 5 (nodes 0 to 2), 2 down: taken.
     for i in [1, 2] {
-        common::set_stray(&cluster, i, &redlock.key_for("held")).await;
+        cluster.set_stray(i, &redlock.key_for("held")).await;
     }
-    common::set_stray(&cluster, 0, &redlock.key_for("held")).await;
+    cluster.set_stray(0, &redlock.key_for("held")).await;
     let err = redlock.try_lock("held").await.unwrap_err();
     assert!(matches!(err, Error::Taken { .. }), "{err}");
 }

@@ -1,5 +1,6 @@
 //! Scheduler replicas for the integration tests: each in a sandbox of its own, so that
 //! "killing" one is a crash (links cut, tasks dropped, nothing released).
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -16,7 +16,7 @@ use redlock_scheduler::{Error, History, Job, JobContext, Misfire, Outcome};
 use redlock_testkit::{Cluster, Proxy};
 
 mod common;
-use common::replicas::*;
+use common::*;
 
 const SCHEDULER: &str = "scheduler";
 

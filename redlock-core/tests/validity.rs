@@ -5,12 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{client, client_for};
 use redlock_testkit::Cluster;
+use redlock_testkit::{client, client_for};
 
 /// An extension to a shorter TTL shortens the holder's validity too: once the keys have
 /// expired, the holder no longer believes it holds the lock, its `lost()` has fired, and
