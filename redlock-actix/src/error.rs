@@ -5,13 +5,13 @@ use actix_web::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use actix_web::{HttpResponse, ResponseError};
 use std::borrow::Cow;
 
-use redlock_core::problem::{self, Problem};
+use redlock_http::{self as problem, Problem};
 
 /// Why a request could not get (or release) its lock.
 ///
 /// It implements [`ResponseError`]: the answer is an
 /// [RFC 9457](https://www.rfc-editor.org/rfc/rfc9457) `application/problem+json` body
-/// built by [`redlock_core::problem::Problem`] (the same answer as `redlock-tower`'s),
+/// built by [`redlock_http::Problem`] (the same answer as `redlock-tower`'s),
 /// with a `Retry-After` header when the client may retry:
 ///
 /// | variant | status | `Retry-After` |
@@ -69,9 +69,9 @@ impl From<redlock_core::Error> for DistributedLockError {
     /// Sorts a core error by the answer it gets: `Taken` is busy, `Config` a
     /// misconfiguration, anything else (no quorum, lost, expired) unavailable.
     fn from(err: redlock_core::Error) -> Self {
-        match err {
-            redlock_core::Error::Taken { .. } => Self::Busy(err),
-            redlock_core::Error::Config(_) => Self::Misconfigured(err),
+        match err.class() {
+            redlock_core::ErrorClass::Contended { .. } => Self::Busy(err),
+            redlock_core::ErrorClass::InvalidInput => Self::Misconfigured(err),
             _ => Self::Unavailable(err),
         }
     }
@@ -85,7 +85,7 @@ impl From<BadKey> for DistributedLockError {
 
 impl DistributedLockError {
     /// The HTTP description of this error (status, `Retry-After`, body), from
-    /// [`redlock_core::problem`], so that every integration answers alike.
+    /// [`redlock_http`], so that every integration answers alike.
     pub fn problem(&self) -> Problem {
         match self {
             Self::Busy(err) | Self::Unavailable(err) | Self::Misconfigured(err) => {

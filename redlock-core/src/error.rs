@@ -84,6 +84,42 @@ pub enum Error {
     Config(#[from] ConfigError),
 }
 
+/// What a lock [`Error`] means for the caller, in the algorithm's terms (no transport
+/// vocabulary): what an integration answers its own clients is decided from this (see
+/// the `redlock-http` crate for HTTP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// Another holder has the lock. `retry_after`: how long until its lock ends on a
+    /// majority (unless extended or released sooner), when a majority said.
+    Contended {
+        /// The holder's remaining validity, read when the request was refused.
+        retry_after: Option<Duration>,
+    },
+    /// The nodes could not decide in time (no majority reachable, or a grant that came
+    /// after its validity): nothing is held; retry later.
+    Unavailable,
+    /// The call itself is invalid (a TTL, a resource name, the configuration): nothing
+    /// was sent; fix the call.
+    InvalidInput,
+    /// A lock that was held is no longer ours on a majority: stop the protected work.
+    Lost,
+}
+
+impl Error {
+    /// What this error means for the caller: see [`ErrorClass`].
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::Taken { retry_after, .. } => ErrorClass::Contended {
+                retry_after: *retry_after,
+            },
+            Self::NoQuorum { .. } | Self::Expired { .. } => ErrorClass::Unavailable,
+            Self::Lost { .. } => ErrorClass::Lost,
+            Self::Config(_) => ErrorClass::InvalidInput,
+        }
+    }
+}
+
 /// A configuration or input error, reported by
 /// [`RedlockBuilder::build`](crate::RedlockBuilder::build) or by a lock call whose
 /// arguments are invalid.
@@ -211,6 +247,7 @@ pub enum ConfigError {
 
 /// What went wrong on one node.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct NodeFailure {
     /// The node's address (no credentials).
     pub node: String,
@@ -272,3 +309,48 @@ fn fmt_failures(failures: &[NodeFailure]) -> String {
 
 /// Shorthand for `Result<T, redlock_core::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_a_class() {
+        let taken = Error::Taken {
+            resource: "r".into(),
+            nodes: vec![],
+            total: 3,
+            attempts: 1,
+            retry_after: Some(Duration::from_millis(700)),
+        };
+        assert_eq!(
+            taken.class(),
+            ErrorClass::Contended {
+                retry_after: Some(Duration::from_millis(700))
+            }
+        );
+        let no_quorum = Error::NoQuorum {
+            resource: "r".into(),
+            needed: 2,
+            total: 3,
+            failures: vec![],
+        };
+        assert_eq!(no_quorum.class(), ErrorClass::Unavailable);
+        let expired = Error::Expired {
+            resource: "r".into(),
+            reason: "late",
+        };
+        assert_eq!(expired.class(), ErrorClass::Unavailable);
+        let lost = Error::Lost {
+            resource: "r".into(),
+            held: 1,
+            needed: 2,
+            total: 3,
+        };
+        assert_eq!(lost.class(), ErrorClass::Lost);
+        assert_eq!(
+            Error::Config(ConfigError::EmptyResource).class(),
+            ErrorClass::InvalidInput
+        );
+    }
+}

@@ -80,7 +80,6 @@ mod client;
 mod error;
 mod lock;
 mod node;
-pub mod problem;
 mod protocol;
 mod queue;
 mod quorum;
@@ -97,8 +96,8 @@ pub use builder::{
     DEFAULT_SUBSCRIPTION_LINGER, DEFAULT_TTL, RedlockBuilder,
 };
 pub use client::Redlock;
-pub use error::{ConfigError, Error, NodeError, NodeFailure, Result};
-pub use lock::{Lock, LockHandle, Released};
+pub use error::{ConfigError, Error, ErrorClass, NodeError, NodeFailure, Result};
+pub use lock::{Finished, Lock, LockHandle, Released};
 pub use node::NodeStatus;
 pub use protocol::MAX_TTL;
 pub use retry::RetryPolicy;

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use redlock_core::problem::Problem;
-use redlock_core::{Error, Lock, Redlock};
+use redlock_core::{Error, ErrorClass, Lock, Redlock};
+use redlock_http::Problem;
 use tower_service::Service;
 
 use crate::body::LockBody;
@@ -252,15 +252,15 @@ fn refusal(
 ) -> Option<(RejectionKind, Problem)> {
     let waited_ms = started.elapsed().as_millis() as u64;
     let mut problem = Problem::from_error(error);
-    match error {
-        Error::Taken { .. } => {
+    match error.class() {
+        ErrorClass::Contended { .. } => {
             tracing::debug!(key = %resource, waited_ms, error = %error, "lock busy: request refused");
             // Without an answer from the nodes, the holder's TTL bounds the wait.
             problem.retry_after.get_or_insert(config.ttl);
             problem.status = config.busy_status.as_u16();
             Some((RejectionKind::Busy, problem))
         }
-        Error::Config(_) => {
+        ErrorClass::InvalidInput => {
             tracing::error!(key = %resource, error = %error, "lock refused as misconfigured");
             Some((RejectionKind::Misconfigured, problem))
         }

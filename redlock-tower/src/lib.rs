@@ -17,7 +17,7 @@
 //! Busy: **409 Conflict** with `Retry-After` (the holder's remaining TTL). No quorum of
 //! Redis nodes: **503** with `Retry-After` (fail-closed; [`fail_open`](LockLayer::fail_open)
 //! is an explicit opt-in). Bodies are `application/problem+json`
-//! ([`redlock_core::problem`]); see [`response`] for the table and the hook. The inner
+//! ([`redlock_http`]); see [`response`] for the table and the hook. The inner
 //! service's error type is unchanged (axum's `Infallible` works), and its response
 //! body is wrapped in a [`LockBody`].
 //!

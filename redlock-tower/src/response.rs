@@ -1,6 +1,6 @@
 //! Rejections: the responses the layer answers with instead of calling the service.
 //!
-//! Every rejection is described by a [`Problem`] (from [`redlock_core::problem`], so
+//! Every rejection is described by a [`Problem`] (from [`redlock_http`], so
 //! that `redlock-actix` answers the same way) and rendered, by default, as an
 //! `application/problem+json` body with the problem's status and, where the client may
 //! retry, a `Retry-After` header in seconds:
@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use redlock_core::problem::Problem;
+//! use redlock_http::Problem;
 //! use redlock_tower::response::problem_response;
 //!
 //! let busy = Problem::busy("order:42 is being paid".into(), Some(Duration::from_millis(2500)));
@@ -34,7 +34,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use redlock_core::Error;
-use redlock_core::problem::{self, Problem};
+use redlock_http::{self as problem, Problem};
 
 /// What a rejection hook returns: a complete response with its body in one piece.
 pub type RejectionResponse = Response<Bytes>;

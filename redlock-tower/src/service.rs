@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use redlock_core::Redlock;
-use redlock_core::problem::Problem;
+use redlock_http::Problem;
 use tower_service::Service;
 
 use crate::body::LockBody;

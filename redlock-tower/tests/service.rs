@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
-use redlock_core::problem::Problem;
+use redlock_http::Problem;
 use redlock_testkit::Cluster;
 use redlock_tower::extract::{Global, Key, PathPrefix, from_fn};
 use redlock_tower::response::RejectionKind;

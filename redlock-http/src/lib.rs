@@ -1,13 +1,16 @@
 //! How a lock error is told to an HTTP client: status, `Retry-After`, and an
 //! [RFC 9457](https://www.rfc-editor.org/rfc/rfc9457) `application/problem+json` body.
 //!
-//! Framework-neutral (no HTTP crate): the web integrations (`redlock-tower`,
-//! `redlock-actix`) turn a [`Problem`] into their own response type, so both answer the
-//! same way.
+//! The one place where lock errors get HTTP statuses: core classifies an error
+//! ([`Error::class`](redlock_core::Error::class)) without HTTP vocabulary, and this
+//! crate decides the status, the `Retry-After` and the body. Framework-neutral (no HTTP
+//! crate): the web integrations (`redlock-tower`, `redlock-actix`) turn a [`Problem`]
+//! into their own response type, so both answer the same way.
 //!
 //! ```
 //! use std::time::Duration;
-//! use redlock_core::{Error, problem::Problem};
+//! use redlock_core::Error;
+//! use redlock_http::Problem;
 //!
 //! let busy = Error::Taken {
 //!     resource: "order:42".into(),
@@ -25,7 +28,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::error::Error;
+use redlock_core::{Error, ErrorClass};
 
 /// The `Content-Type` of [`Problem::to_json`].
 pub const CONTENT_TYPE: &str = "application/problem+json";
@@ -105,13 +108,13 @@ impl Problem {
         )
     }
 
-    /// The answer to a lock error: [`Error::Taken`] → 409 with the holder's remaining
-    /// time; [`Error::NoQuorum`], [`Error::Lost`], [`Error::Expired`] → 503; a
-    /// configuration error → 500.
+    /// The answer to a lock error, by its [`ErrorClass`]: contended → 409 with the
+    /// holder's remaining time; unavailable and lost → 503; invalid input (the server's
+    /// own call or configuration) → 500.
     pub fn from_error(error: &Error) -> Self {
-        match error {
-            Error::Taken { retry_after, .. } => Self::busy(error.to_string(), *retry_after),
-            Error::Config(_) => Self::misconfigured(error.to_string()),
+        match error.class() {
+            ErrorClass::Contended { retry_after } => Self::busy(error.to_string(), retry_after),
+            ErrorClass::InvalidInput => Self::misconfigured(error.to_string()),
             _ => Self::unavailable(error.to_string(), None),
         }
     }
