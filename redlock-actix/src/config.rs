@@ -34,9 +34,9 @@ type ErrorHandler = dyn Fn(DistributedLockError, &HttpRequest) -> actix_web::Err
 /// - **TTL**: the lock's TTL (default: the client's). The lock is auto-extended by the
 ///   client's watchdog while held, up to [`max_hold`](Self::max_hold).
 /// - **Wait policy**: [`fail_fast`](Self::fail_fast) (default: one attempt, 409 when
-///   busy) or [`wait_up_to`](Self::wait_up_to) a deadline (woken as soon as the holder
+///   busy) or [`wait`](Self::wait) a deadline (woken as soon as the holder
 ///   releases; 409 past the deadline); any [`RetryPolicy`] with [`retry`](Self::retry).
-/// - **Prefix**: the lock's resource is `prefix + key` (default: empty).
+/// - **Key prefix**: the lock's resource is `key_prefix + key` (default: empty).
 /// - **Error handler**: turns a [`DistributedLockError`] into the response you want.
 ///
 /// # Runtimes
@@ -71,13 +71,13 @@ type ErrorHandler = dyn Fn(DistributedLockError, &HttpRequest) -> actix_web::Err
 ///     .build()?;
 /// let config = DistributedLockConfig::new(redlock)
 ///     .ttl(Duration::from_secs(5))
-///     .prefix("order:");
+///     .key_prefix("order:");
 /// let app = App::new()
 ///     .app_data(config.clone())
 ///     .service(
 ///         web::scope("/orders")
 ///             // here: wait up to 2 s for a busy order instead of answering 409 at once
-///             .app_data(config.wait_up_to(Duration::from_secs(2)))
+///             .app_data(config.wait(Duration::from_secs(2)))
 ///             .route("/{id}/pay", web::post().to(pay)),
 ///     );
 /// # let _ = app;
@@ -151,7 +151,7 @@ impl DistributedLockConfig {
 
     /// Waits up to `deadline` for a busy lock (retrying as soon as the holder releases
     /// it); past the deadline, 409.
-    pub fn wait_up_to(mut self, deadline: Duration) -> Self {
+    pub fn wait(mut self, deadline: Duration) -> Self {
         self.retry = RetryPolicy::deadline(deadline);
         self
     }
@@ -164,7 +164,7 @@ impl DistributedLockConfig {
 
     /// The lock's resource is `prefix` followed by the key (default: empty). Use it to
     /// keep different routes' keys apart, e.g. `"order:"`.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = Arc::from(prefix.into());
         self
     }

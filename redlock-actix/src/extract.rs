@@ -51,7 +51,7 @@ use crate::key::LockKey;
 ///     .build()?;
 /// let config = DistributedLockConfig::new(redlock.clone())
 ///     .ttl(Duration::from_secs(5))
-///     .prefix("order:");
+///     .key_prefix("order:");
 /// let app = test::init_service(
 ///     App::new().app_data(config).route("/orders/{id}/pay", web::post().to(pay)),
 /// )

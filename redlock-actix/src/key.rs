@@ -14,7 +14,7 @@ use crate::error::{BadKey, DistributedLockError};
 
 /// A value that names a lock: the key an extracted value (a path, a query, a header…)
 /// is locked by. The lock's resource is the configured
-/// [`prefix`](crate::DistributedLockConfig::prefix) followed by this key.
+/// [`key_prefix`](crate::DistributedLockConfig::key_prefix) followed by this key.
 ///
 /// Provided for strings (`%` and `:` percent-encoded, so the key of a string never
 /// contains `:`), integers (decimal), tuples of keys (joined by `:`), and the actix

@@ -20,7 +20,7 @@
 //!   configuration overrides the app's. A route without one answers 500 naming the type
 //!   to register; nothing panics.
 //! - Rejections are [`DistributedLockError`]s, answered as `application/problem+json`
-//!   by [`redlock_core::problem`] (the same answers as `redlock-tower`): busy → 409 with
+//!   by [`redlock_http`] (the same answers as `redlock-tower`): busy → 409 with
 //!   `Retry-After` (the holder's remaining TTL), no quorum → 503 with `Retry-After`,
 //!   bad key → 400, misconfiguration → 500. The inner extractor's own errors (a bad path
 //!   segment → 404, a bad query → 400) keep their own responses.
@@ -58,7 +58,7 @@
 //!     // Built once, cloned into every worker's App.
 //!     let config = DistributedLockConfig::new(redlock)
 //!         .ttl(Duration::from_secs(5))
-//!         .prefix("order:");
+//!         .key_prefix("order:");
 //!     let server = HttpServer::new(move || {
 //!         App::new()
 //!             .app_data(config.clone())

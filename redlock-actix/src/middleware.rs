@@ -88,7 +88,7 @@ impl RequestKey for HeaderParam {
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build()?;
-/// let app = App::new().app_data(DistributedLockConfig::new(redlock).prefix("account:")).service(
+/// let app = App::new().app_data(DistributedLockConfig::new(redlock).key_prefix("account:")).service(
 ///     web::scope("/accounts/{id}")
 ///         // every request under /accounts/{id} holds the lock "account:{id}"
 ///         .wrap(LockMiddleware::path_param("id"))

@@ -227,7 +227,7 @@ async fn two_instances_serialize_a_key_answer_409_and_run_other_keys_in_parallel
     let config = |cluster: &Cluster| {
         DistributedLockConfig::new(redlock(cluster, Duration::from_millis(100)))
             .ttl(Duration::from_secs(2))
-            .prefix("order:")
+            .key_prefix("order:")
     };
     let a = holding_server(2, config(&cluster), &log, 0).await;
     let b = holding_server(2, config(&cluster), &log, 1).await;
@@ -294,7 +294,7 @@ async fn wait_mode_serializes_queued_requests_and_gives_up_at_the_deadline() {
     let config = |cluster: &Cluster| {
         DistributedLockConfig::new(redlock(cluster, Duration::from_millis(100)))
             .ttl(Duration::from_secs(2))
-            .wait_up_to(Duration::from_secs(15))
+            .wait(Duration::from_secs(15))
     };
     let a = holding_server(2, config(&cluster), &log, 0).await;
     let b = holding_server(2, config(&cluster), &log, 1).await;
@@ -323,7 +323,7 @@ async fn wait_mode_serializes_queued_requests_and_gives_up_at_the_deadline() {
 
     // Past the deadline: another replica holds the key for longer than we wait.
     let short = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(100)))
-        .wait_up_to(Duration::from_millis(400));
+        .wait(Duration::from_millis(400));
     let c = holding_server(1, short, &log, 2).await;
     let other = redlock(&cluster, Duration::from_millis(100));
     let held = other.lock("7").ttl(Duration::from_secs(3)).await.unwrap();
@@ -512,7 +512,7 @@ async fn by_header(key: DistributedLock<LockHeader<IdempotencyKey>>) -> HttpResp
 async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses() {
     let cluster = Cluster::start(1).await;
     let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(100)))
-        .prefix("o:")
+        .key_prefix("o:")
         .max_key_len(8);
     let app = actix_test::init_service(
         App::new()
@@ -673,11 +673,11 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
 async fn scope_and_resource_configs_override_the_apps() {
     let cluster = Cluster::start(3).await;
     let shared = redlock(&cluster, Duration::from_millis(100));
-    let app_config = DistributedLockConfig::new(shared.clone()).prefix("app:");
+    let app_config = DistributedLockConfig::new(shared.clone()).key_prefix("app:");
     let scope_config = DistributedLockConfig::new(shared.clone())
-        .prefix("scope:")
-        .wait_up_to(Duration::from_secs(5));
-    let resource_config = DistributedLockConfig::new(shared.clone()).prefix("res:");
+        .key_prefix("scope:")
+        .wait(Duration::from_secs(5));
+    let resource_config = DistributedLockConfig::new(shared.clone()).key_prefix("res:");
     let server = Server::start(1, move |cfg| {
         cfg.app_data(app_config.clone())
             .route("/plain/{id}", web::get().to(resource))
@@ -785,7 +785,7 @@ async fn middleware_locks_a_scope_and_bodies_keep_the_lock_until_sent() {
     let cluster = Cluster::start(3).await;
     let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(100)))
         .ttl(Duration::from_secs(2))
-        .prefix("account:");
+        .key_prefix("account:");
     let server = Server::start(2, move |cfg| {
         cfg.app_data(config.clone())
             .service(

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use crate::attempt::{AttemptFailure, attempt, join_and_look, time_until_free};
 use crate::error::{ConfigError, Error};
-use crate::lock::Lock;
+use crate::lock::{Finished, Lock, LockHandle};
 use crate::protocol::Waiter;
 use crate::queue::QueueGuard;
 use crate::quorum::Target;
@@ -27,7 +27,23 @@ use crate::wake::Subscription;
 ///
 /// Dropping the future while it runs (a timeout, a `select!`, a client that went away)
 /// leaves nothing behind: whatever the attempt in flight had set is released in the
-/// background, after the in-flight commands.
+/// background, after the in-flight commands. A request goes straight into
+/// `tokio::select!` (it is [`IntoFuture`]):
+///
+/// ```no_run
+/// # async fn run(redlock: redlock_core::Redlock) -> Result<(), redlock_core::Error> {
+/// let shutdown = redlock_core::CancellationToken::new();
+/// tokio::select! {
+///     lock = redlock.lock("import") => {
+///         let lock = lock?;
+///         // ... work under the lock ...
+///         lock.release().await?;
+///     }
+///     () = shutdown.cancelled() => {} // the request is dropped: nothing left behind
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "an Acquire does nothing until awaited"]
 pub struct Acquire<'a> {
     shared: &'a Arc<Shared>,
@@ -76,6 +92,55 @@ impl<'a> Acquire<'a> {
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = Some(retry);
         self
+    }
+
+    /// Takes the lock, keeps it alive with the watchdog ([`Lock::auto_extend`]) while
+    /// `work` runs, then releases it; [`Finished`] holds `work`'s output and how the
+    /// release went. Every option set on this request applies (TTL, retry, fencing).
+    ///
+    /// If the lock is lost meanwhile, `work` is dropped (cancelled at its current
+    /// `.await`) at once and [`Error::Lost`] returned: the protected work never goes on
+    /// without the lock. `work` gets a [`LockHandle`] (fencing token, validity).
+    ///
+    /// ```no_run
+    /// # async fn run(redlock: redlock_core::Redlock) -> Result<(), redlock_core::Error> {
+    /// use std::time::Duration;
+    /// use redlock_core::RetryPolicy;
+    ///
+    /// let done = redlock
+    ///     .lock("ledger:42")
+    ///     .ttl(Duration::from_secs(5))
+    ///     .retry(RetryPolicy::deadline(Duration::from_secs(2)))
+    ///     .fencing(true)
+    ///     .with_lock(|lock| async move { lock.fencing_token() })
+    ///     .await?;
+    /// assert!(done.output.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Whatever awaiting the request returns, and [`Error::Lost`].
+    pub async fn with_lock<F, Fut, T>(self, work: F) -> Result<Finished<T>, Error>
+    where
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let mut lock = self.await?;
+        lock.auto_extend();
+        let outcome = tokio::select! {
+            biased;
+            () = lock.lost() => None,
+            output = work(lock.handle()) => Some(output),
+        };
+        match outcome {
+            Some(output) => Ok(Finished {
+                output,
+                released: lock.release().await,
+            }),
+            None => Err(lock.lost_error()),
+        }
     }
 
     async fn run(self) -> Result<Lock, Error> {

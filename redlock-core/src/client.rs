@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::acquire::Acquire;
 use crate::error::Error;
-use crate::lock::LockHandle;
+use crate::lock::{Finished, LockHandle};
 use crate::node::{Node, NodeStatus};
 use crate::protocol::MAX_TTL;
 use crate::retry::RetryPolicy;
@@ -75,24 +75,22 @@ impl Redlock {
         )
     }
 
-    /// Runs `work` while holding `resource`: takes the lock (retrying by the client's
-    /// policy), keeps it alive with the watchdog ([`Lock::auto_extend`](crate::Lock::auto_extend)) for as long as
-    /// `work` runs, then releases it and returns `work`'s output.
-    ///
-    /// If the lock is lost meanwhile, `work` is dropped (cancelled at its current
-    /// `.await`) at once and [`Error::Lost`] returned: the protected work never goes on
-    /// without the lock. `work` gets a [`LockHandle`] (fencing token, validity).
+    /// Runs `work` while holding `resource` with a TTL of `ttl`: a shorthand for
+    /// `self.lock(resource).ttl(ttl).with_lock(work)` (see
+    /// [`Acquire::with_lock`], which takes every option of a request).
     ///
     /// ```no_run
     /// # async fn run(redlock: redlock_core::Redlock) -> Result<(), redlock_core::Error> {
     /// use std::time::Duration;
     ///
-    /// let report = redlock
+    /// let done = redlock
     ///     .with_lock("nightly-report", Duration::from_secs(10), |lock| async move {
     ///         // ... long work, far beyond the TTL: the watchdog extends the lock ...
     ///         format!("done under token {:?}", lock.fencing_token())
     ///     })
     ///     .await?;
+    /// println!("{}", done.output);
+    /// assert!(done.released?.was_held());
     /// # Ok(())
     /// # }
     /// ```
@@ -105,25 +103,12 @@ impl Redlock {
         resource: impl Into<String>,
         ttl: Duration,
         work: F,
-    ) -> Result<T, Error>
+    ) -> Result<Finished<T>, Error>
     where
         F: FnOnce(LockHandle) -> Fut,
         Fut: Future<Output = T>,
     {
-        let mut lock = self.lock(resource).ttl(ttl).await?;
-        lock.auto_extend();
-        let outcome = tokio::select! {
-            biased;
-            () = lock.lost() => None,
-            output = work(lock.handle()) => Some(output),
-        };
-        match outcome {
-            Some(output) => {
-                let _ = lock.release().await;
-                Ok(output)
-            }
-            None => Err(lock.lost_error()),
-        }
+        self.lock(resource).ttl(ttl).with_lock(work).await
     }
 
     /// Extension rounds the watchdog has sent so far: each is one pipeline per node,

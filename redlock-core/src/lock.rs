@@ -60,6 +60,19 @@ pub(crate) struct Granted {
     pub(crate) in_flight: Option<InFlight>,
 }
 
+/// What [`Acquire::with_lock`](crate::Acquire::with_lock) returns: the work's output,
+/// and how the release after it went.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Finished<T> {
+    /// What the work returned.
+    pub output: T,
+    /// The release after the work: [`Released::was_held`] tells whether the lock was
+    /// still held to the end; an error when the release could not reach a majority (the
+    /// keys then expire by their TTL).
+    pub released: Result<Released, Error>,
+}
+
 /// What [`Lock::release`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -421,6 +434,11 @@ impl LockHandle {
         self.state
             .valid_until()
             .saturating_duration_since(Instant::now())
+    }
+
+    /// When the validity ends (see [`Lock::valid_until`]): it moves with every extension.
+    pub fn valid_until(&self) -> Instant {
+        self.state.valid_until()
     }
 
     /// Whether the lock is still held (see [`Lock::is_held`]).

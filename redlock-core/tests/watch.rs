@@ -149,7 +149,8 @@ async fn with_lock_returns_the_output_and_releases() {
         })
         .await
         .unwrap();
-    assert_eq!(out, 42);
+    assert_eq!(out.output, 42);
+    assert!(out.released.unwrap().was_held());
     let _free = redlock
         .try_lock("job")
         .await

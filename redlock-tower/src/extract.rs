@@ -47,7 +47,7 @@
 
 use http::Request;
 use http::header::HeaderName;
-use redlock_core::problem::Problem;
+use redlock_http::Problem;
 
 /// The longest key a built-in extractor accepts, in bytes; a longer one is refused with
 /// `400` (a client must not be able to make the layer store arbitrarily large keys).
@@ -55,6 +55,7 @@ pub const MAX_KEY_LEN: usize = 512;
 
 /// What a [`KeyExtractor`] decided for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Key {
     /// Take the lock on this key (the layer's [key
     /// prefix](crate::LockLayer::key_prefix) is put in front) for the request.
@@ -117,7 +118,7 @@ where
 ///
 /// ```
 /// use http::Request;
-/// use redlock_core::problem::Problem;
+/// use redlock_http::Problem;
 /// use redlock_tower::extract::{Key, KeyExtractor, from_fn};
 ///
 /// let tenant = from_fn(|req: &Request<()>| match req.headers().get("x-tenant") {
@@ -339,7 +340,7 @@ pub use self::path_param::PathParam;
 mod path_param {
     use axum::extract::{MatchedPath, OriginalUri};
     use http::Request;
-    use redlock_core::problem::Problem;
+    use redlock_http::Problem;
 
     use super::{Key, KeyExtractor, checked, param_value};
 

@@ -106,7 +106,7 @@ async fn start_replica(
 ) -> std::io::Result<(String, ServerHandle)> {
     let config = DistributedLockConfig::new(redlock)
         .ttl(Duration::from_secs(2))
-        .prefix("actix-example:order:");
+        .key_prefix("actix-example:order:");
     let server = HttpServer::new(move || {
         App::new()
             .app_data(world.clone())
@@ -120,8 +120,8 @@ async fn start_replica(
                     .app_data(
                         config
                             .clone()
-                            .prefix("actix-example:account:")
-                            .wait_up_to(Duration::from_secs(5)),
+                            .key_prefix("actix-example:account:")
+                            .wait(Duration::from_secs(5)),
                     )
                     .wrap(LockMiddleware::path_param("id"))
                     .route("/deposit", web::post().to(deposit)),
