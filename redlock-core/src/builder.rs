@@ -35,6 +35,8 @@ enum NodeSpec {
     Url(String),
     Client(Box<redis::Client>),
     Pool(deadpool_redis::Pool),
+    #[cfg(test)]
+    Fake(crate::node::fake::FakeServer),
 }
 
 /// Builds a [`Redlock`]: add nodes, set options, then [`build`](Self::build), which
@@ -90,6 +92,16 @@ impl std::fmt::Debug for RedlockBuilder {
             .field("subscription_linger", &self.subscription_linger)
             .field("max_hold", &self.max_hold)
             .finish()
+    }
+}
+
+#[cfg(test)]
+impl RedlockBuilder {
+    /// Adds a node answered by an in-memory server (unit tests of the layers above the
+    /// node layer).
+    pub(crate) fn fake(mut self, server: crate::node::fake::FakeServer) -> Self {
+        self.nodes.push(NodeSpec::Fake(server));
+        self
     }
 }
 
@@ -282,6 +294,11 @@ impl RedlockBuilder {
                 NodeSpec::Client(client) => *client,
                 NodeSpec::Pool(pool) => {
                     nodes.push(Node::pool(format!("pool#{index}"), pool));
+                    continue;
+                }
+                #[cfg(test)]
+                NodeSpec::Fake(server) => {
+                    nodes.push(Node::fake(format!("fake#{index}"), server));
                     continue;
                 }
             };

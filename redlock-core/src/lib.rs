@@ -90,6 +90,9 @@ mod value;
 mod wake;
 mod watchdog;
 
+#[cfg(test)]
+mod tests;
+
 pub use acquire::Acquire;
 pub use builder::{
     DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT,

@@ -19,6 +19,9 @@ use crate::protocol::{load_scripts, redis_error};
 pub(super) enum Backend {
     Direct(Box<Direct>),
     Pool(deadpool_redis::Pool),
+    /// An in-memory server, for unit tests of the layers above.
+    #[cfg(test)]
+    Fake(super::fake::FakeServer),
 }
 
 /// A lazily opened, shared multiplexed connection.

@@ -44,6 +44,8 @@ impl NodeStatus {
 
 mod checks;
 mod connection;
+#[cfg(test)]
+pub(crate) mod fake;
 mod quarantine;
 
 pub(crate) struct Node {
@@ -72,6 +74,16 @@ impl Node {
                 checks,
                 quarantine: None,
             })),
+            quarantine: None,
+        }
+    }
+
+    /// A node answered by an in-memory server (unit tests).
+    #[cfg(test)]
+    pub(crate) fn fake(name: String, server: fake::FakeServer) -> Self {
+        Self {
+            name,
+            backend: Backend::Fake(server),
             quarantine: None,
         }
     }
@@ -154,6 +166,10 @@ impl Node {
                     self.check_quarantine(votes)?;
                     query_batch(&pipe, &mut conn).await.map_err(redis_error)?
                 }
+                #[cfg(test)]
+                Backend::Fake(server) => query_batch(&pipe, &mut server.clone())
+                    .await
+                    .map_err(redis_error)?,
             };
             Ok(replies
                 .into_iter()
@@ -214,6 +230,11 @@ impl Node {
                     other => other.map_err(|(_, err)| err),
                 },
                 Backend::Pool(pool) => self.pooled(pool, true).await.map(drop),
+                #[cfg(test)]
+                Backend::Fake(server) => redis::cmd("PING")
+                    .query_async::<()>(&mut server.clone())
+                    .await
+                    .map_err(redis_error),
             }
         };
         let reachable = match tokio::time::timeout(timeout, probe).await {
@@ -243,6 +264,8 @@ impl Node {
         match &self.backend {
             Backend::Direct(direct) => Some(direct.client.clone()),
             Backend::Pool(_) => None,
+            #[cfg(test)]
+            Backend::Fake(_) => None,
         }
     }
 
@@ -274,6 +297,14 @@ impl Node {
             Backend::Direct(direct) => direct,
             // Boxed: the pool's future is large, and the direct path is the hot one.
             Backend::Pool(pool) => return Box::pin(self.run_pooled(pool, command)).await,
+            #[cfg(test)]
+            Backend::Fake(server) => {
+                self.check_quarantine(command.votes)?;
+                return command
+                    .execute(&mut server.clone())
+                    .await
+                    .map_err(redis_error);
+            }
         };
         let (generation, mut conn) = direct.connection().await?;
         self.check_quarantine(command.votes)?;

@@ -7,6 +7,8 @@ mod command;
 mod op;
 pub(crate) mod scripts;
 
+#[cfg(test)]
+pub(crate) use command::Send1;
 pub(crate) use command::{
     Command, breaks_connection, build, load_scripts, query_batch, redis_error,
 };
