@@ -1,0 +1,85 @@
+//! [`Header`]: the key from a request header.
+
+use http::Request;
+use http::header::HeaderName;
+use redlock_http::Problem;
+
+use super::{Key, KeyExtractor, checked};
+
+/// The key is a request header's value, e.g. `Idempotency-Key` or a tenant id.
+///
+/// Without the header the request passes through unlocked, or, once
+/// [`required`](Self::required), is refused with `400`. A value that is empty, longer
+/// than [`MAX_KEY_LEN`](super::MAX_KEY_LEN), or not visible ASCII is always refused with `400`.
+#[derive(Debug, Clone)]
+pub struct Header {
+    name: HeaderName,
+    required: bool,
+}
+
+impl Header {
+    /// The key from header `name` (any case: `"Idempotency-Key"`).
+    ///
+    /// `name` is a literal, checked once when the extractor is built; use
+    /// [`from_name`](Self::from_name) for a name known only at run time.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name (a programming error, like an invalid
+    /// literal route in a router).
+    pub fn new(name: &'static str) -> Self {
+        // Lowercases a valid name; an invalid one goes to `from_static`, which panics
+        // with the http crate's message.
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .unwrap_or_else(|_| HeaderName::from_static(name));
+        Self::from_name(name)
+    }
+
+    /// The key from header `name`.
+    pub fn from_name(name: HeaderName) -> Self {
+        Self {
+            name,
+            required: false,
+        }
+    }
+
+    /// Refuse requests without the header (`400`) instead of letting them through.
+    pub fn required(mut self) -> Self {
+        self.required = true;
+        self
+    }
+
+    /// The header's name.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl<B> KeyExtractor<B> for Header {
+    fn extract(&self, request: &Request<B>) -> Key {
+        let mut values = request.headers().get_all(&self.name).iter();
+        let Some(value) = values.next() else {
+            return if self.required {
+                Key::Reject(Problem::bad_key(format!(
+                    "the `{}` header is required",
+                    self.name
+                )))
+            } else {
+                Key::Pass
+            };
+        };
+        if values.next().is_some() {
+            return Key::Reject(Problem::bad_key(format!(
+                "the `{}` header must be given once",
+                self.name
+            )));
+        }
+        match value.to_str() {
+            Ok(text) => checked(text.trim(), || format!("the `{}` header", self.name)),
+            Err(_) => Key::Reject(Problem::bad_key(format!(
+                "the `{}` header must be visible ASCII",
+                self.name
+            ))),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Key extractors: which lock (if any) a request needs.
+//!
+//! A [`KeyExtractor`] looks at a request and answers with a [`Key`]:
+//!
+//! - [`Key::Lock`]: serialize this request with every other request of the same key;
+//! - [`Key::Pass`]: no lock, the request goes straight through;
+//! - [`Key::Reject`]: refuse the request (by default `400 Bad Request`, for a missing or
+//!   malformed key), with a [`Problem`] saying why.
+//!
+//! Built in: [`Header`] (optionally required), [`PathPrefix`], [`Global`], and, with the
+//! `axum` feature, `PathParam` for a path parameter of an axum route. Any closure
+//! `Fn(&http::Request<B>) -> Option<String>` is an extractor too (`None` passes the
+//! request through), and [`from_fn`] wraps a closure that returns a full [`Key`].
+//!
+//! ```
+//! use http::Request;
+//! use redlock_tower::extract::{Global, Header, Key, KeyExtractor, PathPrefix};
+//!
+//! let pay = Request::post("/orders/42/pay")
+//!     .header("idempotency-key", "7c1e")
+//!     .body(())
+//!     .unwrap();
+//!
+//! // The header's value is the key; without the header the request is refused (400).
+//! let by_header = Header::new("idempotency-key").required();
+//! assert_eq!(by_header.extract(&pay), Key::Lock("7c1e".into()));
+//! let bare = Request::post("/orders/42/pay").body(()).unwrap();
+//! assert_eq!(by_header.extract(&bare).rejection().map(|p| p.status), Some(400));
+//!
+//! // The prefix and the next segment: every request under /orders/42 shares a key.
+//! let by_order = PathPrefix::new("/orders");
+//! assert_eq!(by_order.extract(&pay), Key::Lock("/orders/42".into()));
+//! let other = Request::get("/health").body(()).unwrap();
+//! assert_eq!(by_order.extract(&other), Key::Pass);
+//!
+//! // One key for everything.
+//! assert_eq!(Global::new("migrations").extract(&other), Key::Lock("migrations".into()));
+//!
+//! // A closure: lock POSTs per tenant, let everything else through.
+//! let by_tenant = |req: &Request<()>| {
+//!     (req.method() == http::Method::POST)
+//!         .then(|| req.headers().get("x-tenant")?.to_str().ok().map(str::to_owned))
+//!         .flatten()
+//! };
+//! assert_eq!(by_tenant.extract(&pay), Key::Pass); // no x-tenant header
+//! ```
+
+mod global;
+mod header;
+#[cfg(feature = "axum")]
+mod path_param;
+mod path_prefix;
+#[cfg(test)]
+mod tests;
+
+use http::Request;
+use redlock_http::Problem;
+
+pub use self::global::Global;
+pub use self::header::Header;
+#[cfg(feature = "axum")]
+pub use self::path_param::PathParam;
+pub use self::path_prefix::PathPrefix;
+
+/// The longest key a built-in extractor accepts, in bytes; a longer one is refused with
+/// `400` (a client must not be able to make the layer store arbitrarily large keys).
+pub const MAX_KEY_LEN: usize = 512;
+
+/// What a [`KeyExtractor`] decided for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Key {
+    /// Take the lock on this key (the layer's [key
+    /// prefix](crate::LockLayer::key_prefix) is put in front) for the request.
+    Lock(String),
+    /// Take no lock: the request goes through at once, unserialized.
+    Pass,
+    /// Refuse the request with this problem (usually [`Problem::bad_key`], a `400`).
+    Reject(Problem),
+}
+
+impl Key {
+    /// The key to lock, if the decision is [`Key::Lock`].
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Lock(key) => Some(key),
+            _ => None,
+        }
+    }
+
+    /// The problem, if the decision is [`Key::Reject`].
+    pub fn rejection(&self) -> Option<&Problem> {
+        match self {
+            Self::Reject(problem) => Some(problem),
+            _ => None,
+        }
+    }
+
+    /// `Some(key)` locks it, `None` passes the request through.
+    pub fn from_option(key: Option<String>) -> Self {
+        key.map_or(Self::Pass, Self::Lock)
+    }
+}
+
+impl From<Option<String>> for Key {
+    fn from(key: Option<String>) -> Self {
+        Self::from_option(key)
+    }
+}
+
+/// Names the lock a request needs. See the [module documentation](self).
+///
+/// Implemented for closures `Fn(&http::Request<B>) -> Option<String>`; implement it
+/// yourself (or use [`from_fn`]) to reject requests. It runs synchronously in
+/// `Service::call`, before anything else: keep it cheap, and do not read the body.
+pub trait KeyExtractor<B> {
+    /// Decides the key for `request`.
+    fn extract(&self, request: &Request<B>) -> Key;
+}
+
+impl<B, F> KeyExtractor<B> for F
+where
+    F: Fn(&Request<B>) -> Option<String>,
+{
+    fn extract(&self, request: &Request<B>) -> Key {
+        Key::from_option(self(request))
+    }
+}
+
+/// An extractor from a closure returning a full [`Key`] (to reject requests too).
+///
+/// ```
+/// use http::Request;
+/// use redlock_http::Problem;
+/// use redlock_tower::extract::{Key, KeyExtractor, from_fn};
+///
+/// let tenant = from_fn(|req: &Request<()>| match req.headers().get("x-tenant") {
+///     None => Key::Pass,
+///     Some(v) => match v.to_str() {
+///         Ok(t) if t.bytes().all(|b| b.is_ascii_alphanumeric()) => Key::Lock(format!("tenant:{t}")),
+///         _ => Key::Reject(Problem::bad_key("x-tenant must be alphanumeric".into())),
+///     },
+/// });
+/// let req = Request::get("/").header("x-tenant", "acme").body(()).unwrap();
+/// assert_eq!(tenant.extract(&req), Key::Lock("tenant:acme".into()));
+/// ```
+pub fn from_fn<F>(f: F) -> FromFn<F> {
+    FromFn(f)
+}
+
+/// See [`from_fn`].
+#[derive(Debug, Clone, Copy)]
+pub struct FromFn<F>(F);
+
+impl<B, F> KeyExtractor<B> for FromFn<F>
+where
+    F: Fn(&Request<B>) -> Key,
+{
+    fn extract(&self, request: &Request<B>) -> Key {
+        (self.0)(request)
+    }
+}
+
+/// Refuses an empty or over-long key; `what` names its source for the message.
+fn checked(key: &str, what: impl FnOnce() -> String) -> Key {
+    if key.is_empty() {
+        Key::Reject(Problem::bad_key(format!("{} is empty", what())))
+    } else if key.len() > MAX_KEY_LEN {
+        Key::Reject(Problem::bad_key(format!(
+            "{} is longer than {MAX_KEY_LEN} bytes",
+            what()
+        )))
+    } else {
+        Key::Lock(key.to_owned())
+    }
+}

@@ -1,0 +1,175 @@
+//! [`PathParam`]: the key from a path parameter of an axum route (feature `axum`).
+
+use axum::extract::{MatchedPath, OriginalUri};
+use http::Request;
+use redlock_http::Problem;
+
+use super::{Key, KeyExtractor, checked};
+
+/// The key is a path parameter of the axum route, e.g. `id` in
+/// `/orders/{id}/pay` (feature `axum`).
+///
+/// Use the layer with `Router::route_layer` (or `Router::layer`): axum has matched
+/// the route by then and put [`MatchedPath`] into the request's extensions; the
+/// value is read from the request path at the parameter's place in that template,
+/// percent-decoded as axum's `Path` extractor does (a `{*wildcard}` takes the rest
+/// of the path). Nested routers work: the original URI ([`OriginalUri`]) is used
+/// when present.
+///
+/// Answers `500` when the layer sits where no route was matched (outside the
+/// `Router`, or on a fallback) or the route has no such parameter: both are
+/// configuration mistakes. A value that is not UTF-8 once decoded is refused with
+/// `400`.
+///
+/// ```
+/// use axum::{Extension, Router, body::Body, routing::post};
+/// use http::{Request, StatusCode};
+/// use redlock_tower::{LockHandle, LockLayer, extract::PathParam};
+/// use tower::ServiceExt;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), redlock_tower::BoxError> {
+/// # let cluster = redlock_testkit::Cluster::start(1).await;
+/// # let redlock = redlock_tower::Redlock::builder()
+/// #     .nodes(cluster.urls())
+/// #     .restart_quarantine(false) // the test node was started a moment ago
+/// #     .build()?;
+/// let app: Router = Router::new()
+///     .route(
+///         "/orders/{id}/pay",
+///         post(|Extension(lock): Extension<LockHandle>| async move {
+///             format!("paid under {}", lock.resource())
+///         }),
+///     )
+///     .route_layer(LockLayer::new(redlock, PathParam::new("id")).key_prefix("order:"));
+///
+/// let pay = Request::post("/orders/42/pay").body(Body::empty())?;
+/// let response = app.oneshot(pay).await?;
+/// assert_eq!(response.status(), StatusCode::OK);
+/// let body = axum::body::to_bytes(response.into_body(), 1024).await?;
+/// assert_eq!(body, "paid under order:42");
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PathParam {
+    name: String,
+}
+
+impl PathParam {
+    /// The key from the route's parameter `name` (without braces).
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into() }
+    }
+}
+
+impl<B> KeyExtractor<B> for PathParam {
+    fn extract(&self, request: &Request<B>) -> Key {
+        let Some(template) = request.extensions().get::<MatchedPath>() else {
+            return Key::Reject(Problem::misconfigured(format!(
+                "no matched route for path parameter `{}`: add the lock layer with axum's `Router::route_layer`",
+                self.name
+            )));
+        };
+        let path = request
+            .extensions()
+            .get::<OriginalUri>()
+            .map_or_else(|| request.uri().path(), |original| original.0.path());
+        match param_value(template.as_str(), path, &self.name) {
+            Some(Ok(value)) => checked(&value, || format!("path parameter `{}`", self.name)),
+            Some(Err(())) => Key::Reject(Problem::bad_key(format!(
+                "path parameter `{}` is not valid UTF-8",
+                self.name
+            ))),
+            None => Key::Reject(Problem::misconfigured(format!(
+                "route `{}` has no path parameter `{}` (or the path does not fit it)",
+                template.as_str(),
+                self.name
+            ))),
+        }
+    }
+}
+
+/// The value of parameter `name` of route `template` (axum syntax: `{name}`,
+/// `{*name}`) in `path`, percent-decoded: `None` if the template has no such parameter
+/// or the path does not fit it, `Some(Err)` if the value is not UTF-8.
+fn param_value(template: &str, path: &str, name: &str) -> Option<Result<String, ()>> {
+    let plain = format!("{{{name}}}");
+    let wildcard = format!("{{*{name}}}");
+    let mut path_segments = path.split('/');
+    for segment in template.split('/') {
+        if segment == wildcard {
+            let rest: Vec<&str> = path_segments.collect();
+            return Some(decode(&rest.join("/")));
+        }
+        let value = path_segments.next()?;
+        if let Some((before, after)) = segment.split_once(plain.as_str()) {
+            // A parameter may share its segment with literal text (`{file}.json`).
+            let inner = value.strip_prefix(before)?.strip_suffix(after)?;
+            return Some(decode(inner));
+        }
+    }
+    None
+}
+
+/// Percent-decodes `raw` (a path segment; `+` stays `+`), requiring UTF-8.
+fn decode(raw: &str) -> Result<String, ()> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let hex = |at: usize| bytes.get(at).and_then(|c| (*c as char).to_digit(16));
+        match (b, hex(i + 1), hex(i + 2)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_parameters_from_templates() {
+        let v = |t: &str, p: &str, n: &str| param_value(t, p, n);
+        assert_eq!(
+            v("/orders/{id}/pay", "/orders/42/pay", "id"),
+            Some(Ok("42".into()))
+        );
+        assert_eq!(
+            v("/t/{tenant}/o/{id}", "/t/acme/o/7", "tenant"),
+            Some(Ok("acme".into()))
+        );
+        assert_eq!(
+            v("/t/{tenant}/o/{id}", "/t/acme/o/7", "id"),
+            Some(Ok("7".into()))
+        );
+        assert_eq!(
+            v("/files/{*path}", "/files/a/b%20c", "path"),
+            Some(Ok("a/b c".into()))
+        );
+        assert_eq!(
+            v("/r/{name}.json", "/r/x.json", "name"),
+            Some(Ok("x".into()))
+        );
+        assert_eq!(
+            v("/orders/{id}", "/orders/%E2%82%AC", "id"),
+            Some(Ok("€".into()))
+        );
+        assert_eq!(v("/orders/{id}", "/orders/%FF", "id"), Some(Err(())));
+        assert_eq!(
+            v("/orders/{id}", "/orders/100%", "id"),
+            Some(Ok("100%".into()))
+        );
+        assert_eq!(v("/orders/{id}", "/orders/42", "other"), None);
+        assert_eq!(v("/orders/{id}", "/orders", "id"), None);
+    }
+}

@@ -1,0 +1,92 @@
+//! The built-in extractors.
+
+use super::*;
+
+fn req(path: &str) -> Request<()> {
+    Request::get(path).body(()).unwrap()
+}
+
+#[test]
+fn header_optional_required_and_invalid() {
+    let optional = Header::new("idempotency-key");
+    let required = Header::new("idempotency-key").required();
+    assert_eq!(optional.extract(&req("/")), Key::Pass);
+    let missing = required.extract(&req("/"));
+    assert_eq!(missing.rejection().map(|p| p.status), Some(400));
+    assert!(
+        missing
+            .rejection()
+            .unwrap()
+            .detail
+            .contains("idempotency-key")
+    );
+
+    let with = |v: &[u8]| {
+        Request::get("/")
+            .header("idempotency-key", http::HeaderValue::from_bytes(v).unwrap())
+            .body(())
+            .unwrap()
+    };
+    assert_eq!(required.extract(&with(b" abc ")), Key::Lock("abc".into()));
+    for bad in [&b""[..], b"  ", "é".as_bytes(), &[b'a'; MAX_KEY_LEN + 1]] {
+        let got = optional.extract(&with(bad));
+        assert_eq!(got.rejection().map(|p| p.status), Some(400), "{bad:?}");
+    }
+    let twice = Request::get("/")
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "b")
+        .body(())
+        .unwrap();
+    assert_eq!(
+        optional.extract(&twice).rejection().map(|p| p.status),
+        Some(400)
+    );
+}
+
+#[test]
+fn path_prefix_takes_whole_segments() {
+    let p = PathPrefix::new("/orders/");
+    assert_eq!(
+        p.extract(&req("/orders/42/pay")),
+        Key::Lock("/orders/42".into())
+    );
+    assert_eq!(
+        p.extract(&req("/orders/42")),
+        Key::Lock("/orders/42".into())
+    );
+    assert_eq!(
+        p.extract(&req("/orders/42?x=1")),
+        Key::Lock("/orders/42".into())
+    );
+    assert_eq!(p.extract(&req("/orders")), Key::Pass);
+    assert_eq!(p.extract(&req("/orders/")), Key::Pass);
+    assert_eq!(p.extract(&req("/orders//pay")), Key::Pass);
+    assert_eq!(p.extract(&req("/orders-archive/1")), Key::Pass);
+    assert_eq!(p.extract(&req("/health")), Key::Pass);
+
+    let two = PathPrefix::new("tenants").segments(3);
+    assert_eq!(
+        two.extract(&req("/tenants/acme/orders/7/pay")),
+        Key::Lock("/tenants/acme/orders/7".into())
+    );
+    assert_eq!(two.extract(&req("/tenants/acme/orders")), Key::Pass);
+
+    let whole = PathPrefix::new("/admin").segments(0);
+    assert_eq!(
+        whole.extract(&req("/admin/migrate")),
+        Key::Lock("/admin".into())
+    );
+    let root = PathPrefix::new("/");
+    assert_eq!(root.extract(&req("/a/b")), Key::Lock("/a".into()));
+    assert_eq!(root.extract(&req("/")), Key::Pass);
+}
+
+#[test]
+fn global_and_closures() {
+    assert_eq!(Global::new("g").extract(&req("/x")), Key::Lock("g".into()));
+    let f = |r: &Request<()>| (r.uri().path() == "/x").then(|| "k".to_owned());
+    assert_eq!(f.extract(&req("/x")), Key::Lock("k".into()));
+    assert_eq!(f.extract(&req("/y")), Key::Pass);
+    let reject = from_fn(|_: &Request<()>| Key::Reject(Problem::bad_key("no".into())));
+    assert!(reject.extract(&req("/")).rejection().is_some());
+}
