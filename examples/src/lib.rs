@@ -72,34 +72,56 @@ impl Nodes {
     }
 }
 
-/// Waits until a majority of `redlock`'s nodes vote (fresh nodes sit in restart
-/// quarantine for the maximum TTL after they start), printing what it waits for.
+/// Waits until a majority of `redlock`'s nodes vote, or exits the program with status 1
+/// and a message naming each node that cannot, as configured (host and port, no
+/// credentials). Unreachable or misconfigured nodes are reported within the connect
+/// timeout ([`redlock_core::CONNECT_TIMEOUT`]); nodes that only sit in restart quarantine
+/// (started less than the max TTL ago, as local nodes started for a run do) are waited
+/// for until it ends.
 pub async fn wait_until_ready(redlock: &redlock_core::Redlock) {
     let started = std::time::Instant::now();
-    let mut told = false;
-    while !redlock.ready().await {
-        if !told {
-            let longest = redlock
-                .node_status()
-                .await
-                .iter()
-                .filter_map(|s| s.quarantined)
-                .max()
-                .unwrap_or_default();
+    let result = match redlock.wait_ready(redlock_core::CONNECT_TIMEOUT).await {
+        Err(redlock_core::Error::NotReady {
+            ready,
+            needed,
+            failures,
+            ..
+        }) if ready + quarantined(&failures).0 >= needed => {
+            let left = quarantined(&failures).1;
             println!(
                 "  nodes started moments ago are in restart quarantine (up for less than the max TTL): waiting up to {:.1} s",
-                longest.as_secs_f64()
+                left.as_secs_f64()
             );
-            told = true;
+            let result = redlock
+                .wait_ready(left + redlock_core::CONNECT_TIMEOUT)
+                .await;
+            if result.is_ok() {
+                println!(
+                    "  quorum ready after {:.1} s",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            result
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        other => other,
+    };
+    if let Err(err) = result {
+        eprintln!("error: the Redis nodes are not usable: {err}");
+        std::process::exit(1);
     }
-    if told {
-        println!(
-            "  quorum ready after {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-    }
+}
+
+/// How many of `failures` are restart quarantines, and the longest left.
+fn quarantined(failures: &[redlock_core::NodeFailure]) -> (usize, std::time::Duration) {
+    failures
+        .iter()
+        .filter_map(|f| match f.cause {
+            redlock_core::NodeError::Quarantined(left) => Some(left),
+            _ => None,
+        })
+        .fold((0, std::time::Duration::ZERO), |(n, longest), left| {
+            (n + 1, longest.max(left))
+        })
 }
 
 /// Logs to stderr at `RUST_LOG`'s level (default: warnings).

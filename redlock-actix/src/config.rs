@@ -16,10 +16,6 @@ use crate::error::BadKey;
 use crate::error::DistributedLockError;
 use crate::guard::LockGuard;
 
-/// The longest lock key accepted by default, in bytes (see
-/// [`DistributedLockConfig::max_key_len`]).
-pub const DEFAULT_MAX_KEY_LEN: usize = 512;
-
 type ErrorHandler = dyn Fn(DistributedLockError, &HttpRequest) -> actix_web::Error + Send + Sync;
 
 /// How [`DistributedLock`](crate::DistributedLock) and
@@ -91,7 +87,6 @@ pub struct DistributedLockConfig {
     retry: RetryPolicy,
     prefix: Arc<str>,
     max_hold: Option<Duration>,
-    max_key_len: usize,
     fencing: Option<bool>,
     runtime: Option<Handle>,
     error_handler: Option<Arc<ErrorHandler>>,
@@ -105,7 +100,6 @@ impl std::fmt::Debug for DistributedLockConfig {
             .field("retry", &self.retry)
             .field("prefix", &self.prefix)
             .field("max_hold", &self.max_hold)
-            .field("max_key_len", &self.max_key_len)
             .field("fencing", &self.fencing)
             .field("runtime", &self.runtime.is_some())
             .field("error_handler", &self.error_handler.is_some())
@@ -123,7 +117,6 @@ impl DistributedLockConfig {
             retry: RetryPolicy::once(),
             prefix: Arc::from(""),
             max_hold: None,
-            max_key_len: DEFAULT_MAX_KEY_LEN,
             fencing: None,
             runtime: None,
             error_handler: None,
@@ -177,13 +170,6 @@ impl DistributedLockConfig {
         self
     }
 
-    /// The longest key accepted, in bytes (default [`DEFAULT_MAX_KEY_LEN`]); a longer
-    /// one is a bad key (400).
-    pub fn max_key_len(mut self, max: usize) -> Self {
-        self.max_key_len = max;
-        self
-    }
-
     /// Take the lock with a fencing token (default: the client's setting); read it with
     /// [`LockGuard::fencing_token`].
     pub fn fencing(mut self, on: bool) -> Self {
@@ -227,26 +213,22 @@ impl DistributedLockConfig {
             .or_else(|| req.app_data::<web::Data<Self>>().map(|data| &***data))
     }
 
-    /// `err` as an actix error: through the error handler if one is set.
+    /// `err` as an actix error: through the error handler if one is set, else logged
+    /// and answered with a generic problem carrying the request's id.
     pub(crate) fn reject(&self, err: DistributedLockError, req: &HttpRequest) -> actix_web::Error {
         match &self.error_handler {
             Some(handler) => handler(err, req),
-            None => err.into(),
+            None => err.respond(req),
         }
     }
 
-    /// `prefix + key`, checked.
+    /// `prefix + key`; an empty key is refused here, one too long by the client
+    /// ([`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)), before
+    /// anything is sent.
     pub(crate) fn resource(&self, key: Result<String, BadKey>) -> Result<String, BadKey> {
         let key = key?;
         if key.is_empty() {
             return Err(BadKey::new("the lock key is empty"));
-        }
-        if key.len() > self.max_key_len {
-            return Err(BadKey::new(format!(
-                "the lock key is {} bytes long, more than the {} allowed",
-                key.len(),
-                self.max_key_len
-            )));
         }
         Ok(format!("{}{key}", self.prefix))
     }
@@ -308,29 +290,7 @@ impl DistributedLockConfig {
                 );
                 Ok(LockGuard::new(lock, handle))
             }
-            Ok(Err(err)) => {
-                let err = DistributedLockError::from(err);
-                match &err {
-                    DistributedLockError::Busy(redlock_core::Error::Taken {
-                        attempts,
-                        retry_after,
-                        ..
-                    }) => tracing::debug!(
-                        key = %resource,
-                        attempts,
-                        waited_ms,
-                        retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
-                        "lock busy"
-                    ),
-                    DistributedLockError::Misconfigured(err) => {
-                        tracing::error!(key = %resource, error = %err, "lock call rejected");
-                    }
-                    other => {
-                        tracing::warn!(key = %resource, waited_ms, error = %other, "lock unavailable")
-                    }
-                }
-                Err(err)
-            }
+            Ok(Err(err)) => Err(DistributedLockError::from(err)),
             Err(join) => {
                 tracing::error!(key = %resource, error = %join, "lock task failed");
                 Err(DistributedLockError::Background(join.to_string()))

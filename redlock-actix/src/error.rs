@@ -2,7 +2,7 @@
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use actix_web::{HttpResponse, ResponseError};
+use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use std::borrow::Cow;
 
 use redlock_http::{self as problem, Problem};
@@ -16,10 +16,14 @@ use redlock_http::{self as problem, Problem};
 ///
 /// | variant | status | `Retry-After` |
 /// | --- | --- | --- |
-/// | [`Busy`](Self::Busy) | 409 | the holder's remaining TTL (whole seconds, rounded up) |
+/// | [`Busy`](Self::Busy) | 409 | the holder's remaining validity (whole seconds, rounded up), 1 s when no node said |
 /// | [`Unavailable`](Self::Unavailable) | 503 | 1 s |
 /// | [`BadKey`](Self::BadKey) | 400 | none |
 /// | [`MissingConfig`](Self::MissingConfig), [`Misconfigured`](Self::Misconfigured), [`Background`](Self::Background) | 500 | none |
+///
+/// Bodies carry a generic detail (see [`Problem::from_error`]) and, when the request
+/// has an `x-request-id` or `x-correlation-id` header, its id; node addresses and error
+/// texts go to the server's log only.
 ///
 /// ```
 /// use actix_web::ResponseError;
@@ -42,7 +46,9 @@ pub enum DistributedLockError {
     #[error(transparent)]
     Unavailable(redlock_core::Error),
 
-    /// The request names no usable lock key (empty, too long, a missing header): 400.
+    /// The request names no usable lock key (empty, longer than the client's
+    /// [`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len), a missing
+    /// header): 400.
     #[error(transparent)]
     BadKey(BadKey),
 
@@ -66,11 +72,15 @@ pub enum DistributedLockError {
 }
 
 impl From<redlock_core::Error> for DistributedLockError {
-    /// Sorts a core error by the answer it gets: `Taken` is busy, `Config` a
-    /// misconfiguration, anything else (no quorum, lost, expired) unavailable.
+    /// Sorts a core error by the answer it gets: `Taken` is busy, an unusable resource
+    /// name a bad key, another `Config` error a misconfiguration, anything else (no
+    /// quorum, lost, expired) unavailable.
     fn from(err: redlock_core::Error) -> Self {
         match err.class() {
             redlock_core::ErrorClass::Contended { .. } => Self::Busy(err),
+            redlock_core::ErrorClass::InvalidResource => {
+                Self::BadKey(BadKey::new(Problem::from_error(&err).detail))
+            }
             redlock_core::ErrorClass::InvalidInput => Self::Misconfigured(err),
             _ => Self::Unavailable(err),
         }
@@ -85,16 +95,52 @@ impl From<BadKey> for DistributedLockError {
 
 impl DistributedLockError {
     /// The HTTP description of this error (status, `Retry-After`, body), from
-    /// [`redlock_http`], so that every integration answers alike.
+    /// [`redlock_http`], so that every integration answers alike. The detail is
+    /// generic for everything but a bad key (which is about the request itself).
     pub fn problem(&self) -> Problem {
         match self {
             Self::Busy(err) | Self::Unavailable(err) | Self::Misconfigured(err) => {
                 Problem::from_error(err)
             }
             Self::BadKey(err) => Problem::bad_key(err.to_string()),
-            Self::MissingConfig | Self::Background(_) => Problem::misconfigured(self.to_string()),
+            Self::MissingConfig | Self::Background(_) => Problem::misconfigured(
+                "The server's lock configuration is invalid; the details are in the server's log."
+                    .to_owned(),
+            ),
         }
     }
+
+    /// [`problem`](Self::problem), carrying `req`'s request id.
+    pub fn problem_for(&self, req: &HttpRequest) -> Problem {
+        self.problem().with_request_id(request_id(req))
+    }
+
+    /// The default answer to `req`: logged with the request's id (the full error, node
+    /// addresses included, goes to the log only), then the problem response.
+    pub(crate) fn respond(self, req: &HttpRequest) -> actix_web::Error {
+        let id = request_id(req);
+        match &self {
+            Self::Busy(err) => {
+                tracing::debug!(path = req.path(), request_id = id.as_deref(), error = %err, "lock busy: request refused");
+            }
+            Self::BadKey(bad) => {
+                tracing::debug!(path = req.path(), request_id = id.as_deref(), detail = %bad, "no usable lock key in the request");
+            }
+            Self::Unavailable(err) => {
+                tracing::warn!(path = req.path(), request_id = id.as_deref(), error = %err, "lock service unavailable: request refused");
+            }
+            Self::MissingConfig | Self::Misconfigured(_) | Self::Background(_) => {
+                tracing::error!(path = req.path(), request_id = id.as_deref(), error = %self, "lock misconfigured: request refused");
+            }
+        }
+        let response = problem_response(&self.problem().with_request_id(id));
+        actix_web::error::InternalError::from_response(self, response).into()
+    }
+}
+
+/// The request's id, from its `x-request-id` (or `x-correlation-id`) header.
+fn request_id(req: &HttpRequest) -> Option<String> {
+    redlock_http::request_id(|name| req.headers().get(name)?.to_str().ok())
 }
 
 impl ResponseError for DistributedLockError {
@@ -164,7 +210,8 @@ mod tests {
         assert_eq!(retry_after.as_deref(), Some("2"));
         assert_eq!(content_type, "application/problem+json");
         assert!(body.contains(r#""status":409"#), "{body}");
-        assert!(body.contains("order:42"), "{body}");
+        assert!(!body.contains("order:42"), "{body}");
+        assert!(!body.contains("127.0.0.1"), "{body}");
     }
 
     #[test]
@@ -183,12 +230,17 @@ mod tests {
     }
 
     #[test]
-    fn missing_config_is_500_naming_the_type() {
+    fn missing_config_is_500_with_a_generic_body() {
         let (status, retry_after, content_type, body) = parts(&DistributedLockError::MissingConfig);
         assert_eq!(status, 500);
         assert_eq!(retry_after, None);
         assert_eq!(content_type, "application/problem+json");
-        assert!(body.contains("DistributedLockConfig"), "{body}");
+        assert!(!body.contains("DistributedLockConfig"), "{body}");
+        assert!(
+            DistributedLockError::MissingConfig
+                .to_string()
+                .contains("DistributedLockConfig")
+        );
     }
 
     #[test]

@@ -137,15 +137,11 @@ where
             // The inner extractor's errors are its own responses.
             let inner = inner.await.map_err(Into::into)?;
             let Some(config) = DistributedLockConfig::from_req(&req).cloned() else {
-                tracing::error!(path = req.path(), "{}", DistributedLockError::MissingConfig);
-                return Err(DistributedLockError::MissingConfig.into());
+                return Err(DistributedLockError::MissingConfig.respond(&req));
             };
             let resource = match config.resource(inner.lock_key()) {
                 Ok(resource) => resource,
-                Err(bad) => {
-                    tracing::debug!(path = req.path(), detail = %bad, "no lock key in the request");
-                    return Err(config.reject(bad.into(), &req));
-                }
+                Err(bad) => return Err(config.reject(bad.into(), &req)),
             };
             match config.acquire(resource).await {
                 Ok(guard) => Ok(Self { inner, guard }),

@@ -262,11 +262,10 @@ impl<N: LockHeaderName> FromRequest for LockHeader<N> {
                 name: PhantomData,
             }),
             Err(detail) => {
-                tracing::debug!(header = N::NAME, %detail, "no lock key in the request");
                 let err = DistributedLockError::BadKey(BadKey::new(detail));
                 Err(match DistributedLockConfig::from_req(req) {
                     Some(config) => config.reject(err, req),
-                    None => err.into(),
+                    None => err.respond(req),
                 })
             }
         })

@@ -1,9 +1,43 @@
 //! An actix-web extractor (and middleware) that holds a cluster-wide distributed lock
 //! (Redlock over Redis, through [`redlock_core`]) for a handler's duration.
 //!
-//! `async fn pay(order: DistributedLock<web::Path<OrderId>>)`: the handler body runs
-//! only while this replica holds the lock for that order; every other replica (and
-//! every other request of this one) gets `409 Conflict` meanwhile, or waits for it.
+//! ```no_run
+//! use std::time::Duration;
+//! use actix_web::{App, HttpResponse, HttpServer, web};
+//! use redlock_actix::{DistributedLock, DistributedLockConfig, Redlock};
+//!
+//! async fn pay(order: DistributedLock<web::Path<u64>>) -> HttpResponse {
+//!     // No other replica is in here for this order until the handler returns.
+//!     HttpResponse::Ok().body(format!("paid order {}", *order))
+//! }
+//!
+//! #[actix_web::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let redlock = Redlock::builder()
+//!         .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+//!         .build()?;
+//!     let config = DistributedLockConfig::new(redlock).ttl(Duration::from_secs(5));
+//!     HttpServer::new(move || {
+//!         App::new().app_data(config.clone()).route("/orders/{id}/pay", web::post().to(pay))
+//!     })
+//!     .bind(("0.0.0.0", 8080))?
+//!     .run()
+//!     .await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # Feature flags
+//!
+//! None: the crate has no Cargo features.
+//!
+//! Supported version: actix-web 4 (with its `actix-rt` 2 runtime).
+//!
+//! # How it works
+//!
+//! `pay` above runs only while this replica holds the lock for its order; every other
+//! replica (and every other request of this one) gets `409 Conflict` meanwhile, or
+//! waits for it ([`DistributedLockConfig::wait`]).
 //!
 //! - [`DistributedLock<T>`] wraps an existing extractor `T` whose value implements
 //!   [`LockKey`] (strings, integers, tuples; `web::Path`, `web::Query`, `web::Json`,
@@ -25,7 +59,7 @@
 //!   bad key → 400, misconfiguration → 500. The inner extractor's own errors (a bad path
 //!   segment → 404, a bad query → 400) keep their own responses.
 //!
-//! # Example
+//! # Against real nodes
 //!
 //! ```
 //! use std::time::Duration;
@@ -116,7 +150,7 @@ mod guard;
 mod key;
 mod middleware;
 
-pub use config::{DEFAULT_MAX_KEY_LEN, DistributedLockConfig};
+pub use config::DistributedLockConfig;
 pub use error::BadKey;
 pub use error::{DistributedLockError, problem_response};
 pub use extract::DistributedLock;

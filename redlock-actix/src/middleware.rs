@@ -219,15 +219,12 @@ where
             // Rejections are answered here (as responses, not errors), like the
             // extractor's: outer middleware sees an ordinary response.
             let Some(config) = config else {
-                tracing::error!(path = req.path(), "{}", DistributedLockError::MissingConfig);
-                return Ok(req
-                    .error_response(DistributedLockError::MissingConfig)
-                    .map_into_right_body());
+                let err = DistributedLockError::MissingConfig.respond(req.request());
+                return Ok(req.error_response(err).map_into_right_body());
             };
             let resource = match config.resource(key) {
                 Ok(resource) => resource,
                 Err(bad) => {
-                    tracing::debug!(path = req.path(), detail = %bad, "no lock key in the request");
                     let err = config.reject(bad.into(), req.request());
                     return Ok(req.error_response(err).map_into_right_body());
                 }

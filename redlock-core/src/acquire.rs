@@ -2,7 +2,6 @@
 //! attempts (see `attempt.rs`) paced by the retry policy, wake on release and the wait
 //! queue.
 
-use std::collections::HashSet;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,7 +10,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::attempt::{AttemptFailure, attempt, join_and_look, time_until_free};
-use crate::error::{ConfigError, Error};
+use crate::error::Error;
 use crate::lock::{Finished, Lock, LockHandle};
 use crate::protocol::Waiter;
 use crate::queue::QueueGuard;
@@ -143,13 +142,26 @@ impl<'a> Acquire<'a> {
         }
     }
 
-    async fn run(self) -> Result<Lock, Error> {
+    /// [`run`](Self::run), counted in the metrics (see `telemetry`).
+    async fn run_measured(self) -> Result<Lock, Error> {
+        let started = Instant::now();
+        let mut attempts = 0;
+        let result = self.run(&mut attempts).await;
+        crate::telemetry::acquisition(result.as_ref().map(drop), attempts, started.elapsed());
+        result
+    }
+
+    /// The request itself; `made` counts its attempts as they are made.
+    async fn run(self, made: &mut u32) -> Result<Lock, Error> {
         let shared = Arc::clone(self.shared);
         let ttl = self.ttl.unwrap_or(shared.default_ttl);
         let retry = self.retry.unwrap_or(shared.retry);
+        if let Some(clash) = shared.cluster.identities.clash() {
+            return Err(Error::Config(clash.clone()));
+        }
         let ttl_ms = shared.check_ttl(ttl)?;
         retry.validate()?;
-        check_resources(&self.resources)?;
+        shared.check_resources(&self.resources)?;
         let keys: Vec<String> = self.resources.iter().map(|r| shared.key(r)).collect();
         let fence_keys: Vec<String> = if self.fencing.unwrap_or(shared.fencing) {
             self.resources.iter().map(|r| shared.fence_key(r)).collect()
@@ -175,6 +187,7 @@ impl<'a> Acquire<'a> {
         }
         loop {
             attempts = attempts.saturating_add(1);
+            *made = attempts;
             let target = Arc::new(Target {
                 keys: keys.clone(),
                 fence_keys: fence_keys.clone(),
@@ -203,6 +216,10 @@ impl<'a> Acquire<'a> {
                 Err(failure) => failure,
             };
             tracing::debug!(attempts, ?failure, "attempt failed");
+            // Two nodes turned out to be one server: the configuration is refused.
+            if let Some(clash) = shared.cluster.identities.clash() {
+                return Err(Error::Config(clash.clone()));
+            }
             // Nodes that refuse for good (missing permission, bad credentials) do not
             // come round by retrying: say so at once.
             let delay = if failure.hopeless(&shared.cluster) {
@@ -265,7 +282,7 @@ impl<'a> IntoFuture for Acquire<'a> {
             resource = %self.resources.first().map(String::as_str).unwrap_or(""),
             resources = self.resources.len(),
         );
-        Box::pin(self.run().instrument(span))
+        Box::pin(self.run_measured().instrument(span))
     }
 }
 
@@ -324,21 +341,4 @@ async fn join_queue(
             waiter,
         )),
     )
-}
-
-fn check_resources(resources: &[String]) -> Result<(), ConfigError> {
-    if resources.is_empty() || resources.iter().any(String::is_empty) {
-        return Err(ConfigError::EmptyResource);
-    }
-    if resources.len() > 1 {
-        let mut seen = HashSet::with_capacity(resources.len());
-        for resource in resources {
-            if !seen.insert(resource.as_str()) {
-                return Err(ConfigError::DuplicateResource {
-                    resource: resource.clone(),
-                });
-            }
-        }
-    }
-    Ok(())
 }

@@ -104,7 +104,7 @@ pub(crate) async fn join_and_look(
 
 /// How long until a majority of nodes no longer hold `keys` (the holder's lock ends
 /// there at the latest, unless extended): asks every node for the keys' remaining TTL.
-/// `None` when fewer than a majority answer within the node timeout.
+/// See [`holder_remaining`]; `None` when no node answered.
 pub(crate) async fn time_until_free(cluster: &Cluster, keys: &[String]) -> Option<Duration> {
     let queued = std::sync::atomic::AtomicBool::new(false);
     let command = Command::new(Op::Remaining { keys });
@@ -113,11 +113,21 @@ pub(crate) async fn time_until_free(cluster: &Cluster, keys: &[String]) -> Optio
         .iter()
         .map(|node| node.run(&command, cluster.node_timeout, &queued));
     let replies = futures_util::future::join_all(asks).await;
-    let mut remaining: Vec<u64> = replies.into_iter().filter_map(Result::ok).collect();
-    remaining.sort_unstable();
+    let remaining: Vec<u64> = replies.into_iter().filter_map(Result::ok).collect();
+    holder_remaining(remaining, cluster.quorum()).map(Duration::from_millis)
+}
+
+/// The holder's remaining validity (ms) from the remaining TTLs the nodes reported
+/// (0 where the key is gone): with at least `quorum` answers, the `quorum`-th longest
+/// (past it, fewer than a majority hold the key, so the lock is over); with fewer, the
+/// longest reported (a holder sets its keys on every node at once, with one TTL, so any
+/// node's figure is the holder's); `None` without answers.
+pub(crate) fn holder_remaining(mut remaining: Vec<u64>, quorum: usize) -> Option<u64> {
+    remaining.sort_unstable_by(|a, b| b.cmp(a));
     remaining
-        .get(cluster.quorum().checked_sub(1)?)
-        .map(|ms| Duration::from_millis(*ms))
+        .get(quorum.saturating_sub(1))
+        .or_else(|| remaining.first())
+        .copied()
 }
 
 /// One attempt: fan out, count, and on failure release everywhere before returning.
@@ -360,5 +370,33 @@ async fn release_one(cluster: &Cluster, target: &Target, index: usize) {
             mode: ReleaseMode::Quiet,
         }));
         let _ = node.run(&command, cluster.node_timeout, &queued).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holder_remaining;
+
+    #[test]
+    fn holder_remaining_is_the_quorum_th_longest_or_the_longest_reported() {
+        // (reported remaining TTLs, quorum, expected)
+        let cases: &[(&[u64], usize, Option<u64>)] = &[
+            (&[900, 900, 900], 2, Some(900)),
+            // Held on two of three: free once the shorter of the two ends.
+            (&[0, 700, 900], 2, Some(700)),
+            // A stray long key on one node is not the holder's lock.
+            (&[60_000, 800, 800, 0, 0], 3, Some(800)),
+            // Fewer answers than a majority: the longest reported.
+            (&[0, 650], 3, Some(650)),
+            (&[650], 2, Some(650)),
+            (&[], 2, None),
+        ];
+        for (remaining, quorum, expected) in cases {
+            assert_eq!(
+                holder_remaining(remaining.to_vec(), *quorum),
+                *expected,
+                "{remaining:?} with quorum {quorum}"
+            );
+        }
     }
 }

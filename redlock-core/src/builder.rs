@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::client::Redlock;
 use crate::error::ConfigError;
-use crate::node::Node;
+use crate::node::{Identities, Node};
+use crate::protocol::MAX_TTL;
 use crate::quorum::Cluster;
 use crate::retry::RetryPolicy;
 use crate::shared::Shared;
@@ -27,6 +28,12 @@ pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
 /// The largest drift factor accepted: beyond it the allowance eats the validity that
 /// a watched lock needs between two extensions.
 const MAX_DRIFT_FACTOR: f64 = 0.25;
+
+/// The default upper bound on every TTL (the default TTL, the maximum TTL, each lock's):
+/// 10 minutes. The restart quarantine lasts the maximum TTL, so this bounds it too.
+pub const DEFAULT_TTL_LIMIT: Duration = Duration::from_secs(600);
+/// The default longest resource name, in bytes: 512.
+pub const DEFAULT_MAX_RESOURCE_LEN: usize = 512;
 
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
@@ -71,6 +78,8 @@ pub struct RedlockBuilder {
     fencing: bool,
     quarantine: bool,
     max_ttl: Option<Duration>,
+    ttl_limit: Duration,
+    max_resource_len: usize,
     wake_on_release: bool,
     subscription_linger: Duration,
     max_hold: Duration,
@@ -88,6 +97,8 @@ impl std::fmt::Debug for RedlockBuilder {
             .field("fencing", &self.fencing)
             .field("quarantine", &self.quarantine)
             .field("max_ttl", &self.max_ttl)
+            .field("ttl_limit", &self.ttl_limit)
+            .field("max_resource_len", &self.max_resource_len)
             .field("wake_on_release", &self.wake_on_release)
             .field("subscription_linger", &self.subscription_linger)
             .field("max_hold", &self.max_hold)
@@ -117,6 +128,8 @@ impl Default for RedlockBuilder {
             fencing: false,
             quarantine: true,
             max_ttl: None,
+            ttl_limit: DEFAULT_TTL_LIMIT,
+            max_resource_len: DEFAULT_MAX_RESOURCE_LEN,
             wake_on_release: true,
             subscription_linger: DEFAULT_SUBSCRIPTION_LINGER,
             max_hold: DEFAULT_MAX_HOLD,
@@ -229,6 +242,28 @@ impl RedlockBuilder {
         self
     }
 
+    /// The upper bound on every TTL (default [`DEFAULT_TTL_LIMIT`], 10 minutes; at most
+    /// [`MAX_TTL`](crate::MAX_TTL)): the default TTL, the maximum TTL, and each lock's.
+    /// A TTL above it is refused with [`ConfigError::TtlAboveLimit`], so that a typo
+    /// (days for seconds) cannot turn into a resource blocked for days after a crash, or
+    /// a restart quarantine as long. Locks held longer than their TTL are what
+    /// [`Lock::auto_extend`](crate::Lock::auto_extend) is for; raise the limit only for
+    /// locks that must outlive a crashed holder that long.
+    pub fn ttl_limit(mut self, limit: Duration) -> Self {
+        self.ttl_limit = limit;
+        self
+    }
+
+    /// The longest resource name accepted, in bytes (default
+    /// [`DEFAULT_MAX_RESOURCE_LEN`], 512): a longer one is refused with
+    /// [`ConfigError::ResourceTooLong`] before anything is sent. Resource names often
+    /// come from requests (an order id in a URL); the bound keeps one request from
+    /// sending megabytes to every node.
+    pub fn max_resource_len(mut self, max: usize) -> Self {
+        self.max_resource_len = max;
+        self
+    }
+
     /// The longest time [`Lock::auto_extend`](crate::Lock::auto_extend) keeps a lock
     /// alive (default 10 minutes), counted from its acquisition; then the lock is left
     /// to expire and reported lost. Every extension path is bounded: a stuck holder
@@ -278,6 +313,15 @@ impl RedlockBuilder {
         if self.node_timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
+        if self.ttl_limit > MAX_TTL {
+            return Err(ConfigError::TtlTooLong {
+                ttl: self.ttl_limit,
+                max: MAX_TTL,
+            });
+        }
+        if self.max_resource_len == 0 {
+            return Err(ConfigError::ZeroMaxResourceLen);
+        }
         self.retry.validate()?;
 
         let mut nodes = Vec::with_capacity(self.nodes.len());
@@ -319,9 +363,16 @@ impl RedlockBuilder {
         }
         let max_ttl = self.max_ttl.unwrap_or(self.ttl);
         let quarantine = self.quarantine.then_some(max_ttl);
+        let identities = Arc::new(Identities::new(
+            nodes.iter().map(|node| node.name().to_owned()).collect(),
+        ));
         let nodes: Vec<Node> = nodes
             .into_iter()
-            .map(|node| node.with_quarantine(quarantine))
+            .enumerate()
+            .map(|(index, node)| {
+                node.with_quarantine(quarantine)
+                    .with_identity(index, &identities)
+            })
             .collect();
         if wants_tls {
             install_tls_provider();
@@ -350,12 +401,15 @@ impl RedlockBuilder {
                 nodes,
                 node_timeout: self.node_timeout,
                 drift_factor: self.drift_factor,
+                identities,
             }),
             key_prefix: self.key_prefix,
             default_ttl: self.ttl,
             retry: self.retry,
             fencing: self.fencing,
             max_ttl: quarantine,
+            ttl_limit: self.ttl_limit,
+            max_resource_len: self.max_resource_len,
         };
         if let Some(max_ttl) = quarantine {
             shared.check_ttl(max_ttl)?;

@@ -2,15 +2,17 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::acquire::Acquire;
-use crate::error::Error;
+use crate::error::{Error, NodeError, NodeFailure};
 use crate::lock::{Finished, LockHandle};
 use crate::node::{Node, NodeStatus};
-use crate::protocol::MAX_TTL;
 use crate::retry::RetryPolicy;
 use crate::shared::Shared;
+
+/// How often [`Redlock::wait_ready`] asks the nodes again.
+const READY_POLL: Duration = Duration::from_millis(100);
 
 /// A distributed lock client over N independent Redis masters (the Redlock algorithm;
 /// N = 1 is the plain single-instance lock).
@@ -130,10 +132,11 @@ impl Redlock {
         self.shared.cluster.quorum()
     }
 
-    /// The longest TTL a lock may ask for ([`RedlockBuilder::max_ttl`](crate::RedlockBuilder::max_ttl)); [`MAX_TTL`] when
-    /// the restart quarantine is off.
+    /// The longest TTL a lock may ask for ([`RedlockBuilder::max_ttl`](crate::RedlockBuilder::max_ttl));
+    /// the [`ttl_limit`](crate::RedlockBuilder::ttl_limit) when the restart quarantine
+    /// is off.
     pub fn max_ttl(&self) -> Duration {
-        self.shared.max_ttl.unwrap_or(MAX_TTL)
+        self.shared.max_ttl.unwrap_or(self.shared.ttl_limit)
     }
 
     /// The nodes' addresses (no credentials), in configuration order.
@@ -168,6 +171,71 @@ impl Redlock {
             .filter(|s| s.votes())
             .count()
             >= self.quorum()
+    }
+
+    /// Waits until a majority of nodes can vote (connected, answering, out of restart
+    /// quarantine), checking about every 100 ms, for at most `timeout` (plus one per-node
+    /// timeout for the check under way).
+    ///
+    /// Call it at start-up: nodes that started less than the max TTL ago are in restart
+    /// quarantine (they may have forgotten locks in a restart), so a fresh cluster
+    /// refuses every lock for that long; and a node that is unreachable or misconfigured
+    /// is reported here, by name, before the first request.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotReady`], naming each node that cannot vote and why, when `timeout`
+    /// passes first, or at once when so many nodes refuse for good (credentials,
+    /// permissions, TLS) that no majority can form; [`Error::Config`] when two nodes
+    /// turned out to be the same server.
+    ///
+    /// ```no_run
+    /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// let redlock = redlock_core::Redlock::builder()
+    ///     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+    ///     .build()?;
+    /// // Up to the max TTL (10 s by default) for fresh nodes, and a little more.
+    /// redlock.wait_ready(redlock.max_ttl() + Duration::from_secs(5)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), Error> {
+        let started = Instant::now();
+        let cluster = &self.shared.cluster;
+        loop {
+            let statuses = self.node_status().await;
+            if let Some(clash) = cluster.identities.clash() {
+                return Err(Error::Config(clash.clone()));
+            }
+            let ready = statuses.iter().filter(|s| s.votes()).count();
+            if ready >= self.quorum() {
+                return Ok(());
+            }
+            let failures: Vec<NodeFailure> = statuses
+                .into_iter()
+                .filter(|s| !s.votes())
+                .map(|s| NodeFailure {
+                    node: s.node,
+                    cause: match s.reachable {
+                        Err(cause) => cause,
+                        Ok(()) => NodeError::Quarantined(s.quarantined.unwrap_or_default()),
+                    },
+                })
+                .collect();
+            let permanent = failures.iter().filter(|f| f.cause.is_permanent()).count();
+            let waited = started.elapsed();
+            if waited >= timeout || permanent > cluster.nodes.len() - self.quorum() {
+                return Err(Error::NotReady {
+                    ready,
+                    needed: self.quorum(),
+                    total: cluster.nodes.len(),
+                    failures,
+                    waited,
+                });
+            }
+            tokio::time::sleep((timeout - waited).min(READY_POLL)).await;
+        }
     }
 
     /// The TTL used when a lock call gives none.

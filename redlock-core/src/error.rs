@@ -7,6 +7,10 @@
 use std::fmt;
 use std::time::Duration;
 
+/// A boxed error that can cross threads: what a user's closure returns where this
+/// workspace accepts any error (a response body's error, a scheduled job's failure).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The error type of every lock operation.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -28,8 +32,9 @@ pub enum Error {
         /// Attempts made.
         attempts: u32,
         /// How long until the holder's lock ends on a majority, unless it is extended or
-        /// released sooner (asked of the nodes after the last attempt): a fair
-        /// `Retry-After`. `None` if too few nodes answered.
+        /// released sooner, asked of the nodes when the call gave up: a fair
+        /// `Retry-After`. With fewer than a majority answering, the longest remaining
+        /// time any node reported; `None` only if no node answered.
         retry_after: Option<Duration>,
     },
 
@@ -37,8 +42,8 @@ pub enum Error {
     /// answer. Nothing is held. Check the listed nodes; the call can be retried once a
     /// majority is reachable again.
     #[error(
-        "no quorum for `{resource}`: {} of {total} nodes failed and {needed} are needed [{}]; check those nodes",
-        failures.len(), fmt_failures(failures)
+        "no quorum for `{resource}`: {} of {total} nodes failed and {needed} are needed [{}]; {}",
+        failures.len(), fmt_failures(failures), advice(failures)
     )]
     NoQuorum {
         /// The resource (the first one, for a multi-resource lock).
@@ -49,6 +54,27 @@ pub enum Error {
         total: usize,
         /// What went wrong on each failed node.
         failures: Vec<NodeFailure>,
+    },
+
+    /// [`Redlock::wait_ready`](crate::Redlock::wait_ready) gave up: fewer than a majority
+    /// of nodes could vote when its time was up, or so many refused for good
+    /// (credentials, permissions, TLS) that waiting could not help.
+    #[error(
+        "not ready after {waited:?}: {ready} of {total} nodes can vote and {needed} are needed [{}]; {}",
+        fmt_failures(failures),
+        advice(failures)
+    )]
+    NotReady {
+        /// Nodes that can vote.
+        ready: usize,
+        /// Nodes needed for a majority.
+        needed: usize,
+        /// Number of nodes in the set.
+        total: usize,
+        /// Why each other node cannot vote.
+        failures: Vec<NodeFailure>,
+        /// How long it waited.
+        waited: Duration,
     },
 
     /// The lock's validity ran out: a majority said yes, but too late (acquire took
@@ -90,8 +116,8 @@ pub enum Error {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorClass {
-    /// Another holder has the lock. `retry_after`: how long until its lock ends on a
-    /// majority (unless extended or released sooner), when a majority said.
+    /// Another holder has the lock. `retry_after`: how long until its lock ends (unless
+    /// extended or released sooner), as [`Error::Taken`] tells it.
     Contended {
         /// The holder's remaining validity, read when the request was refused.
         retry_after: Option<Duration>,
@@ -99,9 +125,14 @@ pub enum ErrorClass {
     /// The nodes could not decide in time (no majority reachable, or a grant that came
     /// after its validity): nothing is held; retry later.
     Unavailable,
-    /// The call itself is invalid (a TTL, a resource name, the configuration): nothing
-    /// was sent; fix the call.
+    /// The call itself is invalid (a TTL, the configuration): nothing was sent; fix the
+    /// call.
     InvalidInput,
+    /// The resource name is unusable (empty, longer than the client's
+    /// [`max_resource_len`](crate::RedlockBuilder::max_resource_len), named twice in one
+    /// call): nothing was sent. Where the name comes from a request (an id in a URL),
+    /// this is the request's fault, not the server's.
+    InvalidResource,
     /// A lock that was held is no longer ours on a majority: stop the protected work.
     Lost,
 }
@@ -113,8 +144,15 @@ impl Error {
             Self::Taken { retry_after, .. } => ErrorClass::Contended {
                 retry_after: *retry_after,
             },
-            Self::NoQuorum { .. } | Self::Expired { .. } => ErrorClass::Unavailable,
+            Self::NoQuorum { .. } | Self::NotReady { .. } | Self::Expired { .. } => {
+                ErrorClass::Unavailable
+            }
             Self::Lost { .. } => ErrorClass::Lost,
+            Self::Config(
+                ConfigError::EmptyResource
+                | ConfigError::ResourceTooLong { .. }
+                | ConfigError::DuplicateResource { .. },
+            ) => ErrorClass::InvalidResource,
             Self::Config(_) => ErrorClass::InvalidInput,
         }
     }
@@ -233,6 +271,49 @@ pub enum ConfigError {
         loss: Duration,
     },
 
+    /// Two nodes of the configuration are one Redis server (the same `run_id`) under two
+    /// names: it would vote twice. Found when both were connected; every lock call is
+    /// refused from then on. List each server once.
+    #[error(
+        "nodes `{first}` and `{second}` are the same server (run_id {run_id}): one server may vote only once; list it once and restart the client"
+    )]
+    SameServer {
+        /// The node connected first.
+        first: String,
+        /// The node found to be the same server.
+        second: String,
+        /// The server's `run_id`.
+        run_id: String,
+    },
+
+    /// A TTL (the default, the maximum, or a lock's) is above the configured limit.
+    #[error(
+        "the TTL {ttl:?} is above the TTL limit {limit:?}: a crashed holder would block the resource (and a restarted node would be quarantined) that long; use a shorter TTL with auto-extension, or raise `ttl_limit` if you mean it"
+    )]
+    TtlAboveLimit {
+        /// The TTL asked for.
+        ttl: Duration,
+        /// The configured limit ([`RedlockBuilder::ttl_limit`](crate::RedlockBuilder::ttl_limit)).
+        limit: Duration,
+    },
+
+    /// The longest resource name was set to zero.
+    #[error("the longest resource name must be at least 1 byte")]
+    ZeroMaxResourceLen,
+
+    /// A resource name is longer than the configured bound; nothing was sent.
+    #[error(
+        "the resource name `{start}` is {len} bytes long, above the limit of {max}: use a shorter name (e.g. a hash of it), or raise `max_resource_len`"
+    )]
+    ResourceTooLong {
+        /// The name's first bytes (up to 32), not the whole name.
+        start: String,
+        /// The name's length in bytes.
+        len: usize,
+        /// The configured bound ([`RedlockBuilder::max_resource_len`](crate::RedlockBuilder::max_resource_len)).
+        max: usize,
+    },
+
     /// A lock call named no resource, or an empty one.
     #[error("a lock needs at least one non-empty resource name")]
     EmptyResource,
@@ -288,6 +369,32 @@ pub enum NodeError {
     /// one is needed). Not retried for a while: fix the node's URL.
     #[error("authentication failed ({0}): check the user and password in the node's URL")]
     Authentication(String),
+    /// A key the lock uses holds a value of another type (`WRONGTYPE`): something else
+    /// wrote it. Not retried: delete the key, or choose another key prefix.
+    #[error(
+        "`{keys}` holds a value of another type (WRONGTYPE): it was not written by this library; delete it, or use another key prefix"
+    )]
+    WrongType {
+        /// The keys of the refused command.
+        keys: String,
+    },
+    /// The TLS connection could not be set up (the URL says `rediss://`): the handshake
+    /// failed, or the port speaks plain Redis. Not retried for a while: fix the URL or
+    /// the certificates.
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
+    /// This node is the same server (same `run_id`) as another node of the
+    /// configuration, listed under another name (`localhost` and `127.0.0.1`): one server
+    /// must not vote twice, so the client refuses the configuration.
+    #[error(
+        "the same server as node `{other}` (run_id {run_id}): each Redis server may be listed once; remove one of the two"
+    )]
+    SameServer {
+        /// The other node's name.
+        other: String,
+        /// The server's `run_id`.
+        run_id: String,
+    },
 }
 
 impl NodeError {
@@ -295,7 +402,27 @@ impl NodeError {
     /// credentials): an acquisition stops at once when such failures cost it the
     /// majority, instead of retrying until its deadline.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Self::Permission(_) | Self::Authentication(_))
+        matches!(
+            self,
+            Self::Permission(_)
+                | Self::Authentication(_)
+                | Self::WrongType { .. }
+                | Self::Tls(_)
+                | Self::SameServer { .. }
+        )
+    }
+}
+
+/// What to do about these failures: how to wait out a restart quarantine, and when
+/// switching it off is safe; else where to look.
+fn advice(failures: &[NodeFailure]) -> &'static str {
+    if failures
+        .iter()
+        .any(|f| matches!(f.cause, NodeError::Quarantined(_)))
+    {
+        "a node in restart quarantine (up for less than the max TTL: it may have forgotten locks in a restart) votes once that time is over: wait for it with `Redlock::wait_ready(timeout)`, or switch the quarantine off with `restart_quarantine(false)` only if every node persists each write (`appendonly yes` with `appendfsync always`)"
+    } else {
+        "check those nodes"
     }
 }
 
@@ -350,6 +477,10 @@ mod tests {
         assert_eq!(lost.class(), ErrorClass::Lost);
         assert_eq!(
             Error::Config(ConfigError::EmptyResource).class(),
+            ErrorClass::InvalidResource
+        );
+        assert_eq!(
+            Error::Config(ConfigError::ZeroTimeout).class(),
             ErrorClass::InvalidInput
         );
     }

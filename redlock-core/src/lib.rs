@@ -1,5 +1,39 @@
-//! A correct, fast distributed lock over N independent Redis masters: the Redlock
-//! algorithm (N = 1 is the plain single-instance lock).
+//! A distributed lock over N independent Redis masters: the Redlock algorithm (N = 1 is
+//! the plain single-instance lock), for what a `Mutex` does within one process when a
+//! service runs as many replicas.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redlock_core::Redlock;
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let redlock = Redlock::builder()
+//!         .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+//!         .ttl(Duration::from_secs(10))
+//!         .build()?; // checks the options; contacts no node
+//!
+//!     let lock = redlock.lock("account:42").await?; // retries while busy
+//!     // ... move the money, well within `lock.validity()` ...
+//!     lock.release().await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Freshly started nodes get no vote for the maximum TTL (the restart quarantine, below),
+//! so a fresh cluster refuses locks for that long: call
+//! [`redlock.wait_ready(timeout)`](Redlock::wait_ready) at
+//! start-up to wait until a quorum is usable. Turning the quarantine off
+//! ([`RedlockBuilder::restart_quarantine`]`(false)`) is safe only when every node persists
+//! every write (`appendonly yes` + `appendfsync always`).
+//!
+//! # Feature flags
+//!
+//! | feature | default | enables |
+//! | --- | --- | --- |
+//! | `tls` | on | `rediss://` node URLs, through rustls with the platform's root certificates |
+//!
+//! # How it works
 //!
 //! - **Acquire**: a random 160-bit value is set with `SET key value NX PX ttl` on every
 //!   node at once, each with its own timeout. The lock is held if a majority
@@ -13,7 +47,7 @@
 //!   value, so nobody can release or extend someone else's lock, and an expired lock is
 //!   never re-created.
 //!
-//! # Example
+//! # Against real nodes
 //!
 //! ```
 //! use std::time::Duration;
@@ -56,11 +90,13 @@
 //! - [`RedlockBuilder::fencing`]: every lock carries a token strictly greater than all
 //!   earlier ones for the resource ([`Lock::fencing_token`]); the protected resource
 //!   rejects writes with an older token.
-//! - Restart quarantine (on by default): a node up for less than the maximum TTL gets
-//!   no vote, so a node restarted without persistence cannot grant a lock it forgot.
+//! - Restart quarantine (on by default): a node up for less than the maximum TTL
+//!   ([`RedlockBuilder::max_ttl`]) gets no vote, so a node restarted without persistence
+//!   cannot grant a lock it forgot. [`Redlock::ready`] and [`Redlock::node_status`] tell
+//!   which nodes vote.
 //! - Wake on release (on by default) and a fair wait queue: a release hands the lock to
 //!   the client that has waited longest, which is woken at once; nobody starves (clients
-//!   that only retry on a timer, and multi-resource waiters, get their turn too).
+//!   that only retry on a timer, and multi-resource waiters, are served in order too).
 //!
 //! # What it guarantees, and what it does not
 //!
@@ -70,9 +106,11 @@
 //! A process pause (GC, swap, a stopped VM) longer than the validity can leave a holder
 //! believing it still holds a lock that expired: check `is_valid()` right before a
 //! protected write, keep the work short compared to the TTL, and use fencing tokens so
-//! that the protected resource rejects stale writers.
+//! that the protected resource rejects stale writers. The repository's
+//! `docs/GUARANTEES.md` and `docs/OPERATIONS.md` give the details.
 
-// The layers, bottom up: each module uses only those listed before it.
+// The layers (docs/ARCHITECTURE.md has them bottom up): each module uses only those
+// below it.
 mod acquire;
 mod attempt;
 mod builder;
@@ -86,6 +124,7 @@ mod quorum;
 mod retry;
 mod server_clock;
 mod shared;
+pub mod telemetry;
 mod value;
 mod wake;
 mod watchdog;
@@ -95,13 +134,14 @@ mod tests;
 
 pub use acquire::Acquire;
 pub use builder::{
-    DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT,
-    DEFAULT_SUBSCRIPTION_LINGER, DEFAULT_TTL, RedlockBuilder,
+    DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD, DEFAULT_MAX_RESOURCE_LEN,
+    DEFAULT_NODE_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER, DEFAULT_TTL, DEFAULT_TTL_LIMIT,
+    RedlockBuilder,
 };
 pub use client::Redlock;
-pub use error::{ConfigError, Error, ErrorClass, NodeError, NodeFailure, Result};
+pub use error::{BoxError, ConfigError, Error, ErrorClass, NodeError, NodeFailure, Result};
 pub use lock::{Finished, Lock, LockHandle, Released};
-pub use node::NodeStatus;
+pub use node::{CONNECT_TIMEOUT, NodeStatus};
 pub use protocol::MAX_TTL;
 pub use retry::RetryPolicy;
 pub use tokio_util::sync::CancellationToken;

@@ -372,7 +372,9 @@ impl Lock {
                 .await;
             let tally = decision.tally;
             tracing::debug!(released = tally.yes, expired, "released");
-            if tally.won() || tally.majority_answered() {
+            let answered = tally.won() || tally.majority_answered();
+            crate::telemetry::release(answered);
+            if answered {
                 Ok(Released {
                     released: tally.yes,
                     nodes: tally.nodes,

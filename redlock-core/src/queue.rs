@@ -68,6 +68,7 @@ impl QueueGuard {
             waiter: Some(waiter),
             barge: false,
         };
+        crate::telemetry::queue_waiters(1.0);
         Self {
             cluster: Arc::clone(cluster),
             target: Arc::new(target),
@@ -88,6 +89,7 @@ impl QueueGuard {
 
 impl Drop for QueueGuard {
     fn drop(&mut self) {
+        crate::telemetry::queue_waiters(-1.0);
         if self.nodes.as_ref().is_some_and(Vec::is_empty) {
             return;
         }
@@ -124,6 +126,7 @@ pub(crate) async fn follow_hand_overs(
     answers: Answers,
 ) {
     let mut pending = pending_hand_overs(&answers);
+    crate::telemetry::handovers(pending.len());
     for _ in 0..FOLLOW_UPS {
         let Some(wait) = pending.iter().map(|(_, left)| *left).max() else {
             return;

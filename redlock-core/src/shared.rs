@@ -24,6 +24,10 @@ pub(crate) struct Shared {
     pub(crate) fencing: bool,
     /// The longest TTL allowed, with the restart quarantine on (`None` when off).
     pub(crate) max_ttl: Option<Duration>,
+    /// The upper bound on every TTL (at most [`MAX_TTL`]).
+    pub(crate) ttl_limit: Duration,
+    /// The longest resource name accepted, in bytes.
+    pub(crate) max_resource_len: usize,
     /// Wake-on-release subscribers (`None` when switched off).
     pub(crate) wakeups: Option<Arc<Wakeups>>,
     /// Keeps watched locks alive.
@@ -42,6 +46,12 @@ impl Shared {
     pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<u64, ConfigError> {
         if ttl > MAX_TTL {
             return Err(ConfigError::TtlTooLong { ttl, max: MAX_TTL });
+        }
+        if ttl > self.ttl_limit {
+            return Err(ConfigError::TtlAboveLimit {
+                ttl,
+                limit: self.ttl_limit,
+            });
         }
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         if ms == 0 {
@@ -64,6 +74,32 @@ impl Shared {
             });
         }
         Ok(ms)
+    }
+
+    /// Checks the resource names of one lock call: at least one, none empty, none
+    /// longer than the bound, no name twice.
+    pub(crate) fn check_resources(&self, resources: &[String]) -> Result<(), ConfigError> {
+        if resources.is_empty() || resources.iter().any(String::is_empty) {
+            return Err(ConfigError::EmptyResource);
+        }
+        if let Some(long) = resources.iter().find(|r| r.len() > self.max_resource_len) {
+            return Err(ConfigError::ResourceTooLong {
+                start: truncated(long, 32),
+                len: long.len(),
+                max: self.max_resource_len,
+            });
+        }
+        if resources.len() > 1 {
+            let mut seen = std::collections::HashSet::with_capacity(resources.len());
+            for resource in resources {
+                if !seen.insert(resource.as_str()) {
+                    return Err(ConfigError::DuplicateResource {
+                        resource: resource.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Checks that the watchdog can keep a lock of `ttl`: its extension round (due a
@@ -96,4 +132,16 @@ impl Shared {
         key.push_str(":fence");
         key
     }
+}
+
+/// The first `max` bytes of `s` (cut at a character boundary), with `…` if cut.
+fn truncated(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }

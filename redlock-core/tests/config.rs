@@ -309,3 +309,115 @@ async fn extreme_durations_never_panic() {
         .await
         .unwrap();
 }
+
+/// A TTL of days (seconds meant, days typed) is refused wherever it is given: the
+/// default TTL, the maximum TTL (the restart quarantine lasts that long) and a lock's;
+/// the limit can be raised, up to `MAX_TTL`.
+#[tokio::test]
+async fn absurd_ttls_are_refused_below_a_configurable_limit() {
+    let month = Duration::from_secs(30 * 24 * 3600);
+    let above_limit = |err: &ConfigError| {
+        matches!(err, ConfigError::TtlAboveLimit { limit, .. } if *limit == redlock_core::DEFAULT_TTL_LIMIT)
+            && err.to_string().contains("ttl_limit")
+    };
+    let err = Redlock::builder()
+        .nodes(three())
+        .ttl(month)
+        .build()
+        .unwrap_err();
+    assert!(above_limit(&err), "{err}");
+    let err = Redlock::builder()
+        .nodes(three())
+        .max_ttl(month)
+        .build()
+        .unwrap_err();
+    assert!(above_limit(&err), "{err}");
+    // Quarantine off: no maximum TTL, the limit still bounds each lock.
+    let redlock = Redlock::builder()
+        .nodes(three())
+        .restart_quarantine(false)
+        .build()
+        .unwrap();
+    assert_eq!(redlock.max_ttl(), redlock_core::DEFAULT_TTL_LIMIT);
+    match redlock.try_lock("x").ttl(month).await {
+        Err(Error::Config(err)) => assert!(above_limit(&err), "{err}"),
+        other => panic!("expected TtlAboveLimit, got {other:?}"),
+    }
+    // Raised on purpose: an hour-long TTL, and the quarantine as long.
+    let hour = Duration::from_secs(3600);
+    let redlock = Redlock::builder()
+        .nodes(three())
+        .ttl_limit(hour)
+        .ttl(hour)
+        .build()
+        .unwrap();
+    assert_eq!(redlock.max_ttl(), hour);
+    // Not above what the protocol accepts.
+    let err = Redlock::builder()
+        .nodes(three())
+        .ttl_limit(month * 2)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::TtlTooLong { .. }), "{err}");
+}
+
+/// A 10 MB resource name is refused before any I/O, with an error that does not carry
+/// the name; the bound is configurable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_resource_names_are_refused_before_any_io() {
+    let cluster = redlock_testkit::Cluster::start(1).await;
+    let input_bytes = || async {
+        let info: String = cluster
+            .node(0)
+            .query(redis::cmd("INFO").arg("stats"))
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_net_input_bytes:"))
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let redlock = redlock_testkit::client(&cluster, Duration::from_millis(100));
+    let huge = "r".repeat(10 << 20);
+    let before = input_bytes().await;
+    let started = std::time::Instant::now();
+    let err = redlock.lock(huge.as_str()).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_millis(100));
+    assert!(
+        matches!(&err, Error::Config(ConfigError::ResourceTooLong { len, max, .. }) if *len == huge.len() && *max == redlock_core::DEFAULT_MAX_RESOURCE_LEN),
+        "{err:?}"
+    );
+    assert!(err.to_string().len() < 400, "{err}");
+    assert!(input_bytes().await - before < 64 << 10, "the name was sent");
+    let err = redlock.lock_many(["ok", huge.as_str()]).await.unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Config(ConfigError::ResourceTooLong { .. })
+    ));
+
+    // At the bound it is fine; the bound can be set.
+    let at_bound = "r".repeat(redlock_core::DEFAULT_MAX_RESOURCE_LEN);
+    redlock
+        .try_lock(at_bound)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let small = Redlock::builder()
+        .nodes(cluster.urls())
+        .restart_quarantine(false)
+        .max_resource_len(8)
+        .build()
+        .unwrap();
+    assert!(small.try_lock("123456789").await.is_err());
+    small
+        .try_lock("12345678")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

@@ -66,7 +66,12 @@ async fn a_black_holed_node_leaks_no_task_and_no_connection() {
                     while done.load(Ordering::Relaxed) < target {
                         let lock = redlock.lock("leak").await.unwrap();
                         done.fetch_add(1, Ordering::Relaxed);
-                        lock.release().await.unwrap();
+                        // With a 20 ms node timeout on a loaded machine a release can
+                        // time out on every node; the lock then expires at its TTL,
+                        // which only slows the next acquisitions (leaks are the point).
+                        if let Err(err) = lock.release().await {
+                            eprintln!("release failed, the lock expires at its TTL: {err}");
+                        }
                     }
                 })
             })

@@ -1,12 +1,6 @@
 //! How a lock error is told to an HTTP client: status, `Retry-After`, and an
 //! [RFC 9457](https://www.rfc-editor.org/rfc/rfc9457) `application/problem+json` body.
 //!
-//! The one place where lock errors get HTTP statuses: core classifies an error
-//! ([`Error::class`](redlock_core::Error::class)) without HTTP vocabulary, and this
-//! crate decides the status, the `Retry-After` and the body. Framework-neutral (no HTTP
-//! crate): the web integrations (`redlock-tower`, `redlock-actix`) turn a [`Problem`]
-//! into their own response type, so both answer the same way.
-//!
 //! ```
 //! use std::time::Duration;
 //! use redlock_core::Error;
@@ -24,17 +18,73 @@
 //! assert_eq!(problem.retry_after_secs(), Some(2)); // rounded up
 //! assert!(problem.to_json().contains(r#""status":409"#));
 //! ```
+//!
+//! # Feature flags
+//!
+//! None: the crate has no Cargo features.
+//!
+//! # Where it sits
+//!
+//! The one place where lock errors get HTTP statuses: core classifies an error
+//! ([`Error::class`](redlock_core::Error::class)) without HTTP vocabulary, and this
+//! crate decides the status, the `Retry-After` and the body. Framework-neutral (no HTTP
+//! crate): the web integrations (`redlock-tower`, `redlock-actix`) convert a [`Problem`]
+//! into their own response type, so both answer the same way.
+//!
+//! | [`Problem::from_error`], by the error's class | status | `Retry-After` |
+//! | --- | --- | --- |
+//! | contended: `Taken` | 409 | the holder's remaining validity, in whole seconds rounded up; [`FALLBACK_RETRY_AFTER`] when no node said |
+//! | unavailable: `NoQuorum`, `NotReady`, `Expired`; and `Lost` | 503 | [`FALLBACK_RETRY_AFTER`] (1 s) |
+//! | invalid resource: an empty or too long resource name (the request's key) | 400 | |
+//! | invalid input: `Config` (the server's own call or configuration) | 500 | |
+//!
+//! [`Problem::bad_key`] (400) is for a request that carries no usable key.
+//!
+//! Bodies say what the client can act on and nothing of the server's insides: no node
+//! addresses, no Redis error text, no key prefix. The full error goes to the server's
+//! log, with the request's id ([`REQUEST_ID_HEADERS`]) when it has one; the body then
+//! carries the same id (`request_id`), so a client's report can be matched to the log.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use redlock_core::{Error, ErrorClass};
+use redlock_core::{ConfigError, Error, ErrorClass};
 
 /// The `Content-Type` of [`Problem::to_json`].
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
-/// The `Retry-After` given with a 503 when no node says how long to wait.
-pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The `Retry-After` given when no node says how long to wait: a busy resource whose
+/// holder's remaining time no node reported, and an unavailable lock service (503).
+pub const FALLBACK_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Request headers read for a request or correlation id, in this order (the first
+/// present and well-formed one is used): `x-request-id` (what tower-http's and
+/// actix-web's request-id middlewares set) and `x-correlation-id`.
+pub const REQUEST_ID_HEADERS: [&str; 2] = ["x-request-id", "x-correlation-id"];
+
+/// The longest request id echoed in a body.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// The request's id, from the first of [`REQUEST_ID_HEADERS`] that `header` finds with a
+/// well-formed value (visible ASCII, at most 128 bytes); anything else is ignored rather
+/// than echoed.
+///
+/// ```
+/// let id = redlock_http::request_id(|name| (name == "x-request-id").then_some("req-7f3a"));
+/// assert_eq!(id.as_deref(), Some("req-7f3a"));
+/// assert_eq!(redlock_http::request_id(|_| Some("<script>\n")), None);
+/// ```
+pub fn request_id<'a>(header: impl Fn(&str) -> Option<&'a str>) -> Option<String> {
+    REQUEST_ID_HEADERS.iter().find_map(|name| {
+        let value = header(name)?.trim();
+        let well_formed = !value.is_empty()
+            && value.len() <= MAX_REQUEST_ID_LEN
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && !matches!(b, b'<' | b'>' | b'"' | b'\\'));
+        well_formed.then(|| value.to_owned())
+    })
+}
 
 /// An HTTP-shaped description of why a request could not get its lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +101,9 @@ pub struct Problem {
     pub detail: String,
     /// How long the client should wait before retrying, if it may retry.
     pub retry_after: Option<Duration>,
+    /// The request's id (see [`request_id`]), echoed in the body so that the client's
+    /// report can be matched with the server's log.
+    pub request_id: Option<String>,
 }
 
 impl Problem {
@@ -62,7 +115,14 @@ impl Problem {
             title,
             detail,
             retry_after: None,
+            request_id: None,
         }
+    }
+
+    /// Sets the request's id.
+    pub fn with_request_id(mut self, request_id: Option<String>) -> Self {
+        self.request_id = request_id;
+        self
     }
 
     /// Sets the `Retry-After`.
@@ -71,13 +131,15 @@ impl Problem {
         self
     }
 
-    /// The resource is busy: 409 Conflict.
+    /// The resource is busy: 409 Conflict, `Retry-After` the holder's remaining time
+    /// or [`FALLBACK_RETRY_AFTER`].
     pub fn busy(detail: String, retry_after: Option<Duration>) -> Self {
         Self::new(409, "urn:redlock:busy", "Resource is locked", detail)
-            .with_retry_after(retry_after)
+            .with_retry_after(Some(retry_after.unwrap_or(FALLBACK_RETRY_AFTER)))
     }
 
-    /// The lock service cannot decide (no quorum, lost lock): 503.
+    /// The lock service cannot decide (no quorum, lost lock): 503, `Retry-After`
+    /// `retry_after` or [`FALLBACK_RETRY_AFTER`].
     pub fn unavailable(detail: String, retry_after: Option<Duration>) -> Self {
         Self::new(
             503,
@@ -85,7 +147,7 @@ impl Problem {
             "Lock service unavailable",
             detail,
         )
-        .with_retry_after(Some(retry_after.unwrap_or(UNAVAILABLE_RETRY_AFTER)))
+        .with_retry_after(Some(retry_after.unwrap_or(FALLBACK_RETRY_AFTER)))
     }
 
     /// The request carries no usable key (a missing required header, a bad segment): 400.
@@ -108,14 +170,52 @@ impl Problem {
         )
     }
 
-    /// The answer to a lock error, by its [`ErrorClass`]: contended → 409 with the
-    /// holder's remaining time; unavailable and lost → 503; invalid input (the server's
-    /// own call or configuration) → 500.
+    /// The answer to a lock error, by its [`ErrorClass`], with a detail that tells the
+    /// client what to do and nothing of the server's insides (log the error itself):
+    ///
+    /// | class | status | `Retry-After` |
+    /// | --- | --- | --- |
+    /// | contended | 409 | the holder's remaining validity, else [`FALLBACK_RETRY_AFTER`] |
+    /// | unavailable, lost | 503 | [`FALLBACK_RETRY_AFTER`] |
+    /// | invalid resource (the request's key: empty, too long) | 400 | none |
+    /// | invalid input (the server's own call or configuration) | 500 | none |
+    ///
+    /// ```
+    /// use redlock_core::Error;
+    /// let down = Error::NoQuorum { resource: "order:42".into(), needed: 2, total: 3, failures: vec![] };
+    /// let problem = redlock_http::Problem::from_error(&down);
+    /// assert_eq!(problem.status, 503);
+    /// assert!(!problem.detail.contains("order:42"));
+    /// ```
     pub fn from_error(error: &Error) -> Self {
         match error.class() {
-            ErrorClass::Contended { retry_after } => Self::busy(error.to_string(), retry_after),
-            ErrorClass::InvalidInput => Self::misconfigured(error.to_string()),
-            _ => Self::unavailable(error.to_string(), None),
+            ErrorClass::Contended { retry_after } => Self::busy(
+                "Another request holds the lock on this resource; retry after the delay in Retry-After.".to_owned(),
+                retry_after,
+            ),
+            ErrorClass::InvalidResource => Self::bad_key(match error {
+                Error::Config(ConfigError::ResourceTooLong { max, .. }) => format!(
+                    "The request's lock key is too long: lock names may be at most {max} bytes."
+                ),
+                Error::Config(ConfigError::DuplicateResource { .. }) => {
+                    "The request names the same lock key twice.".to_owned()
+                }
+                _ => "The request's lock key is empty.".to_owned(),
+            }),
+            ErrorClass::InvalidInput => Self::misconfigured(
+                "The server's lock configuration is invalid; the details are in the server's log."
+                    .to_owned(),
+            ),
+            ErrorClass::Lost => Self::unavailable(
+                "The lock was lost while the request ran; retry after the delay in Retry-After."
+                    .to_owned(),
+                None,
+            ),
+            _ => Self::unavailable(
+                "The lock service is temporarily unavailable; retry after the delay in Retry-After."
+                    .to_owned(),
+                None,
+            ),
         }
     }
 
@@ -139,6 +239,10 @@ impl Problem {
         push_json_string(&mut out, &self.detail);
         if let Some(secs) = self.retry_after_secs() {
             let _ = write!(out, ",\"retry_after\":{secs}");
+        }
+        if let Some(id) = &self.request_id {
+            out.push_str(",\"request_id\":");
+            push_json_string(&mut out, id);
         }
         out.push('}');
         out
@@ -190,6 +294,53 @@ mod tests {
     fn unavailable_always_says_when_to_retry() {
         let p = Problem::unavailable("x".into(), None);
         assert_eq!(p.status, 503);
-        assert_eq!(p.retry_after, Some(UNAVAILABLE_RETRY_AFTER));
+        assert_eq!(p.retry_after, Some(FALLBACK_RETRY_AFTER));
+    }
+
+    #[test]
+    fn a_busy_resource_whose_holder_no_node_reported_gets_the_fallback() {
+        let p = Problem::busy(String::new(), None);
+        assert_eq!(p.retry_after, Some(FALLBACK_RETRY_AFTER));
+    }
+
+    #[test]
+    fn bodies_hold_no_internals_but_the_request_id() {
+        let errors = [
+            Error::Taken {
+                resource: "pay:order-42".into(),
+                nodes: vec!["10.1.2.3:6379".into()],
+                total: 3,
+                attempts: 1,
+                retry_after: None,
+            },
+            Error::NoQuorum {
+                resource: "pay:order-42".into(),
+                needed: 2,
+                total: 3,
+                failures: vec![],
+            },
+            Error::Config(ConfigError::ZeroTimeout),
+        ];
+        for error in &errors {
+            let json = Problem::from_error(error)
+                .with_request_id(Some("req-1".into()))
+                .to_json();
+            assert!(!json.contains("pay:"), "{json}");
+            assert!(!json.contains("10.1.2.3"), "{json}");
+            assert!(json.contains(r#""request_id":"req-1""#), "{json}");
+        }
+    }
+
+    #[test]
+    fn only_well_formed_request_ids_are_echoed() {
+        let one = |value: &'static str| {
+            request_id(move |name| (name == "x-correlation-id").then_some(value))
+        };
+        assert_eq!(one("abc-123").as_deref(), Some("abc-123"));
+        assert_eq!(one(""), None);
+        assert_eq!(one("has space"), None);
+        assert_eq!(one("\"quoted\""), None);
+        let long: &'static str = Box::leak("x".repeat(129).into_boxed_str());
+        assert_eq!(one(long), None);
     }
 }

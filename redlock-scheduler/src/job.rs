@@ -26,8 +26,7 @@ use redlock_core::CancellationToken;
 
 use crate::clock::BoxFuture;
 
-/// The error type a handler may return.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use redlock_core::BoxError;
 
 pub(crate) type Handler =
     Arc<dyn Fn(JobContext) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;

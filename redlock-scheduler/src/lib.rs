@@ -1,15 +1,48 @@
 //! A leader-election cron scheduler: every replica declares the same jobs, and each tick
 //! runs on exactly one of them.
 //!
+//! ```no_run
+//! use std::time::Duration;
+//! use redlock_scheduler::{BoxError, History, Job, JobContext, Redlock, Scheduler};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), BoxError> {
+//!     let redlock = Redlock::builder()
+//!         .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+//!         .build()?;
+//!     // Every replica runs this same code; each tick runs on one of them.
+//!     let scheduler = Scheduler::builder(redlock)
+//!         .name("billing")
+//!         .history(History::connect("sqlite://history.db").await?)
+//!         .job(Job::new("invoices", "0 */5 * * * *", |ctx: JobContext| async move {
+//!             println!("invoices due at {} (token {})", ctx.tick(), ctx.fencing_token());
+//!             Ok::<_, BoxError>(())
+//!         }))
+//!         .build()?;
+//!     scheduler.wait_ready(Duration::from_secs(15)).await?; // a quorum out of quarantine
+//!     scheduler.start();
+//!     tokio::time::sleep(Duration::from_secs(3600)).await; // ... serve ...
+//!     scheduler.shutdown(Duration::from_secs(30)).await; // hands over, lets runs finish
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # Feature flags
+//!
+//! None: the crate has no Cargo features. SQLite and PostgreSQL are both always built in
+//! (through sqlx); the history URL picks one.
+//!
+//! # How it works
+//!
 //! - [`LeaderElector`] (usable on its own): one replica leads, with a fencing epoch; a
 //!   follower takes over when the leader dies (within the leadership TTL plus one retry
 //!   interval) or at once when it shuts down.
 //! - [`Scheduler`]: the leader fires each [`Job`] at its ticks ([`Schedule`]: cron with
 //!   optional seconds, in a time zone, with documented DST behaviour). Before running, it
 //!   **claims** the tick under the job's name and the tick's scheduled time: a lock that
-//!   outlives the run, and with a [`History`] a row under `UNIQUE (job, tick)`. A tick
-//!   claimed once never runs again, even if leadership changes hands mid-tick or two
-//!   replicas briefly both think they lead.
+//!   outlives the run, and with a [`History`] a row under
+//!   `UNIQUE (scheduler, job, tick_ms)`. A tick claimed once never runs again, even if
+//!   leadership changes hands mid-tick or two replicas briefly both think they lead.
 //! - Per job: a [`Misfire`] policy for ticks missed while no one led, a timeout, and no
 //!   overlap (a tick is skipped while the previous run goes on). Handlers get a
 //!   [`JobContext`]: the scheduled tick, the fencing token, the instance, and a
@@ -19,6 +52,8 @@
 //!   [`Scheduler::resume`], and [`Scheduler::shutdown`] with a deadline.
 //!
 //! It never talks to Redis itself: every lock goes through [`redlock_core::Redlock`].
+//!
+//! # Three replicas in one process, against real nodes
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -79,12 +114,12 @@ mod store;
 pub use clock::{BoxFuture, Clock, ManualClock, SystemClock};
 pub use error::{BuildError, Error};
 pub use health::{ComponentHealth, Health};
-pub use job::{BoxError, DEFAULT_GRACE, Job, JobContext, Misfire};
+pub use job::{DEFAULT_GRACE, Job, JobContext, Misfire};
 pub use leader::{
     DEFAULT_RETRY_INTERVAL, DEFAULT_TERM, LeaderElector, LeaderElectorBuilder, LeaderEvent,
     Leadership,
 };
-pub use redlock_core::{CancellationToken, Redlock};
+pub use redlock_core::{BoxError, CancellationToken, Redlock};
 pub use schedule::Schedule;
 pub use scheduler::{Scheduler, SchedulerBuilder};
 pub use status::{JobStatus, LastRun, SchedulerStatus};

@@ -29,8 +29,7 @@ use pin_project_lite::pin_project;
 
 use crate::guard::Guard;
 
-/// The error type of [`LockBody`]: the inner body's error, boxed, or [`LockLost`].
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use redlock_core::BoxError;
 
 /// The error a [`LockBody`] ends with when the lock is lost while the body streams and
 /// the layer [aborts on loss](crate::LockLayer::abort_on_loss): the server then cuts

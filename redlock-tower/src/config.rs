@@ -31,6 +31,7 @@ pub(crate) struct Config {
     pub(crate) retry: RetryPolicy,
     pub(crate) hold: Hold,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) fencing: Option<bool>,
     pub(crate) fail_open: bool,
     pub(crate) busy_status: StatusCode,
     pub(crate) abort_on_loss: bool,
@@ -45,6 +46,7 @@ impl fmt::Debug for Config {
             .field("retry", &self.retry)
             .field("hold", &self.hold)
             .field("max_hold", &self.max_hold)
+            .field("fencing", &self.fencing)
             .field("fail_open", &self.fail_open)
             .field("busy_status", &self.busy_status)
             .field("abort_on_loss", &self.abort_on_loss)

@@ -34,6 +34,8 @@ pin_project! {
         #[pin]
         state: State<S, ReqBody, S::Future>,
         config: Arc<Config>,
+        // The request's id (`x-request-id`), for rejections and the log.
+        request_id: Option<String>,
     }
 }
 
@@ -90,6 +92,7 @@ where
                 guard: None,
             },
             config,
+            request_id: None,
         }
     }
 
@@ -98,13 +101,15 @@ where
         kind: RejectionKind,
         key: Option<&str>,
         problem: Problem,
-        error: Option<&Error>,
+        request_id: Option<String>,
         config: Arc<Config>,
     ) -> Self {
-        let response = render(&config, kind, key, problem, error);
+        let problem = problem.with_request_id(request_id.clone());
+        let response = render(&config, kind, key, problem, None);
         Self {
             state: State::Rejected { response },
             config,
+            request_id,
         }
     }
 
@@ -114,11 +119,18 @@ where
         resource: String,
         inner: S,
         request: Request<ReqBody>,
+        request_id: Option<String>,
         config: Arc<Config>,
     ) -> Self {
-        let (ttl, retry, name) = (config.ttl, config.retry, resource.clone());
-        let acquire: AcquireFuture =
-            Box::pin(async move { redlock.lock(name).ttl(ttl).retry(retry).await });
+        let (ttl, retry, fencing) = (config.ttl, config.retry, config.fencing);
+        let name = resource.clone();
+        let acquire: AcquireFuture = Box::pin(async move {
+            let acquire = redlock.lock(name).ttl(ttl).retry(retry);
+            match fencing {
+                Some(on) => acquire.fencing(on).await,
+                None => acquire.await,
+            }
+        });
         Self {
             state: State::Acquiring {
                 acquire,
@@ -128,6 +140,7 @@ where
                 started: Instant::now(),
             },
             config,
+            request_id,
         }
     }
 }
@@ -177,13 +190,19 @@ where
                                 guard: Some(guard),
                             }
                         }
-                        Err(error) => match refusal(this.config, &resource, &error, started) {
+                        Err(error) => match refusal(
+                            this.config,
+                            &resource,
+                            this.request_id.as_deref(),
+                            &error,
+                            started,
+                        ) {
                             Some((kind, problem)) => State::Rejected {
                                 response: render(
                                     this.config,
                                     kind,
                                     Some(&resource),
-                                    problem,
+                                    problem.with_request_id(this.request_id.clone()),
                                     Some(&error),
                                 ),
                             },
@@ -204,12 +223,16 @@ where
                         let key = held.key().to_owned();
                         // Drops the handler's future where it stands, then the guard.
                         this.state.set(State::Done);
-                        let problem = Problem::unavailable(
-                            format!(
-                                "the lock on `{key}` was lost while the request ran (a majority of lock nodes could not extend it in time): the request was stopped; retry it"
-                            ),
-                            None,
+                        tracing::warn!(
+                            key = %key,
+                            request_id = this.request_id.as_deref(),
+                            "lock lost while the request ran (a majority of lock nodes could not extend it in time): request stopped"
                         );
+                        let problem = Problem::unavailable(
+                            "The lock was lost while the request ran; the request was stopped. Retry it after the delay in Retry-After.".to_owned(),
+                            None,
+                        )
+                        .with_request_id(this.request_id.clone());
                         let response =
                             render(this.config, RejectionKind::Lost, Some(&key), problem, None);
                         return Poll::Ready(Ok(response.map(LockBody::full)));
@@ -247,29 +270,33 @@ where
 fn refusal(
     config: &Config,
     resource: &str,
+    request_id: Option<&str>,
     error: &Error,
     started: Instant,
 ) -> Option<(RejectionKind, Problem)> {
     let waited_ms = started.elapsed().as_millis() as u64;
     let mut problem = Problem::from_error(error);
+    // The body is generic (see `Problem::from_error`); the details go to the log.
     match error.class() {
         ErrorClass::Contended { .. } => {
-            tracing::debug!(key = %resource, waited_ms, error = %error, "lock busy: request refused");
-            // Without an answer from the nodes, the holder's TTL bounds the wait.
-            problem.retry_after.get_or_insert(config.ttl);
+            tracing::debug!(key = %resource, request_id, waited_ms, error = %error, "lock busy: request refused");
             problem.status = config.busy_status.as_u16();
             Some((RejectionKind::Busy, problem))
         }
+        ErrorClass::InvalidResource => {
+            tracing::debug!(key = %resource, request_id, error = %error, "lock key refused");
+            Some((RejectionKind::Key, problem))
+        }
         ErrorClass::InvalidInput => {
-            tracing::error!(key = %resource, error = %error, "lock refused as misconfigured");
+            tracing::error!(key = %resource, request_id, error = %error, "lock refused as misconfigured");
             Some((RejectionKind::Misconfigured, problem))
         }
         _ if config.fail_open => {
-            tracing::warn!(key = %resource, waited_ms, error = %error, "lock service unavailable: fail-open, serving the request WITHOUT a lock");
+            tracing::warn!(key = %resource, request_id, waited_ms, error = %error, "lock service unavailable: fail-open, serving the request WITHOUT a lock");
             None
         }
         _ => {
-            tracing::warn!(key = %resource, waited_ms, error = %error, "lock service unavailable: request refused (fail-closed)");
+            tracing::warn!(key = %resource, request_id, waited_ms, error = %error, "lock service unavailable: request refused (fail-closed)");
             Some((RejectionKind::Unavailable, problem))
         }
     }

@@ -28,6 +28,7 @@ use crate::service::LockService;
 /// | [`wait`](Self::wait) / [`retry`](Self::retry) | fail fast: one attempt, `409` when busy |
 /// | [`hold`](Self::hold) | [`Hold::UntilBodyEnd`] |
 /// | [`max_hold`](Self::max_hold) | the client's `max_hold` |
+/// | [`fencing`](Self::fencing) | the client's `fencing` |
 /// | [`fail_open`](Self::fail_open) | off: `503` when no quorum is reachable |
 /// | [`busy_status`](Self::busy_status) | `409 Conflict` |
 /// | [`abort_on_loss`](Self::abort_on_loss) | off: a loss is signalled and logged |
@@ -70,6 +71,7 @@ impl<E> LockLayer<E> {
             retry: RetryPolicy::once(),
             hold: Hold::default(),
             max_hold: None,
+            fencing: None,
             fail_open: false,
             busy_status: StatusCode::CONFLICT,
             abort_on_loss: false,
@@ -133,6 +135,13 @@ impl<E> LockLayer<E> {
     /// not extended past it: it expires, and the request is treated as having lost it.
     pub fn max_hold(self, max_hold: Duration) -> Self {
         self.config(|c| c.max_hold = Some(max_hold))
+    }
+
+    /// Take each lock with a fencing token (default: the client's
+    /// [`fencing`](redlock_core::RedlockBuilder::fencing) setting); the handler reads it
+    /// from the [`LockHandle`](crate::LockHandle) in the request's extensions.
+    pub fn fencing(self, on: bool) -> Self {
+        self.config(|c| c.fencing = Some(on))
     }
 
     /// When no quorum of Redis nodes can be reached (or another backend failure), let

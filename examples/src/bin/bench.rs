@@ -62,6 +62,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
 
+    let redlock = Redlock::builder()
+        .nodes(urls.clone())
+        .ttl(Duration::from_secs(2))
+        .build()?;
+    redlock_examples::wait_until_ready(&redlock).await;
     let mut conns = Vec::new();
     for url in &urls {
         conns.push(
@@ -71,11 +76,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let conns = Arc::new(conns);
-    let redlock = Redlock::builder()
-        .nodes(urls.clone())
-        .ttl(Duration::from_secs(2))
-        .build()?;
-    redlock_examples::wait_until_ready(&redlock).await;
     let rounds: u32 = 6;
     let slice = Duration::from_secs(secs) / rounds;
 

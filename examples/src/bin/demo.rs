@@ -106,20 +106,38 @@ fn leader(replicas: &[Replica]) -> Option<usize> {
         .position(|r| !r.sandbox.is_crashed() && r.scheduler.leadership().is_some())
 }
 
-async fn wait_for_leader(replicas: &[Replica]) -> usize {
-    loop {
+/// The leading replica, once there is one; an error if none leads within 30 s (the
+/// nodes stopped answering).
+async fn wait_for_leader(replicas: &[Replica]) -> Result<usize, BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
         if let Some(i) = leader(replicas) {
-            return i;
+            return Ok(i);
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    Err("no replica took the lead within 30 s: are the Redis nodes still reachable?".into())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     redlock_examples::init_tracing();
     let nodes = Nodes::from_env_or_start(5).await;
+    // The nodes as configured answer (or the program exits, naming them) before any
+    // replica starts.
+    let probe = Redlock::builder()
+        .nodes(nodes.urls())
+        .ttl(LEADER_TTL)
+        .build()?;
+    redlock_examples::wait_until_ready(&probe).await;
     let servers = nodes.addrs();
+    if servers.len() != nodes.urls().len() {
+        return Err(format!(
+            "the demo puts a proxy in front of each node, so it needs plain redis://host:port nodes; REDLOCK_NODES has {:?}",
+            nodes.urls()
+        )
+        .into());
+    }
     let dir = tempfile::tempdir()?;
     let history_url = format!("sqlite://{}", dir.path().join("history.db").display());
     let history = History::connect(&history_url).await?;
@@ -133,18 +151,23 @@ async fn main() -> Result<(), BoxError> {
     for name in ["a", "b", "c"] {
         replicas.push(start_replica(name, &servers, &history_url, &record).await?);
     }
-    let first = wait_for_leader(&replicas).await;
+    let first = wait_for_leader(&replicas).await?;
     let started = Utc::now();
     println!("  replica {} leads", replicas[first].name);
     tokio::time::sleep(Duration::from_secs(7)).await;
 
-    // Kill the leader like a process: no release, its lock must expire.
-    let dead = wait_for_leader(&replicas).await;
+    // Kill the leader like a process: no release, its lock must expire. Between runs
+    // (600 ms past a second: the jobs run 50 and 300 ms from the second), so that the
+    // report can hold every tick to "ran exactly once" (a run killed midway is recorded
+    // as abandoned, never run again: at most once).
+    let past_second = u64::from(Utc::now().timestamp_subsec_millis());
+    tokio::time::sleep(Duration::from_millis((1_600 - past_second) % 1_000)).await;
+    let dead = wait_for_leader(&replicas).await?;
     let dead_name = replicas[dead].name.clone();
     replicas[dead].sandbox.crash();
     let killed = Instant::now();
     println!("  killed the leader, replica {dead_name}");
-    let next = wait_for_leader(&replicas).await;
+    let next = wait_for_leader(&replicas).await?;
     println!(
         "  replica {} leads after {} ms (leadership TTL {} ms)",
         replicas[next].name,

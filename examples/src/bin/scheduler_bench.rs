@@ -71,7 +71,9 @@ async fn lag(urls: Vec<String>, seconds: u64) -> Result<(), BoxError> {
         .unwrap_or_else(|_| format!("sqlite://{}", dir.path().join("h.db").display()));
     let history = History::connect(&url).await?;
     let lags = Arc::new(Mutex::new(Vec::<i64>::with_capacity(200_000)));
-    let mut builder = Scheduler::builder(redlock(urls)?)
+    let redlock = redlock(urls)?;
+    redlock_examples::wait_until_ready(&redlock).await;
+    let mut builder = Scheduler::builder(redlock)
         .name(format!("bench-{}", std::process::id()))
         .leader_ttl(LEADER_TTL)
         .retry_interval(RETRY)

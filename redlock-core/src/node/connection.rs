@@ -12,6 +12,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError};
 
 use super::checks::{Checks, refused};
+use super::identity::{Identities, run_id};
 use super::quarantine::Quarantine;
 use crate::error::NodeError;
 use crate::protocol::{load_scripts, redis_error};
@@ -35,6 +36,9 @@ pub(super) struct Direct {
     /// The node's restart quarantine: every new connection reports the node's identity
     /// to it before anyone can send a vote on that connection.
     pub(super) quarantine: Option<Arc<Quarantine>>,
+    /// This node's place in the client's registry of servers: every new connection
+    /// reports the server's `run_id` there before anyone can use it.
+    pub(super) identity: Option<(usize, Arc<Identities>)>,
 }
 
 /// An opened connection, or one being opened, or none.
@@ -74,9 +78,11 @@ pub(super) struct Opened {
 /// queue as soon as it is first polled (the order of commands to a node relies on it).
 pub(super) const PIPELINE_BUFFER: usize = 4096;
 
-/// How long opening a connection may take (TCP, TLS, authentication, `HELLO`) before it
-/// is abandoned and tried afresh by the next operation.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long opening a connection to a node may take (TCP, TLS, authentication, loading
+/// the scripts) before it is abandoned and tried afresh by the next operation: an
+/// unreachable node is reported by [`Redlock::wait_ready`](crate::Redlock::wait_ready)
+/// within this time.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Direct {
     pub(super) fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
@@ -159,25 +165,49 @@ impl Direct {
             .set_pipeline_buffer_size(PIPELINE_BUFFER);
         let checks = Arc::clone(&self.checks);
         let quarantine = self.quarantine.clone();
+        let identity = self.identity.clone();
         let connect = async move {
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(|err| refused(err, "the connection's handshake (HELLO, AUTH)"))?;
+            let connecting = client.get_multiplexed_async_connection_with_config(&config);
+            let handshake = |err| refused(err, "the connection's handshake (HELLO, AUTH)");
+            let mut conn = match client.get_connection_info().addr() {
+                #[cfg(feature = "tls")]
+                redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                    super::tls::connect(connecting, host, *port, handshake).await?
+                }
+                _ => connecting.await.map_err(handshake)?,
+            };
             // Load the scripts now (one round trip), so that operations on this connection
             // do not meet NOSCRIPT: its fallback costs two more round trips, which may not
             // fit in the per-node timeout. A restarted node comes back through a new
             // connection, so it gets them again.
             // `INFO server` in the same round trip: run_id and uptime, for the quarantine.
+            // Each reply on its own, so that a refusal keeps its error code (`NOAUTH`
+            // when a password is needed, `NOPERM`) instead of a pipeline's summary.
             let mut load = redis::pipe();
+            load.ignore_errors();
             load_scripts(&mut load);
             load.cmd("INFO").arg("server");
-            let (info,): (String,) = load
+            let replies: Vec<redis::RedisResult<redis::Value>> = load
                 .query_async(&mut conn)
                 .await
                 .map_err(|err| refused(err, "SCRIPT LOAD or INFO"))?;
-            // Before the connection is handed to anyone: a node that restarted is in
-            // quarantine before its first vote on the new connection is counted.
+            let mut info = String::new();
+            for reply in replies {
+                match reply {
+                    Err(err) => return Err(refused(err, "SCRIPT LOAD or INFO")),
+                    Ok(value) => {
+                        if let Ok(text) = redis::from_redis_value::<String>(value) {
+                            info = text;
+                        }
+                    }
+                }
+            }
+            // Before the connection is handed to anyone: a server that another node
+            // reaches too never votes twice, and a node that restarted is in quarantine
+            // before its first vote on the new connection is counted.
+            if let (Some((index, identities)), Some(run_id)) = (&identity, run_id(&info)) {
+                identities.claim(*index, run_id)?;
+            }
             if let Some(quarantine) = &quarantine {
                 quarantine.observe(&info);
             }

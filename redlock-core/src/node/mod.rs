@@ -12,13 +12,15 @@
 //! whose handshake is slower than the per-node timeout still ends up connected.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use self::checks::Checks;
+pub use self::connection::CONNECT_TIMEOUT;
 use self::connection::{Backend, Direct, Slot};
+pub(crate) use self::identity::Identities;
 use self::quarantine::{Quarantine, QuarantineState};
 use crate::error::NodeError;
 use crate::protocol::{Command, Op, breaks_connection, build, query_batch, redis_error};
@@ -46,13 +48,20 @@ mod checks;
 mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
+mod identity;
 mod quarantine;
+#[cfg(feature = "tls")]
+mod tls;
 
 pub(crate) struct Node {
     name: String,
+    /// The name as the metrics label it (shared, not copied per measurement).
+    label: Arc<str>,
     backend: Backend,
     /// Restart quarantine; `None` when switched off.
     quarantine: Option<Arc<Quarantine>>,
+    /// The quarantine state last reported to the metrics: 0 out, 1 in, 2 not yet.
+    reported_quarantine: AtomicU8,
 }
 
 impl std::fmt::Debug for Node {
@@ -66,6 +75,8 @@ impl Node {
     pub(crate) fn direct(name: String, client: redis::Client) -> Self {
         let checks = Arc::new(Checks::new(name.clone(), false));
         Self {
+            label: Arc::from(name.as_str()),
+            reported_quarantine: AtomicU8::new(2),
             name,
             backend: Backend::Direct(Box::new(Direct {
                 client,
@@ -73,6 +84,7 @@ impl Node {
                 next_id: AtomicU64::new(1),
                 checks,
                 quarantine: None,
+                identity: None,
             })),
             quarantine: None,
         }
@@ -82,6 +94,8 @@ impl Node {
     #[cfg(test)]
     pub(crate) fn fake(name: String, server: fake::FakeServer) -> Self {
         Self {
+            label: Arc::from(name.as_str()),
+            reported_quarantine: AtomicU8::new(2),
             name,
             backend: Backend::Fake(server),
             quarantine: None,
@@ -91,6 +105,8 @@ impl Node {
     /// A node reached through a connection pool.
     pub(crate) fn pool(name: String, pool: deadpool_redis::Pool) -> Self {
         Self {
+            label: Arc::from(name.as_str()),
+            reported_quarantine: AtomicU8::new(2),
             name,
             backend: Backend::Pool(pool),
             quarantine: None,
@@ -115,6 +131,15 @@ impl Node {
         self
     }
 
+    /// Registers the node as number `index` of the client's servers: a connection to a
+    /// server that another node reaches too is refused (pooled nodes are not checked).
+    pub(crate) fn with_identity(mut self, index: usize, identities: &Arc<Identities>) -> Self {
+        if let Backend::Direct(direct) = &mut self.backend {
+            direct.identity = Some((index, Arc::clone(identities)));
+        }
+        self
+    }
+
     /// Learns the node's `run_id` and uptime from an `INFO server` reply (see
     /// [`Quarantine::observe`]).
     fn observe(&self, info: &str) {
@@ -130,8 +155,15 @@ impl Node {
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let left = state.until?.checked_duration_since(Instant::now())?;
-        (!left.is_zero()).then_some(left)
+        let left = state
+            .until
+            .and_then(|until| until.checked_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero());
+        let now_in = u8::from(left.is_some());
+        if self.reported_quarantine.swap(now_in, Ordering::Relaxed) != now_in {
+            crate::telemetry::quarantined(&self.label, left.is_some());
+        }
+        left
     }
 
     /// Runs several operations in one pipeline (one round trip), `timeout` covering it
@@ -180,10 +212,13 @@ impl Node {
                 })
                 .collect())
         };
-        match tokio::time::timeout(timeout, run).await {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(timeout, run).await {
             Ok(result) => result,
             Err(_) => Err(NodeError::Timeout(timeout)),
-        }
+        };
+        crate::telemetry::node_command(&self.label, "batch", started.elapsed(), &result);
+        result
     }
 
     /// A connection from `pool`. With `ask`, first learns the node's `run_id` and uptime
@@ -286,10 +321,13 @@ impl Node {
         timeout: Duration,
         queued: &AtomicBool,
     ) -> Result<u64, NodeError> {
-        match tokio::time::timeout(timeout, self.run_untimed(command, queued)).await {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(timeout, self.run_untimed(command, queued)).await {
             Ok(result) => result,
             Err(_) => Err(NodeError::Timeout(timeout)),
-        }
+        };
+        crate::telemetry::node_command(&self.label, command.name, started.elapsed(), &result);
+        result
     }
 
     async fn run_untimed(&self, command: &Command, queued: &AtomicBool) -> Result<u64, NodeError> {
@@ -303,7 +341,7 @@ impl Node {
                 return command
                     .execute(&mut server.clone())
                     .await
-                    .map_err(redis_error);
+                    .map_err(|err| command.error(err));
             }
         };
         let (generation, mut conn) = direct.connection().await?;
@@ -324,7 +362,7 @@ impl Node {
         {
             direct.forget(generation);
         }
-        result.map_err(redis_error)
+        result.map_err(|err| command.error(err))
     }
 
     async fn run_pooled(
@@ -336,6 +374,9 @@ impl Node {
             .pooled(pool, command.votes && self.quarantine.is_some())
             .await?;
         self.check_quarantine(command.votes)?;
-        command.execute(&mut conn).await.map_err(redis_error)
+        command
+            .execute(&mut conn)
+            .await
+            .map_err(|err| command.error(err))
     }
 }

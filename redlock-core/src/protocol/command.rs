@@ -18,6 +18,10 @@ pub(crate) struct Command {
     script: Option<&'static Script>,
     /// The answer is a vote.
     pub(crate) votes: bool,
+    /// The keys it works on, for error messages.
+    keys: Box<str>,
+    /// The operation's name, for the metrics.
+    pub(crate) name: &'static str,
 }
 
 impl Command {
@@ -27,7 +31,20 @@ impl Command {
             cmd,
             script,
             votes: op.votes(),
+            keys: op.keys().join(", ").into_boxed_str(),
+            name: op.name(),
         }
+    }
+
+    /// The node's error for this command: [`redis_error`], naming the command's keys
+    /// where a key is the cause (`WRONGTYPE`).
+    pub(crate) fn error(&self, err: RedisError) -> NodeError {
+        if err.code() == Some("WRONGTYPE") {
+            return NodeError::WrongType {
+                keys: self.keys.to_string(),
+            };
+        }
+        redis_error(err)
     }
 
     /// Sends the command on `conn` and reads the answer: `SET`'s OK or nil as 1 or 0,
@@ -284,6 +301,22 @@ pub(crate) fn breaks_connection(err: &RedisError) -> bool {
     err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
 }
 
+/// A node's error: a refusal that no retry can cure (a permission, credentials, a key of
+/// another type) as its own [`NodeError`], anything else as a Redis error.
 pub(crate) fn redis_error(err: RedisError) -> NodeError {
-    NodeError::Redis(Arc::new(err))
+    match err.code() {
+        Some("NOPERM") => NodeError::Permission(format!(
+            "{}; the node's ACL user needs the lock's keys (`~<key prefix>*`, and `&*` for wake on release) and +@scripting",
+            err.detail()
+                .map_or_else(|| "NOPERM".to_owned(), |d| format!("NOPERM {d}"))
+        )),
+        Some("WRONGTYPE") => NodeError::WrongType {
+            keys: "a key of the lock".to_owned(),
+        },
+        Some("NOAUTH" | "WRONGPASS") => NodeError::Authentication(err.to_string()),
+        _ if err.kind() == redis::ErrorKind::AuthenticationFailed => {
+            NodeError::Authentication(err.to_string())
+        }
+        _ => NodeError::Redis(Arc::new(err)),
+    }
 }

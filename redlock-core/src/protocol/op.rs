@@ -57,9 +57,36 @@ pub(crate) enum Op<'a> {
     },
 }
 
-impl Op<'_> {
+impl<'a> Op<'a> {
     /// Whether the answer is a vote (a node in quarantine may not give one; a release
     /// still runs there, it only deletes).
+    /// The keys the operation works on (lock keys; fence keys for a fence raise), for
+    /// error messages.
+    pub(crate) fn keys(&self) -> &'a [String] {
+        match *self {
+            Op::Acquire { keys, .. }
+            | Op::Release { keys, .. }
+            | Op::Extend { keys, .. }
+            | Op::Remaining { keys }
+            | Op::JoinQueue { keys, .. } => keys,
+            Op::RaiseFence { fence_keys, .. } => fence_keys,
+            _ => &[],
+        }
+    }
+
+    /// The operation's name, as the metrics label it.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Op::Acquire { .. } => "acquire",
+            Op::RaiseFence { .. } => "raise_fence",
+            Op::Release { .. } => "release",
+            Op::Extend { .. } => "extend",
+            Op::Remaining { .. } => "remaining",
+            Op::ServerTime => "server_time",
+            Op::JoinQueue { .. } => "join_queue",
+        }
+    }
+
     pub(crate) fn votes(&self) -> bool {
         !matches!(
             self,

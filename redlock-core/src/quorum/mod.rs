@@ -10,12 +10,13 @@ mod fanout;
 mod in_flight;
 mod target;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use self::fanout::{Answers, Fanout, Pending, Until};
 pub(crate) use self::in_flight::InFlight;
 pub(crate) use self::target::{OpKind, Target};
-use crate::node::Node;
+use crate::node::{Identities, Node};
 
 /// The fixed part of the clock-drift allowance (the reference algorithm's 2 ms).
 const DRIFT_FIXED: Duration = Duration::from_millis(2);
@@ -29,6 +30,8 @@ pub(crate) struct Cluster {
     pub(crate) node_timeout: Duration,
     /// The clock-drift factor (at most 0.25, checked by the builder).
     pub(crate) drift_factor: f64,
+    /// Which server each node is (one server listed twice is refused).
+    pub(crate) identities: Arc<Identities>,
 }
 
 impl Cluster {

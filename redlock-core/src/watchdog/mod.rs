@@ -128,6 +128,7 @@ impl Drop for Entries {
     fn drop(&mut self) {
         for entry in self.0.values() {
             if !entry.watched.state.is_ended() {
+                crate::telemetry::lock_lost();
                 entry.watched.state.lost.cancel();
             }
         }
@@ -161,6 +162,7 @@ async fn run(
         let Some(cluster) = client.upgrade() else {
             // The client is gone: nobody can release these locks; let them expire.
             for entry in entries.values() {
+                crate::telemetry::lock_lost();
                 entry.watched.state.lost.cancel();
             }
             return;
@@ -257,6 +259,7 @@ fn tick(
         }
         if now >= loss_deadline(cluster, state) {
             tracing::warn!(resource = %entry.watched.resource, "lock lost: not extended on a majority in time");
+            crate::telemetry::lock_lost();
             state.lost.cancel();
             return false;
         }
@@ -422,9 +425,11 @@ fn apply(cluster: &Cluster, entries: &mut HashMap<u64, Entry>, outcome: Outcome)
         if yes >= quorum && now < state.valid_until() {
             state.extended(bound, ttl);
             entry.next_extend = outcome.sent_at + ttl / 3;
+            crate::telemetry::extension(true);
             tracing::trace!(resource = %entry.watched.resource, votes = yes, "extended");
         } else {
             state.not_extended(bound);
+            crate::telemetry::extension(false);
             // Try again soon; the loss deadline decides when to give up.
             entry.next_extend = now + (ttl / 20).max(Duration::from_millis(5));
             tracing::debug!(

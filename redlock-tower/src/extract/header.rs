@@ -9,8 +9,9 @@ use super::{Key, KeyExtractor, checked};
 /// The key is a request header's value, e.g. `Idempotency-Key` or a tenant id.
 ///
 /// Without the header the request passes through unlocked, or, once
-/// [`required`](Self::required), is refused with `400`. A value that is empty, longer
-/// than [`MAX_KEY_LEN`](super::MAX_KEY_LEN), or not visible ASCII is always refused with `400`.
+/// [`required`](Self::required), is refused with `400`. A value that is empty or not
+/// visible ASCII is always refused with `400`, and so is one longer than the client's
+/// [`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len) with the prefix.
 #[derive(Debug, Clone)]
 pub struct Header {
     name: HeaderName,

@@ -62,10 +62,6 @@ pub use self::header::Header;
 pub use self::path_param::PathParam;
 pub use self::path_prefix::PathPrefix;
 
-/// The longest key a built-in extractor accepts, in bytes; a longer one is refused with
-/// `400` (a client must not be able to make the layer store arbitrarily large keys).
-pub const MAX_KEY_LEN: usize = 512;
-
 /// What a [`KeyExtractor`] decided for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -161,15 +157,12 @@ where
     }
 }
 
-/// Refuses an empty or over-long key; `what` names its source for the message.
+/// Refuses an empty key; `what` names its source for the message. The length bound is
+/// the client's ([`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)):
+/// a longer key is refused with `400` before anything is sent to a node.
 fn checked(key: &str, what: impl FnOnce() -> String) -> Key {
     if key.is_empty() {
         Key::Reject(Problem::bad_key(format!("{} is empty", what())))
-    } else if key.len() > MAX_KEY_LEN {
-        Key::Reject(Problem::bad_key(format!(
-            "{} is longer than {MAX_KEY_LEN} bytes",
-            what()
-        )))
     } else {
         Key::Lock(key.to_owned())
     }

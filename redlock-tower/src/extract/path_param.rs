@@ -17,9 +17,12 @@ use super::{Key, KeyExtractor, checked};
 /// when present.
 ///
 /// Answers `500` when the layer sits where no route was matched (outside the
-/// `Router`, or on a fallback) or the route has no such parameter: both are
-/// configuration mistakes. A value that is not UTF-8 once decoded is refused with
-/// `400`.
+/// `Router`, or on a fallback), the route has no such parameter, or the router is not
+/// axum 0.8: configuration mistakes, told in the server's log (the client gets a
+/// generic body). A value that is not UTF-8 once decoded is refused with `400`.
+///
+/// Needs the crate's `axum` feature, and axum 0.8: the parameter is read from axum
+/// 0.8's request extensions, which another axum version's `Router` does not set.
 ///
 /// ```
 /// use axum::{Extension, Router, body::Body, routing::post};
@@ -67,7 +70,7 @@ impl<B> KeyExtractor<B> for PathParam {
     fn extract(&self, request: &Request<B>) -> Key {
         let Some(template) = request.extensions().get::<MatchedPath>() else {
             return Key::Reject(Problem::misconfigured(format!(
-                "no matched route for path parameter `{}`: add the lock layer with axum's `Router::route_layer`",
+                "no axum 0.8 `MatchedPath` in the request for path parameter `{}`: either the lock layer is not added with `Router::route_layer` (it then sees requests before routing), or the router is not axum 0.8, the version redlock-tower's `axum` feature supports (an axum 0.7 `Router` compiles with the layer, but its extensions are other types: upgrade to axum 0.8, or use `extract::from_fn` with your own extractor)",
                 self.name
             )));
         };

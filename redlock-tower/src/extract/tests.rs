@@ -28,7 +28,7 @@ fn header_optional_required_and_invalid() {
             .unwrap()
     };
     assert_eq!(required.extract(&with(b" abc ")), Key::Lock("abc".into()));
-    for bad in [&b""[..], b"  ", "é".as_bytes(), &[b'a'; MAX_KEY_LEN + 1]] {
+    for bad in [&b""[..], b"  ", "é".as_bytes()] {
         let got = optional.extract(&with(bad));
         assert_eq!(got.rejection().map(|p| p.status), Some(400), "{bad:?}");
     }

@@ -1,0 +1,148 @@
+//! Metrics against real redis-server nodes, read back through the Prometheus exporter
+//! (installed as the process's recorder: this test binary holds one test for that).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::Duration;
+
+use redlock_core::{Redlock, RetryPolicy, telemetry};
+use redlock_testkit::Cluster;
+
+/// The value of the sample `name{labels}` in a Prometheus text page (labels in the
+/// exporter's order), if present.
+fn sample(page: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
+    page.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map(|value| value.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_activity_is_counted_with_bounded_labels() {
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
+    telemetry::describe();
+    let cluster = Cluster::start(3).await;
+    let node = |i: usize| cluster.node(i).addr().to_string();
+    let ttl = Duration::from_millis(600);
+    let client = || {
+        Redlock::builder()
+            .nodes(cluster.urls())
+            .restart_quarantine(false)
+            .ttl(ttl)
+            .node_timeout(Duration::from_millis(50))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (client(), client());
+
+    // Granted, then contended (one attempt), then released.
+    let mut lock = a.lock("metrics:order-42").await.unwrap();
+    let err = b.try_lock("metrics:order-42").await.unwrap_err();
+    assert!(matches!(err, redlock_core::Error::Taken { .. }), "{err}");
+    // The watchdog extends it a few times (about every ttl/3).
+    lock.auto_extend();
+    tokio::time::sleep(ttl).await;
+    lock.release().await.unwrap();
+    // A waiter queues behind a holder, and gets the lock handed over.
+    let held = a.lock("metrics:queue").await.unwrap();
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.lock("metrics:queue")
+                .retry(RetryPolicy::deadline(Duration::from_secs(5)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
+    // A hung node: its commands time out, the lock is still granted by the others.
+    cluster.node(2).pause();
+    a.lock("metrics:hung")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Past the node timeout before it answers again.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.node(2).resume();
+    // An invalid request never reaches a node.
+    assert!(a.try_lock("").await.is_err());
+
+    let page = prometheus.render();
+    let count = |name: &str, labels: &str| sample(&page, name, labels).unwrap_or(0.0);
+    assert!(
+        count("redlock_acquisitions_total", r#"outcome="granted""#) >= 4.0,
+        "{page}"
+    );
+    assert_eq!(
+        count("redlock_acquisitions_total", r#"outcome="contended""#),
+        1.0,
+        "{page}"
+    );
+    assert_eq!(
+        count("redlock_acquisitions_total", r#"outcome="invalid""#),
+        1.0,
+        "{page}"
+    );
+    assert!(
+        count(
+            "redlock_acquire_duration_seconds_count",
+            r#"outcome="granted""#
+        ) >= 4.0
+    );
+    assert!(
+        count("redlock_releases_total", r#"outcome="released""#) >= 4.0,
+        "{page}"
+    );
+    assert!(
+        count("redlock_extensions_total", r#"outcome="extended""#) >= 2.0,
+        "{page}"
+    );
+    assert!(count("redlock_handovers_total", "") >= 1.0, "{page}");
+    assert_eq!(count("redlock_queue_waiters", ""), 0.0, "{page}");
+    let acquires_on_0 = format!(r#"node="{}",op="acquire""#, node(0));
+    assert!(
+        count("redlock_node_duration_seconds_count", &acquires_on_0) >= 4.0,
+        "{page}"
+    );
+    let timeouts_on_2 = format!(r#"node="{}",kind="timeout""#, node(2));
+    assert!(
+        count("redlock_node_errors_total", &timeouts_on_2) >= 1.0,
+        "{page}"
+    );
+    assert!(page.contains("# HELP redlock_acquisitions_total"), "{page}");
+    // No resource name is a label anywhere.
+    assert!(
+        !page.contains("order-42") && !page.contains("metrics:"),
+        "{page}"
+    );
+
+    // Nodes in restart quarantine show as 1; their refused votes count as errors.
+    let quarantined = Redlock::builder()
+        .nodes(cluster.urls())
+        .max_ttl(Duration::from_secs(600))
+        .ttl(ttl)
+        .build()
+        .unwrap();
+    assert!(quarantined.try_lock("metrics:q").await.is_err());
+    let page = prometheus.render();
+    let in_quarantine = format!(r#"node="{}""#, node(1));
+    assert_eq!(
+        sample(&page, "redlock_node_quarantined", &in_quarantine),
+        Some(1.0),
+        "{page}"
+    );
+    let refused = format!(r#"node="{}",kind="quarantined""#, node(1));
+    assert!(
+        sample(&page, "redlock_node_errors_total", &refused) >= Some(1.0),
+        "{page}"
+    );
+}

@@ -1,0 +1,186 @@
+//! The scheduler's controls and records against real redis-server nodes and SQLite:
+//! trigger, pause, resume and status; timeouts and failures in the history.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use redlock_scheduler::{History, Job, JobContext, Outcome, Run};
+use redlock_testkit::Cluster;
+
+mod common;
+use common::*;
+
+/// `trigger` runs a job now through the claim path (on the leader only), `pause` skips
+/// its ticks (recorded as skipped) until `resume`, and `status` serializes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trigger_pause_resume_and_status() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let history = History::connect(&url).await.unwrap();
+    let yearly = unique("yearly");
+    let secondly = unique("secondly");
+    let ticks = Arc::new(Ticks::default());
+    let manual = Arc::new(Mutex::new(Vec::new()));
+    let jobs = |manual: &Arc<Mutex<Vec<bool>>>| {
+        let manual = Arc::clone(manual);
+        vec![
+            Job::new(&yearly, "0 0 0 1 1 *", move |ctx: JobContext| {
+                let manual = Arc::clone(&manual);
+                async move {
+                    manual.lock().unwrap().push(ctx.is_manual());
+                    Ok::<_, std::io::Error>(())
+                }
+            }),
+            counting_job(&secondly, "* * * * * *", &ticks, Duration::ZERO),
+        ]
+    };
+    let mut replicas = Vec::new();
+    for name in ["a", "b"] {
+        replicas
+            .push(Replica::start(&cluster, name, Some(url.clone()), jobs(&manual), |b| b).await);
+    }
+    let leader = leader_of(&replicas, Duration::from_secs(5)).await;
+    let follower = 1 - leader;
+
+    // Trigger: on the leader it runs once, now; a follower names the leader.
+    let tick = replicas[leader].scheduler.trigger(&yearly).await.unwrap();
+    match replicas[follower].scheduler.trigger(&yearly).await {
+        Err(redlock_scheduler::Error::NotLeader { leader: Some(l) }) => {
+            assert_eq!(l, replicas[leader].scheduler.instance());
+        }
+        other => panic!("expected NotLeader, got {other:?}"),
+    }
+    assert!(matches!(
+        replicas[leader].scheduler.trigger("nope").await,
+        Err(redlock_scheduler::Error::UnknownJob { .. })
+    ));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while history
+        .runs("scheduler", &yearly, 5)
+        .await
+        .unwrap()
+        .first()
+        .map(|r| r.outcome)
+        != Some(Outcome::Succeeded)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the triggered run was not recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(*manual.lock().unwrap(), vec![true]);
+    assert_eq!(
+        history.runs("scheduler", &yearly, 5).await.unwrap()[0].tick,
+        tick
+    );
+
+    // Pause (asked of the follower: cluster-wide through the history): ticks are skipped.
+    replicas[follower].scheduler.pause(&secondly).await.unwrap();
+    let paused_at = Utc::now();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    replicas[follower]
+        .scheduler
+        .resume(&secondly)
+        .await
+        .unwrap();
+    let resumed_at = Utc::now();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let rows = rows(
+        &history,
+        &secondly,
+        paused_at + chrono::Duration::milliseconds(1100),
+        resumed_at - chrono::Duration::milliseconds(100),
+    )
+    .await;
+    assert!(!rows.is_empty());
+    for row in &rows {
+        assert_eq!(row.outcome, Outcome::Skipped, "{row:?}");
+        assert_eq!(row.error.as_deref(), Some("paused"));
+    }
+    let after = rows_after(
+        &history,
+        &secondly,
+        resumed_at + chrono::Duration::milliseconds(1100),
+    )
+    .await;
+    assert!(
+        after.iter().any(|r| r.outcome == Outcome::Succeeded),
+        "{after:?}"
+    );
+
+    // Status: leader, jobs, next fire, last run; serializable.
+    let status = replicas[follower].scheduler.status().await;
+    assert!(!status.is_leader);
+    assert_eq!(
+        status.leader.as_deref(),
+        Some(replicas[leader].scheduler.instance())
+    );
+    let job = status.jobs.iter().find(|j| j.name == yearly).unwrap();
+    assert_eq!(
+        job.next_fire
+            .map(|t| t.format("%m-%d %H:%M:%S").to_string()),
+        Some("01-01 00:00:00".to_owned())
+    );
+    assert_eq!(
+        job.last_run.as_ref().map(|r| r.outcome),
+        Some(Outcome::Succeeded)
+    );
+    let json = serde_json::to_string(&status).unwrap();
+    assert!(
+        json.contains(r#""is_leader":false"#) && json.contains(&yearly),
+        "{json}"
+    );
+    for replica in &replicas {
+        replica.shutdown().await;
+    }
+}
+
+async fn rows_after(history: &History, job: &str, from: DateTime<Utc>) -> Vec<Run> {
+    rows(
+        history,
+        job,
+        from,
+        Utc::now() + chrono::Duration::seconds(5),
+    )
+    .await
+}
+
+/// A run past its job's timeout gets its token fired and is recorded as timed out; a
+/// failing handler is recorded as failed with its error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_and_failures_are_recorded() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let history = History::connect(&url).await.unwrap();
+    let (slow, failing) = (unique("slow"), unique("failing"));
+    let jobs = vec![
+        Job::new(&slow, "*/2 * * * * *", |ctx: JobContext| async move {
+            ctx.cancelled().await; // stops only when told to
+            Ok::<_, std::io::Error>(())
+        })
+        .timeout(Duration::from_millis(300)),
+        Job::new(&failing, "*/2 * * * * *", |_ctx: JobContext| async move {
+            Err::<(), _>(std::io::Error::other("disk full"))
+        }),
+    ];
+    let replica = Replica::start(&cluster, "solo", Some(url.clone()), jobs, |b| b).await;
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        let slow_runs = history.runs("scheduler", &slow, 5).await.unwrap();
+        let failing_runs = history.runs("scheduler", &failing, 5).await.unwrap();
+        let timed_out = slow_runs.iter().find(|r| r.outcome == Outcome::TimedOut);
+        let failed = failing_runs.iter().find(|r| r.outcome == Outcome::Failed);
+        if let (Some(timed_out), Some(failed)) = (timed_out, failed) {
+            let took = timed_out.finished.unwrap() - timed_out.started.unwrap();
+            assert!(took < chrono::Duration::milliseconds(1000), "{took:?}");
+            assert_eq!(failed.error.as_deref(), Some("disk full"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "{slow_runs:?} {failing_runs:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    replica.shutdown().await;
+}

@@ -1,0 +1,253 @@
+//! The scheduler and its database: names sharing a database, many replicas migrating a
+//! fresh PostgreSQL at once, a black-holed database, a history unreadable at election.
+//! Real redis-server nodes, SQLite files and the PostgreSQL at `DATABASE_URL`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use redlock_scheduler::{History, Job, JobContext, Misfire, Outcome};
+use redlock_testkit::{Cluster, Proxy};
+
+mod common;
+use common::*;
+
+const SCHEDULER: &str = "scheduler";
+
+/// PostgreSQL's URL and address from `DATABASE_URL` (`None` when unset: the tests that
+/// need it are then marked ignored at build time, see build.rs).
+fn postgres() -> Option<(String, std::net::SocketAddr)> {
+    let url = std::env::var("DATABASE_URL").ok()?;
+    let parsed = url::Url::parse(&url).ok()?;
+    let host = parsed
+        .host_str()
+        .unwrap_or("127.0.0.1")
+        .replace("localhost", "127.0.0.1");
+    let addr = format!("{host}:{}", parsed.port().unwrap_or(5432))
+        .parse()
+        .ok()?;
+    Some((url, addr))
+}
+
+/// `url` with its host and port replaced by `addr`.
+fn via(url: &str, addr: std::net::SocketAddr) -> String {
+    let mut parsed = url::Url::parse(url).unwrap();
+    parsed.set_host(Some(&addr.ip().to_string())).unwrap();
+    parsed.set_port(Some(addr.port())).unwrap();
+    parsed.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedulers_of_different_names_share_a_database() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let job = unique("report");
+    let (billing, reports) = (Arc::new(Ticks::default()), Arc::new(Ticks::default()));
+    let work = Duration::from_millis(50);
+    let a = Replica::start(
+        &cluster,
+        "a",
+        Some(url.clone()),
+        vec![counting_job(&job, "* * * * * *", &billing, work)],
+        |b| b.name("billing"),
+    )
+    .await;
+    let b = Replica::start(
+        &cluster,
+        "b",
+        Some(url.clone()),
+        vec![counting_job(&job, "* * * * * *", &reports, work)],
+        |b| b.name("reports"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    a.shutdown().await;
+    b.shutdown().await;
+    let both: HashSet<i64> = billing
+        .snapshot()
+        .keys()
+        .copied()
+        .collect::<HashSet<_>>()
+        .intersection(&reports.snapshot().keys().copied().collect())
+        .copied()
+        .collect();
+    assert!(both.len() >= 3, "ticks both schedulers ran: {both:?}");
+    let history = History::connect(&url).await.unwrap();
+    for name in ["billing", "reports"] {
+        let rows = history.runs(name, &job, 100).await.unwrap();
+        let ran = rows
+            .iter()
+            .filter(|r| {
+                r.outcome == Outcome::Succeeded && both.contains(&r.tick.timestamp_millis())
+            })
+            .count();
+        assert_eq!(ran, both.len(), "{name}: {rows:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn many_replicas_migrate_a_fresh_postgres_database_at_once() {
+    let Some((url, _)) = postgres() else {
+        panic!("DATABASE_URL is not set at run time but was at build time");
+    };
+    let admin = History::connect(&url).await.unwrap();
+    let db = format!(
+        "redlock_fresh_{}_{}",
+        std::process::id(),
+        rand::random::<u16>()
+    );
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(admin.pool())
+        .await
+        .unwrap();
+    let mut fresh = url::Url::parse(&url).unwrap();
+    fresh.set_path(&db);
+    let fresh = fresh.to_string();
+    let connects = (0..12).map(|_| {
+        let fresh = fresh.clone();
+        tokio::spawn(async move {
+            History::connect(&fresh)
+                .await
+                .map(|h| h.runs_table().to_owned())
+        })
+    });
+    let results = futures_util::future::join_all(connects).await;
+    let failures: Vec<String> = results
+        .into_iter()
+        .filter_map(|r| r.unwrap().err().map(|e| e.to_string()))
+        .collect();
+    // Every connection closed before the database goes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .execute(admin.pool())
+        .await;
+    assert!(
+        failures.is_empty(),
+        "{} of 12 replicas failed: {failures:?}",
+        failures.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn a_black_holed_database_delays_no_tick_and_loses_no_row() {
+    let Some((url, addr)) = postgres() else {
+        panic!("DATABASE_URL is not set at run time but was at build time");
+    };
+    let cluster = Cluster::start(3).await;
+    let proxy = Proxy::start(addr).await;
+    let job = unique("through-outage");
+    let lags = Arc::new(Mutex::new(Vec::<(i64, i64)>::new()));
+    let recorded = Arc::clone(&lags);
+    let handler = Job::new(job.clone(), "* * * * * *", move |ctx: JobContext| {
+        let lags = Arc::clone(&recorded);
+        async move {
+            let lag = (Utc::now() - ctx.tick()).num_milliseconds();
+            lags.lock()
+                .unwrap()
+                .push((ctx.tick().timestamp_millis(), lag));
+            Ok::<_, std::convert::Infallible>(())
+        }
+    });
+    let history = History::builder(via(&url, proxy.addr()))
+        .statement_timeout(Duration::from_millis(500))
+        .acquire_timeout(Duration::from_millis(300));
+    let replica = Replica::start_with(&cluster, "a", Some(history), vec![handler], |b| b).await;
+    leader_of(std::slice::from_ref(&replica), Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cut_at = Utc::now();
+    proxy.blackhole();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let status = replica.scheduler.status().await;
+    let health = status.health.history.clone().unwrap();
+    assert!(!health.ok, "the history is failing: {health:?}");
+    assert!(health.pending_writes > 0, "{health:?}");
+    assert!(
+        !status.jobs[0].last_run.as_ref().unwrap().recorded,
+        "{:?}",
+        status.jobs[0]
+    );
+    proxy.restore();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let health = replica.scheduler.health().history.unwrap();
+    assert!(health.ok && health.pending_writes == 0, "{health:?}");
+    replica.shutdown().await;
+    let lags = lags.lock().unwrap().clone();
+    // Every tick of the outage ran on time (the first after the cut may wait one
+    // statement timeout for its row).
+    let outage: Vec<&(i64, i64)> = lags
+        .iter()
+        .filter(|(t, _)| *t > cut_at.timestamp_millis())
+        .collect();
+    assert!(outage.len() >= 9, "{lags:?}");
+    let late: Vec<_> = outage.iter().filter(|(_, lag)| *lag > 250).collect();
+    assert!(
+        late.len() <= 1,
+        "ticks run late during the outage: {late:?}"
+    );
+    // Every run has its row, succeeded, once the database is back.
+    let history = History::connect(&url).await.unwrap();
+    let rows = history.runs(SCHEDULER, &job, 200).await.unwrap();
+    for (tick, _) in &lags {
+        let row = rows.iter().find(|r| r.tick.timestamp_millis() == *tick);
+        assert_eq!(
+            row.map(|r| r.outcome),
+            Some(Outcome::Succeeded),
+            "tick {tick}: {row:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn a_new_leader_waits_for_the_history_then_catches_up() {
+    let Some((url, addr)) = postgres() else {
+        panic!("DATABASE_URL is not set at run time but was at build time");
+    };
+    let cluster = Cluster::start(3).await;
+    let job = unique("catch-up");
+    let ticks = Arc::new(Ticks::default());
+    let jobs = || {
+        vec![
+            counting_job(&job, "* * * * * *", &ticks, Duration::from_millis(10))
+                .misfire(Misfire::CatchUp { max: 100 }),
+        ]
+    };
+    let mut first = Replica::start(&cluster, "a", Some(url.clone()), jobs(), |b| b).await;
+    leader_of(std::slice::from_ref(&first), Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let proxy = Proxy::start(addr).await;
+    let history =
+        History::builder(via(&url, proxy.addr())).statement_timeout(Duration::from_millis(500));
+    let second = Replica::start_with(&cluster, "b", Some(history), jobs(), |b| b).await;
+    // The leader dies; the follower takes over while it cannot read the history.
+    proxy.blackhole();
+    first.sandbox.crash();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(second.leads());
+    proxy.restore();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    second.shutdown().await;
+    let record = ticks.snapshot();
+    let mut seconds: Vec<i64> = record.keys().copied().collect();
+    seconds.sort_unstable();
+    // No gap from the first tick to the last: the missed ones were caught up.
+    let gaps: Vec<_> = seconds.windows(2).filter(|w| w[1] - w[0] != 1000).collect();
+    assert!(gaps.is_empty(), "ticks never run: {gaps:?}");
+    assert!(
+        record.values().all(|i| i.len() == 1),
+        "a tick ran twice: {record:?}"
+    );
+}
