@@ -115,6 +115,59 @@ async fn a_crashed_run_is_closed_as_abandoned() {
     second.shutdown().await;
 }
 
+/// The new leader's own run of the job holds the job's run lock: the dead replica's row
+/// is closed all the same (its run cannot hold the lock the new run holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_run_is_closed_while_the_job_runs_again() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let job = unique("busy");
+    let ticks = Arc::new(Ticks::default());
+    let jobs = || {
+        vec![counting_job(
+            &job,
+            "* * * * * *",
+            &ticks,
+            Duration::from_secs(60),
+        )]
+    };
+    let mut first = Replica::start(&cluster, "a", Some(url.clone()), jobs(), |b| b).await;
+    let history = History::connect(&url).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let crashed = loop {
+        let rows = history.runs(SCHEDULER, &job, 10).await.unwrap();
+        if let Some(row) = rows.into_iter().find(|r| r.outcome == Outcome::Running) {
+            break row;
+        }
+        assert!(Instant::now() < deadline, "replica a never ran the job");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let second = Replica::start(&cluster, "b", Some(url.clone()), jobs(), |b| b).await;
+    first.sandbox.crash();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (row, others) = loop {
+        let rows = history.runs(SCHEDULER, &job, 50).await.unwrap();
+        let row = rows
+            .iter()
+            .find(|r| r.tick == crashed.tick)
+            .unwrap()
+            .clone();
+        let others: Vec<_> = rows
+            .into_iter()
+            .filter(|r| r.instance == "b" && r.outcome == Outcome::Running)
+            .collect();
+        let done = row.outcome != Outcome::Running && !others.is_empty();
+        if done || Instant::now() > deadline {
+            break (row, others);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(others.len(), 1, "replica b runs the job again: {others:?}");
+    assert_eq!(row.outcome, Outcome::Abandoned, "{row:?}");
+    assert_eq!(row.closed_by.as_deref(), Some("b"));
+    second.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fail_over_delays_ticks_and_records_the_rest_by_default() {
     let cluster = Cluster::start(3).await;

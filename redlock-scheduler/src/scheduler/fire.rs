@@ -210,8 +210,10 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
 }
 
 impl Inner {
-    /// Closes the rows left `running` whose job's run lock nobody holds: their replica
-    /// died (or lost contact) mid-run.
+    /// Closes the rows left `running` whose run no longer holds its job's run lock:
+    /// their replica died (or lost contact) mid-run. The lock is free, or this replica's
+    /// own run of another tick holds it (a job's runs never overlap, so the row's run
+    /// cannot be alive).
     async fn sweep_abandoned(&self, leadership: &Leadership) {
         let Some(recorder) = &self.recorder else {
             return;
@@ -236,19 +238,17 @@ impl Inner {
             if young {
                 continue;
             }
-            let Ok(probe) = self
-                .take(
-                    &self.run_resource(&run.job),
-                    self.run_lock_ttl,
-                    Duration::ZERO,
-                    self.clock.now(),
-                    Some(leadership),
-                )
-                .await
-            else {
-                continue;
-            };
-            let _ = probe.release().await;
+            match state.running_tick() {
+                // This row is this replica's live run.
+                Some(tick) if tick == run.tick && *run.instance == *self.instance => continue,
+                // This replica's run of another tick holds the job's run lock.
+                Some(_) => {}
+                None => {
+                    if !self.run_lock_is_free(&run.job, leadership).await {
+                        continue;
+                    }
+                }
+            }
             let reason = format!(
                 "abandoned: replica {} stopped while it ran (its run lock expired)",
                 run.instance
@@ -266,5 +266,23 @@ impl Inner {
                 Err(err) => recorder.health.fail(&err),
             }
         }
+    }
+
+    /// Whether nobody holds `job`'s run lock (probed by taking and releasing it).
+    async fn run_lock_is_free(&self, job: &str, leadership: &Leadership) -> bool {
+        let Ok(probe) = self
+            .take(
+                &self.run_resource(job),
+                self.run_lock_ttl,
+                Duration::ZERO,
+                self.clock.now(),
+                Some(leadership),
+            )
+            .await
+        else {
+            return false;
+        };
+        let _ = probe.release().await;
+        true
     }
 }
