@@ -6,10 +6,11 @@
 //! the code under test runs unchanged down to the connection. Faults are injected per
 //! server: latency, error replies, replies lost after the command took effect, and
 //! restarts without persistence. Keys expire on tokio's clock, so tests run with paused
-//! time. The wait queue's scripts (hand-overs) are not modelled: a queued attempt gets an
-//! error reply; queue behaviour is tested against real servers.
+//! time. The wait queue is modelled too (its sorted sets, its places' deadlines, and
+//! hand-overs); publishing is not (hand-overs are picked up by the waiters' timed
+//! attempts, as with wake on release off).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ pub(crate) struct FakeServer(Arc<Mutex<State>>);
 #[derive(Default)]
 struct State {
     keys: HashMap<Vec<u8>, Entry>,
+    /// Sorted sets (the wait queues and their deadlines).
+    zsets: HashMap<Vec<u8>, ZSet>,
+    /// The server clock's origin: tokio's instant and the wall clock (ms) at first use.
+    origin: Option<(Instant, u64)>,
     latency: Duration,
     failing: bool,
     losing_replies: bool,
@@ -34,6 +39,13 @@ struct State {
 
 struct Entry {
     value: Vec<u8>,
+    expires: Option<Instant>,
+}
+
+/// A sorted set: member to score.
+#[derive(Default)]
+struct ZSet {
+    members: BTreeMap<Vec<u8>, f64>,
     expires: Option<Instant>,
 }
 
@@ -59,7 +71,30 @@ impl FakeServer {
 
     /// A restart without persistence: every key is forgotten.
     pub(crate) fn restart(&self) {
-        self.state().keys.clear();
+        let mut state = self.state();
+        state.keys.clear();
+        state.zsets.clear();
+    }
+
+    /// Puts waiter `id` in the wait queue of lock key `key` as the queue scripts do,
+    /// waiting since `since_ms`, its place kept for `keep` (a waiter that then dies).
+    pub(crate) fn enqueue(&self, key: &str, id: &str, since_ms: u64, keep: Duration) {
+        let queues = crate::protocol::with_queues(&[key.to_owned()]);
+        let keys: Vec<&[u8]> = queues.iter().map(String::as_bytes).collect();
+        let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        self.state()
+            .take_places(&keys, 1, id.as_bytes(), since_ms as f64, keep);
+    }
+
+    /// The members of the sorted set `key` (a wait queue), lowest score first.
+    pub(crate) fn queue(&self, key: &str) -> Vec<String> {
+        let mut state = self.state();
+        state.zset(key.as_bytes()).map_or_else(Vec::new, |z| {
+            z.ordered()
+                .into_iter()
+                .map(|m| String::from_utf8_lossy(&m).into_owned())
+                .collect()
+        })
     }
 
     /// Sets `key` to `value`, without expiry (a stray value, a counter).
@@ -113,6 +148,93 @@ impl State {
             self.keys.remove(key);
         }
         self.keys.get(key)
+    }
+
+    /// The server's clock (ms since the Unix epoch), advancing with tokio's clock.
+    fn now_ms(&mut self) -> u64 {
+        let (at, wall) = *self.origin.get_or_insert_with(|| {
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis();
+            (Instant::now(), u64::try_from(wall).unwrap_or(0))
+        });
+        let elapsed = u64::try_from(Instant::now().duration_since(at).as_millis()).unwrap_or(0);
+        wall.saturating_add(elapsed)
+    }
+
+    fn zset(&mut self, key: &[u8]) -> Option<&mut ZSet> {
+        let expired = self
+            .zsets
+            .get(key)
+            .is_some_and(|z| z.expires.is_some_and(|at| at <= Instant::now()));
+        if expired {
+            self.zsets.remove(key);
+        }
+        self.zsets.get_mut(key)
+    }
+
+    fn zadd(&mut self, key: &[u8], score: f64, member: &[u8]) {
+        if self.zset(key).is_none() {
+            self.zsets.insert(key.to_vec(), ZSet::default());
+        }
+        if let Some(z) = self.zsets.get_mut(key) {
+            z.members.insert(member.to_vec(), score);
+        }
+    }
+
+    /// Removes `member`; an empty set is deleted, as on a server.
+    fn zrem(&mut self, key: &[u8], member: &[u8]) {
+        let empty = self.zset(key).is_some_and(|z| {
+            z.members.remove(member);
+            z.members.is_empty()
+        });
+        if empty {
+            self.zsets.remove(key);
+        }
+    }
+
+    /// `PTTL`: ms left, -1 without expiry, -2 if missing (strings and sorted sets).
+    fn pttl(&mut self, key: &[u8]) -> i64 {
+        let now = Instant::now();
+        let left = |expires: Option<Instant>| {
+            expires.map_or(-1, |at| {
+                i64::try_from(at.saturating_duration_since(now).as_millis()).unwrap_or(i64::MAX)
+            })
+        };
+        if let Some(e) = self.live(key) {
+            return left(e.expires);
+        }
+        self.zset(key).map_or(-2, |z| left(z.expires))
+    }
+
+    fn pexpire(&mut self, key: &[u8], ms: u64) {
+        let at = Instant::now() + Duration::from_millis(ms);
+        if let Some(z) = self.zset(key) {
+            z.expires = Some(at);
+        } else if self.live(key).is_some()
+            && let Some(e) = self.keys.get_mut(key)
+        {
+            e.expires = Some(at);
+        }
+    }
+
+    /// The queue scripts' `take_places`: waiter `id`, waiting `since`, joins the queues
+    /// of the `n` lock keys of `keys`, its places kept `keep` ms past now.
+    fn take_places(&mut self, keys: &[&[u8]], n: usize, id: &[u8], since: f64, keep: u64) {
+        let now = self.now_ms();
+        for i in 0..n {
+            let (Some(queue), Some(deadlines)) = (keys.get(n + i), keys.get(2 * n + i)) else {
+                continue;
+            };
+            self.zadd(queue, since, id);
+            self.zadd(deadlines, now.saturating_add(keep) as f64, id);
+            for key in [queue, deadlines] {
+                if self.pttl(key) < i64::try_from(keep).unwrap_or(i64::MAX) {
+                    self.pexpire(key, keep);
+                }
+            }
+        }
     }
 
     fn set(&mut self, key: &[u8], value: &[u8], ttl_ms: Option<u64>) {
@@ -221,19 +343,41 @@ impl State {
             }
             int(1)
         } else if sha == scripts::RELEASE.get_hash() {
-            // Lock keys, then their queues and deadlines (not modelled: no waiters).
-            let locks = &keys[..keys.len() / 3];
-            if arg(1) == "2" {
+            self.release(keys, arg(0), arg(1), ms(2), arg(3))
+        } else if sha == scripts::ACQUIRE_QUEUED.get_hash() {
+            let n = usize::try_from(ms(5)).unwrap_or(0);
+            let mine = format!("~{}", arg(2));
+            let free = keys
+                .iter()
+                .take(n)
+                .all(|k| self.live(k).is_none_or(|e| e.value == mine.as_bytes()));
+            if !free {
+                self.take_places(keys, n, arg(2).as_bytes(), ms(3) as f64, ms(4));
                 return Ok(int(0));
             }
-            let mut released = 0;
-            for key in locks {
-                if self.live(key).is_some_and(|e| e.value == arg(0).as_bytes()) {
-                    self.keys.remove(*key);
-                    released += 1;
+            let mut token = 1;
+            if keys.len() == 4 * n {
+                token = keys[3 * n..]
+                    .iter()
+                    .map(|k| self.number(k))
+                    .max()
+                    .unwrap_or(0)
+                    + 1;
+                for fence in &keys[3 * n..] {
+                    self.set(fence, token.to_string().as_bytes(), None);
                 }
             }
-            int(released)
+            for i in 0..n {
+                self.set(keys[i], arg(0).as_bytes(), Some(ms(1)));
+                self.zrem(keys[n + i], arg(2).as_bytes());
+                self.zrem(keys[2 * n + i], arg(2).as_bytes());
+            }
+            int(token)
+        } else if sha == scripts::JOIN_QUEUE.get_hash() {
+            let n = keys.len() / 3;
+            self.take_places(keys, n, arg(0).as_bytes(), ms(1) as f64, ms(2));
+            let longest = keys[..n].iter().map(|k| self.pttl(k)).max().unwrap_or(0);
+            int(u64::try_from(longest).unwrap_or(0))
         } else if sha == scripts::REMAINING.get_hash() {
             let now = Instant::now();
             let longest = keys
@@ -244,21 +388,107 @@ impl State {
                 .unwrap_or(0);
             int(longest)
         } else if sha == scripts::SERVER_TIME.get_hash() {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
-            int(now.as_millis() as u64)
+            int(self.now_ms())
         } else {
             return Err(unsupported());
         })
     }
 }
 
-/// A command the fake does not model (the wait queue's scripts).
+impl State {
+    /// The release script (see `scripts::RELEASE`): `keys` holds the lock keys, then
+    /// their queues, then the queues' deadlines.
+    fn release(
+        &mut self,
+        keys: &[&[u8]],
+        value: &str,
+        mode: &str,
+        handoff_ms: u64,
+        dequeue: &str,
+    ) -> Value {
+        let n = keys.len() / 3;
+        let (mut released, mut pending) = (0u64, 0u64);
+        for i in 0..n {
+            let (key, queue, deadlines) = (keys[i], keys[n + i], keys[2 * n + i]);
+            if !dequeue.is_empty() {
+                self.zrem(queue, dequeue.as_bytes());
+                self.zrem(deadlines, dequeue.as_bytes());
+            }
+            let current = self.live(key).map(|e| e.value.clone());
+            let mut free = false;
+            if mode == "2" {
+                match &current {
+                    None => free = true,
+                    Some(v) if v.first() == Some(&b'~') => {
+                        pending = pending.max(u64::try_from(self.pttl(key)).unwrap_or(0));
+                    }
+                    Some(_) => {}
+                }
+            } else if current.as_deref() == Some(value.as_bytes()) {
+                released += 1;
+                free = true;
+            }
+            if !free {
+                continue;
+            }
+            let mut heir = None;
+            if mode != "0" && self.zset(queue).is_some() {
+                let now = self.now_ms() as f64;
+                while heir.is_none() {
+                    let Some(head) = self
+                        .zset(queue)
+                        .and_then(|z| z.ordered().into_iter().next())
+                    else {
+                        break;
+                    };
+                    let deadline = self
+                        .zset(deadlines)
+                        .and_then(|z| z.members.get(&head).copied())
+                        .unwrap_or(0.0);
+                    self.zrem(queue, &head);
+                    self.zrem(deadlines, &head);
+                    if deadline > now {
+                        heir = Some(head);
+                    }
+                }
+            }
+            if let Some(heir) = heir {
+                let hold = hand_over_time(&heir).unwrap_or(handoff_ms);
+                let mut placeholder = b"~".to_vec();
+                placeholder.extend_from_slice(&heir);
+                self.set(key, &placeholder, Some(hold));
+                pending = pending.max(hold);
+            } else if current.is_some() {
+                self.keys.remove(key);
+            }
+        }
+        Value::Int(i64::try_from(released + 65536 * pending).unwrap_or(i64::MAX))
+    }
+}
+
+impl ZSet {
+    /// Members by score, then by member (as `ZRANGE` orders them).
+    fn ordered(&self) -> Vec<Vec<u8>> {
+        let mut members: Vec<(&Vec<u8>, f64)> = self.members.iter().map(|(m, s)| (m, *s)).collect();
+        members.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(b.0)));
+        members.into_iter().map(|(m, _)| m.clone()).collect()
+    }
+}
+
+/// The hand-over time a waiter's id ends with (`...:<ms>`), as the script reads it.
+fn hand_over_time(id: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(id).ok()?;
+    let (_, ms) = text.rsplit_once(':')?;
+    (!ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| ms.parse().ok())
+        .flatten()
+}
+
+/// A command the fake does not model.
 fn unsupported() -> RedisError {
     RedisError::from((
         redis::ErrorKind::Client,
-        "the fake server does not model this command (the wait queue's scripts)",
+        "the fake server does not model this command",
     ))
 }
 

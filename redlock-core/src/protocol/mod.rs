@@ -13,4 +13,6 @@ pub(crate) use command::{
     Command, breaks_connection, build, load_scripts, query_batch, redis_error,
 };
 pub use op::MAX_TTL;
+#[cfg(test)]
+pub(crate) use op::with_queues;
 pub(crate) use op::{Op, ReleaseMode, Waiter, release_answer};

@@ -1,8 +1,10 @@
 //! Unit tests of the layers above the node layer (quorum counting, validity, fencing,
-//! cleanup) over in-memory servers (`node::fake`): injected latency, error replies,
-//! replies lost after the command took effect, restarts without persistence. Fast and
-//! deterministic; the same behaviour against real servers and real faults is tested in
-//! `tests/`.
+//! cleanup, and the wait queue in `queue`) over in-memory servers (`node::fake`):
+//! injected latency, error replies, replies lost after the command took effect, restarts
+//! without persistence. Fast and deterministic; the same behaviour against real servers
+//! and real faults is tested in `tests/`.
+
+mod queue;
 
 use std::time::Duration;
 
