@@ -186,8 +186,9 @@ pub trait LockHeaderName {
 /// An extractor for a raw header value as a lock key: `DistributedLock<LockHeader<N>>`
 /// locks by the value of the header named by `N` (see [`LockHeaderName`]).
 ///
-/// A missing, empty or non-UTF-8 header is a [`BadKey`] (400, `application/problem+json`,
-/// through the configuration's error handler when one is registered).
+/// A missing, repeated, empty or not visible ASCII header is a [`BadKey`] (400,
+/// `application/problem+json`, through the configuration's error handler when one is
+/// registered): the rule of [`redlock_http::header_key`], as in redlock-tower.
 ///
 /// ```
 /// use actix_web::{web, App, HttpResponse};
@@ -250,11 +251,15 @@ impl<N: LockHeaderName> FromRequest for LockHeader<N> {
     type Future = Ready<Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let value = match req.headers().get(N::NAME).map(|v| v.to_str()) {
-            None => Err(format!("the `{}` header is missing", N::NAME)),
-            Some(Err(_)) => Err(format!("the `{}` header is not valid text", N::NAME)),
-            Some(Ok(v)) if v.trim().is_empty() => Err(format!("the `{}` header is empty", N::NAME)),
-            Some(Ok(v)) => Ok(v.trim().to_owned()),
+        // The rule both web crates follow; the extractor needs a key, so it is required.
+        let values = req
+            .headers()
+            .get_all(N::NAME)
+            .map(actix_web::http::header::HeaderValue::as_bytes);
+        let value = match redlock_http::header_key(N::NAME, values, true) {
+            Ok(Some(value)) => Ok(value.to_owned()),
+            Ok(None) => Err(format!("the `{}` header is required", N::NAME)),
+            Err(reason) => Err(reason),
         };
         ready(match value {
             Ok(value) => Ok(Self {

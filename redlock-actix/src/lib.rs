@@ -156,5 +156,5 @@ pub use error::{DistributedLockError, problem_response};
 pub use extract::DistributedLock;
 pub use guard::{LockGuard, LockedBody};
 pub use key::{LockHeader, LockHeaderName, LockKey};
-pub use middleware::{HeaderParam, LockMiddleware, LockMiddlewareService, PathParam, RequestKey};
+pub use middleware::{Header, LockMiddleware, LockMiddlewareService, PathParam, RequestKey};
 pub use redlock_core::{self, LockHandle, Redlock, Released, RetryPolicy};

@@ -17,14 +17,15 @@ use crate::key::LockKey;
 /// Names the lock a request takes in [`LockMiddleware`].
 ///
 /// Implemented for closures `Fn(&ServiceRequest) -> Result<K, BadKey>` where `K:`
-/// [`LockKey`], and for [`PathParam`] and [`HeaderParam`].
+/// [`LockKey`], and for [`PathParam`] and [`Header`].
 pub trait RequestKey: 'static {
-    /// The key (without the configuration's prefix), or why the request has none (400).
+    /// The key (without the configuration's prefix); `None` lets the request through
+    /// unlocked; an error is why the request names no usable key (400).
     ///
     /// # Errors
     ///
     /// [`BadKey`] when the request names no usable key.
-    fn request_key(&self, req: &ServiceRequest) -> Result<String, BadKey>;
+    fn request_key(&self, req: &ServiceRequest) -> Result<Option<String>, BadKey>;
 }
 
 impl<F, K> RequestKey for F
@@ -32,38 +33,75 @@ where
     F: Fn(&ServiceRequest) -> Result<K, BadKey> + 'static,
     K: LockKey,
 {
-    fn request_key(&self, req: &ServiceRequest) -> Result<String, BadKey> {
-        self(req)?.lock_key()
+    fn request_key(&self, req: &ServiceRequest) -> Result<Option<String>, BadKey> {
+        self(req)?.lock_key().map(Some)
     }
 }
 
-/// The key is a path parameter of the scope (see [`LockMiddleware::path_param`]).
+/// The key is a path parameter of the scope, e.g. `id` in `web::scope("/accounts/{id}")`
+/// (as `redlock_tower::extract::PathParam` for axum). A request without it is a bad key
+/// (400).
 #[derive(Debug, Clone)]
-pub struct PathParam(&'static str);
+pub struct PathParam {
+    name: String,
+}
+
+impl PathParam {
+    /// The key from the path parameter `name` (without braces).
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into() }
+    }
+}
 
 impl RequestKey for PathParam {
-    fn request_key(&self, req: &ServiceRequest) -> Result<String, BadKey> {
+    fn request_key(&self, req: &ServiceRequest) -> Result<Option<String>, BadKey> {
         req.match_info()
-            .get(self.0)
-            .ok_or_else(|| BadKey::new(format!("the path has no `{}` parameter", self.0)))?
+            .get(&self.name)
+            .ok_or_else(|| BadKey::new(format!("the path has no `{}` parameter", self.name)))?
             .lock_key()
+            .map(Some)
     }
 }
 
-/// The key is a header's value (see [`LockMiddleware::header`]).
+/// The key is a request header's value, e.g. `Idempotency-Key` or a tenant id (as
+/// `redlock_tower::extract::Header`, by the same rule: [`redlock_http::header_key`]).
+///
+/// Without the header the request passes through unlocked, or, once
+/// [`required`](Self::required), is refused with `400`. A value given twice, empty, or
+/// not visible ASCII is always refused with `400`.
 #[derive(Debug, Clone)]
-pub struct HeaderParam(&'static str);
+pub struct Header {
+    name: &'static str,
+    required: bool,
+}
 
-impl RequestKey for HeaderParam {
-    fn request_key(&self, req: &ServiceRequest) -> Result<String, BadKey> {
-        let value = req
+impl Header {
+    /// The key from header `name` (any case).
+    pub fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            required: false,
+        }
+    }
+
+    /// Refuse requests without the header (`400`) instead of letting them through.
+    pub fn required(mut self) -> Self {
+        self.required = true;
+        self
+    }
+}
+
+impl RequestKey for Header {
+    fn request_key(&self, req: &ServiceRequest) -> Result<Option<String>, BadKey> {
+        let values = req
             .headers()
-            .get(self.0)
-            .ok_or_else(|| BadKey::new(format!("the `{}` header is missing", self.0)))?
-            .to_str()
-            .map_err(|_| BadKey::new(format!("the `{}` header is not valid text", self.0)))?
-            .trim();
-        value.lock_key()
+            .get_all(self.name)
+            .map(actix_web::http::header::HeaderValue::as_bytes);
+        match redlock_http::header_key(self.name, values, self.required) {
+            Ok(Some(text)) => text.lock_key().map(Some),
+            Ok(None) => Ok(None),
+            Err(reason) => Err(BadKey::new(reason)),
+        }
     }
 }
 
@@ -147,16 +185,18 @@ impl<K: RequestKey> LockMiddleware<K> {
 impl LockMiddleware<PathParam> {
     /// Locks each request by the path parameter `name` of the scope (e.g. `"id"` in
     /// `web::scope("/accounts/{id}")`); a request without it is a bad key (400).
-    pub fn path_param(name: &'static str) -> Self {
-        Self::new(PathParam(name))
+    /// Shorthand for `LockMiddleware::new(PathParam::new(name))`.
+    pub fn path_param(name: impl Into<String>) -> Self {
+        Self::new(PathParam::new(name))
     }
 }
 
-impl LockMiddleware<HeaderParam> {
-    /// Locks each request by the value of the header `name`; a request without it is a
-    /// bad key (400).
+impl LockMiddleware<Header> {
+    /// Locks each request by the value of the header `name`; a request without it
+    /// passes through unlocked (see [`Header::required`]). Shorthand for
+    /// `LockMiddleware::new(Header::new(name))`.
     pub fn header(name: &'static str) -> Self {
-        Self::new(HeaderParam(name))
+        Self::new(Header::new(name))
     }
 }
 
@@ -221,6 +261,15 @@ where
             let Some(config) = config else {
                 let err = DistributedLockError::MissingConfig.respond(req.request());
                 return Ok(req.error_response(err).map_into_right_body());
+            };
+            let key = match key {
+                Ok(Some(key)) => Ok(key),
+                // No key: the request goes through unlocked.
+                Ok(None) => {
+                    let response = service.call(req).await?;
+                    return Ok(response.map_into_boxed_body().map_into_right_body());
+                }
+                Err(bad) => Err(bad),
             };
             let resource = match config.resource(key) {
                 Ok(resource) => resource,

@@ -101,8 +101,24 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
             .service(
                 web::scope("/by-header")
                     .app_data(web::Data::new(config.clone())) // found in web::Data too
-                    .wrap(LockMiddleware::header("idempotency-key"))
+                    .wrap(LockMiddleware::new(
+                        Header::new("idempotency-key").required(),
+                    ))
                     .route("", web::post().to(handle_resource)),
+            )
+            .service(
+                web::scope("/optional-header")
+                    .app_data(web::Data::new(config.clone()))
+                    .wrap(LockMiddleware::header("idempotency-key"))
+                    .route(
+                        "",
+                        web::post().to(|lock: Option<web::ReqData<LockHandle>>| async move {
+                            HttpResponse::Ok().body(match lock {
+                                Some(lock) => lock.resource().to_owned(),
+                                None => "unlocked".to_owned(),
+                            })
+                        }),
+                    ),
             )
             .route("/bare/{id}", web::get().to(by_number))
             .service(
@@ -175,6 +191,25 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
     assert_eq!((ok.0, ok.2.as_str()), (200, "o:k1"));
     let (status, _, body) = call(actix_test::TestRequest::post().uri("/by-header")).await;
     assert_eq!(status, 400, "{body}");
+    // An optional header (the default, as in redlock-tower): without it, no lock; given
+    // twice or empty, 400.
+    let (status, _, body) = call(actix_test::TestRequest::post().uri("/optional-header")).await;
+    assert_eq!((status, body.as_str()), (200, "unlocked"));
+    let (status, _, body) = call(
+        actix_test::TestRequest::post()
+            .uri("/optional-header")
+            .insert_header(("idempotency-key", "k2")),
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (200, "o:k2"));
+    for values in [&["a", "b"][..], &[" "][..]] {
+        let mut req = actix_test::TestRequest::post().uri("/optional-header");
+        for value in values {
+            req = req.append_header(("idempotency-key", *value));
+        }
+        let (status, _, body) = call(req).await;
+        assert_eq!(status, 400, "{values:?}: {body}");
+    }
 
     // A custom error handler decides the answer.
     let (status, _, body) =

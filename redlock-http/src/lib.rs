@@ -38,7 +38,8 @@
 //! | invalid resource: an empty or too long resource name (the request's key) | 400 | |
 //! | invalid input: `Config` (the server's own call or configuration) | 500 | |
 //!
-//! [`Problem::bad_key`] (400) is for a request that carries no usable key.
+//! [`Problem::bad_key`] (400) is for a request that carries no usable key; what a key
+//! header must look like is decided once, in [`header_key`].
 //!
 //! Bodies say what the client can act on and nothing of the server's insides: no node
 //! addresses, no Redis error text, no key prefix. The full error goes to the server's
@@ -56,6 +57,9 @@ pub const CONTENT_TYPE: &str = "application/problem+json";
 /// The `Retry-After` given when no node says how long to wait: a busy resource whose
 /// holder's remaining time no node reported, and an unavailable lock service (503).
 pub const FALLBACK_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+mod key;
+pub use key::header_key;
 
 /// Request headers read for a request or correlation id, in this order (the first
 /// present and well-formed one is used): `x-request-id` (what tower-http's and

@@ -45,10 +45,14 @@ async fn fencing_option_hands_rising_tokens_to_handlers() {
     let redlock = redlock_testkit::client(&cluster, Duration::from_millis(200));
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
 
-    let plain = serve(LockLayer::new(redlock.clone(), Global::new("report"))).await;
+    // Each request's lock is released once its response body is sent, so the next
+    // request may come before that release: it waits for the lock.
+    let wait = Duration::from_secs(2);
+    let plain = serve(LockLayer::new(redlock.clone(), Global::new("report")).wait(wait)).await;
     assert_eq!(post_text(&client, &plain).await, "none");
 
-    let fenced = serve(LockLayer::new(redlock, Global::new("report")).fencing(true)).await;
+    let layer = LockLayer::new(redlock, Global::new("report"));
+    let fenced = serve(layer.wait(wait).fencing(true)).await;
     let mut last = 0;
     for _ in 0..5 {
         let token: u64 = post_text(&client, &fenced).await.parse().unwrap();

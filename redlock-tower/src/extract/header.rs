@@ -2,7 +2,7 @@
 
 use http::Request;
 use http::header::HeaderName;
-use redlock_http::Problem;
+use redlock_http::{Problem, header_key};
 
 use super::{Key, KeyExtractor, checked};
 
@@ -58,29 +58,15 @@ impl Header {
 
 impl<B> KeyExtractor<B> for Header {
     fn extract(&self, request: &Request<B>) -> Key {
-        let mut values = request.headers().get_all(&self.name).iter();
-        let Some(value) = values.next() else {
-            return if self.required {
-                Key::Reject(Problem::bad_key(format!(
-                    "the `{}` header is required",
-                    self.name
-                )))
-            } else {
-                Key::Pass
-            };
-        };
-        if values.next().is_some() {
-            return Key::Reject(Problem::bad_key(format!(
-                "the `{}` header must be given once",
-                self.name
-            )));
-        }
-        match value.to_str() {
-            Ok(text) => checked(text.trim(), || format!("the `{}` header", self.name)),
-            Err(_) => Key::Reject(Problem::bad_key(format!(
-                "the `{}` header must be visible ASCII",
-                self.name
-            ))),
+        let values = request
+            .headers()
+            .get_all(&self.name)
+            .iter()
+            .map(http::HeaderValue::as_bytes);
+        match header_key(self.name.as_str(), values, self.required) {
+            Ok(Some(text)) => checked(text, || format!("the `{}` header", self.name)),
+            Ok(None) => Key::Pass,
+            Err(reason) => Key::Reject(Problem::bad_key(reason)),
         }
     }
 }
