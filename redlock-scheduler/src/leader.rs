@@ -320,6 +320,7 @@ impl Campaign {
                 ended: CancellationToken::new(),
             };
             tracing::info!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "elected leader");
+            crate::telemetry::leading(true);
             self.events
                 .send_replace(LeaderEvent::Elected(leadership.clone()));
             self.on_elected.iter().for_each(|f| f(&leadership));
@@ -336,6 +337,7 @@ impl Campaign {
                 tracing::info!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "stepping down");
             }
             leadership.ended.cancel();
+            crate::telemetry::leading(false);
             self.events.send_replace(LeaderEvent::Follower);
             self.on_lost.iter().for_each(|f| f(&leadership));
             // A release hands the lock to the longest waiting replica.

@@ -110,6 +110,7 @@ mod schedule;
 mod scheduler;
 mod status;
 mod store;
+pub mod telemetry;
 
 pub use clock::{BoxFuture, Clock, ManualClock, SystemClock};
 pub use error::{BuildError, Error};

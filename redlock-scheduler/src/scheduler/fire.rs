@@ -260,6 +260,7 @@ impl Inner {
             {
                 Ok(true) => {
                     state.abandoned.fetch_add(1, Ordering::Relaxed);
+                    crate::telemetry::abandoned(&run.job);
                     tracing::warn!(job = %run.job, tick = %run.tick, instance = %run.instance, "run abandoned by its replica: marked so");
                 }
                 Ok(false) => {}

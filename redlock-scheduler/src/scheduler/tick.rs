@@ -18,6 +18,7 @@ use crate::plan::Action;
 use crate::record::{Inserted, Row};
 use crate::status::LastRun;
 use crate::store::Outcome;
+use crate::telemetry::{self, SkipReason};
 
 /// How long an on-time tick waits for the job's previous run to end before it is
 /// skipped as an overlap (a run ending just now hands its lock over at once).
@@ -123,6 +124,7 @@ impl Inner {
                     state,
                     tick,
                     leadership,
+                    SkipReason::Unclaimable,
                     format!("not claimable within the grace window: {err}"),
                 );
                 return;
@@ -130,13 +132,14 @@ impl Inner {
         }
         let late = match action {
             Action::Skip(reason) => {
-                self.record_skip(state, tick, leadership, reason);
+                self.record_skip(state, tick, leadership, SkipReason::Missed, reason);
                 return;
             }
             Action::Run { late } => late,
         };
         if state.paused.load(Ordering::Acquire) {
-            self.record_skip(state, tick, leadership, "paused".to_owned());
+            let paused = SkipReason::Paused;
+            self.record_skip(state, tick, leadership, paused, "paused".to_owned());
             return;
         }
         // No overlap, cluster-wide: the job's run lock. A late run waits for the one
@@ -168,7 +171,7 @@ impl Inner {
                         "overlap: a run of the job is still going on another replica".to_owned()
                     }
                 };
-                self.record_skip(state, tick, leadership, reason);
+                self.record_skip(state, tick, leadership, SkipReason::Overlap, reason);
                 return;
             }
             Err(NotTaken::Failed(err)) => {
@@ -176,6 +179,7 @@ impl Inner {
                     state,
                     tick,
                     leadership,
+                    SkipReason::RunLock,
                     format!("the job's run lock could not be taken: {err}"),
                 );
                 return;
@@ -226,9 +230,11 @@ impl Inner {
         state: &JobState,
         tick: DateTime<Utc>,
         leadership: &Leadership,
+        kind: SkipReason,
         reason: String,
     ) {
         tracing::info!(job = %state.name, %tick, %reason, "tick skipped");
+        telemetry::skipped(&state.name, kind);
         state.skipped.fetch_add(1, Ordering::Relaxed);
         *lock(&state.last_skipped) = Some(LastRun {
             tick,
@@ -268,6 +274,8 @@ impl Inner {
         *lock(&state.running_tick) = Some(tick);
         let inner = Arc::clone(self);
         let lag_ms = (inner.clock.now() - tick).num_milliseconds();
+        let lag = Duration::from_millis(u64::try_from(lag_ms).unwrap_or(0));
+        telemetry::run_started(&state.name, lag);
         let span = tracing::info_span!(
             "job.run",
             job = %state.name,
@@ -282,7 +290,9 @@ impl Inner {
                 let Some(state) = inner.jobs.get(index) else {
                     return;
                 };
+                let started = std::time::Instant::now();
                 let (outcome, error) = inner.run(state, tick, run_lock, &leadership, manual).await;
+                telemetry::run_ended(&state.name, outcome.as_str(), started.elapsed());
                 state.running.store(false, Ordering::Release);
                 state.catching_up.store(false, Ordering::Release);
                 *lock(&state.running_tick) = None;
