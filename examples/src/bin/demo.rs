@@ -16,6 +16,10 @@
 //! Prints one line per tick from the history table (replica, lag, outcome) and ends with
 //! `N ticks, each ran exactly once, fail-over took X ms`, computed from the history;
 //! exits non-zero if a tick ran twice or not at all.
+//!
+//! While it runs it serves its metrics (the core's and the scheduler's) in Prometheus
+//! text format at `http://DEMO_METRICS_ADDR/metrics` (`127.0.0.1:9464` by default, or a
+//! free port if that one is taken), and prints the address first.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -119,9 +123,43 @@ async fn wait_for_leader(replicas: &[Replica]) -> Result<usize, BoxError> {
     Err("no replica took the lead within 30 s: are the Redis nodes still reachable?".into())
 }
 
+/// Installs the Prometheus recorder and serves its page at `/metrics` on
+/// `DEMO_METRICS_ADDR`; returns the address it listens on.
+async fn serve_metrics() -> Result<SocketAddr, BoxError> {
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    redlock_core::telemetry::describe();
+    redlock_scheduler::telemetry::describe();
+    let listener = match std::env::var("DEMO_METRICS_ADDR") {
+        Ok(addr) => tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|e| format!("cannot serve metrics on DEMO_METRICS_ADDR={addr}: {e}"))?,
+        // The default port, or any free one if it is taken.
+        Err(_) => match tokio::net::TcpListener::bind("127.0.0.1:9464").await {
+            Ok(listener) => listener,
+            Err(_) => tokio::net::TcpListener::bind("127.0.0.1:0").await?,
+        },
+    };
+    let local = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let page = prometheus.render();
+            async move { ([("content-type", "text/plain; version=0.0.4")], page) }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            eprintln!("metrics endpoint stopped: {err}");
+        }
+    });
+    Ok(local)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     redlock_examples::init_tracing();
+    let metrics = serve_metrics().await?;
+    println!("metrics: http://{metrics}/metrics");
     let nodes = Nodes::from_env_or_start(5).await;
     // The nodes as configured answer (or the program exits, naming them) before any
     // replica starts.
