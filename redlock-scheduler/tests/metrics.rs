@@ -9,21 +9,10 @@ use std::time::{Duration, Instant};
 
 use redlock_scheduler::telemetry;
 use redlock_testkit::Cluster;
+use redlock_testkit::metrics::sample;
 
 mod common;
 use common::*;
-
-/// The value of the sample `name{labels}` in a Prometheus text page, if present.
-fn sample(page: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = if labels.is_empty() {
-        format!("{name} ")
-    } else {
-        format!("{name}{{{labels}}} ")
-    };
-    page.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map(|value| value.trim().parse().unwrap())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_skips_lag_and_leadership_are_counted() {

@@ -60,6 +60,7 @@ pub mod checker;
 mod client;
 pub mod faults;
 pub mod logs;
+pub mod metrics;
 mod proxy;
 #[cfg(feature = "redlock-core")]
 pub mod refusals;
