@@ -17,7 +17,7 @@ use crate::queue::QueueGuard;
 use crate::quorum::Target;
 use crate::retry::RetryPolicy;
 use crate::shared::Shared;
-use crate::value::random_value;
+use crate::value::lock_value;
 use crate::wake::Subscription;
 
 /// A lock request: set options, then `.await` it. Created by
@@ -191,7 +191,7 @@ impl<'a> Acquire<'a> {
             let target = Arc::new(Target {
                 keys: keys.clone(),
                 fence_keys: fence_keys.clone(),
-                value: random_value(),
+                value: lock_value(&shared.holder),
                 handoff_ms: shared.handoff_ms,
                 waiter: queue.as_ref().and_then(QueueGuard::waiter).cloned(),
                 barge: one_shot,

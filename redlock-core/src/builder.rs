@@ -83,6 +83,7 @@ pub struct RedlockBuilder {
     wake_on_release: bool,
     subscription_linger: Duration,
     max_hold: Duration,
+    holder: Option<String>,
 }
 
 impl std::fmt::Debug for RedlockBuilder {
@@ -102,6 +103,7 @@ impl std::fmt::Debug for RedlockBuilder {
             .field("wake_on_release", &self.wake_on_release)
             .field("subscription_linger", &self.subscription_linger)
             .field("max_hold", &self.max_hold)
+            .field("holder", &self.holder)
             .finish()
     }
 }
@@ -133,6 +135,7 @@ impl Default for RedlockBuilder {
             wake_on_release: true,
             subscription_linger: DEFAULT_SUBSCRIPTION_LINGER,
             max_hold: DEFAULT_MAX_HOLD,
+            holder: None,
         }
     }
 }
@@ -291,6 +294,15 @@ impl RedlockBuilder {
         self
     }
 
+    /// Names this client in the values of the locks it takes, so that an operator
+    /// listing the held locks ([`Redlock::locks`]) sees who holds each: a service name
+    /// and replica, say `"orders-api-7"`. Default: `<host name>:<process id>`. At most
+    /// 64 bytes of letters, digits and `.`, `_`, `-`, `:`, `@`.
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = Some(holder.into());
+        self
+    }
+
     /// Checks the configuration and builds the client. No node is contacted: nodes are
     /// connected on first use, so a node that is down now does not prevent start-up.
     ///
@@ -323,6 +335,10 @@ impl RedlockBuilder {
             return Err(ConfigError::ZeroMaxResourceLen);
         }
         self.retry.validate()?;
+        let holder = match self.holder {
+            Some(holder) => crate::value::check_holder(holder)?,
+            None => crate::value::default_holder(),
+        };
 
         let mut nodes = Vec::with_capacity(self.nodes.len());
         let mut seen = HashSet::new();
@@ -410,6 +426,7 @@ impl RedlockBuilder {
             max_ttl: quarantine,
             ttl_limit: self.ttl_limit,
             max_resource_len: self.max_resource_len,
+            holder,
         };
         if let Some(max_ttl) = quarantine {
             shared.check_ttl(max_ttl)?;

@@ -39,6 +39,11 @@ impl Redlock {
         Self { shared }
     }
 
+    /// What the client shares with its locks (for the modules that extend `Redlock`).
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
     /// Locks `resource`, retrying by the configured policy; `.await` it, optionally after
     /// setting [`ttl`](Acquire::ttl) or [`retry`](Acquire::retry).
     ///

@@ -318,6 +318,17 @@ pub enum ConfigError {
     #[error("a lock needs at least one non-empty resource name")]
     EmptyResource,
 
+    /// The holder name ([`RedlockBuilder::holder`](crate::RedlockBuilder::holder)) is
+    /// empty, too long or has a character other than letters, digits and `.`, `_`,
+    /// `-`, `:`, `@`.
+    #[error(
+        "the holder name `{holder}` is invalid: use 1 to 64 letters, digits and `.`, `_`, `-`, `:`, `@` (e.g. \"orders-api-7\")"
+    )]
+    InvalidHolder {
+        /// The name given (its first 64 bytes at most).
+        holder: String,
+    },
+
     /// A multi-resource lock named the same resource twice.
     #[error("resource `{resource}` is named twice in one multi-resource lock")]
     DuplicateResource {

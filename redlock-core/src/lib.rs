@@ -116,6 +116,7 @@ mod attempt;
 mod builder;
 mod client;
 mod error;
+pub mod inspect;
 mod lock;
 mod node;
 mod protocol;
@@ -140,6 +141,9 @@ pub use builder::{
 };
 pub use client::Redlock;
 pub use error::{BoxError, ConfigError, Error, ErrorClass, NodeError, NodeFailure, Result};
+pub use inspect::{
+    Agreement, ForceReleased, HeldLock, ListLocks, LockListing, NodeHealth, NodeLock,
+};
 pub use lock::{Finished, Lock, LockHandle, Released};
 pub use node::{CONNECT_TIMEOUT, NodeStatus};
 pub use protocol::MAX_TTL;

@@ -38,6 +38,8 @@ pub(crate) struct Shared {
     pub(crate) handoff_ms: u64,
     /// The nodes' clock, for the order of the wait queue.
     pub(crate) server_clock: ServerClock,
+    /// Who this client is, in its locks' values (see [`crate::value`]).
+    pub(crate) holder: String,
 }
 
 impl Shared {

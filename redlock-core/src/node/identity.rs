@@ -70,9 +70,7 @@ impl Identities {
 
 /// The `run_id` field of an `INFO server` reply.
 pub(crate) fn run_id(info: &str) -> Option<&str> {
-    info.lines()
-        .find_map(|line| line.strip_prefix("run_id:"))
-        .map(str::trim)
+    crate::protocol::info_field(info, "run_id")
 }
 
 #[cfg(test)]

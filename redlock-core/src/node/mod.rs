@@ -167,57 +167,75 @@ impl Node {
     }
 
     /// Runs several operations in one pipeline (one round trip), `timeout` covering it
-    /// all. Returns each operation's answer (an operation the node failed counts as 0).
+    /// all. Returns each operation's answer: `Some(0)` a no, `None` an operation the
+    /// node failed (an error reply).
     pub(crate) async fn run_batch(
         &self,
         ops: &[Op<'_>],
         timeout: Duration,
-    ) -> Result<Vec<u64>, NodeError> {
+    ) -> Result<Vec<Option<u64>>, NodeError> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        let votes = ops.iter().any(Op::votes);
-        self.check_quarantine(votes)?;
         for op in ops {
             pipe.add_command(build(*op).0);
         }
+        let votes = ops.iter().any(Op::votes);
+        let replies = self.pipeline(&pipe, votes, "batch", timeout).await?;
+        Ok(replies
+            .into_iter()
+            .map(|reply| match reply {
+                Ok(redis::Value::Int(n)) => Some(u64::try_from(n).unwrap_or(0)),
+                Ok(redis::Value::Okay) => Some(1),
+                Ok(_) => Some(0),
+                Err(_) => None,
+            })
+            .collect())
+    }
+
+    /// Sends `pipe` (built with `ignore_errors`, so each reply comes back on its own) in
+    /// one round trip, `timeout` covering it all, connecting included; `votes`: it
+    /// carries a vote, which a node in quarantine may not give. `name` labels the
+    /// metrics.
+    pub(crate) async fn pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        votes: bool,
+        name: &'static str,
+        timeout: Duration,
+    ) -> Result<Vec<redis::RedisResult<redis::Value>>, NodeError> {
+        self.check_quarantine(votes)?;
         let run = async {
-            let replies: Vec<redis::RedisResult<redis::Value>> = match &self.backend {
+            match &self.backend {
                 Backend::Direct(direct) => {
                     let (id, mut conn) = direct.connection().await?;
                     self.check_quarantine(votes)?;
-                    let replies = query_batch(&pipe, &mut conn).await;
+                    let replies = query_batch(pipe, &mut conn).await;
                     if let Err(err) = &replies
                         && breaks_connection(err)
                     {
                         direct.forget(id);
                     }
-                    replies.map_err(redis_error)?
+                    replies.map_err(redis_error)
                 }
                 Backend::Pool(pool) => {
-                    let mut conn = self.pooled(pool, self.quarantine.is_some()).await?;
+                    let mut conn = self
+                        .pooled(pool, votes && self.quarantine.is_some())
+                        .await?;
                     self.check_quarantine(votes)?;
-                    query_batch(&pipe, &mut conn).await.map_err(redis_error)?
+                    query_batch(pipe, &mut conn).await.map_err(redis_error)
                 }
                 #[cfg(test)]
-                Backend::Fake(server) => query_batch(&pipe, &mut server.clone())
+                Backend::Fake(server) => query_batch(pipe, &mut server.clone())
                     .await
-                    .map_err(redis_error)?,
-            };
-            Ok(replies
-                .into_iter()
-                .map(|reply| match reply {
-                    Ok(redis::Value::Int(n)) => u64::try_from(n).unwrap_or(0),
-                    Ok(redis::Value::Okay) => 1,
-                    _ => 0,
-                })
-                .collect())
+                    .map_err(redis_error),
+            }
         };
         let started = Instant::now();
         let result = match tokio::time::timeout(timeout, run).await {
             Ok(result) => result,
             Err(_) => Err(NodeError::Timeout(timeout)),
         };
-        crate::telemetry::node_command(&self.label, "batch", started.elapsed(), &result);
+        crate::telemetry::node_command(&self.label, name, started.elapsed(), &result);
         result
     }
 

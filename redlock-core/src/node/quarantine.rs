@@ -23,11 +23,7 @@ impl Quarantine {
     /// Learns the node's `run_id` and uptime from an `INFO server` reply, and starts a
     /// quarantine if it has been up for less than the period.
     pub(super) fn observe(&self, info: &str) {
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-                .map(str::trim)
-        };
+        let field = |name: &str| crate::protocol::info_field(info, name);
         let run_id = field("run_id").map(str::to_owned);
         // Unknown uptime: assume the worst.
         let uptime = field("uptime_in_seconds")

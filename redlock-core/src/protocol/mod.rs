@@ -4,6 +4,7 @@
 //! connections or quorums.
 
 mod command;
+mod info;
 mod op;
 pub(crate) mod scripts;
 
@@ -12,6 +13,7 @@ pub(crate) use command::Send1;
 pub(crate) use command::{
     Command, breaks_connection, build, load_scripts, query_batch, redis_error,
 };
+pub(crate) use info::info_field;
 pub use op::MAX_TTL;
 #[cfg(test)]
 pub(crate) use op::with_queues;

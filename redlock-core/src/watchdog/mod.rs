@@ -99,11 +99,13 @@ struct Entry {
     extending: bool,
 }
 
-/// The outcome of one batch: per lock, how many nodes extended it.
+/// The outcome of one batch: per lock, how many nodes extended it, and how many
+/// answered that they no longer hold it.
 struct Outcome {
     sent_at: Instant,
     ttl: HashMap<u64, Duration>,
     votes: HashMap<u64, usize>,
+    refused: HashMap<u64, usize>,
 }
 
 /// The watched locks. If the task holding them is dropped (its runtime shut down), the
@@ -324,6 +326,7 @@ fn extend_batch<G: Send + 'static>(
         sent_at,
         ttl: ttl.clone(),
         votes: no_votes.clone(),
+        refused: HashMap::new(),
     };
     let round = async move {
         let ops: Vec<Op<'_>> = batch
@@ -360,15 +363,18 @@ fn extend_batch<G: Send + 'static>(
             })
             .collect();
         let mut votes = no_votes;
+        let mut refused: HashMap<u64, usize> = HashMap::new();
         let mut pending = calls.len();
         let mut tx = Some(tx);
         while let Some((node, answer)) = calls.next().await {
             pending -= 1;
             match answer {
                 Ok(answer) => {
-                    for ((id, _, _), yes) in batch.iter().zip(answer) {
-                        if yes > 0 {
-                            *votes.entry(*id).or_default() += 1;
+                    for ((id, _, _), answer) in batch.iter().zip(answer) {
+                        match answer {
+                            Some(0) => *refused.entry(*id).or_default() += 1,
+                            Some(_) => *votes.entry(*id).or_default() += 1,
+                            None => {}
                         }
                     }
                 }
@@ -384,6 +390,7 @@ fn extend_batch<G: Send + 'static>(
                     sent_at,
                     ttl: ttl.clone(),
                     votes: votes.clone(),
+                    refused: refused.clone(),
                 });
             }
         }
@@ -392,6 +399,7 @@ fn extend_batch<G: Send + 'static>(
                 sent_at,
                 ttl,
                 votes,
+                refused,
             });
         }
         // Done on every node: the holder may extend again.
@@ -413,6 +421,21 @@ fn apply(cluster: &Cluster, entries: &mut HashMap<u64, Entry>, outcome: Outcome)
     let now = Instant::now();
     let quorum = cluster.quorum();
     for (id, yes) in outcome.votes {
+        let refused = outcome.refused.get(&id).copied().unwrap_or(0);
+        if refused > cluster.nodes.len() - quorum {
+            // So many nodes answered that they no longer hold our value (it expired
+            // there, a node forgot it, or an operator released it by force) that no
+            // extension can ever reach a majority again: lost now, not at its deadline.
+            if let Some(entry) = entries.remove(&id) {
+                let state = &entry.watched.state;
+                state.not_extended(now);
+                tracing::warn!(resource = %entry.watched.resource, refused, "lock lost: a majority of nodes no longer hold it");
+                crate::telemetry::extension(false);
+                crate::telemetry::lock_lost();
+                state.lost.cancel();
+            }
+            continue;
+        }
         let Some(entry) = entries.get_mut(&id) else {
             continue;
         };
