@@ -241,3 +241,143 @@ pub mod measure {
         format!("{} us", d.as_micros())
     }
 }
+
+/// A metrics recorder that can be switched on and off while a program runs, for
+/// measuring what recording costs in one run (see the `bench` program).
+pub mod metered {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+    use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
+
+    /// Passes everything to a Prometheus recorder while on; drops everything while off
+    /// (each handle it hands out checks the switch: the cost of "off" is that check).
+    pub struct Switch {
+        on: Arc<AtomicBool>,
+        inner: PrometheusRecorder,
+    }
+
+    /// Turns a installed [`Switch`] on and off, and renders what it recorded.
+    #[derive(Clone)]
+    pub struct SwitchHandle {
+        on: Arc<AtomicBool>,
+        prometheus: PrometheusHandle,
+    }
+
+    impl SwitchHandle {
+        /// Records (`true`) or drops (`false`) from now on.
+        pub fn set(&self, on: bool) {
+            self.on.store(on, Ordering::Relaxed);
+        }
+
+        /// The Prometheus text page of what was recorded.
+        pub fn render(&self) -> String {
+            self.prometheus.render()
+        }
+    }
+
+    /// Installs a [`Switch`] as the global recorder, off.
+    ///
+    /// # Errors
+    ///
+    /// When a global recorder is installed already.
+    pub fn install() -> Result<SwitchHandle, metrics::SetRecorderError<Switch>> {
+        let inner = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = SwitchHandle {
+            on: Arc::new(AtomicBool::new(false)),
+            prometheus: inner.handle(),
+        };
+        metrics::set_global_recorder(Switch {
+            on: Arc::clone(&handle.on),
+            inner,
+        })?;
+        Ok(handle)
+    }
+
+    /// A handle that records through `inner` only while the switch is on (the library
+    /// keeps its handles, so the switch must sit in each one).
+    struct Switched<H> {
+        on: Arc<AtomicBool>,
+        inner: H,
+    }
+
+    impl metrics::CounterFn for Switched<Counter> {
+        fn increment(&self, value: u64) {
+            if self.on.load(Ordering::Relaxed) {
+                self.inner.increment(value);
+            }
+        }
+
+        fn absolute(&self, value: u64) {
+            if self.on.load(Ordering::Relaxed) {
+                self.inner.absolute(value);
+            }
+        }
+    }
+
+    impl metrics::GaugeFn for Switched<Gauge> {
+        fn increment(&self, value: f64) {
+            if self.on.load(Ordering::Relaxed) {
+                self.inner.increment(value);
+            }
+        }
+
+        fn decrement(&self, value: f64) {
+            if self.on.load(Ordering::Relaxed) {
+                self.inner.decrement(value);
+            }
+        }
+
+        fn set(&self, value: f64) {
+            if self.on.load(Ordering::Relaxed) {
+                self.inner.set(value);
+            }
+        }
+    }
+
+    impl metrics::HistogramFn for Switched<Histogram> {
+        fn record(&self, value: f64) {
+            if self.on.load(Ordering::Relaxed) {
+                self.inner.record(value);
+            }
+        }
+    }
+
+    impl Recorder for Switch {
+        fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+            self.inner.describe_counter(key, unit, description);
+        }
+
+        fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+            self.inner.describe_gauge(key, unit, description);
+        }
+
+        fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+            self.inner.describe_histogram(key, unit, description);
+        }
+
+        fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+            Counter::from_arc(Arc::new(Switched {
+                on: Arc::clone(&self.on),
+                inner: self.inner.register_counter(key, metadata),
+            }))
+        }
+
+        fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(Arc::new(Switched {
+                on: Arc::clone(&self.on),
+                inner: self.inner.register_gauge(key, metadata),
+            }))
+        }
+
+        fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+            Histogram::from_arc(Arc::new(Switched {
+                on: Arc::clone(&self.on),
+                inner: self.inner.register_histogram(key, metadata),
+            }))
+        }
+    }
+}

@@ -21,15 +21,22 @@
 //! | `redlock_node_quarantined` | gauge | `node` | 1 while the node sits in restart quarantine, else 0 |
 //!
 //! `op` is one of `acquire`, `release`, `extend`, `raise_fence`, `remaining`,
-//! `server_time`, `join_queue`, `batch` (the watchdog's pipelined extensions). Call
-//! [`describe`] once after installing a recorder to give exporters the descriptions and
-//! units.
+//! `server_time`, `join_queue`, `batch` (the watchdog's pipelined extensions), and for
+//! the operator's tools (see [`inspect`](crate::inspect)) `scan`, `inspect`, `health`,
+//! `force_release`. Call [`describe`] once after installing a recorder to give
+//! exporters the descriptions and units.
+//!
+//! The metrics of every lock operation are registered with the recorder once and their
+//! handles kept, so that a measurement costs one atomic operation, not a lookup by
+//! name and labels. Install the recorder before the first lock operation: handles are
+//! kept from the first measurement made while a recorder is installed.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    Counter, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge,
+    histogram,
 };
 
 use crate::error::{Error, ErrorClass, NodeError};
@@ -96,25 +103,78 @@ pub fn describe() {
     );
 }
 
+/// A handle registered with the installed recorder on first use, then reused.
+///
+/// Nothing is measured or kept while no recorder is installed, so a recorder installed
+/// later still gets every measurement from then on.
+pub(crate) struct Cached<H>(OnceLock<H>);
+
+impl<H> Cached<H> {
+    pub(crate) const fn new() -> Self {
+        Self(OnceLock::new())
+    }
+
+    fn with(&self, register: impl FnOnce() -> H, measure: impl FnOnce(&H)) {
+        if let Some(handle) = self.0.get() {
+            return measure(handle);
+        }
+        // With no recorder installed there is nothing to measure into.
+        if recorder_installed() {
+            measure(self.0.get_or_init(register));
+        }
+    }
+}
+
+/// Whether a recorder is installed: the facade's stand-in, when none is, has no state.
+fn recorder_installed() -> bool {
+    metrics::with_recorder(|recorder| std::mem::size_of_val(recorder) != 0)
+}
+
+/// The outcomes of a lock request, as labelled.
+const OUTCOMES: [&str; 4] = ["granted", "contended", "unavailable", "invalid"];
+
+static ACQUISITION_COUNTS: [Cached<Counter>; 4] = [const { Cached::new() }; 4];
+static ACQUISITION_TIMES: [Cached<Histogram>; 4] = [const { Cached::new() }; 4];
+static ACQUISITION_ATTEMPTS: [Cached<Histogram>; 4] = [const { Cached::new() }; 4];
+static RELEASE_COUNTS: [Cached<Counter>; 2] = [const { Cached::new() }; 2];
+static EXTENSION_COUNTS: [Cached<Counter>; 2] = [const { Cached::new() }; 2];
+
 /// A lock request ended after `attempts` attempts and `elapsed`.
 pub(crate) fn acquisition(result: Result<(), &Error>, attempts: u32, elapsed: Duration) {
-    let outcome = match result {
-        Ok(()) => "granted",
+    let index = match result {
+        Ok(()) => 0,
         Err(err) => match err.class() {
-            ErrorClass::Contended { .. } => "contended",
-            ErrorClass::InvalidInput | ErrorClass::InvalidResource => "invalid",
-            _ => "unavailable",
+            ErrorClass::Contended { .. } => 1,
+            ErrorClass::InvalidInput | ErrorClass::InvalidResource => 3,
+            _ => 2,
         },
     };
-    counter!(ACQUISITIONS, "outcome" => outcome).increment(1);
-    histogram!(ACQUIRE_DURATION, "outcome" => outcome).record(elapsed.as_secs_f64());
-    histogram!(ACQUIRE_ATTEMPTS, "outcome" => outcome).record(f64::from(attempts));
+    let outcome = OUTCOMES[index];
+    ACQUISITION_COUNTS[index].with(
+        || counter!(ACQUISITIONS, "outcome" => outcome),
+        |c| c.increment(1),
+    );
+    ACQUISITION_TIMES[index].with(
+        || histogram!(ACQUIRE_DURATION, "outcome" => outcome),
+        |h| h.record(elapsed.as_secs_f64()),
+    );
+    ACQUISITION_ATTEMPTS[index].with(
+        || histogram!(ACQUIRE_ATTEMPTS, "outcome" => outcome),
+        |h| h.record(f64::from(attempts)),
+    );
 }
 
 /// A release ended: a majority answered (`true`) or not.
 pub(crate) fn release(answered: bool) {
-    let outcome = if answered { "released" } else { "failed" };
-    counter!(RELEASES, "outcome" => outcome).increment(1);
+    let (index, outcome) = if answered {
+        (0, "released")
+    } else {
+        (1, "failed")
+    };
+    RELEASE_COUNTS[index].with(
+        || counter!(RELEASES, "outcome" => outcome),
+        |c| c.increment(1),
+    );
 }
 
 /// `nodes` nodes handed a released lock over to a queued waiter.
@@ -126,8 +186,15 @@ pub(crate) fn handovers(nodes: usize) {
 
 /// The watchdog extended a lock on a majority (`true`) or failed to.
 pub(crate) fn extension(extended: bool) {
-    let outcome = if extended { "extended" } else { "failed" };
-    counter!(EXTENSIONS, "outcome" => outcome).increment(1);
+    let (index, outcome) = if extended {
+        (0, "extended")
+    } else {
+        (1, "failed")
+    };
+    EXTENSION_COUNTS[index].with(
+        || counter!(EXTENSIONS, "outcome" => outcome),
+        |c| c.increment(1),
+    );
 }
 
 /// The watchdog declared a lock lost.
@@ -140,24 +207,69 @@ pub(crate) fn queue_waiters(delta: f64) {
     gauge!(QUEUE_WAITERS).increment(delta);
 }
 
-/// One command to `node` ended after `elapsed`.
-pub(crate) fn node_command<T>(
-    node: &Arc<str>,
-    op: &'static str,
-    elapsed: Duration,
-    result: &Result<T, NodeError>,
-) {
-    histogram!(NODE_DURATION, "node" => Arc::clone(node), "op" => op).record(elapsed.as_secs_f64());
-    if let Err(err) = result {
-        let kind = match err {
-            NodeError::Timeout(_) => "timeout",
-            NodeError::Quarantined(_) => "quarantined",
-            NodeError::Redis(err) if crate::protocol::breaks_connection(err) => "connection",
-            NodeError::Redis(_) => "redis",
-            err if err.is_permanent() => "refused",
-            _ => "connection",
-        };
-        counter!(NODE_ERRORS, "node" => Arc::clone(node), "kind" => kind).increment(1);
+/// The operations timed per node, as labelled.
+const NODE_OPS: [&str; 12] = [
+    "acquire",
+    "raise_fence",
+    "release",
+    "extend",
+    "remaining",
+    "server_time",
+    "join_queue",
+    "batch",
+    "scan",
+    "inspect",
+    "health",
+    "force_release",
+];
+
+/// One node's metric handles.
+pub(crate) struct NodeMetrics {
+    /// The node's address, as labelled.
+    node: Arc<str>,
+    durations: [Cached<Histogram>; NODE_OPS.len()],
+}
+
+impl NodeMetrics {
+    pub(crate) fn new(node: &str) -> Self {
+        Self {
+            node: Arc::from(node),
+            durations: [const { Cached::new() }; NODE_OPS.len()],
+        }
+    }
+
+    /// The node's address, as labelled.
+    pub(crate) fn node(&self) -> &Arc<str> {
+        &self.node
+    }
+
+    /// One command to the node ended after `elapsed`; `op` is one of [`NODE_OPS`].
+    pub(crate) fn command<T>(
+        &self,
+        op: &'static str,
+        elapsed: Duration,
+        result: &Result<T, NodeError>,
+    ) {
+        let seconds = elapsed.as_secs_f64();
+        match NODE_OPS.iter().position(|known| *known == op) {
+            Some(index) => self.durations[index].with(
+                || histogram!(NODE_DURATION, "node" => Arc::clone(&self.node), "op" => op),
+                |h| h.record(seconds),
+            ),
+            None => histogram!(NODE_DURATION, "node" => Arc::clone(&self.node), "op" => op)
+                .record(seconds),
+        }
+        if let Err(err) = result {
+            let kind = match err {
+                NodeError::Timeout(_) => "timeout",
+                NodeError::Quarantined(_) => "quarantined",
+                NodeError::Redis(err) if crate::protocol::breaks_connection(err) => "connection",
+                NodeError::Redis(_) => "redis",
+                err if err.is_permanent() => "refused",
+                _ => "connection",
+            };
+            counter!(NODE_ERRORS, "node" => Arc::clone(&self.node), "kind" => kind).increment(1);
+        }
     }
 }
 

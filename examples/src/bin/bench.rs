@@ -9,9 +9,12 @@
 //! - the floor: per cycle, two rounds of concurrent `PING` to all nodes, waiting for
 //!   every node (what any client needs at least for a two-round-trip protocol), over
 //!   the same kind of connection the lock uses (one multiplexed connection per node);
-//! - the lock: `try_lock` on a fresh resource, then `release`.
+//! - the lock: `try_lock` on a fresh resource, then `release`, with no metrics recorded;
+//! - the same with a Prometheus recorder recording every metric of the library (a
+//!   recorder switched on and off between slices of one run: off, it drops everything,
+//!   as the facade does with no recorder installed).
 //!
-//! Prints cycles/s, p50 and p99 for each, and the two ratios the targets are about.
+//! Prints cycles/s, p50 and p99 for each, and the ratios the targets are about.
 //! `BENCH_SECS` sets the duration of each run (default 3).
 
 use std::future::IntoFuture;
@@ -38,6 +41,8 @@ static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(||
 enum Workload {
     Floor,
     Lock,
+    /// The lock, with the metrics recorder on.
+    Metered,
     Raw,
 }
 
@@ -50,6 +55,7 @@ struct Stats {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     redlock_examples::init_tracing();
+    let recorder = redlock_examples::metered::install()?;
     let secs: u64 = std::env::var("BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -115,7 +121,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "srv us"
     );
     println!("(cli us / srv us: CPU time per cycle of this process / of all the Redis servers)");
-    let workloads = [Workload::Floor, Workload::Lock, Workload::Raw];
+    let workloads = [
+        Workload::Floor,
+        Workload::Lock,
+        Workload::Metered,
+        Workload::Raw,
+    ];
     match std::env::var("BENCH_ONLY").as_deref() {
         Ok("contended") => return contended(&urls, Duration::from_secs(secs)).await,
         Ok("watchdog") => return watchdog(&urls, &conns).await,
@@ -147,7 +158,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for _ in 0..rounds {
             for (w, workload) in workloads.iter().enumerate() {
                 let (c0, s0) = (process_cpu_secs(), servers_cpu_secs(&conns).await);
+                recorder.set(matches!(workload, Workload::Metered));
                 let (s, elapsed) = measure(*workload, concurrency, slice, &conns, &redlock).await?;
+                recorder.set(false);
                 client_cpu[w] += process_cpu_secs() - c0;
                 server_cpu[w] += servers_cpu_secs(&conns).await - s0;
                 samples[w].extend(s);
@@ -164,6 +177,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     urls.len()
                 ),
                 Workload::Lock => format!("lock: try_lock + release (c={concurrency})"),
+                Workload::Metered => format!("lock, metrics recorded (c={concurrency})"),
                 Workload::Raw => format!("raw: SET NX PX + release script, all (c={concurrency})"),
             };
             println!(
@@ -177,7 +191,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             results.push(stats);
         }
     }
-    let [floor1, lock1, raw1, floor32, lock32, raw32] = &results[..] else {
+    let [
+        floor1,
+        lock1,
+        metered1,
+        raw1,
+        floor32,
+        lock32,
+        metered32,
+        raw32,
+    ] = &results[..]
+    else {
         return Err("missing results".into());
     };
     let p50_ratio = lock1.p50.as_secs_f64() / floor1.p50.as_secs_f64();
@@ -190,6 +214,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "throughput at c=32: lock / floor = {tput_ratio:.2} (target >= 0.75: {})",
         verdict(tput_ratio >= 0.75)
+    );
+    let metrics_cost = 1.0 - metered32.cycles_per_sec / lock32.cycles_per_sec;
+    println!(
+        "metrics cost at c=32: 1 - metered / lock = {:.1}% (target < 2%: {}); at c=1 p50 {} vs {}",
+        metrics_cost * 100.0,
+        verdict(metrics_cost < 0.02),
+        fmt_us(metered1.p50),
+        fmt_us(lock1.p50)
+    );
+    let recorded = recorder.render();
+    println!(
+        "(recorded while on: {} acquisitions)",
+        recorded
+            .lines()
+            .filter(|l| l.starts_with("redlock_acquisitions_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
     );
     println!(
         "(reference: the raw commands alone, waiting for every node: p50 c=1 {:.2}x floor, c=32 {:.2}x floor throughput)",
@@ -466,7 +507,7 @@ async fn measure(
                     }))
                     .await?;
                 }
-                Workload::Lock => {
+                Workload::Lock | Workload::Metered => {
                     let lock = redlock.try_lock(format!("bench:{worker}:{i}")).await?;
                     lock.release().await?;
                 }

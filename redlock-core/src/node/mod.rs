@@ -55,8 +55,8 @@ mod tls;
 
 pub(crate) struct Node {
     name: String,
-    /// The name as the metrics label it (shared, not copied per measurement).
-    label: Arc<str>,
+    /// The node's metric handles.
+    metrics: crate::telemetry::NodeMetrics,
     backend: Backend,
     /// Restart quarantine; `None` when switched off.
     quarantine: Option<Arc<Quarantine>>,
@@ -75,7 +75,7 @@ impl Node {
     pub(crate) fn direct(name: String, client: redis::Client) -> Self {
         let checks = Arc::new(Checks::new(name.clone(), false));
         Self {
-            label: Arc::from(name.as_str()),
+            metrics: crate::telemetry::NodeMetrics::new(&name),
             reported_quarantine: AtomicU8::new(2),
             name,
             backend: Backend::Direct(Box::new(Direct {
@@ -94,7 +94,7 @@ impl Node {
     #[cfg(test)]
     pub(crate) fn fake(name: String, server: fake::FakeServer) -> Self {
         Self {
-            label: Arc::from(name.as_str()),
+            metrics: crate::telemetry::NodeMetrics::new(&name),
             reported_quarantine: AtomicU8::new(2),
             name,
             backend: Backend::Fake(server),
@@ -105,7 +105,7 @@ impl Node {
     /// A node reached through a connection pool.
     pub(crate) fn pool(name: String, pool: deadpool_redis::Pool) -> Self {
         Self {
-            label: Arc::from(name.as_str()),
+            metrics: crate::telemetry::NodeMetrics::new(&name),
             reported_quarantine: AtomicU8::new(2),
             name,
             backend: Backend::Pool(pool),
@@ -161,7 +161,7 @@ impl Node {
             .filter(|left| !left.is_zero());
         let now_in = u8::from(left.is_some());
         if self.reported_quarantine.swap(now_in, Ordering::Relaxed) != now_in {
-            crate::telemetry::quarantined(&self.label, left.is_some());
+            crate::telemetry::quarantined(self.metrics.node(), left.is_some());
         }
         left
     }
@@ -235,7 +235,7 @@ impl Node {
             Ok(result) => result,
             Err(_) => Err(NodeError::Timeout(timeout)),
         };
-        crate::telemetry::node_command(&self.label, name, started.elapsed(), &result);
+        self.metrics.command(name, started.elapsed(), &result);
         result
     }
 
@@ -344,7 +344,8 @@ impl Node {
             Ok(result) => result,
             Err(_) => Err(NodeError::Timeout(timeout)),
         };
-        crate::telemetry::node_command(&self.label, command.name, started.elapsed(), &result);
+        self.metrics
+            .command(command.name, started.elapsed(), &result);
         result
     }
 
