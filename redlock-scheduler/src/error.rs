@@ -100,8 +100,11 @@ pub enum Error {
     #[error(transparent)]
     Lock(#[from] redlock_core::Error),
 
-    /// No job has this name.
-    #[error("no job named `{name}`")]
+    /// No job has this name (for [`SchedulerAdmin`](crate::SchedulerAdmin): none that a
+    /// replica of the scheduler published when it started).
+    #[error(
+        "no job named `{name}`: check the name (and the scheduler's name) against the list of jobs"
+    )]
     UnknownJob {
         /// The name asked for.
         name: String,
@@ -130,6 +133,37 @@ pub enum Error {
     AlreadyRunning {
         /// The job.
         job: String,
+    },
+
+    /// No run of the job is going, so there is nothing to cancel.
+    #[error("job `{job}`: no run is going, nothing to cancel")]
+    NotRunning {
+        /// The job.
+        job: String,
+    },
+
+    /// No request of this scheduler has this id.
+    #[error(
+        "no request `{id}` for this scheduler: check the id and the scheduler's name it was made for"
+    )]
+    UnknownRequest {
+        /// The id asked for.
+        id: String,
+    },
+
+    /// A request was not carried out within the time waited. It may still be: read it
+    /// again later. A request stays pending while no replica leads; the leader marks it
+    /// expired, without acting, once it is older than a minute.
+    #[error(
+        "request `{id}` not carried out within {waited:?} (it is {state:?}): check that a replica of the scheduler leads, and read the request again later"
+    )]
+    RequestNotDone {
+        /// The request.
+        id: String,
+        /// How long it was waited for.
+        waited: std::time::Duration,
+        /// Where it stood then.
+        state: crate::store::RequestState,
     },
 
     /// The scheduler did not become ready in time: what was still missing.

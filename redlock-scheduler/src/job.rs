@@ -66,7 +66,7 @@ impl JobContext {
     }
 
     /// Fires when the run must stop: leadership lost, the tick's claim lost, the job's
-    /// timeout reached, or shutdown past its deadline. Stop promptly when it does; the
+    /// timeout reached, shutdown past its deadline, or an operator cancelled the run. Stop promptly when it does; the
     /// run is dropped a short grace time later.
     pub fn cancellation_token(&self) -> &CancellationToken {
         &self.cancel
@@ -100,6 +100,30 @@ pub enum Misfire {
         /// How many missed ticks to run at most.
         max: u32,
     },
+}
+
+impl Misfire {
+    /// The policy as stored with the published job definitions: `skip`, `run_once`,
+    /// `catch_up:<max>`.
+    pub(crate) fn to_text(self) -> String {
+        match self {
+            Self::Skip => "skip".to_owned(),
+            Self::RunOnce => "run_once".to_owned(),
+            Self::CatchUp { max } => format!("catch_up:{max}"),
+        }
+    }
+
+    /// Reads what [`to_text`](Self::to_text) wrote.
+    pub(crate) fn from_text(text: &str) -> Option<Self> {
+        match text {
+            "skip" => Some(Self::Skip),
+            "run_once" => Some(Self::RunOnce),
+            other => other
+                .strip_prefix("catch_up:")
+                .and_then(|max| max.parse().ok())
+                .map(|max| Self::CatchUp { max }),
+        }
+    }
 }
 
 /// One job definition. Every replica must declare the same jobs (same names and
@@ -190,5 +214,19 @@ impl Job {
     /// The job's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Misfire;
+
+    #[test]
+    fn misfire_text_round_trips() {
+        for misfire in [Misfire::Skip, Misfire::RunOnce, Misfire::CatchUp { max: 7 }] {
+            assert_eq!(Misfire::from_text(&misfire.to_text()), Some(misfire));
+        }
+        assert_eq!(Misfire::from_text("catch_up:x"), None);
+        assert_eq!(Misfire::from_text("later"), None);
     }
 }

@@ -5,7 +5,8 @@
 //! fencing *epoch*: strictly greater than every earlier leader's. The others wait in the
 //! lock's queue: a leader that steps down (or shuts down) hands the lock over to the
 //! longest waiter at once; one that dies is replaced once its lock expires, within the
-//! TTL plus one retry interval.
+//! TTL plus one retry interval. [`LeaderElector::step_down`] gives leadership up on
+//! demand and keeps out of the campaign for a while, so that another replica takes over.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -31,13 +32,13 @@
 //! ```
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::RngExt;
 use redlock_core::{CancellationToken, Error as LockError, Redlock, RetryPolicy};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 type Callback = Arc<dyn Fn(&Leadership) + Send + Sync>;
@@ -175,6 +176,7 @@ impl LeaderElectorBuilder {
         let (events, _) = watch::channel(LeaderEvent::Follower);
         let events = Arc::new(events);
         let stop = CancellationToken::new();
+        let step_downs = Arc::new(StepDowns::default());
         let campaign = Campaign {
             redlock: self.redlock,
             resource: self.name,
@@ -186,12 +188,14 @@ impl LeaderElectorBuilder {
             on_lost: self.on_lost,
             events: Arc::clone(&events),
             stop: stop.clone(),
+            step_downs: Arc::clone(&step_downs),
         };
         let task = tokio::spawn(campaign.run());
         LeaderElector {
             instance,
             events,
             stop,
+            step_downs,
             task: tokio::sync::Mutex::new(Some(task)),
         }
     }
@@ -203,6 +207,7 @@ pub struct LeaderElector {
     instance: Arc<str>,
     events: Arc<watch::Sender<LeaderEvent>>,
     stop: CancellationToken,
+    step_downs: Arc<StepDowns>,
     task: tokio::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -255,6 +260,38 @@ impl LeaderElector {
         }
     }
 
+    /// Gives leadership up now, if this replica leads: the leadership ends (its
+    /// [`ended_token`](Leadership::ended_token) fires, the `on_lost` callbacks run, the
+    /// events say [`LeaderEvent::Follower`]), the lock is released, which hands it to the
+    /// longest waiting replica at once, and this replica campaigns again only after
+    /// `back_off` (give it at least the lock's TTL for the others to take over). A
+    /// voluntary end, like the end of a term: [`lost_token`](Leadership::lost_token) does
+    /// not fire, so work that may outlive leadership (holding locks of its own) goes on.
+    ///
+    /// Returns `true` once the leadership has ended and the lock is released (should
+    /// the leadership end otherwise meanwhile, lost or at the end of its term, the
+    /// back-off holds all the same); `false` at once if this replica does not lead.
+    pub async fn step_down(&self, back_off: Duration) -> bool {
+        let Some(leadership) = self.leadership() else {
+            return false;
+        };
+        let (reply, replied) = tokio::sync::oneshot::channel();
+        {
+            let mut state = locked(&self.step_downs.state);
+            if state.closed.is_some_and(|epoch| epoch >= leadership.epoch) {
+                // That leadership is over already.
+                return false;
+            }
+            state.pending.push(StepDown {
+                epoch: leadership.epoch,
+                back_off,
+                reply,
+            });
+        }
+        self.step_downs.wake.notify_one();
+        replied.await.unwrap_or(false)
+    }
+
     /// Stops campaigning; a leader hands the lock over to the longest waiting replica
     /// at once. Returns when done.
     pub async fn shutdown(&self) {
@@ -271,6 +308,57 @@ impl Drop for LeaderElector {
     }
 }
 
+/// Locks a std mutex, ignoring poisoning (the data are plain values).
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A request to give up the leadership of `epoch`.
+#[derive(Debug)]
+struct StepDown {
+    epoch: u64,
+    back_off: Duration,
+    /// Told once the leadership has ended and the lock is released.
+    reply: tokio::sync::oneshot::Sender<bool>,
+}
+
+/// Step-down requests, between [`LeaderElector::step_down`] and the campaign.
+#[derive(Debug, Default)]
+struct StepDowns {
+    state: Mutex<StepDownState>,
+    /// A request is waiting.
+    wake: Notify,
+}
+
+#[derive(Debug, Default)]
+struct StepDownState {
+    /// Requests waiting for the campaign.
+    pending: Vec<StepDown>,
+    /// The latest epoch whose leadership ended: requests for it (or older) are refused.
+    closed: Option<u64>,
+}
+
+impl StepDowns {
+    /// Whether a step-down of the leadership of `epoch` is asked for.
+    fn requested(&self, epoch: u64) -> bool {
+        locked(&self.state).pending.iter().any(|s| s.epoch == epoch)
+    }
+
+    /// The leadership of `epoch` ends: no more requests for it; the ones there are.
+    fn close(&self, epoch: u64) -> Vec<StepDown> {
+        let mut state = locked(&self.state);
+        state.closed = Some(epoch);
+        // Requests for older epochs cannot be there (they are refused once closed);
+        // their replies would say `false` when dropped.
+        std::mem::take(&mut state.pending)
+            .into_iter()
+            .filter(|s| s.epoch == epoch)
+            .collect()
+    }
+}
+
 struct Campaign {
     redlock: Redlock,
     resource: String,
@@ -282,6 +370,16 @@ struct Campaign {
     on_lost: Vec<Callback>,
     events: Arc<watch::Sender<LeaderEvent>>,
     stop: CancellationToken,
+    step_downs: Arc<StepDowns>,
+}
+
+/// Why a leadership ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Lost,
+    Term,
+    Stop,
+    StepDown,
 }
 
 impl Campaign {
@@ -325,16 +423,31 @@ impl Campaign {
                 .send_replace(LeaderEvent::Elected(leadership.clone()));
             self.on_elected.iter().for_each(|f| f(&leadership));
 
-            let lost = tokio::select! {
-                () = lock.lost() => true,
-                () = tokio::time::sleep(self.term) => false,
-                () = self.stop.cancelled() => false,
+            let mut term = std::pin::pin!(tokio::time::sleep(self.term));
+            let end = loop {
+                tokio::select! {
+                    () = lock.lost() => break End::Lost,
+                    () = &mut term => break End::Term,
+                    () = self.stop.cancelled() => break End::Stop,
+                    () = self.step_downs.wake.notified() => {
+                        if self.step_downs.requested(leadership.epoch) {
+                            break End::StepDown;
+                        }
+                    }
+                }
             };
-            if lost {
-                tracing::warn!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "leadership lost");
-                leadership.lost.cancel();
-            } else {
-                tracing::info!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "stepping down");
+            let step_downs = self.step_downs.close(leadership.epoch);
+            match end {
+                End::Lost => {
+                    tracing::warn!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "leadership lost");
+                    leadership.lost.cancel();
+                }
+                End::StepDown => {
+                    tracing::info!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "stepping down on request");
+                }
+                End::Term | End::Stop => {
+                    tracing::info!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "stepping down");
+                }
             }
             leadership.ended.cancel();
             crate::telemetry::leading(false);
@@ -342,6 +455,17 @@ impl Campaign {
             self.on_lost.iter().for_each(|f| f(&leadership));
             // A release hands the lock to the longest waiting replica.
             let _ = lock.release().await;
+            let back_off = step_downs.iter().map(|s| s.back_off).max();
+            for step_down in step_downs {
+                let _ = step_down.reply.send(true);
+            }
+            if let Some(back_off) = back_off {
+                // Out of the campaign for a while: another replica takes over.
+                tokio::select! {
+                    () = tokio::time::sleep(back_off) => {}
+                    () = self.stop.cancelled() => break,
+                }
+            }
         }
     }
 }

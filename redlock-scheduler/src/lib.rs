@@ -49,9 +49,47 @@
 //!   cancellation token that fires on lost leadership, a lost claim, timeout or shutdown.
 //! - [`History`]: the run history through sqlx, SQLite (no server) or PostgreSQL.
 //! - [`Scheduler::status`], [`Scheduler::trigger`], [`Scheduler::pause`] /
-//!   [`Scheduler::resume`], and [`Scheduler::shutdown`] with a deadline.
+//!   [`Scheduler::resume`], [`Scheduler::cancel`], [`Scheduler::step_down`], and
+//!   [`Scheduler::shutdown`] with a deadline.
 //!
 //! It never talks to Redis itself: every lock goes through [`redlock_core::Redlock`].
+//!
+//! # Admin API
+//!
+//! Operators' tools (an admin web service, a command line) need no job definitions and
+//! run no scheduler: [`SchedulerAdmin::new`]`(history, name)` works from the history
+//! database alone. Every replica publishes its job definitions there when it starts,
+//! and the leader records itself when elected, so the admin can list the jobs with
+//! their next ticks (in each job's time zone), pause state, last run and the run going
+//! ([`SchedulerAdmin::jobs`]), show the leader and its epoch
+//! ([`SchedulerAdmin::leader`]), read runs through a [`RunFilter`], and pause or resume
+//! a job. What only a live replica can do is a *request*, a row with a random id:
+//! [`SchedulerAdmin::trigger`], [`SchedulerAdmin::cancel`] (the run ends as
+//! [`Outcome::Cancelled`], `cancelled by an operator`) and [`SchedulerAdmin::step_down`]
+//! (the leader hands over and keeps out of the election for a while). The leader
+//! takes pending requests about twice a second (a cancel: the replica running the job),
+//! each atomically so only one replica acts on it, and writes the result;
+//! [`SchedulerAdmin::wait`] follows one. A running [`Scheduler`] offers the same:
+//! [`Scheduler::cancel`], [`Scheduler::step_down`] (done directly where possible, else
+//! through a request) and [`Scheduler::admin`].
+//!
+//! ```no_run
+//! # async fn admin() -> Result<(), redlock_scheduler::Error> {
+//! use std::time::Duration;
+//! use redlock_scheduler::{History, Outcome, RunFilter, SchedulerAdmin};
+//!
+//! let history = History::connect("postgres://ops@db.internal/app").await?;
+//! let admin = SchedulerAdmin::new(history, "billing").operator("alice");
+//! let failed = admin
+//!     .runs(&RunFilter::new().job("invoices").outcome(Outcome::Failed).limit(20))
+//!     .await?;
+//! println!("{} recent failures", failed.len());
+//! let id = admin.trigger("invoices").await?;
+//! let done = admin.wait(&id, Duration::from_secs(10)).await?;
+//! println!("{:?}: {}", done.state, done.result.unwrap_or_default()); // ok: tick ...
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Three replicas in one process, against real nodes
 //!
@@ -99,6 +137,7 @@
 //! # }
 //! ```
 
+mod admin;
 mod clock;
 mod error;
 mod health;
@@ -112,6 +151,7 @@ mod status;
 mod store;
 pub mod telemetry;
 
+pub use admin::{DEFAULT_NEXT_TICKS, JobInfo, LeaderInfo, SchedulerAdmin};
 pub use clock::{BoxFuture, Clock, ManualClock, SystemClock};
 pub use error::{BuildError, Error};
 pub use health::{ComponentHealth, Health};
@@ -122,11 +162,12 @@ pub use leader::{
 };
 pub use redlock_core::{BoxError, CancellationToken, Redlock};
 pub use schedule::Schedule;
-pub use scheduler::{Scheduler, SchedulerBuilder};
+pub use scheduler::{DEFAULT_SCHEDULER_NAME, Dispatched, Scheduler, SchedulerBuilder};
 pub use status::{JobStatus, LastRun, SchedulerStatus};
 pub use store::{
-    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT,
-    DEFAULT_TABLE_PREFIX, History, HistoryBuilder, Outcome, Run,
+    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RUN_LIMIT, DEFAULT_STATEMENT_TIMEOUT,
+    DEFAULT_TABLE_PREFIX, History, HistoryBuilder, MAX_RUN_LIMIT, Outcome, Request, RequestAction,
+    RequestState, Run, RunFilter,
 };
 
 /// Re-exported for time zones and tick times.

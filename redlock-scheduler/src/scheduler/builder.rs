@@ -18,6 +18,9 @@ use crate::record::Recorder;
 use crate::schedule::Schedule;
 use crate::store::History;
 
+/// A scheduler's name unless [`SchedulerBuilder::name`] sets one.
+pub const DEFAULT_SCHEDULER_NAME: &str = "scheduler";
+
 /// Builds a [`Scheduler`]; see [`Scheduler::builder`].
 #[must_use = "a builder does nothing until `build()`"]
 pub struct SchedulerBuilder {
@@ -46,7 +49,7 @@ impl SchedulerBuilder {
     pub(super) fn new(redlock: Redlock) -> Self {
         Self {
             redlock,
-            name: "scheduler".to_owned(),
+            name: DEFAULT_SCHEDULER_NAME.to_owned(),
             instance: None,
             jobs: Vec::new(),
             history: None,

@@ -1,5 +1,5 @@
 //! Leading: find where each job stands, then fire its ticks while leadership lasts; and
-//! the leader's housekeeping (pauses, runs left behind, retention).
+//! the leader's housekeeping (pauses, operators' requests, runs left behind, retention).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::CancellationToken;
 
+use super::requests::REQUEST_POLL;
 use super::state::{Inner, JobState};
 use crate::LeaderEvent;
 use crate::leader::Leadership;
@@ -167,8 +168,8 @@ async fn fire_loop(
     }
 }
 
-/// The leader's chores: refresh pauses set by other replicas; close runs whose replica
-/// died; prune the history per its retention.
+/// The leader's chores: refresh pauses set by other replicas; carry out operators'
+/// requests; close runs whose replica died; prune the history per its retention.
 async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: CancellationToken) {
     let Some(recorder) = inner.recorder.clone() else {
         return;
@@ -181,6 +182,9 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
         recorder.health.fail(&err);
     }
     let mut pauses = tokio::time::interval(PAUSE_REFRESH);
+    let mut requests = tokio::time::interval(REQUEST_POLL);
+    // A slow round (a trigger waiting on Redis) is not made up for with a burst.
+    requests.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sweeps = tokio::time::interval((inner.run_lock_ttl * 2).clamp(SWEEP_MIN, SWEEP_MAX));
     let mut prunes = tokio::time::interval(PRUNE_INTERVAL);
     loop {
@@ -195,6 +199,7 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
                 // The pauses last read stay in force.
                 Err(err) => recorder.health.fail(&err),
             },
+            _ = requests.tick() => inner.serve_requests(&leadership).await,
             _ = sweeps.tick() => inner.sweep_abandoned(&leadership).await,
             _ = prunes.tick(), if recorder.history().prunes() => {
                 match recorder.history().prune(&inner.name, inner.clock.now()).await {

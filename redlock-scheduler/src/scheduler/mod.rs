@@ -16,6 +16,7 @@
 
 mod builder;
 mod fire;
+mod requests;
 mod state;
 mod tick;
 
@@ -26,14 +27,34 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::Redlock;
 
-pub use self::builder::SchedulerBuilder;
+pub use self::builder::{DEFAULT_SCHEDULER_NAME, SchedulerBuilder};
 use self::state::{Inner, lock};
 use self::tick::NotTaken;
+use crate::admin::SchedulerAdmin;
 use crate::error::Error;
 use crate::health::{self, Health};
 use crate::leader::{LeaderElector, Leadership};
 use crate::status::{JobStatus, LastRun, SchedulerStatus};
-use crate::store::Outcome;
+use crate::store::{Outcome, RequestAction};
+
+/// What [`Scheduler::cancel`] or [`Scheduler::step_down`] did: done on this replica, or
+/// recorded as a request for the replica that can do it. Serializable with serde.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+#[non_exhaustive]
+pub enum Dispatched {
+    /// Done here.
+    Done {
+        /// What was done (starts with `ok`).
+        result: String,
+    },
+    /// Recorded as a request; follow it with [`SchedulerAdmin::wait`] (see
+    /// [`Scheduler::admin`]).
+    Requested {
+        /// The request's id.
+        id: String,
+    },
+}
 
 /// A cron scheduler whose every tick runs on exactly one replica. Cheap to clone.
 ///
@@ -86,7 +107,9 @@ impl Scheduler {
         SchedulerBuilder::new(redlock)
     }
 
-    /// Starts the background tasks (the Redis probe, the history writer) once.
+    /// Starts the background tasks once: the Redis probe and, with a history, its
+    /// writer, the publication of the job definitions and the follower's share of the
+    /// operators' requests.
     fn start_background(&self) {
         let inner = &self.inner;
         inner.background.get_or_init(|| {
@@ -101,6 +124,15 @@ impl Scheduler {
                 inner
                     .background_tasks
                     .spawn(async move { recorder.run(stop, give_up).await });
+                // For admin tools: what this replica runs, and the cancels of its runs.
+                inner.background_tasks.spawn(requests::publish_jobs(
+                    Arc::clone(inner),
+                    inner.stop_background.clone(),
+                ));
+                inner.background_tasks.spawn(requests::follow(
+                    Arc::clone(inner),
+                    inner.stop_background.clone(),
+                ));
             }
         });
     }
@@ -184,7 +216,7 @@ impl Scheduler {
 
     /// The current leadership, if this replica leads.
     pub fn leadership(&self) -> Option<Leadership> {
-        self.inner.elector.get().and_then(LeaderElector::leadership)
+        self.inner.leadership()
     }
 
     /// Runs `job` once now, through the same claim path as a scheduled tick (the tick is
@@ -197,71 +229,108 @@ impl Scheduler {
     /// [`Error::ShutDown`], [`Error::AlreadyRunning`] (a run of the job goes on
     /// somewhere), [`Error::AlreadyClaimed`], or the claim's lock error.
     pub async fn trigger(&self, job: &str) -> Result<DateTime<Utc>, Error> {
+        self.inner.trigger(job).await
+    }
+
+    /// Cancels the run of `job` going now: its token fires, and it is recorded as
+    /// [`Outcome::Cancelled`] with the error `cancelled by an operator`. Done here if
+    /// this replica runs it; otherwise, with a [`History`](crate::History), recorded as
+    /// a request that the replica running it carries out within about a second (follow
+    /// it with [`admin`](Self::admin)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownJob`]; [`Error::NotRunning`] if no run of it goes on (as far as
+    /// this replica and the history tell); without a history, [`Error::NotLeader`] when
+    /// the run is not here and this replica does not lead; the history's error.
+    pub async fn cancel(&self, job: &str) -> Result<Dispatched, Error> {
         let inner = &self.inner;
-        let (index, state) = inner.job(job)?;
+        inner.job(job)?;
+        if let Some(tick) = inner.cancel_local(job) {
+            return Ok(Dispatched::Done {
+                result: format!(
+                    "ok: cancelled the run of {} on {}",
+                    tick.to_rfc3339(),
+                    inner.instance
+                ),
+            });
+        }
+        let Some(history) = inner.history() else {
+            return Err(match self.leadership() {
+                Some(_) => Error::NotRunning {
+                    job: job.to_owned(),
+                },
+                None => Error::NotLeader { leader: None },
+            });
+        };
+        let elsewhere = history
+            .running(&inner.name)
+            .await?
+            .iter()
+            .any(|run| run.job == job && *run.instance != *inner.instance);
+        if !elsewhere {
+            return Err(Error::NotRunning {
+                job: job.to_owned(),
+            });
+        }
+        self.request(Some(job), RequestAction::Cancel).await
+    }
+
+    /// Gives leadership up: this replica hands the leadership lock over to a waiting
+    /// replica and keeps out of the election for a while (the leadership TTL, at least
+    /// 2 s), so another replica takes over (with a higher epoch). Runs going here go on.
+    /// Done here if this replica leads; otherwise, with a [`History`](crate::History),
+    /// recorded as a request for the leader, carried out within about a second (follow
+    /// it with [`admin`](Self::admin)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShutDown`]; without a history, [`Error::NotLeader`] when this replica
+    /// does not lead; the history's error.
+    pub async fn step_down(&self) -> Result<Dispatched, Error> {
+        let inner = &self.inner;
         if inner.stop_firing.is_cancelled() {
             return Err(Error::ShutDown);
         }
-        let Some(leadership) = self.leadership() else {
+        if let (Some(elector), Some(leadership)) = (inner.elector.get(), self.leadership())
+            && elector.step_down(inner.step_down_back_off()).await
+        {
+            return Ok(Dispatched::Done {
+                result: format!(
+                    "ok: {} stepped down from epoch {}",
+                    inner.instance,
+                    leadership.epoch()
+                ),
+            });
+        }
+        if inner.history().is_none() {
             return Err(Error::NotLeader {
                 leader: self.leader().await,
             });
-        };
-        // Millisecond precision, like the history's.
-        let now = inner.clock.now();
-        let mut tick = DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now);
-        if tick.timestamp_subsec_millis() == 0 {
-            // Not the key of a scheduled tick (those are whole seconds).
-            tick += chrono::Duration::milliseconds(1);
         }
-        let already_claimed = || Error::AlreadyClaimed {
-            job: job.to_owned(),
-            tick: tick.to_rfc3339(),
+        self.request(None, RequestAction::StepDown).await
+    }
+
+    /// Records a request for the replica that can carry it out.
+    async fn request(&self, job: Option<&str>, action: RequestAction) -> Result<Dispatched, Error> {
+        let Some(admin) = self.admin() else {
+            return Err(Error::NotLeader { leader: None });
         };
-        let now = inner.clock.now();
-        match inner
-            .take(
-                &inner.claim_resource(state, tick),
-                inner.claim_ttl(state),
-                Duration::ZERO,
-                now,
-                Some(&leadership),
-            )
-            .await
-        {
-            Ok(claim) => drop(claim.detach()),
-            Err(NotTaken::Held) => return Err(already_claimed()),
-            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
-            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
-        }
-        let run_lock = match inner
-            .take(
-                &inner.run_resource(job),
-                inner.run_lock_ttl,
-                Duration::ZERO,
-                now,
-                Some(&leadership),
-            )
-            .await
-        {
-            Ok(run_lock) => run_lock,
-            Err(NotTaken::Held) => {
-                return Err(Error::AlreadyRunning {
-                    job: job.to_owned(),
-                });
-            }
-            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
-            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
-        };
-        if !inner
-            .insert_row(state, tick, leadership.epoch(), true)
-            .await
-        {
-            let _ = run_lock.release().await;
-            return Err(already_claimed());
-        }
-        inner.start_run(index, tick, run_lock, leadership, false, true);
-        Ok(tick)
+        // The job is this replica's own: no need to look it up among the published ones.
+        let id = admin.submit(job, action).await?;
+        Ok(Dispatched::Requested { id })
+    }
+
+    /// An admin over this scheduler's history (requests made through it name this
+    /// replica as their author): to follow the requests [`cancel`](Self::cancel) and
+    /// [`step_down`](Self::step_down) record, or to see what every replica published.
+    /// `None` without a [`History`](crate::History).
+    pub fn admin(&self) -> Option<SchedulerAdmin> {
+        let inner = &self.inner;
+        inner.history().map(|history| {
+            SchedulerAdmin::new(history.clone(), inner.name.clone())
+                .operator(inner.instance.to_string())
+        })
     }
 
     /// Stops firing `job` (its ticks are skipped and recorded as such) until
@@ -358,10 +427,7 @@ impl Scheduler {
 
     /// The leader as last recorded in the history (`None` without one).
     async fn leader(&self) -> Option<String> {
-        match self.inner.history() {
-            Some(history) => history.leader(&self.inner.name).await.ok().flatten(),
-            None => None,
-        }
+        self.inner.recorded_leader().await
     }
 
     /// Stops firing and hands leadership over to another replica at once; lets the runs
@@ -396,5 +462,76 @@ impl Scheduler {
             () = inner.background_tasks.wait() => {}
             () = deadline_passed => inner.background_tasks.wait().await,
         }
+    }
+}
+
+impl Inner {
+    /// [`Scheduler::trigger`].
+    pub(super) async fn trigger(self: &Arc<Self>, job: &str) -> Result<DateTime<Utc>, Error> {
+        let inner = self;
+        let (index, state) = inner.job(job)?;
+        if inner.stop_firing.is_cancelled() {
+            return Err(Error::ShutDown);
+        }
+        let Some(leadership) = inner.leadership() else {
+            return Err(Error::NotLeader {
+                leader: inner.recorded_leader().await,
+            });
+        };
+        // Millisecond precision, like the history's.
+        let now = inner.clock.now();
+        let mut tick = DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now);
+        if tick.timestamp_subsec_millis() == 0 {
+            // Not the key of a scheduled tick (those are whole seconds).
+            tick += chrono::Duration::milliseconds(1);
+        }
+        let already_claimed = || Error::AlreadyClaimed {
+            job: job.to_owned(),
+            tick: tick.to_rfc3339(),
+        };
+        let now = inner.clock.now();
+        match inner
+            .take(
+                &inner.claim_resource(state, tick),
+                inner.claim_ttl(state),
+                Duration::ZERO,
+                now,
+                Some(&leadership),
+            )
+            .await
+        {
+            Ok(claim) => drop(claim.detach()),
+            Err(NotTaken::Held) => return Err(already_claimed()),
+            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
+            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
+        }
+        let run_lock = match inner
+            .take(
+                &inner.run_resource(job),
+                inner.run_lock_ttl,
+                Duration::ZERO,
+                now,
+                Some(&leadership),
+            )
+            .await
+        {
+            Ok(run_lock) => run_lock,
+            Err(NotTaken::Held) => {
+                return Err(Error::AlreadyRunning {
+                    job: job.to_owned(),
+                });
+            }
+            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
+            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
+        };
+        if !inner
+            .insert_row(state, tick, leadership.epoch(), true)
+            .await
+        {
+            let _ = run_lock.release().await;
+            return Err(already_claimed());
+        }
+        inner.start_run(index, tick, run_lock, leadership, false, true);
+        Ok(tick)
     }
 }

@@ -12,7 +12,7 @@ use crate::clock::Clock;
 use crate::error::Error;
 use crate::health::HealthCell;
 use crate::job::Job;
-use crate::leader::LeaderElector;
+use crate::leader::{LeaderElector, Leadership};
 use crate::record::Recorder;
 use crate::schedule::Schedule;
 use crate::status::LastRun;
@@ -59,6 +59,8 @@ pub(super) struct JobState {
     pub(super) catching_up: AtomicBool,
     /// The tick of that run.
     pub(super) running_tick: Mutex<Option<DateTime<Utc>>>,
+    /// Cancels that run on an operator's request.
+    pub(super) operator_cancel: Mutex<Option<CancellationToken>>,
     /// The last run this replica saw end.
     pub(super) last: Arc<Mutex<Option<LastRun>>>,
     /// The last tick this replica recorded as skipped.
@@ -79,6 +81,7 @@ impl JobState {
             running: AtomicBool::new(false),
             catching_up: AtomicBool::new(false),
             running_tick: Mutex::new(None),
+            operator_cancel: Mutex::new(None),
             last: Arc::new(Mutex::new(None)),
             last_skipped: Mutex::new(None),
             skipped: AtomicU64::new(0),
@@ -123,6 +126,37 @@ impl Inner {
 
     pub(super) fn history(&self) -> Option<&crate::History> {
         self.recorder.as_deref().map(Recorder::history)
+    }
+
+    /// The current leadership, if this replica leads.
+    pub(super) fn leadership(&self) -> Option<Leadership> {
+        self.elector.get().and_then(LeaderElector::leadership)
+    }
+
+    /// The leader as last recorded in the history (`None` without one).
+    pub(super) async fn recorded_leader(&self) -> Option<String> {
+        match self.history() {
+            Some(history) => history.leader(&self.name).await.ok().flatten(),
+            None => None,
+        }
+    }
+
+    /// How long a leader that stepped down keeps out of the election: the leadership
+    /// TTL, at least 2 s, so that another replica takes over.
+    pub(super) fn step_down_back_off(&self) -> Duration {
+        self.leader_ttl
+            .unwrap_or_else(|| self.redlock.default_ttl())
+            .max(Duration::from_secs(2))
+    }
+
+    /// Cancels the run of `job` going on this replica, as an operator asked: its tick,
+    /// or `None` if no run of it goes here.
+    pub(super) fn cancel_local(&self, job: &str) -> Option<DateTime<Utc>> {
+        let (_, state) = self.job(job).ok()?;
+        let token = lock(&state.operator_cancel).clone()?;
+        let tick = state.running_tick()?;
+        token.cancel();
+        Some(tick)
     }
 
     /// How old a missed tick may be: the job's grace, capped (without a history) by

@@ -272,6 +272,8 @@ impl Inner {
         state.running.store(true, Ordering::Release);
         state.catching_up.store(late, Ordering::Release);
         *lock(&state.running_tick) = Some(tick);
+        let operator_cancel = CancellationToken::new();
+        *lock(&state.operator_cancel) = Some(operator_cancel.clone());
         let inner = Arc::clone(self);
         let lag_ms = (inner.clock.now() - tick).num_milliseconds();
         let lag = Duration::from_millis(u64::try_from(lag_ms).unwrap_or(0));
@@ -291,11 +293,14 @@ impl Inner {
                     return;
                 };
                 let started = std::time::Instant::now();
-                let (outcome, error) = inner.run(state, tick, run_lock, &leadership, manual).await;
+                let (outcome, error) = inner
+                    .run(state, tick, run_lock, &leadership, manual, &operator_cancel)
+                    .await;
                 telemetry::run_ended(&state.name, outcome.as_str(), started.elapsed());
                 state.running.store(false, Ordering::Release);
                 state.catching_up.store(false, Ordering::Release);
                 *lock(&state.running_tick) = None;
+                *lock(&state.operator_cancel) = None;
                 state.idle.notify_waiters();
                 match outcome {
                     Outcome::Succeeded => tracing::info!("run succeeded"),
@@ -326,8 +331,9 @@ impl Inner {
         );
     }
 
-    /// Runs the handler until it ends or must stop; then lets the run lock go (to the
-    /// next tick waiting for it, if any).
+    /// Runs the handler until it ends or must stop (`operator_cancel`: an operator
+    /// cancelled it); then lets the run lock go (to the next tick waiting for it, if
+    /// any).
     async fn run(
         &self,
         state: &JobState,
@@ -335,6 +341,7 @@ impl Inner {
         mut run_lock: Lock,
         leadership: &Leadership,
         manual: bool,
+        operator_cancel: &CancellationToken,
     ) -> (Outcome, Option<String>) {
         // The lock lives as long as the run: up to the job's timeout (and the time to
         // stop) if it has one; otherwise as long as it goes on (the core's upper bound
@@ -372,6 +379,7 @@ impl Inner {
             () = leadership.lost_token().cancelled() => (Outcome::Cancelled, "leadership lost"),
             () = run_lock.lost() => (Outcome::Cancelled, "the job's run lock was lost"),
             () = self.hard_stop.cancelled() => (Outcome::Cancelled, "shutdown deadline reached"),
+            () = operator_cancel.cancelled() => (Outcome::Cancelled, "cancelled by an operator"),
             () = timeout => (Outcome::TimedOut, "timed out"),
         };
         cancel.cancel();

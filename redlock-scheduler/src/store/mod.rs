@@ -29,6 +29,13 @@
 //! );
 //! ```
 //!
+//! Beside it: the leader last recorded (`redlock_scheduler_leaders`), paused jobs
+//! (`redlock_job_pauses`), the job definitions every replica publishes when it starts
+//! (`redlock_scheduler_jobs`: schedule, time zone, misfire policy, timeout) and
+//! operators' requests (`redlock_scheduler_requests`: trigger, cancel, step down, with
+//! who asked, who carried it out and the result), which is what
+//! [`SchedulerAdmin`](crate::SchedulerAdmin) works from.
+//!
 //! Every statement is bounded in time ([`HistoryBuilder::statement_timeout`]); a
 //! database that does not answer is an [`Error::StoreTimeout`], never a hang.
 //!
@@ -49,8 +56,10 @@
 //! # }
 //! ```
 
+mod admin;
 mod builder;
 mod control;
+mod filter;
 mod run;
 mod schema;
 mod target;
@@ -62,10 +71,13 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::AnyPool;
 
+pub(crate) use self::admin::{EXPIRED, JobDefinition, new_request_id};
+pub use self::admin::{Request, RequestAction, RequestState};
 pub use self::builder::{
     DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, HistoryBuilder,
 };
 use self::builder::{Source, bounded};
+pub use self::filter::{DEFAULT_RUN_LIMIT, MAX_RUN_LIMIT, RunFilter};
 use self::run::run_from_row;
 pub(crate) use self::run::{Change, NewRun, RunEnd};
 pub use self::run::{Outcome, Run};
@@ -371,7 +383,9 @@ impl History {
     }
 
     /// Deletes finished rows of `scheduler` beyond the retention (the latest row of
-    /// each job always stays). Returns how many went.
+    /// each job always stays). Returns how many went. With an age
+    /// ([`HistoryBuilder::keep_for`]), operators' requests done before the cutoff go
+    /// too (not counted).
     ///
     /// # Errors
     ///
@@ -397,6 +411,7 @@ impl History {
                 )
                 .await?
                 .rows_affected();
+            self.prune_requests(scheduler, cutoff).await?;
         }
         if let Some(keep) = self.shared.keep_runs {
             let sql = format!(

@@ -23,7 +23,8 @@ pub enum Outcome {
     Failed,
     /// The job's timeout ran out.
     TimedOut,
-    /// Stopped: leadership or the run's lock was lost, or shutdown passed its deadline.
+    /// Stopped: leadership or the run's lock was lost, shutdown passed its deadline, or
+    /// an operator cancelled it (the error then says `cancelled by an operator`).
     Cancelled,
     /// Not run, for the reason in the `error` column: missed while no replica led (per
     /// the misfire policy), paused, or the previous run was still going (overlap).

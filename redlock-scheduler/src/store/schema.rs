@@ -20,6 +20,10 @@ pub(crate) struct Tables {
     pub(crate) runs: String,
     pub(crate) leaders: String,
     pub(crate) pauses: String,
+    /// The job definitions replicas publish (for admin tools without them).
+    pub(crate) jobs: String,
+    /// Operators' requests (trigger, cancel, step down) and their results.
+    pub(crate) requests: String,
     pub(crate) migrations: String,
     /// The bare prefix (index and constraint names).
     prefix: String,
@@ -50,6 +54,8 @@ impl Tables {
             runs: qualify("job_runs"),
             leaders: qualify("scheduler_leaders"),
             pauses: qualify("job_pauses"),
+            jobs: qualify("scheduler_jobs"),
+            requests: qualify("scheduler_requests"),
             migrations: qualify("scheduler_migrations"),
             prefix: prefix.to_owned(),
         }
@@ -72,6 +78,8 @@ impl Tables {
             runs,
             leaders,
             pauses,
+            jobs,
+            requests,
             prefix,
             ..
         } = self;
@@ -158,6 +166,45 @@ impl Tables {
                     format!("CREATE INDEX {prefix}job_runs_outcome ON {runs} (scheduler, outcome)"),
                 ],
             ),
+            // What admin tools need without the jobs' code: each replica publishes its
+            // job definitions; operators' requests wait for the replica that can carry
+            // them out (ids are random, made by the caller: no auto-increment to differ
+            // between databases).
+            (
+                5,
+                vec![
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {jobs} (
+                            scheduler TEXT NOT NULL,
+                            job TEXT NOT NULL,
+                            schedule TEXT NOT NULL,
+                            time_zone TEXT NOT NULL,
+                            misfire TEXT NOT NULL,
+                            timeout_ms BIGINT,
+                            updated_ms BIGINT NOT NULL,
+                            updated_by TEXT NOT NULL,
+                            PRIMARY KEY (scheduler, job)
+                        )"
+                    ),
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {requests} (
+                            id TEXT NOT NULL PRIMARY KEY,
+                            scheduler TEXT NOT NULL,
+                            job TEXT,
+                            action TEXT NOT NULL,
+                            requested_ms BIGINT NOT NULL,
+                            requested_by TEXT NOT NULL,
+                            done_ms BIGINT,
+                            done_by TEXT,
+                            result TEXT
+                        )"
+                    ),
+                    format!(
+                        "CREATE INDEX {prefix}scheduler_requests_pending
+                         ON {requests} (scheduler, done_ms, requested_ms)"
+                    ),
+                ],
+            ),
         ]
     }
 }
@@ -242,6 +289,8 @@ mod tests {
         assert_eq!(plain.runs, "redlock_job_runs");
         let scoped = Tables::new("ops_", Some("jobs"));
         assert_eq!(scoped.runs, "jobs.ops_job_runs");
+        assert_eq!(scoped.requests, "jobs.ops_scheduler_requests");
+        assert_eq!(plain.jobs, "redlock_scheduler_jobs");
         assert_ne!(plain.lock_key(), scoped.lock_key());
         assert_eq!(plain.lock_key(), Tables::new("redlock_", None).lock_key());
     }

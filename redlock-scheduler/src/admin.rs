@@ -1,0 +1,407 @@
+//! [`SchedulerAdmin`]: look at and steer a scheduler from its history database alone.
+//!
+//! An admin tool (a web service, a command line) has no job definitions and runs no
+//! scheduler: it has the history's URL and the scheduler's name. Everything here reads
+//! or writes that database:
+//!
+//! - each replica publishes its job definitions when it starts (schedule, time zone,
+//!   misfire policy, timeout), so [`jobs`](SchedulerAdmin::jobs) can list them with
+//!   their next ticks, pause state, last run and whether a run goes on;
+//! - the leader records itself when elected ([`leader`](SchedulerAdmin::leader));
+//! - runs are read with a [`RunFilter`] ([`runs`](SchedulerAdmin::runs));
+//! - pauses are rows every leader reads within a second
+//!   ([`pause`](SchedulerAdmin::pause), [`resume`](SchedulerAdmin::resume));
+//! - what only a running replica can do ([`trigger`](SchedulerAdmin::trigger),
+//!   [`cancel`](SchedulerAdmin::cancel), [`step_down`](SchedulerAdmin::step_down)) is a
+//!   *request*: a row with a random id that the leader (for a cancel: the replica
+//!   running the job) takes, atomically, within about half a second, carries out and
+//!   answers with a result. [`request`](SchedulerAdmin::request) reads it;
+//!   [`wait`](SchedulerAdmin::wait) waits for it. A request no replica took within a
+//!   minute is marked expired by the leader that sees it, not carried out late.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), redlock_scheduler::Error> {
+//! use redlock_scheduler::{History, RunFilter, SchedulerAdmin, DEFAULT_SCHEDULER_NAME};
+//!
+//! let history = History::connect("sqlite::memory:").await?;
+//! let admin = SchedulerAdmin::new(history, DEFAULT_SCHEDULER_NAME).operator("alice");
+//! for job in admin.jobs().await? {
+//!     println!("{} ({}): next {:?}", job.name, job.schedule, job.next_ticks.first());
+//! }
+//! let failures = admin.runs(&RunFilter::new().job("invoices").limit(10)).await?;
+//! assert!(failures.is_empty());
+//! // No replica published `invoices` in this empty database.
+//! assert!(admin.trigger("invoices").await.is_err());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::Error;
+use crate::job::Misfire;
+use crate::schedule::Schedule;
+use crate::status::LastRun;
+use crate::store::{History, JobDefinition, Request, RequestAction, Run, RunFilter};
+
+/// How many next ticks [`SchedulerAdmin::jobs`] lists per job unless told otherwise.
+pub const DEFAULT_NEXT_TICKS: usize = 5;
+
+/// The most next ticks [`SchedulerAdmin::jobs`] lists per job.
+const MAX_NEXT_TICKS: usize = 100;
+
+/// How often [`SchedulerAdmin::wait`] reads the request again.
+const WAIT_POLL: Duration = Duration::from_millis(100);
+
+/// Looks at and steers the scheduler of a given name through its history database,
+/// without job definitions or Redis: for admin services and command lines. A running
+/// [`Scheduler`](crate::Scheduler) offers one over its own history
+/// ([`Scheduler::admin`](crate::Scheduler::admin)). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SchedulerAdmin {
+    history: History,
+    scheduler: String,
+    operator: String,
+    next_ticks: usize,
+}
+
+/// A job as its replicas published it, with what the history says about it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct JobInfo {
+    /// Its name.
+    pub name: String,
+    /// Its cron expression.
+    pub schedule: String,
+    /// Its time zone (IANA name).
+    pub time_zone: String,
+    /// Its misfire policy (`None` if written by a version of this crate that knows a
+    /// policy this one does not).
+    pub misfire: Option<Misfire>,
+    /// Its timeout, in milliseconds, if it has one.
+    pub timeout_ms: Option<u64>,
+    /// Its next ticks after now, computed in its time zone (as many as
+    /// [`SchedulerAdmin::next_ticks`] says).
+    pub next_ticks: Vec<DateTime<Utc>>,
+    /// Why no ticks could be computed, if the published schedule does not parse here.
+    pub schedule_error: Option<String>,
+    /// Paused for every replica.
+    pub paused: bool,
+    /// A run of it is going (its row says `running`).
+    pub running: bool,
+    /// The replica running it, if one does.
+    pub running_on: Option<String>,
+    /// Its latest recorded run (scheduled or manual, run or skipped).
+    pub last_run: Option<LastRun>,
+    /// When a replica last published the definition.
+    pub published: DateTime<Utc>,
+    /// The replica that did.
+    pub published_by: String,
+}
+
+/// The leader as last recorded in the history.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct LeaderInfo {
+    /// The leading replica.
+    pub instance: String,
+    /// Its fencing epoch: every new leadership has a higher one.
+    pub epoch: u64,
+    /// When it was elected (as it recorded it).
+    pub since: DateTime<Utc>,
+}
+
+impl SchedulerAdmin {
+    /// The admin of the scheduler named `scheduler` (a scheduler's default name is
+    /// [`DEFAULT_SCHEDULER_NAME`](crate::DEFAULT_SCHEDULER_NAME)) in `history`.
+    pub fn new(history: History, scheduler: impl Into<String>) -> Self {
+        Self {
+            history,
+            scheduler: scheduler.into(),
+            operator: "admin".to_owned(),
+            next_ticks: DEFAULT_NEXT_TICKS,
+        }
+    }
+
+    /// Who makes the requests, as recorded with them (default `admin`).
+    #[must_use]
+    pub fn operator(mut self, operator: impl Into<String>) -> Self {
+        self.operator = operator.into();
+        self
+    }
+
+    /// How many next ticks [`jobs`](Self::jobs) lists per job (default 5, at most 100).
+    #[must_use]
+    pub fn next_ticks(mut self, n: usize) -> Self {
+        self.next_ticks = n.min(MAX_NEXT_TICKS);
+        self
+    }
+
+    /// The scheduler's name.
+    pub fn scheduler(&self) -> &str {
+        &self.scheduler
+    }
+
+    /// The history it works on.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Every job a replica published, by name: schedule, time zone, misfire policy,
+    /// next ticks, pause, last run, whether a run goes on.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    pub async fn jobs(&self) -> Result<Vec<JobInfo>, Error> {
+        let definitions = self.history.job_definitions(&self.scheduler).await?;
+        let paused: HashSet<String> = self
+            .history
+            .paused_jobs(&self.scheduler)
+            .await?
+            .into_iter()
+            .collect();
+        let mut last: HashMap<String, Run> = HashMap::new();
+        for run in self.history.last_runs(&self.scheduler).await? {
+            last.insert(run.job.clone(), run);
+        }
+        let mut running: HashMap<String, String> = HashMap::new();
+        for run in self.history.running(&self.scheduler).await? {
+            // The latest tick's replica, if rows of several ticks say running.
+            running.insert(run.job, run.instance);
+        }
+        let now = Utc::now();
+        Ok(definitions
+            .into_iter()
+            .map(|definition| {
+                let name = definition.job.clone();
+                self.job_info(
+                    definition,
+                    now,
+                    paused.contains(&name),
+                    running.remove(&name),
+                    last.remove(&name).map(LastRun::from),
+                )
+            })
+            .collect())
+    }
+
+    /// One job, as [`jobs`](Self::jobs) lists it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownJob`] if no replica published it; [`Error::Store`] or
+    /// [`Error::StoreTimeout`].
+    pub async fn job(&self, name: &str) -> Result<JobInfo, Error> {
+        self.jobs()
+            .await?
+            .into_iter()
+            .find(|j| j.name == name)
+            .ok_or_else(|| Error::UnknownJob {
+                name: name.to_owned(),
+            })
+    }
+
+    fn job_info(
+        &self,
+        definition: JobDefinition,
+        now: DateTime<Utc>,
+        paused: bool,
+        running_on: Option<String>,
+        last_run: Option<LastRun>,
+    ) -> JobInfo {
+        let (next_ticks, schedule_error) =
+            match Schedule::parse(&definition.schedule, &definition.time_zone) {
+                Ok(schedule) => {
+                    let mut ticks = Vec::with_capacity(self.next_ticks);
+                    let mut cursor = now;
+                    while ticks.len() < self.next_ticks {
+                        let Some(next) = schedule.next_after(cursor) else {
+                            break;
+                        };
+                        ticks.push(next);
+                        cursor = next;
+                    }
+                    (ticks, None)
+                }
+                Err(reason) => (Vec::new(), Some(reason)),
+            };
+        JobInfo {
+            misfire: Misfire::from_text(&definition.misfire),
+            timeout_ms: definition.timeout_ms.and_then(|t| u64::try_from(t).ok()),
+            name: definition.job,
+            schedule: definition.schedule,
+            time_zone: definition.time_zone,
+            next_ticks,
+            schedule_error,
+            paused,
+            running: running_on.is_some(),
+            running_on,
+            last_run,
+            published: definition.updated,
+            published_by: definition.updated_by,
+        }
+    }
+
+    /// The leader as last recorded (each leader records itself when elected): `None`
+    /// if no replica ever led.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    pub async fn leader(&self) -> Result<Option<LeaderInfo>, Error> {
+        Ok(self
+            .history
+            .leader_record(&self.scheduler)
+            .await?
+            .map(|record| LeaderInfo {
+                instance: record.instance,
+                epoch: record.epoch,
+                since: record.since,
+            }))
+    }
+
+    /// The runs `filter` selects, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    pub async fn runs(&self, filter: &RunFilter) -> Result<Vec<Run>, Error> {
+        self.history.query_runs(&self.scheduler, filter).await
+    }
+
+    /// Pauses `job` for every replica: its ticks are skipped (recorded as skipped,
+    /// `paused`) from the leader's next look, within a second, until
+    /// [`resume`](Self::resume).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownJob`] if no replica published it; [`Error::Store`] or
+    /// [`Error::StoreTimeout`] (nothing changed then).
+    pub async fn pause(&self, job: &str) -> Result<(), Error> {
+        self.known(job).await?;
+        self.history.set_paused(&self.scheduler, job, true).await
+    }
+
+    /// Fires `job` again after [`pause`](Self::pause).
+    ///
+    /// # Errors
+    ///
+    /// As [`pause`](Self::pause).
+    pub async fn resume(&self, job: &str) -> Result<(), Error> {
+        self.known(job).await?;
+        self.history.set_paused(&self.scheduler, job, false).await
+    }
+
+    /// Asks the leader to run `job` once now (through the claim path, recorded as a
+    /// manual run). Returns the request's id; its result is `ok: tick <RFC 3339>` or
+    /// the trigger's error (a run still going, say).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownJob`] if no replica published it; [`Error::Store`] or
+    /// [`Error::StoreTimeout`] (no request recorded then).
+    pub async fn trigger(&self, job: &str) -> Result<String, Error> {
+        self.known(job).await?;
+        self.submit(Some(job), RequestAction::Trigger).await
+    }
+
+    /// Asks the replica running `job` to cancel that run: its token fires, and it is
+    /// recorded as [`Outcome::Cancelled`](crate::Outcome::Cancelled) with the error
+    /// `cancelled by an operator`. Returns the request's id; its result names the tick
+    /// cancelled, or says `no run going`.
+    ///
+    /// # Errors
+    ///
+    /// As [`trigger`](Self::trigger).
+    pub async fn cancel(&self, job: &str) -> Result<String, Error> {
+        self.known(job).await?;
+        self.submit(Some(job), RequestAction::Cancel).await
+    }
+
+    /// Asks the leader to give leadership up: it hands the lock over to a waiting
+    /// replica and keeps out of the election for a while (the leadership TTL, at least
+    /// 2 s), so another replica takes over with a higher epoch. Runs going on the old
+    /// leader go on (they hold their jobs' run locks). Returns the request's id.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] or [`Error::StoreTimeout`] (no request recorded then).
+    pub async fn step_down(&self) -> Result<String, Error> {
+        self.submit(None, RequestAction::StepDown).await
+    }
+
+    /// The request `id`, and where it stands.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownRequest`] if this scheduler has none of that id;
+    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    pub async fn request(&self, id: &str) -> Result<Request, Error> {
+        self.history
+            .request(&self.scheduler, id)
+            .await?
+            .ok_or_else(|| Error::UnknownRequest { id: id.to_owned() })
+    }
+
+    /// Waits until the request `id` is done (succeeded, failed or expired: see
+    /// [`Request::is_done`]), reading it about ten times a second, for at most
+    /// `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RequestNotDone`] when `timeout` passes first; as
+    /// [`request`](Self::request) otherwise.
+    pub async fn wait(&self, id: &str, timeout: Duration) -> Result<Request, Error> {
+        let started = tokio::time::Instant::now();
+        loop {
+            let request = self.request(id).await?;
+            if request.is_done() {
+                return Ok(request);
+            }
+            if started.elapsed() >= timeout {
+                return Err(Error::RequestNotDone {
+                    id: id.to_owned(),
+                    waited: timeout,
+                    state: request.state,
+                });
+            }
+            let left = timeout.saturating_sub(started.elapsed());
+            tokio::time::sleep(WAIT_POLL.min(left)).await;
+        }
+    }
+
+    /// Records a request; its id.
+    pub(crate) async fn submit(
+        &self,
+        job: Option<&str>,
+        action: RequestAction,
+    ) -> Result<String, Error> {
+        let id = crate::store::new_request_id();
+        self.history
+            .insert_request(
+                &id,
+                &self.scheduler,
+                job,
+                action,
+                &self.operator,
+                Utc::now(),
+            )
+            .await?;
+        Ok(id)
+    }
+
+    /// Fails with [`Error::UnknownJob`] unless a replica published `job`.
+    async fn known(&self, job: &str) -> Result<(), Error> {
+        match self.history.job_definition(&self.scheduler, job).await? {
+            Some(_) => Ok(()),
+            None => Err(Error::UnknownJob {
+                name: job.to_owned(),
+            }),
+        }
+    }
+}

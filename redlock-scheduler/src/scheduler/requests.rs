@@ -1,0 +1,277 @@
+//! Operators' requests ([`SchedulerAdmin`](crate::SchedulerAdmin)): the leader carries
+//! out triggers and step-downs, and cancels of its own runs; a replica running a job
+//! carries out the cancels of that run. Each request is taken atomically (the row's
+//! `done_ms` set only where it is still empty), so exactly one replica acts on it; the
+//! result is written afterwards. Requests older than [`REQUEST_EXPIRY`] are marked
+//! expired instead of being carried out late. Also: publishing this replica's job
+//! definitions for admin tools.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::Utc;
+use redlock_core::CancellationToken;
+
+use super::state::Inner;
+use crate::leader::Leadership;
+use crate::store::{EXPIRED, JobDefinition, Request, RequestAction};
+
+/// How often the leader (and a replica with a run going) looks for requests.
+pub(super) const REQUEST_POLL: Duration = Duration::from_millis(500);
+
+/// A request nobody took within this long is marked expired, not carried out.
+const REQUEST_EXPIRY: Duration = Duration::from_secs(60);
+
+/// Attempts at writing a request's result.
+const RESULT_ATTEMPTS: u32 = 3;
+
+impl Inner {
+    /// The leader's share of the pending requests: all of them, oldest first, except
+    /// the cancels of runs going on other replicas (theirs to carry out).
+    pub(super) async fn serve_requests(self: &Arc<Self>, leadership: &Leadership) {
+        let Some(pending) = self.pending_requests().await else {
+            return;
+        };
+        let now = Utc::now();
+        for request in pending {
+            if !leadership.is_current() || self.stop_firing.is_cancelled() {
+                return;
+            }
+            let age = (now - request.requested).to_std().unwrap_or_default();
+            if age > REQUEST_EXPIRY {
+                let result = format!(
+                    "{EXPIRED}: no replica carried it out within {}s",
+                    REQUEST_EXPIRY.as_secs()
+                );
+                tracing::warn!(id = %request.id, action = request.action.as_str(), "request expired");
+                self.claim(&request, Some(&result)).await;
+                continue;
+            }
+            match request.action {
+                RequestAction::Trigger => {
+                    if !self.claim(&request, None).await {
+                        continue;
+                    }
+                    let job = request.job.as_deref().unwrap_or_default();
+                    let result = match self.trigger(job).await {
+                        Ok(tick) => format!("ok: tick {}", tick.to_rfc3339()),
+                        Err(err) => err.to_string(),
+                    };
+                    tracing::info!(id = %request.id, %job, %result, by = %request.requested_by, "trigger requested");
+                    self.finish(&request, &result).await;
+                }
+                RequestAction::Cancel => self.serve_cancel(&request, true).await,
+                RequestAction::StepDown => {
+                    if !self.claim(&request, None).await {
+                        continue;
+                    }
+                    let stepped_down = match self.elector.get() {
+                        Some(elector) => elector.step_down(self.step_down_back_off()).await,
+                        None => false,
+                    };
+                    let result = if stepped_down {
+                        format!(
+                            "ok: {} stepped down from epoch {}",
+                            self.instance,
+                            leadership.epoch()
+                        )
+                    } else {
+                        format!("{} no longer led", self.instance)
+                    };
+                    tracing::info!(id = %request.id, %result, by = %request.requested_by, "step-down requested");
+                    self.finish(&request, &result).await;
+                    // Not the leader any more: the rest is the next one's.
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A follower's share: the cancels of the runs going here (it reads the requests
+    /// only while one goes).
+    pub(super) async fn serve_cancels(&self) {
+        if !self.jobs.iter().any(|s| s.running.load(Ordering::Acquire)) {
+            return;
+        }
+        let Some(pending) = self.pending_requests().await else {
+            return;
+        };
+        for request in pending {
+            if request.action == RequestAction::Cancel {
+                self.serve_cancel(&request, false).await;
+            }
+        }
+    }
+
+    /// A cancel: carried out if the run goes here. Otherwise the leader answers `no
+    /// run going` unless the history says another replica runs the job (then that
+    /// replica answers); a follower leaves it.
+    async fn serve_cancel(&self, request: &Request, leader: bool) {
+        let job = request.job.as_deref().unwrap_or_default();
+        let Ok((_, state)) = self.job(job) else {
+            if leader {
+                let unknown = crate::Error::UnknownJob {
+                    name: job.to_owned(),
+                };
+                self.claim(request, Some(&unknown.to_string())).await;
+            }
+            return;
+        };
+        if state.running.load(Ordering::Acquire) {
+            if !self.claim(request, None).await {
+                return;
+            }
+            let result = match self.cancel_local(job) {
+                Some(tick) => format!(
+                    "ok: cancelled the run of {} on {}",
+                    tick.to_rfc3339(),
+                    self.instance
+                ),
+                None => "no run going".to_owned(),
+            };
+            tracing::info!(id = %request.id, %job, %result, by = %request.requested_by, "cancel requested");
+            self.finish(request, &result).await;
+            return;
+        }
+        if !leader {
+            return;
+        }
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        match recorder.history().running(&self.name).await {
+            Ok(running) => {
+                if running
+                    .iter()
+                    .any(|run| run.job == job && *run.instance != *self.instance)
+                {
+                    // That replica's to cancel (or, if it died, the sweep closes its row
+                    // and the next look answers).
+                    return;
+                }
+                self.claim(request, Some("no run going")).await;
+            }
+            Err(err) => recorder.health.fail(&err),
+        }
+    }
+
+    async fn pending_requests(&self) -> Option<Vec<Request>> {
+        let recorder = self.recorder.as_ref()?;
+        match recorder.history().pending_requests(&self.name).await {
+            Ok(pending) => {
+                recorder.health.read_ok();
+                Some(pending)
+            }
+            Err(err) => {
+                recorder.health.fail(&err);
+                None
+            }
+        }
+    }
+
+    /// Takes `request` (done at once with a `result`): whether this replica got it.
+    async fn claim(&self, request: &Request, result: Option<&str>) -> bool {
+        let Some(recorder) = &self.recorder else {
+            return false;
+        };
+        match recorder
+            .history()
+            .claim_request(&request.id, &self.instance, Utc::now(), result)
+            .await
+        {
+            Ok(taken) => taken,
+            Err(err) => {
+                recorder.health.fail(&err);
+                false
+            }
+        }
+    }
+
+    /// Writes the result of a request this replica took.
+    async fn finish(&self, request: &Request, result: &str) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        for attempt in 1..=RESULT_ATTEMPTS {
+            match recorder.history().finish_request(&request.id, result).await {
+                Ok(()) => return,
+                Err(err) => {
+                    recorder.health.fail(&err);
+                    if attempt == RESULT_ATTEMPTS {
+                        tracing::error!(id = %request.id, %result, error = %err, "the request's result could not be written");
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// This replica's job definitions, for admin tools.
+    fn definitions(&self) -> Vec<JobDefinition> {
+        let now = Utc::now();
+        self.jobs
+            .iter()
+            .map(|state| JobDefinition {
+                job: state.job.name.clone(),
+                schedule: state.schedule.expression().to_owned(),
+                time_zone: state.schedule.zone().name().to_owned(),
+                misfire: state.job.misfire.to_text(),
+                timeout_ms: state
+                    .job
+                    .timeout
+                    .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX)),
+                updated: now,
+                updated_by: self.instance.to_string(),
+            })
+            .collect()
+    }
+}
+
+/// Publishes this replica's job definitions, retrying (1 s, doubling up to 30 s) until
+/// the database takes them or `stop` fires. Failures show in the history's health;
+/// nothing waits on it.
+pub(super) async fn publish_jobs(inner: Arc<Inner>, stop: CancellationToken) {
+    let Some(recorder) = inner.recorder.clone() else {
+        return;
+    };
+    let definitions = inner.definitions();
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        match recorder
+            .history()
+            .publish_jobs(&inner.name, &inner.instance, &definitions)
+            .await
+        {
+            Ok(()) => {
+                recorder.health.read_ok();
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not publish the job definitions for admin tools; retrying");
+                recorder.health.fail(&err);
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = stop.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// On every replica with a history: carries out the cancels of the runs going here
+/// while another replica leads, until `stop`.
+pub(super) async fn follow(inner: Arc<Inner>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(REQUEST_POLL) => {}
+            () = stop.cancelled() => return,
+        }
+        // The leader serves them all from its housekeeping.
+        if inner.leadership().is_none() {
+            inner.serve_cancels().await;
+        }
+    }
+}
