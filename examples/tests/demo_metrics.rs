@@ -61,6 +61,14 @@ fn the_demo_serves_prometheus_metrics() {
                 assert!(body.contains("# TYPE redlock_scheduler_runs_total counter"));
                 assert!(body.contains("redlock_acquisitions_total{"), "{body}");
                 assert!(body.contains("redlock_scheduler_leader "), "{body}");
+                // The dashboard beside it shows the demo's jobs and nodes.
+                let (status, page) = get(addr, "/admin/").expect("the dashboard answers");
+                assert!(status.contains(" 200 "), "{status}");
+                assert!(
+                    page.contains("redlock demo") && page.contains("id=\"jobs\""),
+                    "{page}"
+                );
+                assert!(page.contains("id=\"nodes\""), "{page}");
                 return;
             }
         }

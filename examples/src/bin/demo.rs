@@ -27,9 +27,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use metrics_exporter_prometheus::PrometheusHandle;
+use redlock_admin::{Admin, AdminService};
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
-use redlock_scheduler::{History, Job, JobContext, Misfire, Outcome, Run, Scheduler};
+use redlock_scheduler::{
+    History, Job, JobContext, Misfire, Outcome, Run, Scheduler, SchedulerAdmin,
+};
 use redlock_testkit::Sandbox;
 
 const LEADER_TTL: Duration = Duration::from_secs(2);
@@ -123,12 +127,9 @@ async fn wait_for_leader(replicas: &[Replica]) -> Result<usize, BoxError> {
     Err("no replica took the lead within 30 s: are the Redis nodes still reachable?".into())
 }
 
-/// Installs the Prometheus recorder and serves its page at `/metrics` on
+/// Serves the Prometheus page at `/metrics` and the admin dashboard at `/admin/` on
 /// `DEMO_METRICS_ADDR`; returns the address it listens on.
-async fn serve_metrics() -> Result<SocketAddr, BoxError> {
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-    redlock_core::telemetry::describe();
-    redlock_scheduler::telemetry::describe();
+async fn serve(prometheus: PrometheusHandle, admin: Admin) -> Result<SocketAddr, BoxError> {
     let listener = match std::env::var("DEMO_METRICS_ADDR") {
         Ok(addr) => tokio::net::TcpListener::bind(&addr)
             .await
@@ -140,13 +141,15 @@ async fn serve_metrics() -> Result<SocketAddr, BoxError> {
         },
     };
     let local = listener.local_addr()?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let page = prometheus.render();
-            async move { ([("content-type", "text/plain; version=0.0.4")], page) }
-        }),
-    );
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let page = prometheus.render();
+                async move { ([("content-type", "text/plain; version=0.0.4")], page) }
+            }),
+        )
+        .nest_service("/admin", AdminService::new(admin));
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             eprintln!("metrics endpoint stopped: {err}");
@@ -155,18 +158,39 @@ async fn serve_metrics() -> Result<SocketAddr, BoxError> {
     Ok(local)
 }
 
+/// The admin dashboard over the demo's nodes and history: read-only, unless
+/// `DEMO_ADMIN_TOKEN` gives the token its buttons need.
+fn admin(redlock: &Redlock, history: &History) -> Result<Admin, BoxError> {
+    let mut admin = Admin::builder()
+        .redlock(redlock.clone())
+        .scheduler(SchedulerAdmin::new(history.clone(), "demo"))
+        .title("redlock demo");
+    if let Ok(token) = std::env::var("DEMO_ADMIN_TOKEN") {
+        admin = admin.allow_mutations(token);
+    }
+    Ok(admin.build()?)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     redlock_examples::init_tracing();
-    let metrics = serve_metrics().await?;
-    println!("metrics: http://{metrics}/metrics");
+    // Installed before the first lock operation, which keeps the metrics' handles.
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    redlock_core::telemetry::describe();
+    redlock_scheduler::telemetry::describe();
     let nodes = Nodes::from_env_or_start(5).await;
-    // The nodes as configured answer (or the program exits, naming them) before any
-    // replica starts.
     let probe = Redlock::builder()
         .nodes(nodes.urls())
         .ttl(LEADER_TTL)
         .build()?;
+    let dir = tempfile::tempdir()?;
+    let history_url = format!("sqlite://{}", dir.path().join("history.db").display());
+    let history = History::connect(&history_url).await?;
+    let addr = serve(prometheus, admin(&probe, &history)?).await?;
+    println!("metrics: http://{addr}/metrics");
+    println!("dashboard: http://{addr}/admin/");
+    // The nodes as configured answer (or the program exits, naming them) before any
+    // replica starts.
     redlock_examples::wait_until_ready(&probe).await;
     let servers = nodes.addrs();
     if servers.len() != nodes.urls().len() {
@@ -176,9 +200,6 @@ async fn main() -> Result<(), BoxError> {
         )
         .into());
     }
-    let dir = tempfile::tempdir()?;
-    let history_url = format!("sqlite://{}", dir.path().join("history.db").display());
-    let history = History::connect(&history_url).await?;
     let record: Record = Arc::default();
     println!(
         "redlock demo: {}, 3 scheduler replicas, jobs every second and every 5 s, history in SQLite",

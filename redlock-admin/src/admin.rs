@@ -1,0 +1,200 @@
+//! [`Admin`]: what the service shows and may do, built by [`AdminBuilder`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redlock_core::Redlock;
+use redlock_scheduler::SchedulerAdmin;
+
+/// The shortest bearer token accepted for the mutating routes.
+pub const MIN_TOKEN_LEN: usize = 16;
+/// Where the service is mounted unless told otherwise.
+pub const DEFAULT_MOUNT_PATH: &str = "/admin";
+/// How many locks the dashboard and `/api/locks` list unless told otherwise.
+pub const DEFAULT_LIST_LIMIT: usize = 200;
+/// How often the dashboard reloads itself, by default.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
+
+/// The admin service: held locks and node health from a [`Redlock`], jobs, leader and
+/// runs from a [`SchedulerAdmin`], as JSON and as an HTML dashboard; mount it with
+/// [`AdminService`](crate::AdminService) (tower: axum, hyper) or
+/// [`Admin::actix_service`] (actix-web, feature `actix`). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Admin {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) redlock: Option<Redlock>,
+    pub(crate) scheduler: Option<SchedulerAdmin>,
+    /// The bearer token of the mutating routes; `None`: they are switched off.
+    pub(crate) token: Option<String>,
+    pub(crate) mount: String,
+    pub(crate) lock_prefix: String,
+    pub(crate) list_limit: usize,
+    pub(crate) refresh: Duration,
+    pub(crate) title: String,
+}
+
+impl Admin {
+    /// A builder: give it a [`Redlock`], a [`SchedulerAdmin`], or both.
+    pub fn builder() -> AdminBuilder {
+        AdminBuilder::default()
+    }
+
+    /// Whether the mutating routes (force release, pause, resume, trigger, cancel, step
+    /// down) are switched on.
+    pub fn mutations_allowed(&self) -> bool {
+        self.inner.token.is_some()
+    }
+}
+
+/// Builds an [`Admin`]; [`build`](Self::build) checks the options.
+///
+/// ```
+/// use redlock_admin::{Admin, BuildError};
+///
+/// // Nothing to show.
+/// assert!(matches!(Admin::builder().build(), Err(BuildError::NothingToShow)));
+/// ```
+#[derive(Debug, Default)]
+#[must_use = "a builder does nothing until `build()`"]
+pub struct AdminBuilder {
+    redlock: Option<Redlock>,
+    scheduler: Option<SchedulerAdmin>,
+    token: Option<String>,
+    mount: Option<String>,
+    lock_prefix: String,
+    list_limit: Option<usize>,
+    refresh: Option<Duration>,
+    title: Option<String>,
+}
+
+impl AdminBuilder {
+    /// Shows the locks and nodes of `redlock`, and allows forced releases through it.
+    pub fn redlock(mut self, redlock: Redlock) -> Self {
+        self.redlock = Some(redlock);
+        self
+    }
+
+    /// Shows and steers the scheduler behind `scheduler` (its history database).
+    pub fn scheduler(mut self, scheduler: SchedulerAdmin) -> Self {
+        self.scheduler = Some(scheduler);
+        self
+    }
+
+    /// Switches the mutating routes on, for requests that carry `token` (an
+    /// `Authorization: Bearer <token>` header, or a `token` form field from the
+    /// dashboard's buttons). Off by default: they answer 403. At least
+    /// [`MIN_TOKEN_LEN`] characters; keep it out of the source (an environment
+    /// variable, a secret store).
+    pub fn allow_mutations(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Where the service is mounted (default [`DEFAULT_MOUNT_PATH`]): the dashboard's
+    /// links and its buttons' redirects go there.
+    pub fn mount_path(mut self, path: impl Into<String>) -> Self {
+        self.mount = Some(path.into());
+        self
+    }
+
+    /// Lists only the locks whose resource names start with `prefix` (default: all).
+    pub fn lock_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.lock_prefix = prefix.into();
+        self
+    }
+
+    /// Lists at most `limit` locks (default [`DEFAULT_LIST_LIMIT`]).
+    pub fn list_limit(mut self, limit: usize) -> Self {
+        self.list_limit = Some(limit);
+        self
+    }
+
+    /// How often the dashboard reloads itself (default [`DEFAULT_REFRESH`]).
+    pub fn refresh(mut self, every: Duration) -> Self {
+        self.refresh = Some(every);
+        self
+    }
+
+    /// The dashboard's title (default `redlock`).
+    pub fn title(mut self, title: impl Into<String>) -> Self {
+        self.title = Some(title.into());
+        self
+    }
+
+    /// Checks the options and builds the service.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`]: nothing to show, a token too short, a mount path that is not
+    /// an absolute path, a limit or refresh of zero.
+    pub fn build(self) -> Result<Admin, BuildError> {
+        if self.redlock.is_none() && self.scheduler.is_none() {
+            return Err(BuildError::NothingToShow);
+        }
+        if let Some(token) = &self.token
+            && (token.chars().count() < MIN_TOKEN_LEN || token.chars().any(char::is_whitespace))
+        {
+            return Err(BuildError::WeakToken {
+                len: token.chars().count(),
+            });
+        }
+        let mount = self.mount.unwrap_or_else(|| DEFAULT_MOUNT_PATH.to_owned());
+        let mount = mount.trim_end_matches('/').to_owned();
+        if !(mount.is_empty() || mount.starts_with('/'))
+            || mount
+                .chars()
+                .any(|c| c.is_whitespace() || matches!(c, '"' | '<' | '>' | '?' | '#'))
+        {
+            return Err(BuildError::BadMountPath { path: mount });
+        }
+        let list_limit = self.list_limit.unwrap_or(DEFAULT_LIST_LIMIT);
+        let refresh = self.refresh.unwrap_or(DEFAULT_REFRESH);
+        if list_limit == 0 || refresh.is_zero() {
+            return Err(BuildError::Zero);
+        }
+        Ok(Admin {
+            inner: Arc::new(Inner {
+                redlock: self.redlock,
+                scheduler: self.scheduler,
+                token: self.token,
+                mount,
+                lock_prefix: self.lock_prefix,
+                list_limit,
+                refresh,
+                title: self.title.unwrap_or_else(|| "redlock".to_owned()),
+            }),
+        })
+    }
+}
+
+/// A configuration the [`AdminBuilder`] refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// Neither a `Redlock` nor a `SchedulerAdmin` was given.
+    #[error(
+        "the admin service has nothing to show: give it `.redlock(..)`, `.scheduler(..)` or both"
+    )]
+    NothingToShow,
+    /// The mutations' token is too short (or has spaces).
+    #[error(
+        "the admin token has {len} characters: use at least {MIN_TOKEN_LEN}, without spaces (e.g. 32 random hex digits)"
+    )]
+    WeakToken {
+        /// Its length.
+        len: usize,
+    },
+    /// The mount path is not an absolute URL path.
+    #[error("the mount path `{path}` must be an absolute path such as `/admin`")]
+    BadMountPath {
+        /// The path given.
+        path: String,
+    },
+    /// A list limit or refresh period of zero.
+    #[error("the list limit and the refresh period must be above zero")]
+    Zero,
+}

@@ -1,0 +1,506 @@
+//! Answering one request, whatever the framework: [`Admin::handle`].
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use http::{Response, StatusCode, header};
+use redlock_scheduler::{Outcome, RunFilter};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::admin::Admin;
+use crate::route::{JobAction, NoRoute, Route};
+
+/// The largest request body read (a form post from the dashboard is far smaller).
+pub const MAX_BODY: usize = 16 * 1024;
+
+/// A request, as the framework adapters hand it over.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct AdminRequest<'a> {
+    /// `GET`, `POST`, ...
+    pub method: &'a str,
+    /// The path below the mount point (`/api/locks`; `/` or `` for the dashboard).
+    pub path: &'a str,
+    /// The query string, without `?`.
+    pub query: Option<&'a str>,
+    /// The `Authorization` header.
+    pub authorization: Option<&'a str>,
+    /// The `Content-Type` header.
+    pub content_type: Option<&'a str>,
+    /// The body (at most [`MAX_BODY`] bytes).
+    pub body: &'a [u8],
+}
+
+impl<'a> AdminRequest<'a> {
+    /// A request with no query, headers or body.
+    pub fn new(method: &'a str, path: &'a str) -> Self {
+        Self {
+            method,
+            path,
+            query: None,
+            authorization: None,
+            content_type: None,
+            body: &[],
+        }
+    }
+
+    /// Sets the query string.
+    pub fn query(mut self, query: Option<&'a str>) -> Self {
+        self.query = query;
+        self
+    }
+
+    /// Sets the `Authorization` header.
+    pub fn authorization(mut self, value: Option<&'a str>) -> Self {
+        self.authorization = value;
+        self
+    }
+
+    /// Sets the `Content-Type` header and the body.
+    pub fn body(mut self, content_type: Option<&'a str>, body: &'a [u8]) -> Self {
+        self.content_type = content_type;
+        self.body = body;
+        self
+    }
+
+    /// A form post (the dashboard's buttons): answered with a redirect to the dashboard.
+    fn is_form(&self) -> bool {
+        self.content_type
+            .is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"))
+    }
+}
+
+/// A failed request: its status and what to tell the caller.
+pub(crate) struct Failure {
+    pub(crate) status: StatusCode,
+    pub(crate) detail: String,
+}
+
+impl Failure {
+    fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl Admin {
+    /// Answers `request`: the dashboard (HTML), the JSON API, or a problem
+    /// (`application/problem+json`: 400, 401, 403, 404, 405, 409, 503).
+    ///
+    /// The framework adapters call it; call it yourself to mount the service in
+    /// another framework.
+    pub async fn handle(&self, request: AdminRequest<'_>) -> Response<Bytes> {
+        let route = match Route::parse(request.method, request.path) {
+            Ok(route) => route,
+            Err(NoRoute::NotFound) => {
+                return problem(Failure::new(
+                    StatusCode::NOT_FOUND,
+                    "no such admin route; the routes are listed in the redlock-admin documentation",
+                ));
+            }
+            Err(NoRoute::Method(takes)) => {
+                let mut response = problem(Failure::new(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    format!("this route takes {takes}"),
+                ));
+                if let Ok(value) = header::HeaderValue::from_str(takes) {
+                    response.headers_mut().insert(header::ALLOW, value);
+                }
+                return response;
+            }
+        };
+        let mut params = parse_pairs(request.query.unwrap_or_default().as_bytes());
+        if request.is_form() {
+            params.extend(parse_pairs(request.body));
+        }
+        if route.mutates() {
+            if let Err(failure) = self.authorize(&request, &params) {
+                let mut response = problem(failure);
+                if response.status() == StatusCode::UNAUTHORIZED {
+                    response.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        header::HeaderValue::from_static("Bearer realm=\"redlock-admin\""),
+                    );
+                }
+                return response;
+            }
+            let result = self.mutate(&route, &params).await;
+            if request.is_form() {
+                return self.back_to_dashboard(&result);
+            }
+            return match result {
+                Ok(value) => json_response(StatusCode::OK, &value),
+                Err(failure) => problem(failure),
+            };
+        }
+        match route {
+            Route::Dashboard => {
+                let overview = self.overview().await;
+                let notice = params.get("notice").map(String::as_str);
+                let error = params.get("error").map(String::as_str);
+                let refresh = params.get("refresh").is_none_or(|r| r != "off");
+                html_response(crate::html::render(self, &overview, notice, error, refresh))
+            }
+            route => match self.read(&route, &params).await {
+                Ok(value) => json_response(StatusCode::OK, &value),
+                Err(failure) => problem(failure),
+            },
+        }
+    }
+
+    /// 403 while mutations are off; 401 without the right token.
+    fn authorize(
+        &self,
+        request: &AdminRequest<'_>,
+        params: &HashMap<String, String>,
+    ) -> Result<(), Failure> {
+        let Some(expected) = &self.inner.token else {
+            return Err(Failure::new(
+                StatusCode::FORBIDDEN,
+                "mutating admin routes are switched off: the service must be built with AdminBuilder::allow_mutations(token)",
+            ));
+        };
+        let given = request
+            .authorization
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .or_else(|| params.get("token").map(String::as_str));
+        match given {
+            Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(()),
+            Some(_) => Err(Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "the admin token is wrong",
+            )),
+            None => Err(Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "this route changes things: send the admin token as `Authorization: Bearer <token>`",
+            )),
+        }
+    }
+
+    async fn read(
+        &self,
+        route: &Route,
+        params: &HashMap<String, String>,
+    ) -> Result<Value, Failure> {
+        match route {
+            Route::Overview => Ok(self.overview().await),
+            Route::Nodes => Ok(to_value(&self.redlock()?.node_health().await)),
+            Route::Locks => {
+                let prefix = params
+                    .get("prefix")
+                    .cloned()
+                    .unwrap_or_else(|| self.inner.lock_prefix.clone());
+                let limit = match params.get("limit") {
+                    Some(limit) => limit.parse::<usize>().map_err(|_| {
+                        Failure::new(StatusCode::BAD_REQUEST, "`limit` must be a whole number")
+                    })?,
+                    None => self.inner.list_limit,
+                };
+                let listing = self.redlock()?.locks(prefix).limit(limit).await;
+                listing.map(|l| to_value(&l)).map_err(lock_failure)
+            }
+            Route::Jobs => self
+                .scheduler()?
+                .jobs()
+                .await
+                .map(|jobs| to_value(&jobs))
+                .map_err(scheduler_failure),
+            Route::Leader => self
+                .scheduler()?
+                .leader()
+                .await
+                .map(|leader| to_value(&leader))
+                .map_err(scheduler_failure),
+            Route::Runs => {
+                let filter = run_filter(params)?;
+                self.scheduler()?
+                    .runs(&filter)
+                    .await
+                    .map(|runs| to_value(&runs))
+                    .map_err(scheduler_failure)
+            }
+            Route::Request { id } => self
+                .scheduler()?
+                .request(id)
+                .await
+                .map(|r| to_value(&r))
+                .map_err(scheduler_failure),
+            _ => Err(Failure::new(StatusCode::NOT_FOUND, "no such admin route")),
+        }
+    }
+
+    async fn mutate(
+        &self,
+        route: &Route,
+        params: &HashMap<String, String>,
+    ) -> Result<Value, Failure> {
+        match route {
+            Route::ForceRelease => {
+                let Some(resource) = params.get("resource").filter(|r| !r.is_empty()) else {
+                    return Err(Failure::new(
+                        StatusCode::BAD_REQUEST,
+                        "name the lock to release: `resource=<name>` in the query or the form",
+                    ));
+                };
+                let released = self.redlock()?.force_release(resource).await;
+                tracing::warn!(resource = %resource, ok = released.is_ok(), "admin: lock released by force");
+                released.map(|r| to_value(&r)).map_err(lock_failure)
+            }
+            Route::JobAction { job, action } => {
+                let scheduler = self.scheduler()?;
+                tracing::info!(job = %job, action = action.name(), "admin: job action");
+                let result = match action {
+                    JobAction::Pause => scheduler
+                        .pause(job)
+                        .await
+                        .map(|()| json!({"job": job, "paused": true})),
+                    JobAction::Resume => scheduler
+                        .resume(job)
+                        .await
+                        .map(|()| json!({"job": job, "paused": false})),
+                    JobAction::Trigger => scheduler
+                        .trigger(job)
+                        .await
+                        .map(|id| json!({"job": job, "request": id})),
+                    JobAction::Cancel => scheduler
+                        .cancel(job)
+                        .await
+                        .map(|id| json!({"job": job, "request": id})),
+                };
+                result.map_err(scheduler_failure)
+            }
+            Route::StepDown => {
+                tracing::info!("admin: leader asked to step down");
+                self.scheduler()?
+                    .step_down()
+                    .await
+                    .map(|id| json!({"request": id}))
+                    .map_err(scheduler_failure)
+            }
+            _ => Err(Failure::new(StatusCode::NOT_FOUND, "no such admin route")),
+        }
+    }
+
+    /// Everything the dashboard shows; a part that failed carries its error instead.
+    pub(crate) async fn overview(&self) -> Value {
+        let inner = &self.inner;
+        let nodes = async {
+            match &inner.redlock {
+                Some(redlock) => Some(to_value(&redlock.node_health().await)),
+                None => None,
+            }
+        };
+        let locks = async {
+            match &inner.redlock {
+                Some(redlock) => Some(
+                    match redlock
+                        .locks(inner.lock_prefix.clone())
+                        .limit(inner.list_limit)
+                        .await
+                    {
+                        Ok(listing) => to_value(&listing),
+                        Err(err) => json!({"error": lock_failure(err).detail}),
+                    },
+                ),
+                None => None,
+            }
+        };
+        let scheduler = async {
+            let scheduler = inner.scheduler.as_ref()?;
+            let recent = RunFilter::new().limit(20);
+            let (leader, jobs, runs) = futures_util::join!(
+                scheduler.leader(),
+                scheduler.jobs(),
+                scheduler.runs(&recent)
+            );
+            let part = |result: Result<Value, redlock_scheduler::Error>| match result {
+                Ok(value) => value,
+                Err(err) => json!({"error": scheduler_failure(err).detail}),
+            };
+            Some(json!({
+                "name": scheduler.scheduler(),
+                "leader": part(leader.map(|l| to_value(&l))),
+                "jobs": part(jobs.map(|j| to_value(&j))),
+                "runs": part(runs.map(|r| to_value(&r))),
+            }))
+        };
+        let (nodes, locks, scheduler) = futures_util::join!(nodes, locks, scheduler);
+        json!({
+            "nodes": nodes,
+            "locks": locks,
+            "scheduler": scheduler,
+            "mutations": inner.token.is_some(),
+        })
+    }
+
+    fn redlock(&self) -> Result<&redlock_core::Redlock, Failure> {
+        self.inner.redlock.as_ref().ok_or_else(|| {
+            Failure::new(
+                StatusCode::NOT_FOUND,
+                "this admin service shows no locks (built without a Redlock)",
+            )
+        })
+    }
+
+    fn scheduler(&self) -> Result<&redlock_scheduler::SchedulerAdmin, Failure> {
+        self.inner.scheduler.as_ref().ok_or_else(|| {
+            Failure::new(
+                StatusCode::NOT_FOUND,
+                "this admin service shows no scheduler (built without a SchedulerAdmin)",
+            )
+        })
+    }
+
+    /// After a dashboard button: back to the dashboard, saying how it went.
+    fn back_to_dashboard(&self, result: &Result<Value, Failure>) -> Response<Bytes> {
+        let (key, message) = match result {
+            Ok(value) => ("notice", format!("done: {value}")),
+            Err(failure) => ("error", failure.detail.clone()),
+        };
+        let query: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair(key, &message)
+            .finish();
+        let location = format!("{}/?{query}", self.inner.mount);
+        let mut response = Response::new(Bytes::new());
+        *response.status_mut() = StatusCode::SEE_OTHER;
+        if let Ok(value) = header::HeaderValue::from_str(&location) {
+            response.headers_mut().insert(header::LOCATION, value);
+        }
+        response
+    }
+}
+
+/// The run filter of a `/api/runs` query.
+fn run_filter(params: &HashMap<String, String>) -> Result<RunFilter, Failure> {
+    let mut filter = RunFilter::new();
+    if let Some(job) = params.get("job").filter(|j| !j.is_empty()) {
+        filter = filter.job(job.clone());
+    }
+    if let Some(outcome) = params.get("outcome").filter(|o| !o.is_empty()) {
+        let outcome: Outcome = outcome.parse().map_err(|_| {
+            Failure::new(
+                StatusCode::BAD_REQUEST,
+                "`outcome` must be one of running, succeeded, failed, timed_out, skipped, abandoned, cancelled",
+            )
+        })?;
+        filter = filter.outcome(outcome);
+    }
+    if let Some(limit) = params.get("limit") {
+        let limit = limit
+            .parse::<u32>()
+            .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "`limit` must be a whole number"))?;
+        filter = filter.limit(limit);
+    }
+    Ok(filter)
+}
+
+fn lock_failure(err: redlock_core::Error) -> Failure {
+    match &err {
+        redlock_core::Error::Config(_) => Failure::new(StatusCode::BAD_REQUEST, err.to_string()),
+        _ => Failure::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+    }
+}
+
+fn scheduler_failure(err: redlock_scheduler::Error) -> Failure {
+    use redlock_scheduler::Error as E;
+    match &err {
+        E::UnknownJob { .. } | E::UnknownRequest { .. } => {
+            Failure::new(StatusCode::NOT_FOUND, err.to_string())
+        }
+        E::NotLeader { .. }
+        | E::AlreadyRunning { .. }
+        | E::AlreadyClaimed { .. }
+        | E::NotRunning { .. } => Failure::new(StatusCode::CONFLICT, err.to_string()),
+        E::Store(_) | E::StoreTimeout { .. } | E::Connect { .. } | E::Migration { .. } => {
+            // The database's own message can carry statements and addresses: logged,
+            // not sent.
+            tracing::warn!(error = %err, "admin: the history database failed");
+            Failure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the scheduler's history database did not answer; the details are in the server's log",
+            )
+        }
+        _ => Failure::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+    }
+}
+
+fn to_value<T: Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or_else(|err| json!({"error": err.to_string()}))
+}
+
+fn parse_pairs(input: &[u8]) -> HashMap<String, String> {
+    form_urlencoded::parse(input).into_owned().collect()
+}
+
+/// Compares without stopping at the first difference (the time taken tells nothing of
+/// how much of a guessed token was right).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    for (i, byte) in b.iter().enumerate() {
+        diff |= byte ^ a.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<Bytes> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut response = Response::new(Bytes::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    no_store(response)
+}
+
+fn html_response(page: String) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(page));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    no_store(response)
+}
+
+fn problem(failure: Failure) -> Response<Bytes> {
+    let body = json!({
+        "type": "about:blank",
+        "title": failure.status.canonical_reason().unwrap_or("error"),
+        "status": failure.status.as_u16(),
+        "detail": failure.detail,
+    });
+    let mut response = Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
+    *response.status_mut() = failure.status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/problem+json"),
+    );
+    no_store(response)
+}
+
+/// Admin pages change by the second, and may be behind authentication: never cached.
+fn no_store(mut response: Response<Bytes>) -> Response<Bytes> {
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"0123456789abcdef", b"0123456789abcdef"));
+        assert!(!constant_time_eq(b"0123456789abcdeX", b"0123456789abcdef"));
+        assert!(!constant_time_eq(b"0123456789abcde", b"0123456789abcdef"));
+        assert!(!constant_time_eq(b"0123456789abcdef0", b"0123456789abcdef"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

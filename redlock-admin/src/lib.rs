@@ -1,0 +1,78 @@
+//! An admin service for redlock: what the locks and the scheduler are doing, and the
+//! buttons to steer them, for the operators of a service that uses them.
+//!
+//! One implementation ([`Admin`]), mounted in axum or any tower stack
+//! ([`AdminService`], feature `tower`, on by default) or in actix-web
+//! ([`Admin::actix_scope`], feature `actix`). It serves:
+//!
+//! | route | method | what |
+//! | --- | --- | --- |
+//! | `/` | GET | the HTML dashboard: nodes, held locks, leader, jobs, recent runs, with buttons; reloads itself (`?refresh=off` stops it) |
+//! | `/api/overview` | GET | everything the dashboard shows, as JSON |
+//! | `/api/nodes` | GET | node health ([`Redlock::node_health`](redlock_core::Redlock::node_health)) |
+//! | `/api/locks?prefix=&limit=` | GET | held locks ([`Redlock::locks`](redlock_core::Redlock::locks)) |
+//! | `/api/locks/release?resource=` | POST | force release ([`Redlock::force_release`](redlock_core::Redlock::force_release)) |
+//! | `/api/jobs` | GET | jobs, next ticks, last runs ([`SchedulerAdmin::jobs`](redlock_scheduler::SchedulerAdmin::jobs)) |
+//! | `/api/leader` | GET | the recorded leader and its epoch |
+//! | `/api/runs?job=&outcome=&limit=` | GET | run history, newest first |
+//! | `/api/jobs/{job}/pause`, `resume`, `trigger`, `cancel` | POST | steer a job |
+//! | `/api/scheduler/step-down` | POST | ask the leader to hand over |
+//! | `/api/requests/{id}` | GET | where a trigger, cancel or step-down request stands |
+//!
+//! The routes that change something (POST) are **off** unless the service is built with
+//! [`AdminBuilder::allow_mutations`]`(token)`: then they need the token as
+//! `Authorization: Bearer <token>` (or, from the dashboard's buttons, in the form).
+//! Off, they answer 403; without the right token, 401; either way nothing changes.
+//! Reads need no token: mount the service where only operators reach it, or behind
+//! your own authentication layer. Errors are `application/problem+json`; a database
+//! error's own text goes to the log, not to the caller.
+//!
+//! ```
+//! use std::time::Duration;
+//! use redlock_admin::{Admin, AdminService};
+//! use redlock_core::Redlock;
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let cluster = redlock_testkit::Cluster::start(3).await;
+//! let redlock = Redlock::builder()
+//!     .nodes(cluster.urls())
+//! #   .restart_quarantine(false) // the test nodes were started a moment ago
+//!     .holder("orders-7")
+//!     .build()?;
+//! let admin = Admin::builder()
+//!     .redlock(redlock.clone())
+//!     .allow_mutations("a-long-random-admin-token") // from a secret store in real life
+//!     .build()?;
+//! // axum: Router::new().nest_service("/admin", AdminService::new(admin))
+//! let service = AdminService::new(admin);
+//!
+//! let _lock = redlock.lock("order:42").ttl(Duration::from_secs(30)).await?;
+//! let request = http::Request::get("/admin/api/locks").body(String::new())?;
+//! let response = service.clone().oneshot(request).await?;
+//! assert_eq!(response.status(), 200);
+//!
+//! // A mutation without the token changes nothing.
+//! let request = http::Request::post("/admin/api/locks/release?resource=order:42").body(String::new())?;
+//! assert_eq!(service.oneshot(request).await?.status(), 401);
+//! # Ok(())
+//! # }
+//! ```
+
+#[cfg(feature = "actix")]
+mod actix;
+mod admin;
+mod handle;
+mod html;
+mod route;
+#[cfg(feature = "tower")]
+mod service;
+
+pub use admin::{
+    Admin, AdminBuilder, BuildError, DEFAULT_LIST_LIMIT, DEFAULT_MOUNT_PATH, DEFAULT_REFRESH,
+    MIN_TOKEN_LEN,
+};
+pub use handle::{AdminRequest, MAX_BODY};
+#[cfg(feature = "tower")]
+pub use service::AdminService;

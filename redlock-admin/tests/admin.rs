@@ -1,0 +1,266 @@
+//! The admin service against real redis-server nodes, a SQLite history and a running
+//! scheduler, mounted in axum and in actix-web: the dashboard and the JSON show a held
+//! lock and a job's last run; its buttons pause the job (the next tick is recorded as
+//! skipped) and release a lock by force; mutations without the token, or with them
+//! switched off, are refused (401, 403) and change nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::time::{Duration, Instant};
+
+use redlock_admin::{Admin, AdminService};
+use redlock_core::Redlock;
+use redlock_scheduler::{
+    DEFAULT_SCHEDULER_NAME, History, Job, JobContext, Outcome, RunFilter, Scheduler, SchedulerAdmin,
+};
+use redlock_testkit::Cluster;
+
+const TOKEN: &str = "test-token-0123456789";
+
+fn redlock(cluster: &Cluster, holder: &str) -> Redlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .holder(holder)
+        .fencing(true)
+        .restart_quarantine(false)
+        .build()
+        .unwrap()
+}
+
+/// A scheduler running `ticker` every second, with its history in a SQLite file.
+async fn scheduler(cluster: &Cluster, dir: &std::path::Path) -> (Scheduler, String) {
+    let url = format!("sqlite://{}?mode=rwc", dir.join("history.db").display());
+    let scheduler = Scheduler::builder(redlock(cluster, "replica-1"))
+        .job(Job::new(
+            "ticker",
+            "* * * * * *",
+            |_ctx: JobContext| async { Ok::<_, std::convert::Infallible>(()) },
+        ))
+        .history(History::connect(&url).await.unwrap())
+        .instance("replica-1")
+        .build()
+        .unwrap();
+    scheduler.wait_ready(Duration::from_secs(5)).await.unwrap();
+    scheduler.start();
+    (scheduler, url)
+}
+
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn serve_axum(admin: Admin) -> String {
+    let app = axum::Router::new().nest_service("/admin", AdminService::new(admin));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/admin")
+}
+
+async fn json(response: reqwest::Response) -> serde_json::Value {
+    response.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axum_dashboard_shows_and_steers() {
+    let cluster = Cluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (running, url) = scheduler(&cluster, dir.path()).await;
+    let history = SchedulerAdmin::new(
+        History::connect(&url).await.unwrap(),
+        DEFAULT_SCHEDULER_NAME,
+    );
+    let client = redlock(&cluster, "orders-api-7");
+    let _lock = client
+        .lock("order:<42>")
+        .ttl(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let admin = Admin::builder()
+        .redlock(client.clone())
+        .scheduler(history.clone())
+        .allow_mutations(TOKEN)
+        .build()
+        .unwrap();
+    let base = serve_axum(admin).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let succeeded = RunFilter::new().job("ticker").outcome(Outcome::Succeeded);
+    until("a run of ticker", async || {
+        history.runs(&succeeded).await.is_ok_and(|r| !r.is_empty())
+    })
+    .await;
+
+    // The dashboard: the lock (escaped), its holder, the job and its last run.
+    let page = http.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.unwrap();
+    assert!(
+        page.contains("order:&lt;42&gt;") && !page.contains("order:<42>"),
+        "{page}"
+    );
+    assert!(page.contains("orders-api-7"));
+    assert!(page.contains("data-job=\"ticker\""));
+    assert!(page.contains("succeeded"));
+    assert!(page.contains("http-equiv=\"refresh\""));
+
+    let locks = json(http.get(format!("{base}/api/locks")).send().await.unwrap()).await;
+    assert_eq!(locks["locks"][0]["resource"], "order:<42>");
+    assert_eq!(locks["locks"][0]["holder"], "orders-api-7");
+    assert_eq!(locks["locks"][0]["agreement"], "majority");
+    let jobs = json(http.get(format!("{base}/api/jobs")).send().await.unwrap()).await;
+    assert_eq!(jobs[0]["name"], "ticker");
+    assert_eq!(jobs[0]["next_ticks"].as_array().unwrap().len(), 5);
+    let bad = http
+        .get(format!("{base}/api/runs?outcome=bogus"))
+        .send()
+        .await;
+    assert_eq!(bad.unwrap().status(), 400);
+    let missing = http.get(format!("{base}/api/nope")).send().await;
+    assert_eq!(missing.unwrap().status(), 404);
+
+    // Mutations without the token, or with a wrong one: 401, nothing changes.
+    let pause = format!("{base}/api/jobs/ticker/pause");
+    let denied = http.post(&pause).send().await.unwrap();
+    assert_eq!(denied.status(), 401);
+    assert!(denied.headers().contains_key("www-authenticate"));
+    let wrong = http
+        .post(&pause)
+        .bearer_auth("test-token-0123456780")
+        .send()
+        .await;
+    assert_eq!(wrong.unwrap().status(), 401);
+    let release = format!("{base}/api/locks/release?resource=order:%3C42%3E");
+    let form = http.post(&release).form(&[("token", "nope")]).send().await;
+    assert_eq!(form.unwrap().status(), 401);
+    assert!(!history.job("ticker").await.unwrap().paused);
+    assert_eq!(client.locks("order:").await.unwrap().locks.len(), 1);
+
+    // The dashboard's pause button (a form post with the token): paused, and the next
+    // tick is recorded as skipped.
+    let paused_at = chrono::Utc::now();
+    let pressed = http
+        .post(&pause)
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(pressed.status(), 303);
+    let location = pressed.headers()["location"].to_str().unwrap().to_owned();
+    assert!(location.starts_with("/admin/?notice="), "{location}");
+    assert!(history.job("ticker").await.unwrap().paused);
+    let skipped = RunFilter::new()
+        .job("ticker")
+        .outcome(Outcome::Skipped)
+        .since(paused_at);
+    until("a tick skipped as paused", async || {
+        history.runs(&skipped).await.is_ok_and(|runs| {
+            runs.iter()
+                .any(|r| r.error.as_deref().is_some_and(|e| e.contains("paused")))
+        })
+    })
+    .await;
+    let page = http
+        .get(format!("{base}/?refresh=off"))
+        .send()
+        .await
+        .unwrap();
+    let page = page.text().await.unwrap();
+    assert!(page.contains("paused") && !page.contains("http-equiv=\"refresh\""));
+
+    // Resume through the JSON API with a bearer token.
+    let resume = format!("{base}/api/jobs/ticker/resume");
+    let resumed = http.post(&resume).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(resumed.status(), 200);
+    assert!(!history.job("ticker").await.unwrap().paused);
+
+    // Force release from the dashboard's button.
+    let released = http.post(&release).form(&[("token", TOKEN)]).send().await;
+    assert_eq!(released.unwrap().status(), 303);
+    assert!(client.locks("order:").await.unwrap().locks.is_empty());
+    let unknown = format!("{base}/api/jobs/nope/pause");
+    let unknown = http.post(&unknown).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(unknown.status(), 404);
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutations_are_off_unless_switched_on() {
+    let cluster = Cluster::start(3).await;
+    let client = redlock(&cluster, "svc");
+    let _lock = client
+        .lock("acct:1")
+        .ttl(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let base = serve_axum(Admin::builder().redlock(client.clone()).build().unwrap()).await;
+    let http = reqwest::Client::new();
+    let refused = http
+        .post(format!("{base}/api/locks/release?resource=acct:1"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(client.locks("acct:").await.unwrap().locks.len(), 1);
+    let page = http.get(format!("{base}/")).send().await.unwrap();
+    let page = page.text().await.unwrap();
+    assert!(page.contains("acct:1") && !page.contains("<button"));
+    assert!(matches!(
+        Admin::builder()
+            .redlock(client)
+            .allow_mutations("short")
+            .build(),
+        Err(redlock_admin::BuildError::WeakToken { .. })
+    ));
+}
+
+#[actix_web::test]
+async fn actix_scope_serves_the_same() {
+    use actix_web::test::{TestRequest, call_service, init_service, read_body, read_body_json};
+
+    let cluster = Cluster::start(3).await;
+    let client = redlock(&cluster, "actix-svc");
+    let _lock = client
+        .lock("cart:9")
+        .ttl(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let admin = Admin::builder()
+        .redlock(client.clone())
+        .allow_mutations(TOKEN)
+        .mount_path("/ops")
+        .build()
+        .unwrap();
+    let app = init_service(actix_web::App::new().service(admin.actix_scope())).await;
+    let page = call_service(&app, TestRequest::get().uri("/ops/").to_request()).await;
+    assert_eq!(page.status(), 200);
+    let body = read_body(page).await;
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("cart:9") && body.contains("actix-svc"));
+    let release = "/ops/api/locks/release?resource=cart:9";
+    let denied = call_service(&app, TestRequest::post().uri(release).to_request()).await;
+    assert_eq!(denied.status(), 401);
+    assert_eq!(client.locks("cart:").await.unwrap().locks.len(), 1);
+    let released = call_service(
+        &app,
+        TestRequest::post()
+            .uri(release)
+            .insert_header(("authorization", format!("Bearer {TOKEN}")))
+            .to_request(),
+    )
+    .await;
+    assert_eq!(released.status(), 200);
+    let body: serde_json::Value = read_body_json(released).await;
+    assert_eq!(body["deleted"], 3);
+    assert!(client.locks("cart:").await.unwrap().locks.is_empty());
+}

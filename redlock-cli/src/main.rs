@@ -1,0 +1,3 @@
+//! The `redlock` command line.
+
+fn main() {}
