@@ -1,0 +1,263 @@
+//! The dashboard in a real browser: headless chromium, driven through chromedriver
+//! (WebDriver), against real redis-server nodes, a SQLite history and a running
+//! scheduler. The page shows a held lock and a job's last run; its pause button, with
+//! the admin token typed in, pauses the job, and the next tick is recorded as skipped.
+//!
+//! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them); set
+//! `REDLOCK_SKIP_BROWSER=1` to skip it where they are missing. With
+//! `REDLOCK_SCREENSHOT=<path>` it saves a screenshot of the dashboard there (the one in
+//! `docs/` comes from it).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{ClientBuilder, Locator};
+use redlock_admin::{Admin, AdminService};
+use redlock_core::Redlock;
+use redlock_scheduler::{
+    DEFAULT_SCHEDULER_NAME, History, Job, JobContext, Outcome, RunFilter, Scheduler, SchedulerAdmin,
+};
+use redlock_testkit::Cluster;
+
+const TOKEN: &str = "browser-token-0123456789";
+
+/// chromedriver, stopped when dropped.
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn start_driver() -> Option<(Driver, String)> {
+    let port = free_port();
+    let child = match Command::new("chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(err) => {
+            assert!(
+                std::env::var_os("REDLOCK_SKIP_BROWSER").is_some(),
+                "cannot run chromedriver ({err}): install Debian's chromium and chromium-driver, or set REDLOCK_SKIP_BROWSER=1 to skip this test"
+            );
+            return None;
+        }
+    };
+    let driver = Driver(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "chromedriver did not listen within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Some((driver, format!("http://127.0.0.1:{port}")))
+}
+
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not within 15 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_locks_and_runs_and_its_pause_button_pauses() {
+    let Some((_driver, webdriver)) = start_driver().await else {
+        return;
+    };
+    let cluster = Cluster::start(3).await;
+    let client = |holder: &str| {
+        Redlock::builder()
+            .nodes(cluster.urls())
+            .holder(holder)
+            .fencing(true)
+            .restart_quarantine(false)
+            .build()
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("history.db").display()
+    );
+    let scheduler = Scheduler::builder(client("replica-1"))
+        .job(Job::new(
+            "ticker",
+            "* * * * * *",
+            |_ctx: JobContext| async { Ok::<_, std::convert::Infallible>(()) },
+        ))
+        .job(
+            Job::new("nightly-report", "0 0 3 * * *", |_ctx: JobContext| async {
+                Ok::<_, std::convert::Infallible>(())
+            })
+            .time_zone("Europe/Paris"),
+        )
+        .history(History::connect(&url).await.unwrap())
+        .instance("replica-1")
+        .build()
+        .unwrap();
+    scheduler.wait_ready(Duration::from_secs(5)).await.unwrap();
+    scheduler.start();
+    let history = SchedulerAdmin::new(
+        History::connect(&url).await.unwrap(),
+        DEFAULT_SCHEDULER_NAME,
+    );
+    let payments = client("payments-api-3");
+    let _lock = payments
+        .lock("invoice:2026-0042")
+        .ttl(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let admin = Admin::builder()
+        .redlock(payments.clone())
+        .scheduler(history.clone())
+        .allow_mutations(TOKEN)
+        .title("redlock — payments")
+        .build()
+        .unwrap();
+    let app = axum::Router::new().nest_service("/admin", AdminService::new(admin));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let succeeded = RunFilter::new().job("ticker").outcome(Outcome::Succeeded);
+    until("a run of ticker", async || {
+        history.runs(&succeeded).await.is_ok_and(|r| r.len() >= 2)
+    })
+    .await;
+
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".to_owned(),
+        serde_json::json!({"args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1100"]}),
+    );
+    let browser = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(capabilities)
+        .connect(&webdriver)
+        .await
+        .expect("a chromium session through chromedriver");
+    // Not reloading while the test types into the page.
+    let dashboard = format!("http://{addr}/admin/?refresh=off");
+    browser.goto(&dashboard).await.unwrap();
+    assert_eq!(browser.title().await.unwrap(), "redlock — payments");
+
+    // The held lock and its holder.
+    let resource = browser
+        .find(Locator::Css("#locks tr.lock td.resource"))
+        .await
+        .unwrap();
+    assert_eq!(resource.text().await.unwrap(), "invoice:2026-0042");
+    let holder = browser
+        .find(Locator::Css("#locks tr.lock td.holder"))
+        .await
+        .unwrap();
+    assert_eq!(holder.text().await.unwrap(), "payments-api-3");
+    // The job's last run (reloading while the latest tick is still running).
+    until(
+        "the page showing ticker's last run as succeeded",
+        async || {
+            browser.goto(&dashboard).await.unwrap();
+            let last = browser
+                .find(Locator::Css("tr[data-job='ticker'] td.last-run"))
+                .await;
+            let last = last.unwrap().text().await.unwrap();
+            last.starts_with("succeeded")
+        },
+    )
+    .await;
+    assert!(
+        browser
+            .find(Locator::Css("#leader"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .contains("replica-1")
+    );
+
+    if let Some(path) = std::env::var_os("REDLOCK_SCREENSHOT") {
+        let png = browser.screenshot().await.unwrap();
+        std::fs::write(&path, png).unwrap();
+    }
+
+    // Type the token, press the job's pause button.
+    let paused_at = chrono::Utc::now();
+    browser
+        .find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("tr[data-job='ticker'] button.pause"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    // The button's form post answers with a redirect back to the dashboard: wait for
+    // that page, not the one the click left.
+    let notice = browser
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Id("notice"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(notice.starts_with("done"), "{notice}");
+    let state = browser
+        .find(Locator::Css("tr[data-job='ticker'] td.state"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(state, "paused");
+    assert!(history.job("ticker").await.unwrap().paused);
+    let skipped = RunFilter::new()
+        .job("ticker")
+        .outcome(Outcome::Skipped)
+        .since(paused_at);
+    until("the next tick skipped as paused", async || {
+        history.runs(&skipped).await.is_ok_and(|runs| {
+            runs.iter()
+                .any(|r| r.error.as_deref().is_some_and(|e| e.contains("paused")))
+        })
+    })
+    .await;
+    // The skipped tick shows in the recent runs.
+    browser.goto(&dashboard).await.unwrap();
+    let runs = browser
+        .find(Locator::Id("runs"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(runs.contains("skipped"), "{runs}");
+    browser.close().await.unwrap();
+    scheduler.shutdown(Duration::from_secs(5)).await;
+}
