@@ -5,60 +5,16 @@
 //! switched off, are refused (401, 403) and change nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use redlock_admin::{Admin, AdminService};
-use redlock_core::Redlock;
-use redlock_scheduler::{
-    DEFAULT_SCHEDULER_NAME, History, Job, JobContext, Outcome, RunFilter, Scheduler, SchedulerAdmin,
-};
+use redlock_admin::Admin;
+use redlock_scheduler::{DEFAULT_SCHEDULER_NAME, History, Outcome, RunFilter, SchedulerAdmin};
 use redlock_testkit::Cluster;
 
 const TOKEN: &str = "test-token-0123456789";
 
-fn redlock(cluster: &Cluster, holder: &str) -> Redlock {
-    Redlock::builder()
-        .nodes(cluster.urls())
-        .holder(holder)
-        .fencing(true)
-        .restart_quarantine(false)
-        .build()
-        .unwrap()
-}
-
-/// A scheduler running `ticker` every second, with its history in a SQLite file.
-async fn scheduler(cluster: &Cluster, dir: &std::path::Path) -> (Scheduler, String) {
-    let url = format!("sqlite://{}?mode=rwc", dir.join("history.db").display());
-    let scheduler = Scheduler::builder(redlock(cluster, "replica-1"))
-        .job(Job::new(
-            "ticker",
-            "* * * * * *",
-            |_ctx: JobContext| async { Ok::<_, std::convert::Infallible>(()) },
-        ))
-        .history(History::connect(&url).await.unwrap())
-        .instance("replica-1")
-        .build()
-        .unwrap();
-    scheduler.wait_ready(Duration::from_secs(5)).await.unwrap();
-    scheduler.start();
-    (scheduler, url)
-}
-
-async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}: not within 10 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn serve_axum(admin: Admin) -> String {
-    let app = axum::Router::new().nest_service("/admin", AdminService::new(admin));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}/admin")
-}
+mod common;
+use common::{redlock, scheduler, serve_axum, until, until_skipped_as_paused};
 
 async fn json(response: reqwest::Response) -> serde_json::Value {
     response.json().await.unwrap()
@@ -68,7 +24,7 @@ async fn json(response: reqwest::Response) -> serde_json::Value {
 async fn axum_dashboard_shows_and_steers() {
     let cluster = Cluster::start(3).await;
     let dir = tempfile::tempdir().unwrap();
-    let (running, url) = scheduler(&cluster, dir.path()).await;
+    let (running, url) = scheduler(&cluster, dir.path(), Vec::new()).await;
     let history = SchedulerAdmin::new(
         History::connect(&url).await.unwrap(),
         DEFAULT_SCHEDULER_NAME,
@@ -154,17 +110,7 @@ async fn axum_dashboard_shows_and_steers() {
     let location = pressed.headers()["location"].to_str().unwrap().to_owned();
     assert!(location.starts_with("/admin/?notice="), "{location}");
     assert!(history.job("ticker").await.unwrap().paused);
-    let skipped = RunFilter::new()
-        .job("ticker")
-        .outcome(Outcome::Skipped)
-        .since(paused_at);
-    until("a tick skipped as paused", async || {
-        history.runs(&skipped).await.is_ok_and(|runs| {
-            runs.iter()
-                .any(|r| r.error.as_deref().is_some_and(|e| e.contains("paused")))
-        })
-    })
-    .await;
+    until_skipped_as_paused(&history, paused_at).await;
     let page = http
         .get(format!("{base}/?refresh=off"))
         .send()

@@ -13,14 +13,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::{ClientBuilder, Locator};
-use redlock_admin::{Admin, AdminService};
-use redlock_core::Redlock;
+use redlock_admin::Admin;
 use redlock_scheduler::{
-    DEFAULT_SCHEDULER_NAME, History, Job, JobContext, Outcome, RunFilter, Scheduler, SchedulerAdmin,
+    DEFAULT_SCHEDULER_NAME, History, Job, JobContext, Outcome, RunFilter, SchedulerAdmin,
 };
 use redlock_testkit::Cluster;
 
 const TOKEN: &str = "browser-token-0123456789";
+
+mod common;
+use common::{redlock, scheduler, serve_axum, until, until_skipped_as_paused};
 
 /// chromedriver, stopped when dropped.
 struct Driver(Child);
@@ -72,57 +74,23 @@ async fn start_driver() -> Option<(Driver, String)> {
     Some((driver, format!("http://127.0.0.1:{port}")))
 }
 
-async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}: not within 15 s");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_locks_and_runs_and_its_pause_button_pauses() {
     let Some((_driver, webdriver)) = start_driver().await else {
         return;
     };
     let cluster = Cluster::start(3).await;
-    let client = |holder: &str| {
-        Redlock::builder()
-            .nodes(cluster.urls())
-            .holder(holder)
-            .fencing(true)
-            .restart_quarantine(false)
-            .build()
-            .unwrap()
-    };
     let dir = tempfile::tempdir().unwrap();
-    let url = format!(
-        "sqlite://{}?mode=rwc",
-        dir.path().join("history.db").display()
-    );
-    let scheduler = Scheduler::builder(client("replica-1"))
-        .job(Job::new(
-            "ticker",
-            "* * * * * *",
-            |_ctx: JobContext| async { Ok::<_, std::convert::Infallible>(()) },
-        ))
-        .job(
-            Job::new("nightly-report", "0 0 3 * * *", |_ctx: JobContext| async {
-                Ok::<_, std::convert::Infallible>(())
-            })
-            .time_zone("Europe/Paris"),
-        )
-        .history(History::connect(&url).await.unwrap())
-        .instance("replica-1")
-        .build()
-        .unwrap();
-    scheduler.wait_ready(Duration::from_secs(5)).await.unwrap();
-    scheduler.start();
+    let nightly = Job::new("nightly-report", "0 0 3 * * *", |_ctx: JobContext| async {
+        Ok::<_, std::convert::Infallible>(())
+    })
+    .time_zone("Europe/Paris");
+    let (scheduler, url) = scheduler(&cluster, dir.path(), vec![nightly]).await;
     let history = SchedulerAdmin::new(
         History::connect(&url).await.unwrap(),
         DEFAULT_SCHEDULER_NAME,
     );
-    let payments = client("payments-api-3");
+    let payments = redlock(&cluster, "payments-api-3");
     let _lock = payments
         .lock("invoice:2026-0042")
         .ttl(Duration::from_secs(60))
@@ -135,10 +103,7 @@ async fn the_dashboard_shows_locks_and_runs_and_its_pause_button_pauses() {
         .title("redlock — payments")
         .build()
         .unwrap();
-    let app = axum::Router::new().nest_service("/admin", AdminService::new(admin));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let base = serve_axum(admin).await;
     let succeeded = RunFilter::new().job("ticker").outcome(Outcome::Succeeded);
     until("a run of ticker", async || {
         history.runs(&succeeded).await.is_ok_and(|r| r.len() >= 2)
@@ -156,7 +121,7 @@ async fn the_dashboard_shows_locks_and_runs_and_its_pause_button_pauses() {
         .await
         .expect("a chromium session through chromedriver");
     // Not reloading while the test types into the page.
-    let dashboard = format!("http://{addr}/admin/?refresh=off");
+    let dashboard = format!("{base}/?refresh=off");
     browser.goto(&dashboard).await.unwrap();
     assert_eq!(browser.title().await.unwrap(), "redlock — payments");
 
@@ -237,17 +202,7 @@ async fn the_dashboard_shows_locks_and_runs_and_its_pause_button_pauses() {
         .unwrap();
     assert_eq!(state, "paused");
     assert!(history.job("ticker").await.unwrap().paused);
-    let skipped = RunFilter::new()
-        .job("ticker")
-        .outcome(Outcome::Skipped)
-        .since(paused_at);
-    until("the next tick skipped as paused", async || {
-        history.runs(&skipped).await.is_ok_and(|runs| {
-            runs.iter()
-                .any(|r| r.error.as_deref().is_some_and(|e| e.contains("paused")))
-        })
-    })
-    .await;
+    until_skipped_as_paused(&history, paused_at).await;
     // The skipped tick shows in the recent runs.
     browser.goto(&dashboard).await.unwrap();
     let runs = browser
