@@ -1,0 +1,363 @@
+//! The command line's grammar (clap derive): global options, commands, and the
+//! parsers of their values (durations, times, outcomes).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{Args, Parser, Subcommand};
+use redlock_core::DEFAULT_KEY_PREFIX;
+use redlock_scheduler::{DEFAULT_NEXT_TICKS, DEFAULT_RUN_LIMIT, DEFAULT_SCHEDULER_NAME, Outcome};
+
+/// The environment variable listing the Redis nodes, as the services and examples read
+/// it.
+pub(crate) const NODES_ENV: &str = "REDLOCK_NODES";
+/// The environment variable naming the scheduler's history database, as the services
+/// and examples read it.
+pub(crate) const DATABASE_ENV: &str = "DATABASE_URL";
+
+/// What `--help` says about exit codes.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  done
+  1  error: one line on stderr saying what failed and what to do
+  2  usage error (including `release` without --force)
+  3  partial answer: `nodes`, `locks` or `release` reached a majority of the nodes but
+     not all of them; the data is printed and the nodes that failed are named on stderr
+
+Configuration: flags override the environment (REDLOCK_NODES, REDLOCK_KEY_PREFIX,
+DATABASE_URL, REDLOCK_SCHEDULER, ...), the same variables the services read.";
+
+/// `redlock`: look at and steer the locks held on the Redis nodes and the scheduler
+/// whose history is in a database.
+#[derive(Debug, Parser)]
+#[command(
+    name = "redlock",
+    version,
+    about = "Held locks, node health, forced releases, and the scheduler's jobs, history and controls.",
+    after_help = EXIT_CODES
+)]
+pub(crate) struct Cli {
+    /// Options every command takes.
+    #[command(flatten)]
+    pub(crate) global: Global,
+    /// The command.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Options every command takes (before or after the command's name).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
+pub(crate) struct Global {
+    /// The Redis nodes, comma-separated: `redis://[user:password@]host:port[/db]` or
+    /// rediss://... (needed by `nodes`, `locks`, `release`).
+    #[arg(
+        long,
+        env = NODES_ENV,
+        value_delimiter = ',',
+        global = true,
+        value_name = "URLS",
+        hide_env_values = true
+    )]
+    pub(crate) nodes: Vec<String>,
+
+    /// The prefix of the lock keys, as the services' clients set it.
+    #[arg(long, env = "REDLOCK_KEY_PREFIX", default_value = DEFAULT_KEY_PREFIX, global = true, hide_env_values = true)]
+    pub(crate) key_prefix: String,
+
+    /// The services' longest lock TTL (their `max_ttl`, by default their TTL): how long
+    /// a node that restarted is reported in restart quarantine.
+    #[arg(
+        long,
+        env = "REDLOCK_MAX_TTL",
+        default_value = "10s",
+        value_parser = parse_duration,
+        global = true,
+        value_name = "DURATION",
+        hide_env_values = true
+    )]
+    pub(crate) max_ttl: Duration,
+
+    /// The scheduler's history database: sqlite://PATH or postgres://USER@HOST/DB
+    /// (needed by the scheduler commands).
+    #[arg(
+        long,
+        env = DATABASE_ENV,
+        global = true,
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub(crate) database: Option<String>,
+
+    /// The scheduler's name (its `SchedulerBuilder::name`).
+    #[arg(long, env = "REDLOCK_SCHEDULER", default_value = DEFAULT_SCHEDULER_NAME, global = true, hide_env_values = true)]
+    pub(crate) scheduler: String,
+
+    /// Who makes the scheduler requests (recorded with them); default: $USER.
+    #[arg(long, env = "REDLOCK_OPERATOR", global = true, hide_env_values = true)]
+    pub(crate) operator: Option<String>,
+
+    /// How long one round trip to a node (listing locks) or to the database may take;
+    /// node health and forced releases give each node at least 5s.
+    #[arg(
+        long,
+        env = "REDLOCK_TIMEOUT",
+        default_value = "5s",
+        value_parser = parse_duration,
+        global = true,
+        value_name = "DURATION",
+        hide_env_values = true
+    )]
+    pub(crate) timeout: Duration,
+
+    /// Print JSON (the same data) instead of tables.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Each node's health: reachable, latency, quarantine, settings, warnings.
+    ///
+    /// Per node: whether it answers and how fast, the restart quarantine left (for
+    /// clients whose longest TTL is --max-ttl), version, role, uptime, memory limit and
+    /// eviction policy, persistence, and what puts locks at risk. Exit code 3 when some
+    /// node did not answer but a majority did; 1 when fewer than a majority answered
+    /// (the table is printed in both cases).
+    Nodes,
+
+    /// The locks held: holder, agreement, validity, fencing token, waiters.
+    ///
+    /// Lists the locks on resources starting with PREFIX (all by default), sorted by
+    /// name: who holds each, how many nodes hold it and whether they agree, the
+    /// validity a majority still holds, the fencing counter, the waiters queued. Exit
+    /// code 3 when some node did not answer but a majority did; 1 when fewer than a
+    /// majority answered.
+    Locks {
+        /// Only resources whose name starts with this (default: all).
+        prefix: Option<String>,
+        /// List at most this many locks (the first by name).
+        #[arg(long, default_value_t = redlock_core::inspect::DEFAULT_LIST_LIMIT)]
+        limit: usize,
+    },
+
+    /// Releases the lock of KEY by force, making its holder's token stale.
+    ///
+    /// Deletes the lock on every node whoever holds it and raises the resource's
+    /// fencing counter above every token handed out, so that storage checking tokens
+    /// rejects the old holder's writes. The holder is not told: it learns at its next
+    /// extension. Refused (exit code 2) without --force. Exit code 3 when a majority but
+    /// not every node was reached.
+    Release {
+        /// The resource (as `locks` lists it, without the key prefix).
+        key: String,
+        /// Do it.
+        #[arg(long)]
+        force: bool,
+    },
+
+    /// The scheduler's jobs: schedule, zone, pause, run going, next tick, last run.
+    ///
+    /// The jobs the scheduler's replicas published in the history database when they
+    /// started, with their next ticks (computed in each job's time zone), whether they
+    /// are paused or running, and their latest run; and the leader as last recorded.
+    Jobs {
+        /// How many next ticks to compute per job (the table shows the first).
+        #[arg(long, default_value_t = DEFAULT_NEXT_TICKS, value_name = "N")]
+        ticks: usize,
+    },
+
+    /// The runs of JOB, newest first.
+    History {
+        /// The job.
+        job: String,
+        /// Only runs that ended so.
+        #[arg(long, value_parser = outcome_parser())]
+        outcome: Option<Outcome>,
+        /// At most this many runs (at most 1000).
+        #[arg(long, default_value_t = DEFAULT_RUN_LIMIT)]
+        limit: u32,
+        /// Only ticks at or after this time: RFC 3339 (2024-05-01T10:00:00Z) or a
+        /// duration ago (90m, 2h, 1d).
+        #[arg(long, value_parser = parse_time, value_name = "TIME")]
+        since: Option<DateTime<Utc>>,
+        /// Only ticks at or before this time (as --since).
+        #[arg(long, value_parser = parse_time, value_name = "TIME")]
+        until: Option<DateTime<Utc>>,
+    },
+
+    /// The leader as last recorded: replica, epoch, since when.
+    Leader,
+
+    /// Has the leader run JOB once now, and prints the result.
+    ///
+    /// A request row the leader takes within about half a second; the run is recorded
+    /// as manual. Waits for the result (--wait) unless --no-wait. Exit code 1 if the
+    /// request failed (a run still going, say) or was not carried out in time.
+    Trigger {
+        /// The job.
+        job: String,
+        /// How to wait for the result.
+        #[command(flatten)]
+        wait: Wait,
+    },
+
+    /// Pauses JOB for every replica: its ticks are skipped until `resume`.
+    Pause {
+        /// The job.
+        job: String,
+    },
+
+    /// Fires JOB again after `pause`.
+    Resume {
+        /// The job.
+        job: String,
+    },
+
+    /// Cancels the run of JOB going now, and prints the result.
+    ///
+    /// The replica running it cancels it; the run ends as cancelled by an operator.
+    /// Exit code 1 if no run was going.
+    Cancel {
+        /// The job.
+        job: String,
+        /// How to wait for the result.
+        #[command(flatten)]
+        wait: Wait,
+    },
+
+    /// Has the leader give up leadership, so that another replica takes over.
+    ///
+    /// The leader hands its lock over and keeps out of the election for a while; runs
+    /// going on it go on.
+    StepDown {
+        /// How to wait for the result.
+        #[command(flatten)]
+        wait: Wait,
+    },
+
+    /// Where a request made by `trigger`, `cancel` or `step-down` stands.
+    Request {
+        /// The request's id.
+        id: String,
+        /// Wait this long for it to be done (default: do not wait).
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        wait: Option<Duration>,
+    },
+}
+
+/// How a command that makes a request waits for its result.
+#[derive(Debug, Args)]
+pub(crate) struct Wait {
+    /// Wait this long for a replica to carry the request out.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) wait: Duration,
+    /// Print the request's id at once, without waiting (follow it with `redlock request
+    /// ID`).
+    #[arg(long, conflicts_with = "wait")]
+    pub(crate) no_wait: bool,
+}
+
+/// The outcomes `--outcome` accepts.
+fn outcome_parser() -> impl TypedValueParser<Value = Outcome> {
+    PossibleValuesParser::new([
+        "running",
+        "succeeded",
+        "failed",
+        "timed_out",
+        "cancelled",
+        "skipped",
+        "abandoned",
+    ])
+    .try_map(|s| Outcome::from_str(&s))
+}
+
+/// A duration: a number with a unit (`500ms`, `10s`, `5m`, `2h`, `1d`), several added
+/// up (`1m30s`), or a plain number of seconds.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let invalid = || format!("`{text}` is not a duration: write e.g. 500ms, 10s, 5m, 2h, 1d");
+    if text.is_empty() {
+        return Err(invalid());
+    }
+    if let Ok(seconds) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).map_err(|_| invalid());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(invalid)?;
+        let (number, tail) = rest.split_at(digits);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let number: f64 = number.parse().map_err(|_| invalid())?;
+        let scale = match unit.trim() {
+            "ms" => 0.001,
+            "s" | "sec" | "secs" => 1.0,
+            "m" | "min" | "mins" => 60.0,
+            "h" => 3600.0,
+            "d" => 86_400.0,
+            _ => return Err(invalid()),
+        };
+        let part = Duration::try_from_secs_f64(number * scale).map_err(|_| invalid())?;
+        total = total.checked_add(part).ok_or_else(invalid)?;
+        rest = tail;
+    }
+    Ok(total)
+}
+
+/// A time: RFC 3339, or a duration before now.
+pub(crate) fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(time) = DateTime::parse_from_rfc3339(text.trim()) {
+        return Ok(time.to_utc());
+    }
+    let ago = parse_duration(text).map_err(|_| {
+        format!("`{text}` is neither an RFC 3339 time (2024-05-01T10:00:00Z) nor a duration ago (90m, 2h, 1d)")
+    })?;
+    chrono::Duration::from_std(ago)
+        .ok()
+        .and_then(|ago| Utc::now().checked_sub_signed(ago))
+        .ok_or_else(|| format!("`{text}` is too long ago"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("10").is_ok());
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("10x").is_err());
+        assert!(parse_duration("-1").is_err());
+    }
+
+    #[test]
+    fn times() {
+        let t = parse_time("2024-05-01T10:00:00+02:00").unwrap();
+        assert_eq!(t.to_rfc3339(), "2024-05-01T08:00:00+00:00");
+        let ago = parse_time("1h").unwrap();
+        let diff = Utc::now() - ago;
+        assert!((diff.num_seconds() - 3600).abs() <= 5);
+        assert!(parse_time("yesterday").is_err());
+    }
+
+    #[test]
+    fn grammar_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}
