@@ -18,7 +18,7 @@ pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
 /// The admin service: held locks and node health from a [`Redlock`], jobs, leader and
 /// runs from a [`SchedulerAdmin`], as JSON and as an HTML dashboard; mount it with
 /// [`AdminService`](crate::AdminService) (tower: axum, hyper) or
-/// [`Admin::actix_service`] (actix-web, feature `actix`). Cheap to clone.
+/// [`Admin::actix_scope`] (actix-web, feature `actix`). Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Admin {
     pub(crate) inner: Arc<Inner>,

@@ -1,6 +1,7 @@
 //! What an operator asks of the nodes: the locks held under a prefix
-//! ([`Redlock::locks`]), each node's health ([`Redlock::node_health`]), and a forced
-//! release that raises the resource's fence ([`Redlock::force_release`]).
+//! ([`Redlock::locks`](crate::Redlock::locks)), each node's health
+//! ([`Redlock::node_health`](crate::Redlock::node_health)), and a forced release that
+//! raises the resource's fence ([`Redlock::force_release`](crate::Redlock::force_release)).
 //!
 //! None of these take part in the algorithm: they read what the nodes hold (`SCAN`,
 //! then one pipeline per node for the keys found), or, for a forced release, overrule
@@ -50,7 +51,7 @@ pub use self::listing::{
 use std::time::Duration;
 
 /// How long one inspection round trip to a node may take by default (a `SCAN` page, or
-/// a pipeline of up to [`listing::DETAIL_BATCH`] keys): longer than a lock operation's
+/// a pipeline of up to 1,000 keys): longer than a lock operation's
 /// timeout, since an inspection reads much more.
 pub const INSPECT_TIMEOUT: Duration = Duration::from_secs(5);
 
