@@ -105,8 +105,8 @@ pub fn describe() {
 
 /// A handle registered with the installed recorder on first use, then reused.
 ///
-/// Nothing is measured or kept while no recorder is installed, so a recorder installed
-/// later still gets every measurement from then on.
+/// Nothing is kept while no recorder is installed, so a recorder installed later still
+/// gets every measurement from then on.
 pub(crate) struct Cached<H>(OnceLock<H>);
 
 impl<H> Cached<H> {
@@ -118,15 +118,20 @@ impl<H> Cached<H> {
         if let Some(handle) = self.0.get() {
             return measure(handle);
         }
-        // With no recorder installed there is nothing to measure into.
-        if recorder_installed() {
+        if recorder_stateful() {
             measure(self.0.get_or_init(register));
+        } else {
+            // The facade's stand-in (no recorder installed), or a recorder without
+            // state of its own: asked every time, as the macros do.
+            measure(&register());
         }
     }
 }
 
-/// Whether a recorder is installed: the facade's stand-in, when none is, has no state.
-fn recorder_installed() -> bool {
+/// Whether the current recorder has state, so that its handles can be kept: the
+/// facade's stand-in, when none is installed, has none (a recorder that has none
+/// either is asked at every measurement, which is correct, only slower).
+fn recorder_stateful() -> bool {
     metrics::with_recorder(|recorder| std::mem::size_of_val(recorder) != 0)
 }
 
@@ -276,4 +281,56 @@ impl NodeMetrics {
 /// `node` entered (`true`) or left restart quarantine.
 pub(crate) fn quarantined(node: &Arc<str>, quarantined: bool) {
     gauge!(NODE_QUARANTINED, "node" => Arc::clone(node)).set(if quarantined { 1.0 } else { 0.0 });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use metrics::{Key, KeyName, Metadata, Recorder, SharedString};
+
+    use super::*;
+
+    static REGISTERED: AtomicUsize = AtomicUsize::new(0);
+
+    /// A recorder with no state of its own (it counts registrations in a static).
+    struct Stateless;
+
+    impl Recorder for Stateless {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            REGISTERED.fetch_add(1, Ordering::Relaxed);
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn a_stateless_recorder_gets_every_measurement_and_nothing_is_kept() {
+        let cached: Cached<Counter> = Cached::new();
+        let measured = AtomicUsize::new(0);
+        metrics::with_local_recorder(&Stateless, || {
+            for _ in 0..3 {
+                cached.with(
+                    || counter!("test_total"),
+                    |_| {
+                        measured.fetch_add(1, Ordering::Relaxed);
+                    },
+                );
+            }
+        });
+        assert_eq!(measured.load(Ordering::Relaxed), 3);
+        assert_eq!(REGISTERED.load(Ordering::Relaxed), 3);
+        assert!(
+            cached.0.get().is_none(),
+            "a later recorder must still be asked"
+        );
+    }
 }
