@@ -1,0 +1,207 @@
+//! [`SqlFence`]: fenced writes in SQL transactions (sqlx; PostgreSQL and SQLite).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Type};
+
+/// The fence table's name unless told otherwise.
+pub const DEFAULT_FENCE_TABLE: &str = "redlock_fences";
+
+/// Checks and raises fencing tokens in a SQL database, in the caller's transaction.
+///
+/// The fence table (`resource TEXT PRIMARY KEY, token BIGINT, updated_ms BIGINT`) holds
+/// the highest token seen per resource; [`migrate`](Self::migrate) creates it. Call
+/// [`check`](Self::check) in the transaction of the protected write, before the write:
+/// the statement both compares and raises, and its row lock (PostgreSQL) or the write
+/// transaction (SQLite) makes a concurrent writer wait for the commit, then see the
+/// raised token.
+#[derive(Debug, Clone)]
+pub struct SqlFence {
+    table: String,
+    upsert: String,
+}
+
+impl Default for SqlFence {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SqlFence {
+    /// A fence over the table [`DEFAULT_FENCE_TABLE`].
+    pub fn new() -> Self {
+        Self::with_table_unchecked(DEFAULT_FENCE_TABLE.to_owned())
+    }
+
+    /// A fence over `table` (letters, digits, `_`, optionally `schema.table`).
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::InvalidTable`] for any other name (it is spliced into statements).
+    pub fn with_table(table: impl Into<String>) -> Result<Self, FenceError> {
+        let table = table.into();
+        let valid = !table.is_empty()
+            && table.len() <= 63
+            && table.split('.').count() <= 2
+            && table.split('.').all(|part| {
+                let mut chars = part.chars();
+                chars
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            });
+        if !valid {
+            return Err(FenceError::InvalidTable { table });
+        }
+        Ok(Self::with_table_unchecked(table))
+    }
+
+    fn with_table_unchecked(table: String) -> Self {
+        let bare = table.rsplit('.').next().unwrap_or(&table).to_owned();
+        // One statement: insert the first token, or raise the stored one if ours is not
+        // lower (a no-op update otherwise, which still locks the row); either way answer
+        // the token now stored.
+        let upsert = format!(
+            "INSERT INTO {table} (resource, token, updated_ms) VALUES ($1, $2, $3)
+             ON CONFLICT (resource) DO UPDATE SET
+               token = CASE WHEN {bare}.token <= excluded.token THEN excluded.token ELSE {bare}.token END,
+               updated_ms = CASE WHEN {bare}.token <= excluded.token THEN excluded.updated_ms ELSE {bare}.updated_ms END
+             RETURNING token"
+        );
+        Self { table, upsert }
+    }
+
+    /// The fence table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Creates the fence table if it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::Database`].
+    pub async fn migrate<'c, E, DB>(&self, executor: E) -> Result<(), FenceError>
+    where
+        E: Executor<'c, Database = DB>,
+        DB: Database,
+        for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    {
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {} (
+                resource TEXT NOT NULL PRIMARY KEY,
+                token BIGINT NOT NULL,
+                updated_ms BIGINT NOT NULL
+            )",
+            self.table
+        );
+        sqlx::query(&sql).execute(executor).await?;
+        Ok(())
+    }
+
+    /// Admits a write to `resource` under `token` if no higher token was seen for it,
+    /// and records `token` as the highest seen; in the caller's transaction (pass
+    /// `&mut *tx`), so that the write and the raise commit together.
+    ///
+    /// The same token may write any number of times; a lower one never again.
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::Stale`] when a higher token was seen (roll the transaction back:
+    /// another holder took the lock since); [`FenceError::TokenOutOfRange`] for a token
+    /// above `i64::MAX`; [`FenceError::Database`].
+    pub async fn check<'c, E, DB>(
+        &self,
+        executor: E,
+        resource: &str,
+        token: u64,
+    ) -> Result<(), FenceError>
+    where
+        E: Executor<'c, Database = DB>,
+        DB: Database,
+        for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+        for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+        for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+        usize: sqlx::ColumnIndex<DB::Row>,
+    {
+        let signed = i64::try_from(token).map_err(|_| FenceError::TokenOutOfRange { token })?;
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let stored: i64 = sqlx::query_scalar(&self.upsert)
+            .bind(resource)
+            .bind(signed)
+            .bind(now_ms)
+            .fetch_one(executor)
+            .await?;
+        if stored == signed {
+            Ok(())
+        } else {
+            Err(FenceError::Stale {
+                resource: resource.to_owned(),
+                token,
+                highest: u64::try_from(stored).unwrap_or(0),
+            })
+        }
+    }
+}
+
+/// Why a fenced write was refused or could not be checked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceError {
+    /// A higher token was seen for the resource: the lock has had a newer holder since
+    /// this token was handed out. Roll back; do not retry with this token (acquire the
+    /// lock again for a new one).
+    #[error(
+        "stale fencing token {token} for `{resource}`: token {highest} was seen already; roll back and acquire the lock again"
+    )]
+    Stale {
+        /// The resource.
+        resource: String,
+        /// The token refused.
+        token: u64,
+        /// The highest token seen for the resource.
+        highest: u64,
+    },
+    /// The token does not fit the table's BIGINT.
+    #[error(
+        "fencing token {token} is above the largest the fence table stores ({})",
+        i64::MAX
+    )]
+    TokenOutOfRange {
+        /// The token.
+        token: u64,
+    },
+    /// The fence table's name is not a plain SQL identifier.
+    #[error(
+        "`{table}` is not a plain table name (letters, digits, `_`, optionally `schema.table`)"
+    )]
+    InvalidTable {
+        /// The name given.
+        table: String,
+    },
+    /// The database failed.
+    #[error("the fence check failed in the database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names() {
+        assert!(SqlFence::with_table("fences").is_ok());
+        assert!(SqlFence::with_table("ops.fences_2").is_ok());
+        for bad in ["", "a;b", "1x", "a.b.c", "x y"] {
+            assert!(
+                matches!(
+                    SqlFence::with_table(bad),
+                    Err(FenceError::InvalidTable { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
+}
