@@ -137,8 +137,8 @@ fn nodes_section(page: &mut String, nodes: &Value) {
 
 fn locks_section(page: &mut String, locks: &Value, mount: &str, mutations: bool) {
     page.push_str("<h2>Held locks</h2>");
-    if let Some(error) = locks.get("error").and_then(Value::as_str) {
-        let _ = write!(page, "<p class=\"error\">{}</p>", esc(error));
+    if locks.get("error").is_some() {
+        error_paragraph(page, locks);
         return;
     }
     let list = locks.get("locks").and_then(Value::as_array);
@@ -201,12 +201,8 @@ fn scheduler_section(page: &mut String, scheduler: &Value, mount: &str, mutation
         esc(&text(scheduler, "name"))
     );
     match scheduler.get("leader") {
-        Some(Value::Object(leader)) if leader.contains_key("error") => {
-            let _ = write!(
-                page,
-                "<p class=\"error\">{}</p>",
-                esc(&text(&Value::Object(leader.clone()), "error"))
-            );
+        Some(leader @ Value::Object(map)) if map.contains_key("error") => {
+            error_paragraph(page, leader);
         }
         Some(leader @ Value::Object(_)) => {
             let _ = write!(
@@ -291,13 +287,7 @@ fn scheduler_section(page: &mut String, scheduler: &Value, mount: &str, mutation
             }
             page.push_str("</table>");
         }
-        Some(other) => {
-            let _ = write!(
-                page,
-                "<p class=\"error\">{}</p>",
-                esc(&text(other, "error"))
-            );
-        }
+        Some(other) => error_paragraph(page, other),
         None => {}
     }
     page.push_str("<h3>Recent runs</h3>");
@@ -321,15 +311,14 @@ fn scheduler_section(page: &mut String, scheduler: &Value, mount: &str, mutation
             }
             page.push_str("</table>");
         }
-        Some(other) => {
-            let _ = write!(
-                page,
-                "<p class=\"error\">{}</p>",
-                esc(&text(other, "error"))
-            );
-        }
+        Some(other) => error_paragraph(page, other),
         None => {}
     }
+}
+
+/// The `error` of a part of the overview that failed.
+fn error_paragraph(page: &mut String, part: &Value) {
+    let _ = write!(page, "<p class=\"error\">{}</p>", esc(&text(part, "error")));
 }
 
 /// A string field of `value` (empty if absent; numbers as written).

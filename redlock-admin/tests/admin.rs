@@ -170,6 +170,7 @@ async fn mutations_are_off_unless_switched_on() {
     ));
 }
 
+#[cfg(feature = "actix")] // the workspace's tests build it (the examples enable it)
 #[actix_web::test]
 async fn actix_scope_serves_the_same() {
     use actix_web::test::{TestRequest, call_service, init_service, read_body, read_body_json};

@@ -5,7 +5,6 @@
 //! request rows.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,29 +15,13 @@ use redlock_scheduler::{
     DEFAULT_SCHEDULER_NAME, Dispatched, Error, History, Job, JobContext, JobInfo, LeaderElector,
     Misfire, Outcome, Request, RequestAction, RequestState, RunFilter, SchedulerAdmin,
 };
-use redlock_testkit::Cluster;
+use redlock_testkit::{Cluster, until};
 
 mod common;
 use common::*;
 
 /// How long a request may take to be carried out (the leader looks twice a second).
 const REQUEST_WAIT: Duration = Duration::from_secs(10);
-
-/// Polls `check` every 50 ms until it gives a value; fails after `within`.
-async fn until<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// The test's jobs: `yearly` (Paris, never due during a test) records its manual runs,
 /// `secondly` counts its ticks, `slow` (never due either) runs until cancelled.

@@ -66,6 +66,7 @@ mod proxy;
 pub mod refusals;
 mod sandbox;
 mod server;
+mod wait;
 
 pub use checker::{Hold, Interval, Intervals, SafetyLog, Violation};
 #[cfg(feature = "redlock-core")]
@@ -74,6 +75,7 @@ pub use faults::{FaultKind, FaultReport, run_faults};
 pub use proxy::{LinkState, Proxy};
 pub use sandbox::Sandbox;
 pub use server::{Persistence, RedisServer, ServerOptions};
+pub use wait::until;
 
 /// N independent Redis masters, each optionally reached through its own [`Proxy`].
 pub struct Cluster {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::INSPECT_TIMEOUT;
+use super::{INSPECT_TIMEOUT, only_reply};
 use crate::client::Redlock;
 use crate::error::{Error, NodeError, NodeFailure};
 use crate::node::Node;
@@ -136,18 +136,7 @@ async fn fan_out<T>(
     parse: impl Fn(Value) -> Result<T, NodeError> + Copy,
 ) -> Vec<Result<T, NodeError>> {
     futures_util::future::join_all(nodes.iter().map(|node| async move {
-        let reply = node
-            .pipeline(pipe, false, "force_release", timeout)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| {
-                redis_error(redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "no reply",
-                )))
-            })?
-            .map_err(redis_error)?;
+        let reply = only_reply(node.pipeline(pipe, false, "force_release", timeout).await?)?;
         parse(reply)
     }))
     .await

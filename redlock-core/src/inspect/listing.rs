@@ -10,9 +10,9 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::time::Duration;
 
-use redis::{RedisResult, Value};
+use redis::RedisResult;
 
-use super::INSPECT_TIMEOUT;
+use super::{INSPECT_TIMEOUT, only_reply};
 use crate::client::Redlock;
 use crate::error::{Error, NodeError, NodeFailure};
 use crate::node::Node;
@@ -400,7 +400,7 @@ async fn scan(
             .arg(SCAN_COUNT)
             .arg("TYPE")
             .arg("string");
-        let reply = first(node.pipeline(&pipe, false, "scan", timeout).await?)?;
+        let reply = only_reply(node.pipeline(&pipe, false, "scan", timeout).await?)?;
         let (next, page): (u64, Vec<Vec<u8>>) =
             redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?;
         // Keys that are not UTF-8 were not written by this library.
@@ -462,17 +462,6 @@ async fn detail(
         }
     }
     Ok(seen)
-}
-
-/// The only reply of a one-command pipeline.
-fn first(replies: Vec<RedisResult<Value>>) -> Result<Value, NodeError> {
-    match replies.into_iter().next() {
-        Some(reply) => reply.map_err(redis_error),
-        None => Err(redis_error(redis::RedisError::from((
-            redis::ErrorKind::Client,
-            "no reply",
-        )))),
-    }
 }
 
 /// `s` with Redis glob's special characters escaped.

@@ -55,6 +55,20 @@ use std::time::Duration;
 /// timeout, since an inspection reads much more.
 pub const INSPECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The only reply of a one-command pipeline.
+fn only_reply(
+    replies: Vec<redis::RedisResult<redis::Value>>,
+) -> Result<redis::Value, crate::NodeError> {
+    use crate::protocol::redis_error;
+    match replies.into_iter().next() {
+        Some(reply) => reply.map_err(redis_error),
+        None => Err(redis_error(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "no reply",
+        )))),
+    }
+}
+
 /// Serializers for the reports (`serde` feature): durations in milliseconds, errors as
 /// their message.
 #[cfg(feature = "serde")]
