@@ -87,16 +87,23 @@ impl SqlFence {
         DB: Database,
         for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
     {
-        let sql = format!(
+        sqlx::query(&self.create_table_statement())
+            .execute(executor)
+            .await?;
+        Ok(())
+    }
+
+    /// The statement [`migrate`](Self::migrate) runs, for a migration system of your own
+    /// (`CREATE TABLE IF NOT EXISTS`, valid on PostgreSQL and SQLite).
+    pub fn create_table_statement(&self) -> String {
+        format!(
             "CREATE TABLE IF NOT EXISTS {} (
                 resource TEXT NOT NULL PRIMARY KEY,
                 token BIGINT NOT NULL,
                 updated_ms BIGINT NOT NULL
             )",
             self.table
-        );
-        sqlx::query(&sql).execute(executor).await?;
-        Ok(())
+        )
     }
 
     /// Admits a write to `resource` under `token` if no higher token was seen for it,
