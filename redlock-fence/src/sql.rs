@@ -33,7 +33,8 @@ impl SqlFence {
         Self::with_table_unchecked(DEFAULT_FENCE_TABLE.to_owned())
     }
 
-    /// A fence over `table` (letters, digits, `_`, optionally `schema.table`).
+    /// A fence over `table` (letters, digits, `_`, optionally `schema.table`; each part
+    /// at most 63 characters).
     ///
     /// # Errors
     ///
@@ -41,13 +42,13 @@ impl SqlFence {
     pub fn with_table(table: impl Into<String>) -> Result<Self, FenceError> {
         let table = table.into();
         let valid = !table.is_empty()
-            && table.len() <= 63
             && table.split('.').count() <= 2
             && table.split('.').all(|part| {
                 let mut chars = part.chars();
-                chars
-                    .next()
-                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                part.len() <= 63
+                    && chars
+                        .next()
+                        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                     && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
             });
         if !valid {
