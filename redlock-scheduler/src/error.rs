@@ -173,6 +173,50 @@ pub enum Error {
         missing: String,
     },
 
+    /// A run's transaction ([`JobContext::transaction`](crate::JobContext::transaction))
+    /// needs the history database, and the scheduler has none: give it one with
+    /// [`SchedulerBuilder::history`](crate::SchedulerBuilder::history).
+    #[error(
+        "a run's transaction needs the scheduler's history database: give the scheduler one (SchedulerBuilder::history)"
+    )]
+    NoHistory,
+
+    /// A later leadership wrote through a run's transaction (or took over) since this
+    /// run's leadership began: this replica no longer leads (it was paused, or cut off,
+    /// past its term). The transaction was rolled back; nothing it wrote is kept. Do not
+    /// retry: the leader decides what runs.
+    #[error(
+        "job `{job}`, tick {tick}: leadership token {token} is stale (token {highest} took over since); the run's transaction was rolled back"
+    )]
+    StaleRun {
+        /// The job.
+        job: String,
+        /// The tick (RFC 3339).
+        tick: String,
+        /// The run's leadership token.
+        token: u64,
+        /// The highest token seen for the job.
+        highest: u64,
+    },
+
+    /// A run's transaction was refused because the run is over for the scheduler: it
+    /// was told to stop (leadership or its run lock lost, timeout, shutdown, an
+    /// operator's cancel), or its history row was closed or claimed by another replica.
+    /// The transaction was rolled back; nothing it wrote is kept.
+    #[error("job `{job}`, tick {tick}: {reason}; the run's transaction was rolled back")]
+    RunEnded {
+        /// The job.
+        job: String,
+        /// The tick (RFC 3339).
+        tick: String,
+        /// Why the run is over.
+        reason: String,
+    },
+
+    /// A fence check could not be made (a token beyond the fence table's range).
+    #[error("run history: {0}")]
+    Fence(redlock_fence::FenceError),
+
     /// The scheduler is shutting down or shut down.
     #[error("the scheduler is shut down")]
     ShutDown,

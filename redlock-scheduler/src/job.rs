@@ -40,6 +40,8 @@ pub struct JobContext {
     pub(crate) instance: Arc<str>,
     pub(crate) cancel: CancellationToken,
     pub(crate) manual: bool,
+    /// The history, for [`transaction`](Self::transaction) (`None` without one).
+    pub(crate) record: Option<Arc<crate::transaction::RunRecord>>,
 }
 
 impl JobContext {

@@ -150,6 +150,7 @@ mod scheduler;
 mod status;
 mod store;
 pub mod telemetry;
+pub mod transaction;
 
 pub use admin::{DEFAULT_NEXT_TICKS, JobInfo, LeaderInfo, SchedulerAdmin};
 pub use clock::{BoxFuture, Clock, ManualClock, SystemClock};
@@ -162,6 +163,7 @@ pub use leader::{
 };
 pub use redlock_core::{BoxError, CancellationToken, Redlock};
 pub use schedule::Schedule;
+pub use transaction::RunTransaction;
 pub use scheduler::{DEFAULT_SCHEDULER_NAME, Dispatched, Scheduler, SchedulerBuilder};
 pub use status::{JobStatus, LastRun, SchedulerStatus};
 pub use store::{

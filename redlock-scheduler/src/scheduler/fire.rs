@@ -181,6 +181,18 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
     {
         recorder.health.fail(&err);
     }
+    // Runs of earlier leaderships can no longer commit their transactions (a replica
+    // paused past its term); the fences are also raised by this leadership's first
+    // commit of each job, should this fail.
+    let jobs = inner.jobs.iter().map(|state| &*state.name);
+    if let Err(err) = recorder
+        .history()
+        .raise_fences(&inner.name, jobs, leadership.epoch())
+        .await
+    {
+        tracing::warn!(error = %err, "could not raise the jobs' fences for this leadership");
+        recorder.health.fail(&err);
+    }
     let mut pauses = tokio::time::interval(PAUSE_REFRESH);
     let mut requests = tokio::time::interval(REQUEST_POLL);
     // A slow round (a trigger waiting on Redis) is not made up for with a burst.

@@ -4,7 +4,7 @@
 //! on Redis or the database.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -19,6 +19,7 @@ use crate::record::{Inserted, Row};
 use crate::status::LastRun;
 use crate::store::Outcome;
 use crate::telemetry::{self, SkipReason};
+use crate::transaction::RunRecord;
 
 /// How long an on-time tick waits for the job's previous run to end before it is
 /// skipped as an overlap (a run ending just now hands its lock over at once).
@@ -287,6 +288,15 @@ impl Inner {
             lag_ms,
             manual,
         );
+        let record = self.recorder.as_ref().map(|recorder| {
+            Arc::new(RunRecord {
+                history: recorder.history().clone(),
+                scheduler: self.name.clone(),
+                started: self.clock.now(),
+                clock: Arc::clone(&self.clock),
+                committed: AtomicBool::new(false),
+            })
+        });
         self.runs.spawn(
             async move {
                 let Some(state) = inner.jobs.get(index) else {
@@ -294,8 +304,20 @@ impl Inner {
                 };
                 let started = std::time::Instant::now();
                 let (outcome, error) = inner
-                    .run(state, tick, run_lock, &leadership, manual, &operator_cancel)
+                    .run(
+                        state,
+                        tick,
+                        run_lock,
+                        &leadership,
+                        manual,
+                        &operator_cancel,
+                        record.clone(),
+                    )
                     .await;
+                let (outcome, error) = match record {
+                    Some(record) if record.committed() => committed_outcome(outcome, error),
+                    _ => (outcome, error),
+                };
                 telemetry::run_ended(&state.name, outcome.as_str(), started.elapsed());
                 state.running.store(false, Ordering::Release);
                 state.catching_up.store(false, Ordering::Release);
@@ -342,6 +364,7 @@ impl Inner {
         leadership: &Leadership,
         manual: bool,
         operator_cancel: &CancellationToken,
+        record: Option<Arc<RunRecord>>,
     ) -> (Outcome, Option<String>) {
         // The lock lives as long as the run: up to the job's timeout (and the time to
         // stop) if it has one; otherwise as long as it goes on (the core's upper bound
@@ -359,6 +382,7 @@ impl Inner {
             instance: Arc::clone(&self.instance),
             cancel: cancel.clone(),
             manual,
+            record,
         };
         let handler = Arc::clone(&state.job.handler);
         let mut work = std::pin::pin!(handler(ctx));
@@ -386,5 +410,20 @@ impl Inner {
         let _ = tokio::time::timeout(CANCEL_GRACE, &mut work).await;
         let _ = run_lock.release().await;
         (stopped.0, Some(stopped.1.to_owned()))
+    }
+}
+
+/// How a run whose transaction committed is recorded: succeeded (its effects are in, and
+/// its row says so already), with what happened after the commit as a note.
+fn committed_outcome(outcome: Outcome, error: Option<String>) -> (Outcome, Option<String>) {
+    match (outcome, error) {
+        (Outcome::Succeeded, error) => (Outcome::Succeeded, error),
+        (outcome, error) => (
+            Outcome::Succeeded,
+            Some(format!(
+                "its transaction committed; afterwards: {}",
+                error.unwrap_or_else(|| outcome.as_str().to_owned())
+            )),
+        ),
     }
 }

@@ -58,6 +58,7 @@
 
 mod admin;
 mod builder;
+mod commit;
 mod control;
 mod filter;
 mod run;
@@ -72,6 +73,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use sqlx::AnyPool;
 
 pub(crate) use self::admin::{EXPIRED, JobDefinition, new_request_id};
+pub(crate) use self::commit::{Refused, RunKey};
 pub use self::admin::{Request, RequestAction, RequestState};
 pub use self::builder::{
     DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, HistoryBuilder,

@@ -8,6 +8,7 @@
 //! on SQLite. Many replicas starting at once on a fresh database therefore migrate it
 //! exactly once, one after the other.
 
+use redlock_fence::SqlFence;
 use sqlx::AnyConnection;
 
 use super::target::Backend;
@@ -24,9 +25,17 @@ pub(crate) struct Tables {
     pub(crate) jobs: String,
     /// Operators' requests (trigger, cancel, step down) and their results.
     pub(crate) requests: String,
+    /// The highest leadership token that wrote through a run's transaction, per job.
+    pub(crate) fences: String,
     pub(crate) migrations: String,
     /// The bare prefix (index and constraint names).
     prefix: String,
+}
+
+/// The fence over `table` (a name these tables made: a plain identifier, optionally
+/// schema-qualified).
+pub(crate) fn fence(table: &str) -> SqlFence {
+    SqlFence::with_table(table).unwrap_or_default()
 }
 
 /// The default table prefix.
@@ -56,6 +65,7 @@ impl Tables {
             pauses: qualify("job_pauses"),
             jobs: qualify("scheduler_jobs"),
             requests: qualify("scheduler_requests"),
+            fences: qualify("job_fences"),
             migrations: qualify("scheduler_migrations"),
             prefix: prefix.to_owned(),
         }
@@ -80,6 +90,7 @@ impl Tables {
             pauses,
             jobs,
             requests,
+            fences,
             prefix,
             ..
         } = self;
@@ -205,6 +216,8 @@ impl Tables {
                     ),
                 ],
             ),
+            // 6: the fence that runs' transactions check (see `JobContext::transaction`).
+            (6, vec![fence(fences).create_table_statement()]),
         ]
     }
 }

@@ -1,0 +1,295 @@
+//! Job runs whose effects commit with their record (`JobContext::transaction`), against
+//! real redis-server nodes, a SQLite file and the PostgreSQL at `DATABASE_URL`.
+//!
+//! The leader is frozen mid-run (its whole runtime blocked, as `SIGSTOP` would stop a
+//! process) past its leadership's term; the other replica takes over and runs the next
+//! ticks; the frozen one wakes up and commits the run it was in. That commit is refused
+//! (a stale leadership token) and rolled back, and the history and the effects agree:
+//! each tick that succeeded has exactly one effect, and no other tick has any.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use common::{Replica, unique};
+use redlock_scheduler::{BoxError, Error, History, Job, JobContext, Outcome};
+use redlock_testkit::{Cluster, until};
+
+/// How long the leader is frozen: well past its leadership's TTL.
+const FREEZE: Duration = Duration::from_secs(5);
+
+/// What each run's commit answered: (instance, tick ms, answer).
+type Commits = Arc<Mutex<Vec<(String, i64, Result<(), String>)>>>;
+
+fn settle_job(
+    effects: &str,
+    freeze_armed: &Arc<AtomicBool>,
+    commits: &Commits,
+    write_first: bool,
+) -> Job {
+    let (effects, armed, commits) = (
+        effects.to_owned(),
+        Arc::clone(freeze_armed),
+        Arc::clone(commits),
+    );
+    Job::new("settle", "* * * * * *", move |ctx: JobContext| {
+        let (effects, armed, commits) = (effects.clone(), Arc::clone(&armed), Arc::clone(&commits));
+        async move {
+            let freeze = ctx.instance() == "a" && armed.swap(false, Ordering::AcqRel);
+            let mut tx = ctx.transaction().await?;
+            let sql =
+                format!("INSERT INTO {effects} (tick_ms, instance, token) VALUES ($1, $2, $3)");
+            let write = sqlx::query(&sql)
+                .bind(ctx.tick().timestamp_millis())
+                .bind(ctx.instance().to_owned())
+                .bind(i64::try_from(ctx.fencing_token()).unwrap());
+            if freeze && !write_first {
+                // The replica's only worker thread: its timers, its watchdogs, its
+                // leadership all stop, as in a process that was sent SIGSTOP.
+                std::thread::sleep(FREEZE);
+            }
+            write.execute(&mut *tx).await?;
+            if freeze && write_first {
+                std::thread::sleep(FREEZE);
+            }
+            let answer = tx.commit().await;
+            commits.lock().unwrap().push((
+                ctx.instance().to_owned(),
+                ctx.tick().timestamp_millis(),
+                answer.as_ref().map(|_| ()).map_err(|e| match e {
+                    Error::StaleRun { .. } => format!("stale: {e}"),
+                    other => other.to_string(),
+                }),
+            ));
+            answer?;
+            Ok::<_, BoxError>(())
+        }
+    })
+}
+
+async fn stale_leader_is_rolled_back(url: &str, write_first: bool) {
+    let cluster = Cluster::start(3).await;
+    let prefix = format!("{}_", unique("fx").replace('-', "_"));
+    let effects = format!("{prefix}effects");
+    let history = History::builder(url)
+        .table_prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "CREATE TABLE {effects} (tick_ms BIGINT NOT NULL, instance TEXT NOT NULL, token BIGINT NOT NULL)"
+    ))
+    .execute(history.pool())
+    .await
+    .unwrap();
+    let armed = Arc::new(AtomicBool::new(false));
+    let commits: Commits = Arc::default();
+    let start = |instance: &'static str| {
+        let job = settle_job(&effects, &armed, &commits, write_first);
+        let builder = History::builder(url).table_prefix(&prefix);
+        Replica::start_with(&cluster, instance, Some(builder), vec![job], |b| b)
+    };
+    let a = start("a").await;
+    until("replica a leads", Duration::from_secs(10), || async {
+        a.leads().then_some(())
+    })
+    .await;
+    let b = start("b").await;
+    let from = Utc::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    armed.store(true, Ordering::Release);
+
+    // a freezes in its next run; b takes over; a wakes up and tries to commit.
+    let frozen = until("the frozen run's commit", FREEZE * 3, || async {
+        commits
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(instance, _, _)| instance == "a")
+            .last()
+            .filter(|(_, tick, _)| *tick > from.timestamp_millis() + 1000)
+            .cloned()
+    })
+    .await;
+    let (_, frozen_tick, answer) = frozen;
+    let refusal = answer.expect_err("the frozen leader's commit is refused");
+    if write_first {
+        // Nothing awaited between the wake-up and the commit: the replica has not yet
+        // noticed that its leadership is gone, and the fence refuses the commit.
+        assert!(
+            refusal.starts_with("stale:"),
+            "refused by the fence: {refusal}"
+        );
+    } else {
+        // Its write came first: the replica may notice its lost leadership meanwhile.
+        assert!(
+            refusal.starts_with("stale:") || refusal.contains("told to stop"),
+            "{refusal}"
+        );
+    }
+    let replicas = [a, b];
+    until(
+        "b alone leads after the freeze",
+        Duration::from_secs(5),
+        || async { (replicas[1].leads() && !replicas[0].leads()).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let to = Utc::now();
+    for replica in &replicas {
+        replica.shutdown().await;
+    }
+
+    let effects_rows: Vec<(i64, String, i64)> =
+        sqlx::query_as(&format!("SELECT tick_ms, instance, token FROM {effects}"))
+            .fetch_all(history.pool())
+            .await
+            .unwrap();
+    let runs = history.runs_between("scheduler", from, to).await.unwrap();
+    assert!(
+        !effects_rows.iter().any(|(tick, _, _)| *tick == frozen_tick),
+        "the frozen run's effect was rolled back: {effects_rows:?}"
+    );
+    let frozen_row = runs
+        .iter()
+        .find(|r| r.tick.timestamp_millis() == frozen_tick);
+    assert!(
+        frozen_row.is_none_or(|r| r.outcome != Outcome::Succeeded),
+        "the frozen run is not recorded as succeeded: {frozen_row:?}"
+    );
+    // One effect per succeeded tick, by the replica the history names; none elsewhere.
+    let mut per_tick: HashMap<i64, Vec<&(i64, String, i64)>> = HashMap::new();
+    for row in &effects_rows {
+        per_tick.entry(row.0).or_default().push(row);
+    }
+    let mut succeeded = 0;
+    for run in &runs {
+        let tick = run.tick.timestamp_millis();
+        let effects_of_tick = per_tick.remove(&tick).unwrap_or_default();
+        if run.outcome == Outcome::Succeeded {
+            succeeded += 1;
+            assert_eq!(effects_of_tick.len(), 1, "tick {tick}: {effects_of_tick:?}");
+            assert_eq!(effects_of_tick[0].1, run.instance, "tick {tick}");
+        } else {
+            assert!(
+                effects_of_tick.is_empty(),
+                "{run:?} has effects {effects_of_tick:?}"
+            );
+        }
+    }
+    let after_window: Vec<_> = per_tick
+        .into_iter()
+        .filter(|(tick, _)| (from.timestamp_millis()..=to.timestamp_millis()).contains(tick))
+        .collect();
+    assert!(
+        after_window.is_empty(),
+        "effects without a succeeded run: {after_window:?}"
+    );
+    let by_b = runs
+        .iter()
+        .filter(|r| r.instance == "b" && r.outcome == Outcome::Succeeded)
+        .count();
+    assert!(by_b >= 2, "b ran ticks while a was frozen: {runs:?}");
+    assert!(succeeded >= 4, "{runs:?}");
+    eprintln!(
+        "{} ticks succeeded ({by_b} on b), the frozen run's commit refused: {refusal}",
+        succeeded
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leaders_run_is_rolled_back_sqlite() {
+    let (_dir, url) = common::sqlite_url();
+    // SQLite has one writer: a run frozen after writing would hold every other writer
+    // off, so it freezes before its write (the commit comes after the takeover either way).
+    stale_leader_is_rolled_back(&url, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn a_frozen_leaders_run_is_rolled_back_postgres() {
+    let url = std::env::var("DATABASE_URL")
+        .expect("DATABASE_URL is not set at run time but was at build time");
+    stale_leader_is_rolled_back(&url, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_needs_a_history_and_commits_with_the_row() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = common::sqlite_url();
+    let history = History::connect(&url).await.unwrap();
+    sqlx::query("CREATE TABLE notes (tick_ms BIGINT NOT NULL)")
+        .execute(history.pool())
+        .await
+        .unwrap();
+    let answers: Arc<Mutex<Vec<String>>> = Arc::default();
+    let job = |name: &str| {
+        let answers = Arc::clone(&answers);
+        Job::new(name, "* * * * * *", move |ctx: JobContext| {
+            let answers = Arc::clone(&answers);
+            async move {
+                let mut tx = match ctx.transaction().await {
+                    Ok(tx) => tx,
+                    Err(err) => {
+                        answers.lock().unwrap().push(err.to_string());
+                        return Err(BoxError::from(err));
+                    }
+                };
+                sqlx::query("INSERT INTO notes (tick_ms) VALUES ($1)")
+                    .bind(ctx.tick().timestamp_millis())
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                // An error after the commit does not undo it: the run stays succeeded.
+                Err::<(), BoxError>("after the commit".into())
+            }
+        })
+    };
+    let with = Replica::start(
+        &cluster,
+        "with",
+        Some(url.clone()),
+        vec![job("noted")],
+        |b| b,
+    )
+    .await;
+    let without = Replica::start(&cluster, "without", None, vec![job("unnoted")], |b| {
+        b.name("other")
+    })
+    .await;
+    until("a run of each", Duration::from_secs(10), || async {
+        let rows = history.runs("scheduler", "noted", 10).await.unwrap();
+        let done = rows
+            .iter()
+            .any(|r| r.outcome == Outcome::Succeeded && r.error.is_some());
+        (done && !answers.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    with.shutdown().await;
+    without.shutdown().await;
+    let answer = answers.lock().unwrap()[0].clone();
+    assert!(answer.contains("needs the scheduler's history"), "{answer}");
+    let rows = history.runs("scheduler", "noted", 100).await.unwrap();
+    let notes: Vec<i64> = sqlx::query_scalar("SELECT tick_ms FROM notes")
+        .fetch_all(history.pool())
+        .await
+        .unwrap();
+    for row in rows.iter().filter(|r| r.outcome == Outcome::Succeeded) {
+        assert!(notes.contains(&row.tick.timestamp_millis()), "{row:?}");
+        assert!(
+            row.error
+                .as_deref()
+                .is_some_and(|e| e.contains("after the commit")),
+            "{row:?}"
+        );
+    }
+    assert!(!notes.is_empty());
+}
