@@ -303,16 +303,17 @@ impl Inner {
                     return;
                 };
                 let started = std::time::Instant::now();
+                let ctx = JobContext {
+                    job: Arc::clone(&state.name),
+                    tick,
+                    fencing_token: leadership.epoch(),
+                    instance: Arc::clone(&inner.instance),
+                    cancel: CancellationToken::new(),
+                    manual,
+                    record: record.clone(),
+                };
                 let (outcome, error) = inner
-                    .run(
-                        state,
-                        tick,
-                        run_lock,
-                        &leadership,
-                        manual,
-                        &operator_cancel,
-                        record.clone(),
-                    )
+                    .run(state, ctx, run_lock, &leadership, &operator_cancel)
                     .await;
                 let (outcome, error) = match record {
                     Some(record) if record.committed() => committed_outcome(outcome, error),
@@ -359,12 +360,10 @@ impl Inner {
     async fn run(
         &self,
         state: &JobState,
-        tick: DateTime<Utc>,
+        ctx: JobContext,
         mut run_lock: Lock,
         leadership: &Leadership,
-        manual: bool,
         operator_cancel: &CancellationToken,
-        record: Option<Arc<RunRecord>>,
     ) -> (Outcome, Option<String>) {
         // The lock lives as long as the run: up to the job's timeout (and the time to
         // stop) if it has one; otherwise as long as it goes on (the core's upper bound
@@ -374,16 +373,7 @@ impl Inner {
             .timeout
             .map_or(Duration::MAX, |t| t + CANCEL_GRACE * 2);
         run_lock.auto_extend_for(bound);
-        let cancel = CancellationToken::new();
-        let ctx = JobContext {
-            job: Arc::clone(&state.name),
-            tick,
-            fencing_token: leadership.epoch(),
-            instance: Arc::clone(&self.instance),
-            cancel: cancel.clone(),
-            manual,
-            record,
-        };
+        let cancel = ctx.cancel.clone();
         let handler = Arc::clone(&state.job.handler);
         let mut work = std::pin::pin!(handler(ctx));
         let timeout = async {
