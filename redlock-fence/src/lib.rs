@@ -3,11 +3,21 @@
 //! A lock alone cannot stop a holder that was paused past its lock's validity from
 //! writing afterwards: it still believes it holds the lock. A fencing token
 //! ([`Lock::fencing_token`](https://docs.rs/redlock-core), strictly greater for every
-//! new holder) stops it only if the storage checks it. [`SqlFence`] does that check in
-//! the write's own transaction, with one statement: it records the highest token seen
-//! per resource in a fence table, raises it to the writer's token, or refuses the writer
-//! if a higher token was seen ([`FenceError::Stale`], carrying both). Committed, the write
-//! and the raise happen together; refused, the caller rolls back.
+//! new holder) stops it only if the storage checks it, atomically with the write. This
+//! crate does that check for two kinds of storage; both record the highest token seen
+//! per resource, raise it to the writer's token, or refuse the writer if a higher token
+//! was seen ([`FenceError::Stale`], carrying both).
+//!
+//! | storage | type | the check is atomic with the write because |
+//! | --- | --- | --- |
+//! | SQL (sqlx: PostgreSQL, SQLite) | [`SqlFence`] | it runs in the write's own transaction |
+//! | Redis (feature `redis`) | [`RedisFence`] | one Lua script compares, writes and raises |
+//!
+//! # SQL
+//!
+//! [`SqlFence`] checks in the write's own transaction, with one statement on a fence
+//! table. Committed, the write and the raise happen together; refused, the caller rolls
+//! back.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -37,7 +47,34 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Redis
+//!
+//! With the `redis` feature, [`RedisFence`] writes to a data Redis (not one of the lock's
+//! nodes): `set` and `del` of a data key under a token, each one script that compares
+//! the token with the fence key's, applies the write and raises the fence. Tokens are
+//! compared exactly over the whole `u64` range. On Redis Cluster, the fence key and the
+//! data key must share a hash slot (hash tags); the fence lasts only as long as the data
+//! Redis keeps its data (`appendonly yes`). Its documentation has an example.
+//!
+//! # Feature flags
+//!
+//! | feature | default | enables |
+//! | --- | --- | --- |
+//! | `redis` | off | [`RedisFence`]: fenced `SET` / `DEL` on a data Redis |
+//!
+#![cfg_attr(feature = "redis", doc = "[`RedisFence`]: RedisFence")]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "[`RedisFence`]: https://docs.rs/redlock-fence/latest/redlock_fence/struct.RedisFence.html"
+)]
 
+mod error;
+#[cfg(feature = "redis")]
+mod redis;
 mod sql;
 
-pub use sql::{DEFAULT_FENCE_TABLE, FenceError, SqlFence};
+#[cfg(feature = "redis")]
+pub use crate::redis::{DEFAULT_FENCE_PREFIX, RedisFence};
+pub use error::FenceError;
+pub use sql::{DEFAULT_FENCE_TABLE, SqlFence};

@@ -4,6 +4,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Type};
 
+use crate::FenceError;
+
 /// The fence table's name unless told otherwise.
 pub const DEFAULT_FENCE_TABLE: &str = "redlock_fences";
 
@@ -152,46 +154,6 @@ impl SqlFence {
             })
         }
     }
-}
-
-/// Why a fenced write was refused or could not be checked.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FenceError {
-    /// A higher token was seen for the resource: the lock has had a newer holder since
-    /// this token was handed out. Roll back; do not retry with this token (acquire the
-    /// lock again for a new one).
-    #[error(
-        "stale fencing token {token} for `{resource}`: token {highest} was seen already; roll back and acquire the lock again"
-    )]
-    Stale {
-        /// The resource.
-        resource: String,
-        /// The token refused.
-        token: u64,
-        /// The highest token seen for the resource.
-        highest: u64,
-    },
-    /// The token does not fit the table's BIGINT.
-    #[error(
-        "fencing token {token} is above the largest the fence table stores ({})",
-        i64::MAX
-    )]
-    TokenOutOfRange {
-        /// The token.
-        token: u64,
-    },
-    /// The fence table's name is not a plain SQL identifier.
-    #[error(
-        "`{table}` is not a plain table name (letters, digits, `_`, optionally `schema.table`)"
-    )]
-    InvalidTable {
-        /// The name given.
-        table: String,
-    },
-    /// The database failed.
-    #[error("the fence check failed in the database: {0}")]
-    Database(#[from] sqlx::Error),
 }
 
 #[cfg(test)]
