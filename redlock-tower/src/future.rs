@@ -17,6 +17,7 @@ use crate::body::LockBody;
 use crate::config::{Config, Hold};
 use crate::guard::Guard;
 use crate::response::{Rejection, RejectionKind, RejectionResponse};
+use crate::token::FailedOpen;
 
 type AcquireFuture = Pin<Box<dyn Future<Output = Result<Lock, Error>> + Send>>;
 
@@ -206,11 +207,15 @@ where
                                     Some(&error),
                                 ),
                             },
-                            // Fail-open: through without a lock (and without a handle).
-                            None => State::Running {
-                                future: inner.call(request),
-                                guard: None,
-                            },
+                            // Fail-open: through without a lock (and without a handle);
+                            // the marker tells `FencingToken` why.
+                            None => {
+                                request.extensions_mut().insert(FailedOpen);
+                                State::Running {
+                                    future: inner.call(request),
+                                    guard: None,
+                                }
+                            }
                         },
                     };
                     this.state.set(next);

@@ -138,8 +138,9 @@ impl<E> LockLayer<E> {
     }
 
     /// Take each lock with a fencing token (default: the client's
-    /// [`fencing`](redlock_core::RedlockBuilder::fencing) setting); the handler reads it
-    /// from the [`LockHandle`](crate::LockHandle) in the request's extensions.
+    /// [`fencing`](redlock_core::RedlockBuilder::fencing) setting); the handler takes it
+    /// as a [`FencingToken`](crate::FencingToken) (an axum extractor), or reads it from
+    /// the [`LockHandle`](crate::LockHandle) in the request's extensions.
     pub fn fencing(self, on: bool) -> Self {
         self.config(|c| c.fencing = Some(on))
     }
@@ -147,7 +148,9 @@ impl<E> LockLayer<E> {
     /// When no quorum of Redis nodes can be reached (or another backend failure), let
     /// the request through without a lock, logging a warning, instead of answering
     /// `503` (fail-closed, the default). Only for work where running unserialized is
-    /// better than not running. A busy key is still refused.
+    /// better than not running. A busy key is still refused. A handler taking a
+    /// [`FencingToken`](crate::FencingToken) is not called for a request let through
+    /// unlocked: it is answered `503`.
     pub fn fail_open(self, on: bool) -> Self {
         self.config(|c| c.fail_open = on)
     }

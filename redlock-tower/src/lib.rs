@@ -26,7 +26,7 @@
 //!
 //! | feature | default | enables |
 //! | --- | --- | --- |
-//! | `axum` | off | `extract::PathParam`: the key from an axum path parameter (`/orders/{id}/pay`) |
+//! | `axum` | off | `extract::PathParam`: the key from an axum path parameter (`/orders/{id}/pay`); [`FencingToken`] as an axum extractor |
 //!
 //! Supported versions: tower 0.5 and http 1 (any framework built on them: axum, hyper,
 //! tonic); with the `axum` feature, axum 0.8. An axum 0.7 `Router` accepts the layer but
@@ -44,7 +44,8 @@
 //! 2. the layer takes the cluster-wide lock on the key (failing fast by default, or
 //!    waiting up to a deadline, woken as soon as the holder releases);
 //! 3. the inner service runs while the lock is held and auto-extended; the handler finds
-//!    a [`LockHandle`] (key, validity, `lost()`) in the request's extensions;
+//!    a [`LockHandle`] (key, validity, `lost()`, fencing token) in the request's
+//!    extensions, and takes the lock's [`FencingToken`] as an axum extractor;
 //! 4. the lock is released when the response body has been sent, or dropped (by
 //!    default), or as soon as the response head is ready ([`Hold`]).
 //!
@@ -115,6 +116,38 @@
 //! # }
 //! ```
 //!
+//! # Fencing tokens
+//!
+//! A lock cannot stop a handler that was paused past its lock's validity (a long GC
+//! pause, a stalled VM) from writing afterwards, while another replica holds the lock.
+//! With [`fencing`](LockLayer::fencing) on, each lock carries a fencing token, strictly
+//! greater for every new holder of the key; the handler passes it with its write and
+//! the storage refuses a token lower than one it has seen (`redlock-fence` does this in
+//! the write's own SQL transaction). An axum handler takes it as an argument:
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use redlock_tower::{FencingToken, LockLayer, Redlock, extract::PathParam};
+//!
+//! async fn pay(FencingToken(token): FencingToken) -> String {
+//!     // BEGIN; fence.check(&mut *tx, "order:42", token); UPDATE ...; COMMIT
+//!     format!("charged under token {token}")
+//! }
+//!
+//! let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build()?;
+//! let per_order = LockLayer::new(redlock, PathParam::new("id"))
+//!     .key_prefix("order:")
+//!     .fencing(true);
+//! let app: Router = Router::new().route("/orders/{id}/pay", post(pay).route_layer(per_order));
+//! # Ok::<(), redlock_tower::BoxError>(())
+//! ```
+//!
+//! A route the layer does not cover, or a layer without fencing, is a configuration
+//! mistake: the handler is not called, the client gets a `500` problem saying which
+//! (and nothing of the server's insides), and the log names the setting to change
+//! ([`FencingTokenRejection`]). Hyper and tonic services read it with
+//! [`FencingToken::from_request`].
+//!
 //! # Lock loss
 //!
 //! The lock is extended by redlock-core's watchdog about every `ttl / 3` while the
@@ -146,6 +179,7 @@ mod guard;
 mod layer;
 pub mod response;
 mod service;
+mod token;
 
 pub use body::{LockBody, LockLost};
 pub use config::Hold;
@@ -153,3 +187,4 @@ pub use future::ResponseFuture;
 pub use layer::LockLayer;
 pub use redlock_core::{BoxError, LockHandle, Redlock, RetryPolicy};
 pub use service::LockService;
+pub use token::{FencingToken, FencingTokenRejection, MissingToken};
