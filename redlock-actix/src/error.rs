@@ -20,10 +20,13 @@ use redlock_http::{self as problem, Problem};
 /// | [`Unavailable`](Self::Unavailable) | 503 | 1 s |
 /// | [`BadKey`](Self::BadKey) | 400 | none |
 /// | [`MissingConfig`](Self::MissingConfig), [`Misconfigured`](Self::Misconfigured), [`Background`](Self::Background) | 500 | none |
+/// | [`NoLock`](Self::NoLock), [`NoFencingToken`](Self::NoFencingToken) | 500 | none |
 ///
 /// Bodies carry a generic detail (see [`Problem::from_error`]) and, when the request
 /// has an `x-request-id` or `x-correlation-id` header, its id; node addresses and error
-/// texts go to the server's log only.
+/// texts go to the server's log only. `NoLock` and `NoFencingToken` say which of the
+/// two mistakes it is (no lock for the route, a lock without fencing), and the log (the
+/// error's `Display`) names the setting to change.
 ///
 /// ```
 /// use actix_web::ResponseError;
@@ -69,6 +72,22 @@ pub enum DistributedLockError {
     /// shut down, or the task panicked): 500.
     #[error("the lock's background task failed: {0}")]
     Background(String),
+
+    /// A handler takes a [`FencingToken`](crate::FencingToken), but the request holds no
+    /// lock: no [`LockMiddleware`](crate::LockMiddleware) wraps the route and the handler
+    /// takes no [`DistributedLock`](crate::DistributedLock), or the middleware's key let
+    /// the request through unlocked: 500.
+    #[error(
+        "the handler takes a `redlock_actix::FencingToken`, but the request holds no lock (no `LockHandle` in its extensions): wrap the route's scope or resource in `LockMiddleware`, or take a `DistributedLock<T>` in the same handler; or the middleware's key let this request through unlocked (e.g. `LockMiddleware::header` without `Header::required`)"
+    )]
+    NoLock,
+
+    /// A handler takes a [`FencingToken`](crate::FencingToken), but the request's lock
+    /// was taken without one (fencing is off): 500.
+    #[error(
+        "the handler takes a `redlock_actix::FencingToken`, but the request's lock was taken without one: turn fencing on with `DistributedLockConfig::fencing(true)` (or for the client with `RedlockBuilder::fencing(true)`)"
+    )]
+    NoFencingToken,
 }
 
 impl From<redlock_core::Error> for DistributedLockError {
@@ -107,6 +126,14 @@ impl DistributedLockError {
                 "The server's lock configuration is invalid; the details are in the server's log."
                     .to_owned(),
             ),
+            Self::NoLock => Problem::misconfigured(
+                "The handler needs the lock's fencing token, but no lock was taken for this request: the lock is not configured for this route. The details are in the server's log."
+                    .to_owned(),
+            ),
+            Self::NoFencingToken => Problem::misconfigured(
+                "The handler needs the lock's fencing token, but this route's lock is configured without fencing tokens. The details are in the server's log."
+                    .to_owned(),
+            ),
         }
     }
 
@@ -129,7 +156,11 @@ impl DistributedLockError {
             Self::Unavailable(err) => {
                 tracing::warn!(path = req.path(), request_id = id.as_deref(), error = %err, "lock service unavailable: request refused");
             }
-            Self::MissingConfig | Self::Misconfigured(_) | Self::Background(_) => {
+            Self::MissingConfig
+            | Self::Misconfigured(_)
+            | Self::Background(_)
+            | Self::NoLock
+            | Self::NoFencingToken => {
                 tracing::error!(path = req.path(), request_id = id.as_deref(), error = %self, "lock misconfigured: request refused");
             }
         }

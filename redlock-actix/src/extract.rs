@@ -3,7 +3,7 @@
 use std::ops::{Deref, DerefMut};
 
 use actix_web::dev::Payload;
-use actix_web::{FromRequest, HttpRequest};
+use actix_web::{FromRequest, HttpMessage, HttpRequest};
 use futures_util::future::LocalBoxFuture;
 use redlock_core::Released;
 
@@ -11,6 +11,7 @@ use crate::config::DistributedLockConfig;
 use crate::error::DistributedLockError;
 use crate::guard::LockGuard;
 use crate::key::LockKey;
+use crate::token::Acquiring;
 
 /// An extractor that holds the cluster-wide lock named by the inner extractor's value for
 /// as long as it lives: the handler body runs only while this replica holds the lock.
@@ -24,6 +25,12 @@ use crate::key::LockKey;
 /// dropped, that is when the handler returns (or by [`release`](Self::release)).
 /// Rejections are [`DistributedLockError`]s: busy → 409, no quorum → 503, bad key →
 /// 400, no configuration → 500.
+///
+/// Once the lock is held, its [`LockHandle`](crate::LockHandle) is also put into the
+/// request's extensions, so that a [`FencingToken`](crate::FencingToken) argument of the
+/// same handler gets the lock's fencing token (with
+/// [`fencing`](crate::DistributedLockConfig::fencing) on), as under
+/// [`LockMiddleware`](crate::LockMiddleware).
 ///
 /// It dereferences to `T`. To keep the lock while a streaming body is sent, take it
 /// apart with [`into_parts`](Self::into_parts) and wrap the body with
@@ -132,8 +139,12 @@ where
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let inner = T::from_request(req, payload);
+        // A `FencingToken` argument waits until this is dropped: after the handle is in
+        // the extensions, or on any failure.
+        let acquiring = Acquiring::start(req);
         let req = req.clone();
         Box::pin(async move {
+            let _acquiring = acquiring;
             // The inner extractor's errors are its own responses.
             let inner = inner.await.map_err(Into::into)?;
             let Some(config) = DistributedLockConfig::from_req(&req).cloned() else {
@@ -144,7 +155,12 @@ where
                 Err(bad) => return Err(config.reject(bad.into(), &req)),
             };
             match config.acquire(resource).await {
-                Ok(guard) => Ok(Self { inner, guard }),
+                Ok(guard) => {
+                    // For `FencingToken` (and `web::ReqData<LockHandle>`), as the
+                    // middleware does.
+                    req.extensions_mut().insert(guard.handle());
+                    Ok(Self { inner, guard })
+                }
                 Err(err) => Err(config.reject(err, &req)),
             }
         })

@@ -49,6 +49,10 @@
 //!   [`into_parts`](DistributedLock::into_parts) moves it into a streaming body
 //!   ([`LockGuard::hold_during`]).
 //! - [`LockMiddleware`] locks a whole scope by a key taken from each request.
+//! - [`FencingToken`], an extractor, hands the handler the lock's fencing token (with
+//!   [`fencing`](DistributedLockConfig::fencing) on), under the middleware or with a
+//!   `DistributedLock<T>` in the same handler: pass it with the handler's writes so that
+//!   the storage refuses a writer whose lock has expired meanwhile (`redlock-fence`).
 //! - [`DistributedLockConfig`] (the [`Redlock`] client, TTL, wait policy, prefix, error
 //!   handler) is found in `app_data`, innermost first: a resource's or scope's
 //!   configuration overrides the app's. A route without one answers 500 naming the type
@@ -56,7 +60,8 @@
 //! - Rejections are [`DistributedLockError`]s, answered as `application/problem+json`
 //!   by [`redlock_http`] (the same answers as `redlock-tower`): busy → 409 with
 //!   `Retry-After` (the holder's remaining TTL), no quorum → 503 with `Retry-After`,
-//!   bad key → 400, misconfiguration → 500. The inner extractor's own errors (a bad path
+//!   bad key → 400, misconfiguration (a `FencingToken` without a lock, or without
+//!   fencing, included) → 500. The inner extractor's own errors (a bad path
 //!   segment → 404, a bad query → 400) keep their own responses.
 //!
 //! # Against real nodes
@@ -149,6 +154,7 @@ mod extract;
 mod guard;
 mod key;
 mod middleware;
+mod token;
 
 pub use config::DistributedLockConfig;
 pub use error::BadKey;
@@ -158,3 +164,4 @@ pub use guard::{LockGuard, LockedBody};
 pub use key::{LockHeader, LockHeaderName, LockKey};
 pub use middleware::{Header, LockMiddleware, LockMiddlewareService, PathParam, RequestKey};
 pub use redlock_core::{self, LockHandle, Redlock, Released, RetryPolicy};
+pub use token::{FencingToken, TokenFuture};

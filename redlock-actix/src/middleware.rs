@@ -114,7 +114,8 @@ impl RequestKey for Header {
 /// with [`with_config`](Self::with_config)), auto-extension, and the same rejections
 /// (busy → 409, no quorum → 503, bad key → 400, no configuration → 500). Handlers see the
 /// lock as `web::ReqData<redlock_actix::LockHandle>` (is it still held, its loss, its
-/// fencing token).
+/// fencing token), and its fencing token as a [`FencingToken`](crate::FencingToken)
+/// argument.
 ///
 /// ```
 /// use actix_web::{App, HttpResponse, web};
