@@ -163,7 +163,6 @@ pub use leader::{
 };
 pub use redlock_core::{BoxError, CancellationToken, Redlock};
 pub use schedule::Schedule;
-pub use transaction::RunTransaction;
 pub use scheduler::{DEFAULT_SCHEDULER_NAME, Dispatched, Scheduler, SchedulerBuilder};
 pub use status::{JobStatus, LastRun, SchedulerStatus};
 pub use store::{
@@ -171,6 +170,7 @@ pub use store::{
     DEFAULT_TABLE_PREFIX, History, HistoryBuilder, MAX_RUN_LIMIT, Outcome, Request, RequestAction,
     RequestState, Run, RunFilter,
 };
+pub use transaction::RunTransaction;
 
 /// Re-exported for time zones and tick times.
 pub use chrono;

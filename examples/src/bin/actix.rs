@@ -1,6 +1,6 @@
 //! redlock-actix in action: two replicas of an actix-web service share the lock nodes;
 //! the extractor guards a payment per order, the middleware serializes a whole scope per
-//! account.
+//! account, and every payment and deposit is a fenced SQL write.
 //!
 //! ```text
 //! cargo run -p redlock-examples --bin actix
@@ -8,7 +8,8 @@
 //!
 //! Starts 3 local `redis-server` nodes (unless `REDLOCK_NODES` lists some), then two
 //! servers ("replicas" A and B, each its own `Redlock` client and 2 workers) on loopback
-//! ports, and sends them concurrent requests:
+//! ports, sharing one SQLite database (a temporary file), and sends them concurrent
+//! requests:
 //!
 //! 1. `POST /orders/{id}/pay`, `DistributedLock<web::Path<u64>>`, fail fast: 10
 //!    simultaneous payments of one order give one `200` and `409`s with `Retry-After`;
@@ -18,18 +19,34 @@
 //!    a balance kept outside Redis) all succeed, one after the other, with no lost
 //!    update.
 //!
-//! Prints every outcome; exits non-zero if an order was charged twice at once, a deposit
-//! was lost, or a request got an unexpected answer.
+//! The locks are taken with fencing tokens (`DistributedLockConfig::fencing`), and both
+//! handlers take the token as a [`FencingToken`] argument (after the `DistributedLock`
+//! in `pay`; from the middleware's lock in `deposit`). Each records its write in SQL,
+//! fenced: in one transaction, `SqlFence::check` admits the token for the lock's
+//! resource (and records it as the highest seen), then the row is inserted, then the
+//! transaction commits. A token lower than one already seen (a replica whose lock
+//! expired while it was paused, and was taken since) is refused and rolled back; the
+//! client gets `409` saying so.
+//!
+//! Prints every outcome, how many fenced writes committed and how many were refused as
+//! stale (none, unless a lock was lost; with the reason of each refusal); exits non-zero
+//! if an order was charged twice at once, a deposit was lost, a request got an
+//! unexpected answer, a `200` is not exactly one committed write, or a resource's writes
+//! committed without rising tokens.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, web};
-use redlock_actix::{DistributedLock, DistributedLockConfig, LockHandle, LockMiddleware, Redlock};
+use redlock_actix::{
+    DistributedLock, DistributedLockConfig, FencingToken, LockHandle, LockMiddleware, Redlock,
+};
 use redlock_examples::Nodes;
+use redlock_fence::{FenceError, SqlFence};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 /// What the two replicas share outside Redis: a payment provider that notices two
 /// charges of one order at the same time, and account balances.
@@ -41,10 +58,121 @@ struct World {
     balances: Mutex<HashMap<u64, u64>>,
 }
 
-/// The extractor: the body runs only while this replica holds `order:{id}`.
+/// The database the replicas share, and what its fenced writes gave.
+struct Db {
+    pool: SqlitePool,
+    fence: SqlFence,
+    committed: AtomicUsize,
+    /// Why each refused write was refused.
+    refused: Mutex<Vec<String>>,
+}
+
+impl Db {
+    /// A database in `path` with the fence table and the `writes` table.
+    async fn create(path: &std::path::Path) -> Result<Self, Box<dyn std::error::Error>> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true);
+        // One connection: SQLite runs one write transaction at a time anyway.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await?;
+        let fence = SqlFence::new();
+        fence.migrate(&pool).await?;
+        sqlx::query(
+            "CREATE TABLE writes (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                resource TEXT NOT NULL,
+                what TEXT NOT NULL,
+                replica TEXT NOT NULL,
+                token BIGINT NOT NULL
+            )",
+        )
+        .execute(&pool)
+        .await?;
+        Ok(Self {
+            pool,
+            fence,
+            committed: AtomicUsize::new(0),
+            refused: Mutex::default(),
+        })
+    }
+
+    /// Records `what` by `replica` under the lock on `resource`, fenced by its `token`:
+    /// the fence check, the insert and the token's raise commit together, or not at all.
+    async fn record(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        what: &str,
+        replica: &str,
+    ) -> Result<(), FenceError> {
+        let mut tx = self.pool.begin().await?;
+        if let Err(refused) = self.fence.check(&mut *tx, resource, token.0).await {
+            tx.rollback().await?;
+            if matches!(refused, FenceError::Stale { .. }) {
+                let mut reasons = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                reasons.push(refused.to_string());
+            }
+            return Err(refused);
+        }
+        sqlx::query("INSERT INTO writes (resource, what, replica, token) VALUES ($1, $2, $3, $4)")
+            .bind(resource)
+            .bind(what)
+            .bind(replica)
+            .bind(i64::try_from(token.0).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.committed.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Resources whose committed writes do not carry rising tokens, in commit order.
+    async fn unfenced_resources(&self) -> Result<Vec<String>, sqlx::Error> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT resource, token FROM writes ORDER BY seq")
+                .fetch_all(&self.pool)
+                .await?;
+        let mut last: HashMap<String, i64> = HashMap::new();
+        let mut bad = Vec::new();
+        for (resource, token) in rows {
+            if last.get(&resource).is_some_and(|&before| token <= before)
+                && !bad.contains(&resource)
+            {
+                bad.push(resource.clone());
+            }
+            last.insert(resource, token);
+        }
+        Ok(bad)
+    }
+
+    async fn rows(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT COUNT(*) FROM writes")
+            .fetch_one(&self.pool)
+            .await
+    }
+}
+
+/// A fenced write's answer when it was not committed: `409` for a stale token, `500`
+/// for a database failure.
+fn not_recorded(what: &str, token: FencingToken, error: &FenceError) -> HttpResponse {
+    match error {
+        FenceError::Stale { highest, .. } => HttpResponse::Conflict().body(format!(
+            "{what} refused: the lock was taken by a newer holder (token {highest}) since this replica got token {token}; nothing was written"
+        )),
+        other => HttpResponse::InternalServerError().body(format!("{what} not recorded: {other}")),
+    }
+}
+
+/// The extractor: the body runs only while this replica holds `order:{id}`; the fencing
+/// token comes from its lock.
 async fn pay(
     order: DistributedLock<web::Path<u64>>,
+    token: FencingToken,
     world: web::Data<World>,
+    db: web::Data<Db>,
     replica: web::Data<&'static str>,
 ) -> HttpResponse {
     let id = **order;
@@ -66,18 +194,29 @@ async fn pay(
     {
         *now -= 1;
     }
+    let what = format!("payment of order {id}");
+    if let Err(error) = db
+        .record(order.guard().resource(), token, &what, replica.get_ref())
+        .await
+    {
+        return not_recorded(&what, token, &error);
+    }
     HttpResponse::Ok().body(format!(
-        "order {id} paid by replica {} under `{}`",
+        "order {id} paid by replica {} under `{}`, token {token}",
         replica.get_ref(),
         order.guard().resource()
     ))
 }
 
 /// Under the middleware: read, pause, write. Without the lock, deposits would be lost.
+/// The fencing token comes from the middleware's lock.
 async fn deposit(
     path: web::Path<u64>,
     lock: web::ReqData<LockHandle>,
+    token: FencingToken,
     world: web::Data<World>,
+    db: web::Data<Db>,
+    replica: web::Data<&'static str>,
 ) -> HttpResponse {
     let account = path.into_inner();
     let before = *world
@@ -87,13 +226,20 @@ async fn deposit(
         .entry(account)
         .or_default();
     actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    let what = format!("deposit of 10 to account {account}");
+    if let Err(error) = db
+        .record(lock.resource(), token, &what, replica.get_ref())
+        .await
+    {
+        return not_recorded(&what, token, &error);
+    }
     world
         .balances
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(account, before + 10);
     HttpResponse::Ok().body(format!(
-        "account {account}: {before} -> {} under `{}`",
+        "account {account}: {before} -> {} under `{}`, token {token}",
         before + 10,
         lock.resource()
     ))
@@ -103,13 +249,17 @@ async fn start_replica(
     name: &'static str,
     redlock: Redlock,
     world: web::Data<World>,
+    db: web::Data<Db>,
 ) -> std::io::Result<(String, ServerHandle)> {
+    // Every lock carries a fencing token, for the handlers' `FencingToken` argument.
     let config = DistributedLockConfig::new(redlock)
         .ttl(Duration::from_secs(2))
-        .key_prefix("actix-example:order:");
+        .key_prefix("actix-example:order:")
+        .fencing(true);
     let server = HttpServer::new(move || {
         App::new()
             .app_data(world.clone())
+            .app_data(db.clone())
             .app_data(web::Data::new(name))
             // The app's configuration: fail fast.
             .app_data(config.clone())
@@ -198,8 +348,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     redlock_examples::wait_until_ready(&redlock_a).await;
 
     let world = web::Data::new(World::default());
-    let (a, stop_a) = start_replica("A", redlock_a, world.clone()).await?;
-    let (b, stop_b) = start_replica("B", redlock_b, world.clone()).await?;
+    let dir = tempfile::tempdir()?;
+    let db = web::Data::new(Db::create(&dir.path().join("ledger.db")).await?);
+    let (a, stop_a) = start_replica("A", redlock_a, world.clone(), db.clone()).await?;
+    let (b, stop_b) = start_replica("B", redlock_b, world.clone(), db.clone()).await?;
+    let mut ok = 0;
     let replica = |i: usize| if i.is_multiple_of(2) { &a } else { &b };
     let http = awc::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -231,6 +384,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let paid = outcomes.iter().filter(|o| o.status == 200).count();
+    ok += paid;
     if paid == 0 {
         println!("   no payment went through");
         failed = true;
@@ -248,6 +402,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         started.elapsed().as_millis()
     );
     failed |= outcomes.iter().any(|o| o.status != 200);
+    ok += outcomes.iter().filter(|o| o.status == 200).count();
 
     // 2. The middleware, waiting.
     println!("\n2. middleware: 10 simultaneous deposits of 10 to account 7, alternating replicas");
@@ -272,6 +427,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("   last: {}", last.body);
     }
     failed |= outcomes.iter().any(|o| o.status != 200) || balance != 100;
+    ok += outcomes.iter().filter(|o| o.status == 200).count();
 
     let double = world.double_charge.load(Ordering::SeqCst);
     println!(
@@ -280,6 +436,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if double { "YES" } else { "no" }
     );
     failed |= double;
+
+    let committed = db.committed.load(Ordering::SeqCst);
+    let refused = db.refused.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    println!(
+        "fenced writes: {committed} committed, {} refused as stale",
+        refused.len()
+    );
+    for reason in &refused {
+        println!("   refused: {reason}");
+    }
+    let rows = db.rows().await?;
+    if committed != ok || usize::try_from(rows).ok() != Some(committed) {
+        println!(
+            "   {ok} requests answered 200, {committed} fenced writes committed, {rows} rows in the table: they should all be equal"
+        );
+        failed = true;
+    }
+    let unfenced = db.unfenced_resources().await?;
+    if !unfenced.is_empty() {
+        println!("   written without rising tokens: {unfenced:?}");
+        failed = true;
+    }
     stop_a.stop(true).await;
     stop_b.stop(true).await;
     if failed {

@@ -1,5 +1,5 @@
 //! redlock-tower in an axum app: two replicas of a payment service never charge the
-//! same order at the same time.
+//! same order at the same time, and every charge is a fenced SQL write.
 //!
 //! ```text
 //! cargo run -p redlock-examples --bin tower_axum
@@ -7,53 +7,199 @@
 //!
 //! Starts 3 local `redis-server` nodes (unless `REDLOCK_NODES` lists some), then two
 //! instances of the app on two loopback ports, each with its own lock client (as two
-//! replicas behind a load balancer would be). The app has
+//! replicas behind a load balancer would be), sharing one SQLite database (a temporary
+//! file). The app has
 //! - `POST /orders/{id}/pay`: locked per order, failing fast (`409` + `Retry-After`);
 //! - `POST /orders/{id}/refund`: locked per order, waiting up to 5 s for its turn.
 //!
+//! Both layers take their locks with a fencing token, which the handler gets as a
+//! [`FencingToken`] argument. After its work, the handler records the charge or refund
+//! in SQL, fenced: in one transaction, `SqlFence::check` admits the lock's token for
+//! `order:{id}` (and records it as the highest seen), then the row is inserted, then
+//! the transaction commits. A token lower than one already seen for the order (a
+//! replica whose lock expired while it was paused, and was taken since) is refused and
+//! rolled back; the client gets `409` saying so.
+//!
 //! Then it fires concurrent requests at both instances, prints each outcome, and checks
-//! that no two charges or refunds of one order overlapped (exits non-zero if any did).
+//! that no two charges or refunds of one order overlapped, that every `200` is one
+//! committed fenced write, and that each order's writes committed with rising tokens
+//! (exits non-zero if not). It prints how many fenced writes committed and how many were
+//! refused as stale (none, unless a lock was lost), with the reason of each refusal.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::Path;
+use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Extension, Router};
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
+use redlock_fence::{FenceError, SqlFence};
 use redlock_tower::extract::PathParam;
-use redlock_tower::{LockHandle, LockLayer};
+use redlock_tower::{FencingToken, LockHandle, LockLayer};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 /// What the "payment provider" saw: per order, the intervals it was busy with it.
 type Ledger = Arc<Mutex<BTreeMap<String, Vec<(Instant, Instant)>>>>;
 
 const WORK: Duration = Duration::from_millis(300);
 
-fn app(replica: usize, redlock: Redlock, ledger: Ledger) -> Router {
+/// The orders database the replicas share, and what its fenced writes gave.
+struct Db {
+    pool: SqlitePool,
+    fence: SqlFence,
+    committed: AtomicUsize,
+    /// Why each refused write was refused.
+    refused: Mutex<Vec<String>>,
+}
+
+impl Db {
+    /// A database in `path` with the fence table and the `payments` table.
+    async fn create(path: &std::path::Path) -> Result<Self, Box<dyn std::error::Error>> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true);
+        // One connection: SQLite runs one write transaction at a time anyway.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await?;
+        let fence = SqlFence::new();
+        fence.migrate(&pool).await?;
+        sqlx::query(
+            "CREATE TABLE payments (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                order_id TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                replica INTEGER NOT NULL,
+                token BIGINT NOT NULL
+            )",
+        )
+        .execute(&pool)
+        .await?;
+        Ok(Self {
+            pool,
+            fence,
+            committed: AtomicUsize::new(0),
+            refused: Mutex::default(),
+        })
+    }
+
+    /// Records a `kind` of `order` by `replica`, fenced by `token` of the lock on
+    /// `resource`: the fence check, the insert and the token's raise commit together, or
+    /// not at all.
+    async fn record(
+        &self,
+        resource: &str,
+        token: u64,
+        order: &str,
+        kind: &str,
+        replica: usize,
+    ) -> Result<(), FenceError> {
+        let mut tx = self.pool.begin().await?;
+        if let Err(refused) = self.fence.check(&mut *tx, resource, token).await {
+            tx.rollback().await?;
+            if matches!(refused, FenceError::Stale { .. }) {
+                let mut reasons = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                reasons.push(refused.to_string());
+            }
+            return Err(refused);
+        }
+        sqlx::query(
+            "INSERT INTO payments (order_id, kind, replica, token) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(order)
+        .bind(kind)
+        .bind(i64::try_from(replica).unwrap_or(i64::MAX))
+        .bind(i64::try_from(token).unwrap_or(i64::MAX))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.committed.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Orders whose committed writes do not carry rising tokens, in commit order.
+    async fn unfenced_orders(&self) -> Result<Vec<String>, sqlx::Error> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT order_id, token FROM payments ORDER BY seq")
+                .fetch_all(&self.pool)
+                .await?;
+        let mut last: BTreeMap<String, i64> = BTreeMap::new();
+        let mut bad = Vec::new();
+        for (order, token) in rows {
+            if last.get(&order).is_some_and(|&before| token <= before) && !bad.contains(&order) {
+                bad.push(order.clone());
+            }
+            last.insert(order, token);
+        }
+        Ok(bad)
+    }
+
+    async fn rows(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT COUNT(*) FROM payments")
+            .fetch_one(&self.pool)
+            .await
+    }
+}
+
+fn app(replica: usize, redlock: Redlock, ledger: Ledger, db: Arc<Db>) -> Router {
     let per_order = PathParam::new("id");
-    let pay = LockLayer::new(redlock.clone(), per_order.clone()).key_prefix("order:");
+    // Every lock carries a fencing token: the handlers take it as an argument.
+    let pay = LockLayer::new(redlock.clone(), per_order.clone())
+        .key_prefix("order:")
+        .fencing(true);
     let refund = LockLayer::new(redlock, per_order)
         .key_prefix("order:")
+        .fencing(true)
         .wait(Duration::from_secs(5));
-    let handler = move |Path(id): Path<String>, Extension(lock): Extension<LockHandle>| {
-        let ledger = Arc::clone(&ledger);
-        async move {
-            let start = Instant::now();
-            tokio::time::sleep(WORK).await; // talking to the payment provider
-            let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
-            ledger.entry(id).or_default().push((start, Instant::now()));
-            format!(
-                "done on replica {replica} under `{}` ({} ms of validity left)",
-                lock.resource(),
-                lock.validity().as_millis()
-            )
+    let handler = move |kind: &'static str| {
+        let (ledger, db) = (Arc::clone(&ledger), Arc::clone(&db));
+        move |Path(id): Path<String>,
+              Extension(lock): Extension<LockHandle>,
+              FencingToken(token): FencingToken| {
+            let (ledger, db) = (Arc::clone(&ledger), Arc::clone(&db));
+            async move {
+                let start = Instant::now();
+                tokio::time::sleep(WORK).await; // talking to the payment provider
+                ledger
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(id.clone())
+                    .or_default()
+                    .push((start, Instant::now()));
+                match db.record(lock.resource(), token, &id, kind, replica).await {
+                    Ok(()) => (
+                        StatusCode::OK,
+                        format!(
+                            "{kind} done on replica {replica} under `{}`, token {token} ({} ms of validity left)",
+                            lock.resource(),
+                            lock.validity().as_millis()
+                        ),
+                    ),
+                    Err(FenceError::Stale { highest, .. }) => (
+                        StatusCode::CONFLICT,
+                        format!(
+                            "{kind} of order {id} refused: the lock was taken by a newer holder (token {highest}) since this replica got token {token}; nothing was written"
+                        ),
+                    ),
+                    Err(error) => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("{kind} of order {id} not recorded: {error}"),
+                    ),
+                }
+            }
         }
     };
     Router::new()
-        .route("/orders/{id}/pay", post(handler.clone()).route_layer(pay))
-        .route("/orders/{id}/refund", post(handler).route_layer(refund))
+        .route("/orders/{id}/pay", post(handler("pay")).route_layer(pay))
+        .route(
+            "/orders/{id}/refund",
+            post(handler("refund")).route_layer(refund),
+        )
 }
 
 async fn serve(app: Router) -> Result<String, std::io::Error> {
@@ -63,13 +209,14 @@ async fn serve(app: Router) -> Result<String, std::io::Error> {
     Ok(format!("http://{addr}"))
 }
 
-/// Sends `paths` at once, alternating between the replicas; prints each outcome.
+/// Sends `paths` at once, alternating between the replicas; prints each outcome;
+/// returns how many got `200`.
 async fn burst(
     title: &str,
     client: &reqwest::Client,
     replicas: &[String],
     paths: &[String],
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<usize, Box<dyn std::error::Error>> {
     println!("\n{title}");
     let started = Instant::now();
     let mut requests = Vec::new();
@@ -88,8 +235,10 @@ async fn burst(
             Ok::<_, reqwest::Error>((url, status, retry_after, body, started.elapsed()))
         }));
     }
+    let mut ok = 0;
     for request in requests {
         let (url, status, retry_after, body, at) = request.await??;
+        ok += usize::from(status == reqwest::StatusCode::OK);
         let detail = match retry_after {
             Some(secs) => format!("Retry-After: {secs} s; {}", first_chars(&body, 70)),
             None => body,
@@ -99,7 +248,7 @@ async fn burst(
             at.as_millis()
         );
     }
-    Ok(())
+    Ok(ok)
 }
 
 fn first_chars(s: &str, n: usize) -> String {
@@ -116,6 +265,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     redlock_examples::init_tracing();
     let nodes = Nodes::from_env_or_start(3).await;
     let ledger: Ledger = Arc::default();
+    let dir = tempfile::tempdir()?;
+    let db = Arc::new(Db::create(&dir.path().join("orders.db")).await?);
     let mut replicas = Vec::new();
     for replica in 0..2 {
         let redlock = Redlock::builder()
@@ -126,18 +277,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if replica == 0 {
             redlock_examples::wait_until_ready(&redlock).await;
         }
-        replicas.push(serve(app(replica, redlock, Arc::clone(&ledger))).await?);
+        replicas.push(serve(app(replica, redlock, Arc::clone(&ledger), Arc::clone(&db))).await?);
     }
     println!(
-        "tower_axum: 2 replicas ({}) over {}; each request works {} ms under its order's lock",
+        "tower_axum: 2 replicas ({}) over {}; each request works {} ms under its order's lock, then records it in SQLite, fenced by the lock's token",
         replicas.join(", "),
         nodes.describe(),
         WORK.as_millis()
     );
     let client = reqwest::Client::builder().no_proxy().build()?;
 
+    let mut ok = 0;
     let same: Vec<String> = (0..6).map(|_| "/orders/42/pay".to_owned()).collect();
-    burst(
+    ok += burst(
         "6 concurrent payments of order 42 (fail fast): one runs, the others get 409",
         &client,
         &replicas,
@@ -145,7 +297,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     let distinct: Vec<String> = (1..=4).map(|id| format!("/orders/{id}/pay")).collect();
-    burst(
+    ok += burst(
         "4 concurrent payments of 4 different orders: all run side by side",
         &client,
         &replicas,
@@ -153,7 +305,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     let queued: Vec<String> = (0..4).map(|_| "/orders/7/refund".to_owned()).collect();
-    burst(
+    ok += burst(
         "4 concurrent refunds of order 7 (wait up to 5 s): all run, one at a time",
         &client,
         &replicas,
@@ -173,5 +325,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("{overlaps} overlapping runs of one order").into());
     }
     println!("no two runs of one order overlapped");
+
+    let committed = db.committed.load(Ordering::SeqCst);
+    let refused = db.refused.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    println!(
+        "fenced writes: {committed} committed, {} refused as stale",
+        refused.len()
+    );
+    for reason in &refused {
+        println!("  refused: {reason}");
+    }
+    let rows = db.rows().await?;
+    if committed != ok || usize::try_from(rows).ok() != Some(committed) {
+        return Err(format!(
+            "{ok} requests answered 200, {committed} fenced writes committed, {rows} rows in the table: they should all be equal"
+        )
+        .into());
+    }
+    let unfenced = db.unfenced_orders().await?;
+    if !unfenced.is_empty() {
+        return Err(format!("orders written without rising tokens: {unfenced:?}").into());
+    }
+    println!("every 200 is one committed write; each order's writes carry rising tokens");
     Ok(())
 }

@@ -73,12 +73,12 @@ use chrono::{DateTime, TimeZone, Utc};
 use sqlx::AnyPool;
 
 pub(crate) use self::admin::{EXPIRED, JobDefinition, new_request_id};
-pub(crate) use self::commit::{Refused, RunKey};
 pub use self::admin::{Request, RequestAction, RequestState};
 pub use self::builder::{
     DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, HistoryBuilder,
 };
 use self::builder::{Source, bounded};
+pub(crate) use self::commit::{Refused, RunKey};
 pub use self::filter::{DEFAULT_RUN_LIMIT, MAX_RUN_LIMIT, RunFilter};
 use self::run::run_from_row;
 pub(crate) use self::run::{Change, NewRun, RunEnd};
