@@ -381,3 +381,160 @@ pub mod metered {
         }
     }
 }
+
+/// A write log in a SQLite file shared by an example's replicas, written through a
+/// [`SqlFence`](redlock_fence::SqlFence): each write's fence check, its row and the
+/// token's raise commit together, or not at all.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use redlock_examples::fenced::WriteLog;
+///
+/// let dir = tempfile::tempdir()?;
+/// let log = WriteLog::create(&dir.path().join("writes.db")).await?;
+/// log.record("order:1", 5, "pay", "a").await?;
+/// assert!(log.record("order:1", 4, "pay", "b").await.is_err()); // stale: refused
+/// assert_eq!(log.rows().await?, 1);
+/// assert!(log.not_rising().await?.is_empty());
+/// # Ok(())
+/// # }
+/// ```
+pub mod fenced {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use redlock_fence::{FenceError, SqlFence};
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+
+    /// The log, and what its fenced writes gave.
+    pub struct WriteLog {
+        pool: SqlitePool,
+        fence: SqlFence,
+        committed: AtomicUsize,
+        refused: Mutex<Vec<String>>,
+    }
+
+    impl WriteLog {
+        /// A log in the SQLite file `path` (created), with the fence table.
+        ///
+        /// # Errors
+        ///
+        /// The database's.
+        pub async fn create(path: &std::path::Path) -> Result<Self, FenceError> {
+            let options = SqliteConnectOptions::new()
+                .filename(path)
+                .create_if_missing(true);
+            // One connection: SQLite runs one write transaction at a time anyway.
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_with(options)
+                .await?;
+            let fence = SqlFence::new();
+            fence.migrate(&pool).await?;
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS writes (
+                    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                    resource TEXT NOT NULL,
+                    what TEXT NOT NULL,
+                    replica TEXT NOT NULL,
+                    token BIGINT NOT NULL
+                )",
+            )
+            .execute(&pool)
+            .await?;
+            Ok(Self {
+                pool,
+                fence,
+                committed: AtomicUsize::new(0),
+                refused: Mutex::new(Vec::new()),
+            })
+        }
+
+        /// Records `what` by `replica` under the lock on `resource`, fenced by its
+        /// `token`.
+        ///
+        /// # Errors
+        ///
+        /// [`FenceError::Stale`] (kept, see [`refused`](Self::refused)) when a newer
+        /// holder wrote; the database's.
+        pub async fn record(
+            &self,
+            resource: &str,
+            token: u64,
+            what: &str,
+            replica: &str,
+        ) -> Result<(), FenceError> {
+            let mut tx = self.pool.begin().await?;
+            if let Err(refused) = self.fence.check(&mut *tx, resource, token).await {
+                tx.rollback().await?;
+                if matches!(refused, FenceError::Stale { .. }) {
+                    let mut reasons = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                    reasons.push(refused.to_string());
+                }
+                return Err(refused);
+            }
+            sqlx::query(
+                "INSERT INTO writes (resource, what, replica, token) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(resource)
+            .bind(what)
+            .bind(replica)
+            .bind(i64::try_from(token).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            self.committed.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+
+        /// How many writes committed.
+        pub fn committed(&self) -> usize {
+            self.committed.load(Ordering::SeqCst)
+        }
+
+        /// Why each refused write was refused.
+        pub fn refused(&self) -> Vec<String> {
+            self.refused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        }
+
+        /// Resources whose committed writes do not carry rising tokens, in commit order
+        /// (each request holds a lock of its own, so each write has a new token).
+        ///
+        /// # Errors
+        ///
+        /// The database's.
+        pub async fn not_rising(&self) -> Result<Vec<String>, sqlx::Error> {
+            let rows: Vec<(String, i64)> =
+                sqlx::query_as("SELECT resource, token FROM writes ORDER BY seq")
+                    .fetch_all(&self.pool)
+                    .await?;
+            let mut last: HashMap<String, i64> = HashMap::new();
+            let mut bad = Vec::new();
+            for (resource, token) in rows {
+                if last.get(&resource).is_some_and(|&before| token <= before)
+                    && !bad.contains(&resource)
+                {
+                    bad.push(resource.clone());
+                }
+                last.insert(resource, token);
+            }
+            Ok(bad)
+        }
+
+        /// The rows in the log.
+        ///
+        /// # Errors
+        ///
+        /// The database's.
+        pub async fn rows(&self) -> Result<i64, sqlx::Error> {
+            sqlx::query_scalar("SELECT COUNT(*) FROM writes")
+                .fetch_one(&self.pool)
+                .await
+        }
+    }
+}

@@ -36,7 +36,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
@@ -45,8 +45,8 @@ use redlock_actix::{
     DistributedLock, DistributedLockConfig, FencingToken, LockHandle, LockMiddleware, Redlock,
 };
 use redlock_examples::Nodes;
-use redlock_fence::{FenceError, SqlFence};
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use redlock_examples::fenced::WriteLog;
+use redlock_fence::FenceError;
 
 /// What the two replicas share outside Redis: a payment provider that notices two
 /// charges of one order at the same time, and account balances.
@@ -56,103 +56,6 @@ struct World {
     charges: AtomicU64,
     double_charge: AtomicBool,
     balances: Mutex<HashMap<u64, u64>>,
-}
-
-/// The database the replicas share, and what its fenced writes gave.
-struct Db {
-    pool: SqlitePool,
-    fence: SqlFence,
-    committed: AtomicUsize,
-    /// Why each refused write was refused.
-    refused: Mutex<Vec<String>>,
-}
-
-impl Db {
-    /// A database in `path` with the fence table and the `writes` table.
-    async fn create(path: &std::path::Path) -> Result<Self, Box<dyn std::error::Error>> {
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true);
-        // One connection: SQLite runs one write transaction at a time anyway.
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(options)
-            .await?;
-        let fence = SqlFence::new();
-        fence.migrate(&pool).await?;
-        sqlx::query(
-            "CREATE TABLE writes (
-                seq INTEGER PRIMARY KEY AUTOINCREMENT,
-                resource TEXT NOT NULL,
-                what TEXT NOT NULL,
-                replica TEXT NOT NULL,
-                token BIGINT NOT NULL
-            )",
-        )
-        .execute(&pool)
-        .await?;
-        Ok(Self {
-            pool,
-            fence,
-            committed: AtomicUsize::new(0),
-            refused: Mutex::default(),
-        })
-    }
-
-    /// Records `what` by `replica` under the lock on `resource`, fenced by its `token`:
-    /// the fence check, the insert and the token's raise commit together, or not at all.
-    async fn record(
-        &self,
-        resource: &str,
-        token: FencingToken,
-        what: &str,
-        replica: &str,
-    ) -> Result<(), FenceError> {
-        let mut tx = self.pool.begin().await?;
-        if let Err(refused) = self.fence.check(&mut *tx, resource, token.0).await {
-            tx.rollback().await?;
-            if matches!(refused, FenceError::Stale { .. }) {
-                let mut reasons = self.refused.lock().unwrap_or_else(|e| e.into_inner());
-                reasons.push(refused.to_string());
-            }
-            return Err(refused);
-        }
-        sqlx::query("INSERT INTO writes (resource, what, replica, token) VALUES ($1, $2, $3, $4)")
-            .bind(resource)
-            .bind(what)
-            .bind(replica)
-            .bind(i64::try_from(token.0).unwrap_or(i64::MAX))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        self.committed.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-
-    /// Resources whose committed writes do not carry rising tokens, in commit order.
-    async fn unfenced_resources(&self) -> Result<Vec<String>, sqlx::Error> {
-        let rows: Vec<(String, i64)> =
-            sqlx::query_as("SELECT resource, token FROM writes ORDER BY seq")
-                .fetch_all(&self.pool)
-                .await?;
-        let mut last: HashMap<String, i64> = HashMap::new();
-        let mut bad = Vec::new();
-        for (resource, token) in rows {
-            if last.get(&resource).is_some_and(|&before| token <= before)
-                && !bad.contains(&resource)
-            {
-                bad.push(resource.clone());
-            }
-            last.insert(resource, token);
-        }
-        Ok(bad)
-    }
-
-    async fn rows(&self) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar("SELECT COUNT(*) FROM writes")
-            .fetch_one(&self.pool)
-            .await
-    }
 }
 
 /// A fenced write's answer when it was not committed: `409` for a stale token, `500`
@@ -172,7 +75,7 @@ async fn pay(
     order: DistributedLock<web::Path<u64>>,
     token: FencingToken,
     world: web::Data<World>,
-    db: web::Data<Db>,
+    db: web::Data<WriteLog>,
     replica: web::Data<&'static str>,
 ) -> HttpResponse {
     let id = **order;
@@ -196,7 +99,12 @@ async fn pay(
     }
     let what = format!("payment of order {id}");
     if let Err(error) = db
-        .record(order.guard().resource(), token, &what, replica.get_ref())
+        .record(
+            order.guard().resource(),
+            token.get(),
+            &what,
+            replica.get_ref(),
+        )
         .await
     {
         return not_recorded(&what, token, &error);
@@ -215,7 +123,7 @@ async fn deposit(
     lock: web::ReqData<LockHandle>,
     token: FencingToken,
     world: web::Data<World>,
-    db: web::Data<Db>,
+    db: web::Data<WriteLog>,
     replica: web::Data<&'static str>,
 ) -> HttpResponse {
     let account = path.into_inner();
@@ -228,7 +136,7 @@ async fn deposit(
     actix_web::rt::time::sleep(Duration::from_millis(50)).await;
     let what = format!("deposit of 10 to account {account}");
     if let Err(error) = db
-        .record(lock.resource(), token, &what, replica.get_ref())
+        .record(lock.resource(), token.get(), &what, replica.get_ref())
         .await
     {
         return not_recorded(&what, token, &error);
@@ -249,7 +157,7 @@ async fn start_replica(
     name: &'static str,
     redlock: Redlock,
     world: web::Data<World>,
-    db: web::Data<Db>,
+    db: web::Data<WriteLog>,
 ) -> std::io::Result<(String, ServerHandle)> {
     // Every lock carries a fencing token, for the handlers' `FencingToken` argument.
     let config = DistributedLockConfig::new(redlock)
@@ -349,7 +257,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let world = web::Data::new(World::default());
     let dir = tempfile::tempdir()?;
-    let db = web::Data::new(Db::create(&dir.path().join("ledger.db")).await?);
+    let db = web::Data::new(WriteLog::create(&dir.path().join("ledger.db")).await?);
     let (a, stop_a) = start_replica("A", redlock_a, world.clone(), db.clone()).await?;
     let (b, stop_b) = start_replica("B", redlock_b, world.clone(), db.clone()).await?;
     let mut ok = 0;
@@ -437,8 +345,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     failed |= double;
 
-    let committed = db.committed.load(Ordering::SeqCst);
-    let refused = db.refused.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let committed = db.committed();
+    let refused = db.refused();
     println!(
         "fenced writes: {committed} committed, {} refused as stale",
         refused.len()
@@ -453,7 +361,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         failed = true;
     }
-    let unfenced = db.unfenced_resources().await?;
+    let unfenced = db.not_rising().await?;
     if !unfenced.is_empty() {
         println!("   written without rising tokens: {unfenced:?}");
         failed = true;

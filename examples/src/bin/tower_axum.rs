@@ -27,7 +27,6 @@
 //! refused as stale (none, unless a lock was lost), with the reason of each refusal.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,116 +36,17 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
-use redlock_fence::{FenceError, SqlFence};
+use redlock_examples::fenced::WriteLog;
+use redlock_fence::FenceError;
 use redlock_tower::extract::PathParam;
 use redlock_tower::{FencingToken, LockHandle, LockLayer};
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 /// What the "payment provider" saw: per order, the intervals it was busy with it.
 type Ledger = Arc<Mutex<BTreeMap<String, Vec<(Instant, Instant)>>>>;
 
 const WORK: Duration = Duration::from_millis(300);
 
-/// The orders database the replicas share, and what its fenced writes gave.
-struct Db {
-    pool: SqlitePool,
-    fence: SqlFence,
-    committed: AtomicUsize,
-    /// Why each refused write was refused.
-    refused: Mutex<Vec<String>>,
-}
-
-impl Db {
-    /// A database in `path` with the fence table and the `payments` table.
-    async fn create(path: &std::path::Path) -> Result<Self, Box<dyn std::error::Error>> {
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true);
-        // One connection: SQLite runs one write transaction at a time anyway.
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(options)
-            .await?;
-        let fence = SqlFence::new();
-        fence.migrate(&pool).await?;
-        sqlx::query(
-            "CREATE TABLE payments (
-                seq INTEGER PRIMARY KEY AUTOINCREMENT,
-                order_id TEXT NOT NULL,
-                kind TEXT NOT NULL,
-                replica INTEGER NOT NULL,
-                token BIGINT NOT NULL
-            )",
-        )
-        .execute(&pool)
-        .await?;
-        Ok(Self {
-            pool,
-            fence,
-            committed: AtomicUsize::new(0),
-            refused: Mutex::default(),
-        })
-    }
-
-    /// Records a `kind` of `order` by `replica`, fenced by `token` of the lock on
-    /// `resource`: the fence check, the insert and the token's raise commit together, or
-    /// not at all.
-    async fn record(
-        &self,
-        resource: &str,
-        token: u64,
-        order: &str,
-        kind: &str,
-        replica: usize,
-    ) -> Result<(), FenceError> {
-        let mut tx = self.pool.begin().await?;
-        if let Err(refused) = self.fence.check(&mut *tx, resource, token).await {
-            tx.rollback().await?;
-            if matches!(refused, FenceError::Stale { .. }) {
-                let mut reasons = self.refused.lock().unwrap_or_else(|e| e.into_inner());
-                reasons.push(refused.to_string());
-            }
-            return Err(refused);
-        }
-        sqlx::query(
-            "INSERT INTO payments (order_id, kind, replica, token) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(order)
-        .bind(kind)
-        .bind(i64::try_from(replica).unwrap_or(i64::MAX))
-        .bind(i64::try_from(token).unwrap_or(i64::MAX))
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        self.committed.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-
-    /// Orders whose committed writes do not carry rising tokens, in commit order.
-    async fn unfenced_orders(&self) -> Result<Vec<String>, sqlx::Error> {
-        let rows: Vec<(String, i64)> =
-            sqlx::query_as("SELECT order_id, token FROM payments ORDER BY seq")
-                .fetch_all(&self.pool)
-                .await?;
-        let mut last: BTreeMap<String, i64> = BTreeMap::new();
-        let mut bad = Vec::new();
-        for (order, token) in rows {
-            if last.get(&order).is_some_and(|&before| token <= before) && !bad.contains(&order) {
-                bad.push(order.clone());
-            }
-            last.insert(order, token);
-        }
-        Ok(bad)
-    }
-
-    async fn rows(&self) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar("SELECT COUNT(*) FROM payments")
-            .fetch_one(&self.pool)
-            .await
-    }
-}
-
-fn app(replica: usize, redlock: Redlock, ledger: Ledger, db: Arc<Db>) -> Router {
+fn app(replica: usize, redlock: Redlock, ledger: Ledger, db: Arc<WriteLog>) -> Router {
     let per_order = PathParam::new("id");
     // Every lock carries a fencing token: the handlers take it as an argument.
     let pay = LockLayer::new(redlock.clone(), per_order.clone())
@@ -171,7 +71,10 @@ fn app(replica: usize, redlock: Redlock, ledger: Ledger, db: Arc<Db>) -> Router 
                     .entry(id.clone())
                     .or_default()
                     .push((start, Instant::now()));
-                match db.record(lock.resource(), token, &id, kind, replica).await {
+                match db
+                    .record(lock.resource(), token, kind, &replica.to_string())
+                    .await
+                {
                     Ok(()) => (
                         StatusCode::OK,
                         format!(
@@ -266,7 +169,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let nodes = Nodes::from_env_or_start(3).await;
     let ledger: Ledger = Arc::default();
     let dir = tempfile::tempdir()?;
-    let db = Arc::new(Db::create(&dir.path().join("orders.db")).await?);
+    let db = Arc::new(WriteLog::create(&dir.path().join("orders.db")).await?);
     let mut replicas = Vec::new();
     for replica in 0..2 {
         let redlock = Redlock::builder()
@@ -326,8 +229,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("no two runs of one order overlapped");
 
-    let committed = db.committed.load(Ordering::SeqCst);
-    let refused = db.refused.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let committed = db.committed();
+    let refused = db.refused();
     println!(
         "fenced writes: {committed} committed, {} refused as stale",
         refused.len()
@@ -342,7 +245,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let unfenced = db.unfenced_orders().await?;
+    let unfenced = db.not_rising().await?;
     if !unfenced.is_empty() {
         return Err(format!("orders written without rising tokens: {unfenced:?}").into());
     }
