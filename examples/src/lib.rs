@@ -526,6 +526,40 @@ pub mod fenced {
             Ok(bad)
         }
 
+        /// Prints what the fenced writes gave, and checks it against the requests
+        /// answered 200 (`answered_ok`): every one is one committed write and one row,
+        /// and each resource's writes carry rising tokens. The problem, if any.
+        ///
+        /// # Errors
+        ///
+        /// The database's.
+        pub async fn report(&self, answered_ok: usize) -> Result<Option<String>, sqlx::Error> {
+            let (committed, refused) = (self.committed(), self.refused());
+            println!(
+                "fenced writes: {committed} committed, {} refused as stale",
+                refused.len()
+            );
+            for reason in &refused {
+                println!("  refused: {reason}");
+            }
+            let rows = self.rows().await?;
+            if committed != answered_ok || usize::try_from(rows).ok() != Some(committed) {
+                return Ok(Some(format!(
+                    "{answered_ok} requests answered 200, {committed} fenced writes committed, {rows} rows in the table: they should all be equal"
+                )));
+            }
+            let not_rising = self.not_rising().await?;
+            if !not_rising.is_empty() {
+                return Ok(Some(format!(
+                    "written without rising tokens: {not_rising:?}"
+                )));
+            }
+            println!(
+                "every 200 is one committed write; each resource's writes carry rising tokens"
+            );
+            Ok(None)
+        }
+
         /// The rows in the log.
         ///
         /// # Errors

@@ -345,25 +345,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     failed |= double;
 
-    let committed = db.committed();
-    let refused = db.refused();
-    println!(
-        "fenced writes: {committed} committed, {} refused as stale",
-        refused.len()
-    );
-    for reason in &refused {
-        println!("   refused: {reason}");
-    }
-    let rows = db.rows().await?;
-    if committed != ok || usize::try_from(rows).ok() != Some(committed) {
-        println!(
-            "   {ok} requests answered 200, {committed} fenced writes committed, {rows} rows in the table: they should all be equal"
-        );
-        failed = true;
-    }
-    let unfenced = db.not_rising().await?;
-    if !unfenced.is_empty() {
-        println!("   written without rising tokens: {unfenced:?}");
+    if let Some(problem) = db.report(ok).await? {
+        println!("   {problem}");
         failed = true;
     }
     stop_a.stop(true).await;
