@@ -332,7 +332,22 @@ impl Recorder {
         for (write, applied) in batch.iter().zip(applied) {
             match write {
                 Write::Insert(row) if !applied && row.outcome == Outcome::Running => {
-                    tracing::error!(job = %row.job, tick = %row.tick, "the tick's row was written by another replica while the database was unreachable: it may have run twice");
+                    // The run's own transaction (`JobContext::transaction`) may have
+                    // written it meanwhile: this replica, this leadership's token.
+                    let own = self
+                        .history
+                        .claimant(&self.scheduler, &row.job, row.tick)
+                        .await
+                        .is_ok_and(|claimant| {
+                            claimant.is_some_and(|(instance, token)| {
+                                *instance == *self.instance && token == Some(row.token)
+                            })
+                        });
+                    if own {
+                        tracing::debug!(job = %row.job, tick = %row.tick, "the tick's row was written by its run's own transaction");
+                    } else {
+                        tracing::error!(job = %row.job, tick = %row.tick, "the tick's row was written by another replica while the database was unreachable: it may have run twice");
+                    }
                 }
                 Write::Insert(_) => {}
                 Write::Finish { tick, last, .. } => {

@@ -352,6 +352,31 @@ impl History {
         rows.iter().map(run_from_row).collect()
     }
 
+    /// Who claimed `job`'s `tick` of `scheduler`: the replica and its leadership token
+    /// (`None` without a row).
+    pub(crate) async fn claimant(
+        &self,
+        scheduler: &str,
+        job: &str,
+        tick: DateTime<Utc>,
+    ) -> Result<Option<(String, Option<u64>)>, Error> {
+        let sql = format!(
+            "SELECT instance, fencing_token FROM {} WHERE scheduler = $1 AND job = $2 AND tick_ms = $3",
+            self.shared.tables.runs
+        );
+        let row: Option<(String, Option<i64>)> = self
+            .bounded(
+                "read a tick's claimant",
+                sqlx::query_as(&sql)
+                    .bind(scheduler)
+                    .bind(job)
+                    .bind(ms(tick))
+                    .fetch_optional(&self.shared.pool),
+            )
+            .await?;
+        Ok(row.map(|(instance, token)| (instance, token.and_then(|t| u64::try_from(t).ok()))))
+    }
+
     /// Closes a row still marked running as abandoned, by `closed_by`. `false` if it
     /// was closed meanwhile.
     pub(crate) async fn abandon(
