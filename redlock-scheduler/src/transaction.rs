@@ -211,14 +211,7 @@ impl RunTransaction {
     ///
     /// [`Error::Store`] or [`Error::StoreTimeout`].
     pub async fn rollback(self) -> Result<(), Error> {
-        let history = &self.ctx.record()?.history;
-        let timeout = history.statement_timeout();
-        match tokio::time::timeout(timeout, self.tx.rollback()).await {
-            Ok(result) => result.map_err(Error::Store),
-            Err(_) => Err(Error::StoreTimeout {
-                operation: "roll back a run's transaction",
-                after: timeout,
-            }),
-        }
+        let Self { tx, ctx } = self;
+        ctx.record()?.history.rollback_run(tx).await
     }
 }

@@ -77,12 +77,16 @@ impl History {
             }
             Err(refused) => {
                 // Dropping the transaction rolls it back too; this says so at once.
-                let _ = self
-                    .bounded("roll back a run's transaction", tx.rollback())
-                    .await;
+                let _ = self.rollback_run(tx).await;
                 Err(refused)
             }
         }
+    }
+
+    /// Rolls a run's transaction back, within the statement timeout.
+    pub(crate) async fn rollback_run(&self, tx: Transaction<'static, Any>) -> Result<(), Error> {
+        self.bounded("roll back a run's transaction", tx.rollback())
+            .await
     }
 
     async fn commit_steps(
