@@ -195,6 +195,7 @@ impl<'a> Acquire<'a> {
                 handoff_ms: shared.handoff_ms,
                 waiter: queue.as_ref().and_then(QueueGuard::waiter).cloned(),
                 barge: one_shot,
+                fence_step_us: shared.fence_step_us,
             });
             let failure = match attempt(&shared.cluster, target, ttl).await {
                 Ok((granted, refused)) => {

@@ -219,8 +219,10 @@ impl RedlockBuilder {
 
     /// Hand out a fencing token with every lock (default off; per lock:
     /// [`Acquire::fencing`](crate::Acquire::fencing)). Costs one counter key per resource
-    /// on each node, kept without expiry, and, when the nodes' counters disagree, one
-    /// more round trip to align them. See [`Lock::fencing_token`](crate::Lock::fencing_token).
+    /// on each node, kept without expiry, and, when the nodes' counters disagree (a node
+    /// missed a write-back, or their clocks straddle a step of the tokens' clock floor),
+    /// one more round trip to align them. See
+    /// [`Lock::fencing_token`](crate::Lock::fencing_token).
     pub fn fencing(mut self, on: bool) -> Self {
         self.fencing = on;
         self
@@ -424,6 +426,7 @@ impl RedlockBuilder {
             retry: self.retry,
             fencing: self.fencing,
             max_ttl: quarantine,
+            fence_step_us: crate::quorum::fence_step_us(max_ttl),
             ttl_limit: self.ttl_limit,
             max_resource_len: self.max_resource_len,
             holder,

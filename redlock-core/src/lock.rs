@@ -144,10 +144,12 @@ impl Lock {
     /// its validity is then refused instead of overwriting its successor's work.
     ///
     /// The token was stored on a majority of nodes before the lock was granted, and is
-    /// written to every other node the client reaches. The guarantee holds as long as at
-    /// most a minority of nodes loses its counters between two acquisitions (one node of
-    /// three restarting empty, say); across restarts of a majority, only with
-    /// persistence (`appendonly yes`, `appendfsync always`).
+    /// written to every other node the client reaches. It is never below the granting
+    /// nodes' clocks (in microseconds, rounded down to half the maximum TTL), so it is a
+    /// large number (store it in a 64-bit column) and keeps increasing through any
+    /// number of node restarts without persistence, as long as the restart quarantine is
+    /// on and the nodes' clocks agree to within half the maximum TTL. The exact fault
+    /// model: `docs/GUARANTEES.md`, "The fault model of fencing tokens".
     pub fn fencing_token(&self) -> Option<u64> {
         self.token
     }

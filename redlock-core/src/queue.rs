@@ -67,6 +67,8 @@ impl QueueGuard {
             handoff_ms,
             waiter: Some(waiter),
             barge: false,
+            // A waiter's place holds no fence keys.
+            fence_step_us: 1,
         };
         crate::telemetry::queue_waiters(1.0);
         Self {

@@ -24,6 +24,9 @@ pub(crate) struct Shared {
     pub(crate) fencing: bool,
     /// The longest TTL allowed, with the restart quarantine on (`None` when off).
     pub(crate) max_ttl: Option<Duration>,
+    /// The step of the clock floor of fencing tokens, in µs: half the maximum TTL, the
+    /// restart quarantine's length (see [`crate::quorum::fence_step_us`]).
+    pub(crate) fence_step_us: u64,
     /// The upper bound on every TTL (at most [`MAX_TTL`]).
     pub(crate) ttl_limit: Duration,
     /// The longest resource name accepted, in bytes.

@@ -1,5 +1,6 @@
 //! Fencing tokens only go up: through every API, after a node restarts without
-//! persistence, and with the write-back ordered before the release on every node.
+//! persistence (also when the first majority to answer kept no counter), and with the
+//! write-back ordered before the release on every node.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
@@ -103,6 +104,69 @@ async fn tokens_go_up_after_one_node_restarts_empty() {
     assert!(
         next > issued,
         "token {next} after {issued}: the restart of one node made it go backwards"
+    );
+}
+
+/// Every node of `redlock` votes (connected, out of quarantine), within 15 s.
+async fn all_vote(redlock: &Redlock) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = redlock.node_status().await;
+        if status.iter().all(|s| s.votes()) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every node votes: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The first majority to answer holds no counter at all: node 2 missed every
+/// write-back while it was cut off, and node 0 restarted empty; node 1, the only node
+/// that kept the counter, answers late. The token still goes up: the restarted node
+/// votes only after its quarantine, and tokens are not below the nodes' clocks, which
+/// have passed every earlier token by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_go_up_when_the_first_majority_to_answer_kept_no_counter() {
+    let mut cluster = Cluster::start_proxied(3).await;
+    let redlock = Redlock::builder()
+        .nodes(cluster.urls())
+        .fencing(true)
+        .ttl(Duration::from_secs(1))
+        .node_timeout(Duration::from_millis(600))
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(10))
+                .with_delay(Duration::from_millis(5), Duration::from_millis(20)),
+        )
+        .build()
+        .unwrap();
+    let resource = "fence-behind";
+    all_vote(&redlock).await;
+    cluster.proxy(2).cut();
+    let mut issued = 0;
+    for _ in 0..5 {
+        issued = token_of(&redlock, resource).await;
+    }
+    cluster.proxy(2).restore();
+    let fence = redlock.fence_key_for(resource);
+    let on_node_2: Option<String> = cluster
+        .node(2)
+        .query(redis::cmd("GET").arg(&fence))
+        .await
+        .unwrap();
+    assert_eq!(on_node_2, None, "node 2 was cut off: it holds no counter");
+    cluster.node_mut(0).restart().await;
+    all_vote(&redlock).await;
+    cluster.proxy(1).delay(Duration::from_millis(200));
+    let lock = redlock.lock(resource).await.unwrap();
+    let next = lock.fencing_token().unwrap();
+    lock.release().await.unwrap();
+    cluster.proxy(1).restore();
+    assert!(
+        next > issued,
+        "token {next} after {issued}: a majority without the counter made it go back"
     );
 }
 

@@ -178,9 +178,14 @@ async fn restart_race_never_double_grants() {
     );
 }
 
-/// `lock` and `lock_many` of the same resource, mixed, under pauses, cut and delayed
-/// links, with fencing: no overlap, and every token above the one before, whichever
-/// API issued it.
+/// `lock` and `lock_many` of the same resource, mixed, under pauses, restarts without
+/// persistence, cut and delayed links, with fencing: no overlap, and every token above
+/// the one before, whichever API issued it.
+///
+/// The negative control: the counters of every resource pushed far past the nodes'
+/// clocks, then wiped on every node (what restarts without persistence do to the
+/// counters when the nodes' clocks also step back by more than the quarantine): the
+/// checker must catch the tokens going back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_lock_and_lock_many_keep_fencing_order() {
     let (violations, holds) = mixed_fencing(false).await;
@@ -191,10 +196,48 @@ async fn mixed_lock_and_lock_many_keep_fencing_order() {
         violations.len(),
         &violations[..violations.len().min(3)]
     );
+    let (control, holds) = mixed_fencing(true).await;
+    assert!(holds >= 20, "negative control: only {holds} holds");
+    assert!(
+        control
+            .iter()
+            .any(|v| matches!(v, Violation::TokenNotIncreasing(..))),
+        "negative control: with the counters wiped after running ahead of the clocks, the checker must catch a token going back"
+    );
 }
 
-/// With `wipe_counters`, the negative control: no faults, and the counters wiped
-/// half-way.
+/// Every fencing counter that [`contenders`] with `many` uses, on every node of
+/// `cluster`, set to `value` (`None`: deleted), while holding [`RESOURCE`] (every
+/// acquisition that touches these counters locks it): otherwise the contenders' fence
+/// write-backs would carry the old values back to the nodes already done.
+async fn set_counters(cluster: &Cluster, redlock: &Redlock, value: Option<u64>) {
+    let held = redlock.lock(RESOURCE).await.unwrap();
+    let mut resources = vec![RESOURCE.to_owned()];
+    resources.extend((0..4).flat_map(|c| (0..2).map(move |t| format!("side-{c}-{t}"))));
+    let fences: Vec<String> = resources.iter().map(|r| redlock.fence_key_for(r)).collect();
+    let command = match value {
+        Some(value) => {
+            let mut mset = redis::cmd("MSET");
+            for fence in &fences {
+                mset.arg(fence).arg(value);
+            }
+            mset
+        }
+        None => redis::cmd("DEL").arg(&fences).clone(),
+    };
+    let done: Vec<Option<redis::Value>> =
+        futures_util::future::join_all((0..cluster.len()).map(|i| cluster.node(i).query(&command)))
+            .await;
+    assert!(done.iter().all(Option::is_some), "{command:?}: {done:?}");
+    assert!(
+        held.is_valid(),
+        "the counters were set within the lock's validity"
+    );
+    let _ = held.release().await;
+}
+
+/// With `wipe_counters`, the negative control: no faults; the counters set about a year
+/// past the nodes' clocks a third of the way, then wiped two thirds of the way.
 async fn mixed_fencing(wipe_counters: bool) -> (Vec<Violation>, usize) {
     let cluster = Arc::new(tokio::sync::Mutex::new(Cluster::start_proxied(5).await));
     let urls = cluster.lock().await.urls();
@@ -205,24 +248,40 @@ async fn mixed_fencing(wipe_counters: bool) -> (Vec<Violation>, usize) {
     let faults_stop = Arc::new(AtomicBool::new(false));
     let faults = tokio::spawn(run_faults(
         cluster.clone(),
-        &[FaultKind::Pause, FaultKind::Cut, FaultKind::Delay],
+        &[
+            FaultKind::Pause,
+            FaultKind::Restart,
+            FaultKind::Cut,
+            FaultKind::Delay,
+        ],
         if wipe_counters { 0 } else { 2 },
         Duration::from_millis(200),
-        Duration::ZERO,
+        // The quarantine: max TTL + 1 s of uptime rounding.
+        ttl + Duration::from_secs(1),
         faults_stop.clone(),
         23,
     ));
     let tasks = contenders(&redlocks, Duration::from_micros(200), true, &log, &stop);
     let run_for = Duration::from_secs(8);
-    tokio::time::sleep(run_for / 2).await;
     if wipe_counters {
-        let fence = redlocks[0].fence_key_for(RESOURCE);
-        let cluster = cluster.lock().await;
-        for i in 0..cluster.len() {
-            let _: Option<i64> = cluster.node(i).query(redis::cmd("DEL").arg(&fence)).await;
-        }
+        let year_ahead = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .saturating_add(Duration::from_secs(365 * 24 * 3600))
+            .as_micros();
+        tokio::time::sleep(run_for / 3).await;
+        set_counters(
+            &*cluster.lock().await,
+            &redlocks[0],
+            Some(u64::try_from(year_ahead).unwrap()),
+        )
+        .await;
+        tokio::time::sleep(run_for / 3).await;
+        set_counters(&*cluster.lock().await, &redlocks[0], None).await;
+        tokio::time::sleep(run_for / 3).await;
+    } else {
+        tokio::time::sleep(run_for).await;
     }
-    tokio::time::sleep(run_for / 2).await;
     stop.store(true, Ordering::SeqCst);
     for task in tasks {
         task.await.unwrap();

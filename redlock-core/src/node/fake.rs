@@ -29,7 +29,7 @@ struct State {
     keys: HashMap<Vec<u8>, Entry>,
     /// Sorted sets (the wait queues and their deadlines).
     zsets: HashMap<Vec<u8>, ZSet>,
-    /// The server clock's origin: tokio's instant and the wall clock (ms) at first use.
+    /// The server clock's origin: tokio's instant and the wall clock (µs) at first use.
     origin: Option<(Instant, u64)>,
     latency: Duration,
     failing: bool,
@@ -152,15 +152,31 @@ impl State {
 
     /// The server's clock (ms since the Unix epoch), advancing with tokio's clock.
     fn now_ms(&mut self) -> u64 {
+        self.now_us() / 1000
+    }
+
+    /// The server's clock in microseconds since the Unix epoch (`TIME`), advancing with
+    /// tokio's clock.
+    fn now_us(&mut self) -> u64 {
         let (at, wall) = *self.origin.get_or_insert_with(|| {
             let wall = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default()
-                .as_millis();
+                .as_micros();
             (Instant::now(), u64::try_from(wall).unwrap_or(0))
         });
-        let elapsed = u64::try_from(Instant::now().duration_since(at).as_millis()).unwrap_or(0);
+        let elapsed = u64::try_from(Instant::now().duration_since(at).as_micros()).unwrap_or(0);
         wall.saturating_add(elapsed)
+    }
+
+    /// A fencing token as the acquire scripts compute it from the counters `fences`:
+    /// one above the highest, and not below the clock in microseconds rounded down to a
+    /// multiple of `step`.
+    fn next_token(&mut self, fences: &[&[u8]], step: u64) -> u64 {
+        let highest = fences.iter().map(|k| self.number(k)).max().unwrap_or(0);
+        let now = self.now_us();
+        let floor = now - now % step.max(1);
+        highest.saturating_add(1).max(floor)
     }
 
     fn zset(&mut self, key: &[u8]) -> Option<&mut ZSet> {
@@ -316,7 +332,7 @@ impl State {
             if !locks.iter().all(|k| self.free(k, barge)) {
                 return Ok(int(0));
             }
-            let token = fences.iter().map(|k| self.number(k)).max().unwrap_or(0) + 1;
+            let token = self.next_token(fences, ms(3));
             for (lock, fence) in locks.iter().zip(fences) {
                 self.set(fence, token.to_string().as_bytes(), None);
                 self.set(lock, arg(0).as_bytes(), Some(ms(1)));
@@ -357,12 +373,7 @@ impl State {
             }
             let mut token = 1;
             if keys.len() == 4 * n {
-                token = keys[3 * n..]
-                    .iter()
-                    .map(|k| self.number(k))
-                    .max()
-                    .unwrap_or(0)
-                    + 1;
+                token = self.next_token(&keys[3 * n..], ms(6));
                 for fence in &keys[3 * n..] {
                     self.set(fence, token.to_string().as_bytes(), None);
                 }

@@ -144,6 +144,7 @@ pub(crate) fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             ttl_ms,
             waiter: None,
             barge: false,
+            fence_step_us: _,
         } => {
             let mut cmd = redis::Cmd::with_capacity(6, key.len() + value.len() + 3 + 2 + 2 + 20);
             cmd.arg("SET")
@@ -160,13 +161,14 @@ pub(crate) fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             value,
             ttl_ms,
             waiter: Some(waiter),
+            fence_step_us,
             ..
         } => {
             let all = waiter_keys(keys, fence_keys);
             evalsha(
                 &scripts::ACQUIRE_QUEUED,
                 &all.iter().collect::<Vec<_>>(),
-                &waiter_args(value, ttl_ms, waiter, keys.len()),
+                &waiter_args(value, ttl_ms, waiter, keys.len(), fence_step_us),
             )
         }
         Op::Acquire {
@@ -175,6 +177,7 @@ pub(crate) fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             value,
             ttl_ms,
             barge,
+            fence_step_us,
             ..
         } => {
             let script = if fence_keys.is_empty() {
@@ -190,6 +193,7 @@ pub(crate) fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
                     value.to_owned(),
                     ttl_ms.to_string(),
                     u8::from(barge).to_string(),
+                    fence_step_us.to_string(),
                 ],
             )
         }
@@ -259,7 +263,13 @@ fn release_args(
     ]
 }
 
-fn waiter_args(value: &str, ttl_ms: u64, waiter: &Waiter, keys: usize) -> [String; 6] {
+fn waiter_args(
+    value: &str,
+    ttl_ms: u64,
+    waiter: &Waiter,
+    keys: usize,
+    fence_step_us: u64,
+) -> [String; 7] {
     [
         value.to_owned(),
         ttl_ms.to_string(),
@@ -267,6 +277,7 @@ fn waiter_args(value: &str, ttl_ms: u64, waiter: &Waiter, keys: usize) -> [Strin
         waiter.since_ms.to_string(),
         waiter.keep_ms.to_string(),
         keys.to_string(),
+        fence_step_us.to_string(),
     ]
 }
 

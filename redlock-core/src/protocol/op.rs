@@ -22,6 +22,9 @@ pub(crate) enum Op<'a> {
         waiter: Option<&'a Waiter>,
         /// A lock handed over to a waiter (`~<waiter>`) counts as free.
         barge: bool,
+        /// With fence keys: a token is not below the node's clock in microseconds rounded
+        /// down to a multiple of this (see `scripts::ACQUIRE_FENCED`).
+        fence_step_us: u64,
     },
     /// Raise the fencing counters to at least `token`.
     RaiseFence {

@@ -99,6 +99,31 @@ end
 return released + 65536 * pending
 ";
 
+/// Lua defining `clock_floor(step)`: the node's clock in microseconds since the Unix
+/// epoch (`TIME`), rounded down to a multiple of `step` µs (1 if missing). A fencing
+/// token is never below it (see [`ACQUIRE_FENCED`]): a node that restarted and lost its
+/// counters votes again only after the restart quarantine (the maximum TTL, twice the
+/// step), so its clock has passed every token handed out before the restart by more
+/// than a step, as long as the nodes' clocks agree to within a step and none steps back
+/// by more. Rounding keeps the nodes of one acquisition agreeing on the token (no
+/// write-back needed) unless their clocks straddle a step. Microseconds: one resource's
+/// acquisitions, each a script run and a round trip, cannot outpace the clock, and the
+/// values stay exact in Lua's numbers (doubles) until the year 2255.
+macro_rules! clock_floor {
+    () => {
+        r"
+local function clock_floor(step)
+  if not step or step < 1 then
+    step = 1
+  end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return now - now % step
+end
+"
+    };
+}
+
 /// Lua that puts waiter `id` (waiting `since`, a number) in the wait queues of the `n`
 /// lock keys of `KEYS` (then their queues, then the queues' deadlines), its place kept
 /// `keep` ms past now; the queues live at least that long. Shared by the scripts that
@@ -125,13 +150,15 @@ end
 /// queues' deadlines, then (with fencing) their counters. `ARGV`: value, TTL ms, waiter
 /// id, the time it began waiting (its place in the queues), how long its places are kept
 /// (ms), n. If every lock key is free or handed over to this waiter: takes them all,
-/// sets every counter to one above the highest of them (the token: so every resource's
-/// counter reaches every token issued for it, also through a multi-resource lock),
+/// sets every counter to the token, one above the highest of them but not below the
+/// node's clock floor (`clock_floor!`, its step `ARGV[7]`; so every resource's counter
+/// reaches every token issued for it, also through a multi-resource lock),
 /// leaves the queues, and returns the token (1 without fencing). Otherwise joins or
 /// refreshes its places and returns 0.
 pub(crate) static ACQUIRE_QUEUED: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_QUEUED_SOURCE));
 const ACQUIRE_QUEUED_SOURCE: &str = concat!(
+    clock_floor!(),
     r"
 local n = tonumber(ARGV[6])
 local mine = '~' .. ARGV[3]
@@ -153,7 +180,7 @@ if free then
         highest = t
       end
     end
-    token = highest + 1
+    token = math.max(highest + 1, clock_floor(tonumber(ARGV[7])))
     for i = 1, n do
       redis.call('SET', KEYS[3 * n + i], string.format('%d', token))
     end
@@ -241,13 +268,17 @@ return 1
 
 /// Fencing acquire. `KEYS` holds the lock keys, then as many counter keys. If no lock
 /// key is held (with `ARGV[3] == '1'`, one being handed over, `~<waiter>`, counts as
-/// free): sets every counter to one above the highest of them (the token), sets
-/// every lock key to `ARGV[1]` with a TTL of `ARGV[2]` ms, and returns the token (>= 1).
-/// Every resource's counter thus reaches the token, so a later lock of any one of them
-/// counts past it. Otherwise changes nothing and returns 0.
+/// free): sets every counter to the token, the greater of one above the highest of
+/// them and the node's clock floor (`clock_floor!`, its step `ARGV[4]`), sets every lock key to
+/// `ARGV[1]` with a TTL of `ARGV[2]` ms, and returns the token (>= 1). Every resource's
+/// counter thus reaches the token, so a later lock of any one of them counts past it;
+/// and a node that forgot its counters still counts past every earlier token by its
+/// clock. Otherwise changes nothing and returns 0.
 pub(crate) static ACQUIRE_FENCED: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_FENCED_SOURCE));
-const ACQUIRE_FENCED_SOURCE: &str = r"
+const ACQUIRE_FENCED_SOURCE: &str = concat!(
+    clock_floor!(),
+    r"
 local n = #KEYS / 2
 for i = 1, n do
   local current = redis.call('GET', KEYS[i])
@@ -262,13 +293,14 @@ for i = 1, n do
     token = t
   end
 end
-token = token + 1
+token = math.max(token + 1, clock_floor(tonumber(ARGV[4])))
 for i = 1, n do
   redis.call('SET', KEYS[n + i], string.format('%d', token))
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
 end
 return token
-";
+"
+);
 
 /// Raises every counter of `KEYS` to at least `ARGV[1]` (never lowers one). Returns 1.
 pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SOURCE));

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 pub(crate) use self::fanout::{Answers, Fanout, Pending, Until};
 pub(crate) use self::in_flight::InFlight;
-pub(crate) use self::target::{OpKind, Target};
+pub(crate) use self::target::{OpKind, Target, fence_step_us};
 use crate::node::{Identities, Node};
 
 /// The fixed part of the clock-drift allowance (the reference algorithm's 2 ms).

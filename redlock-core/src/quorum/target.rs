@@ -36,6 +36,22 @@ pub(crate) struct Target {
     /// A request that will not wait (one attempt): a lock being handed over to a queued
     /// waiter counts as free for it (see `Redlock::try_lock`).
     pub(crate) barge: bool,
+    /// The step of the clock floor of fencing tokens, in µs (see [`fence_step_us`]).
+    pub(crate) fence_step_us: u64,
+}
+
+/// The step of the clock floor of fencing tokens (µs) for a client whose restart
+/// quarantine lasts `quarantine` (its maximum TTL): half of it, at least 1 µs.
+///
+/// A token is not below the granting node's clock rounded down to this step, so the
+/// nodes of one acquisition agree on the token (and no write-back is needed) unless
+/// their clocks straddle a step; and a node that lost its counters, voting again at
+/// least `quarantine` after it last stored one, floors the next token past every token
+/// issued before, as long as the nodes' clocks agree to within the other half.
+pub(crate) fn fence_step_us(quarantine: std::time::Duration) -> u64 {
+    u64::try_from((quarantine / 2).as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 impl Target {
@@ -48,6 +64,7 @@ impl Target {
                 ttl_ms,
                 waiter: self.waiter.as_ref(),
                 barge: self.barge,
+                fence_step_us: self.fence_step_us,
             },
             OpKind::RaiseFence { token } => Op::RaiseFence {
                 fence_keys: &self.fence_keys,

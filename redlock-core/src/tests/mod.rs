@@ -173,15 +173,54 @@ async fn a_stale_high_counter_on_one_node_raises_every_later_token() {
     let servers = servers(3);
     let redlock = client(&servers, true);
     let fence = redlock.fence_key_for("r");
-    servers[2].set(&fence, "100");
+    // A counter far past the clock (tokens are not below the nodes' clocks in µs).
+    servers[2].set(&fence, "8000000000000000");
     let first = redlock.try_lock("r").await.unwrap();
     let token = first.fencing_token().unwrap();
     // Node 2 granted too, so the token is past its counter, and the others follow.
-    assert_eq!(token, 101);
+    assert_eq!(token, 8_000_000_000_000_001);
     first.release().await.unwrap();
     servers[2].set_failing(true);
     let second = redlock.try_lock("r").await.unwrap();
     assert!(second.fencing_token().unwrap() > token);
+}
+
+/// A majority whose counters are all behind (one node restarted empty, one that missed
+/// the write-backs) still hands out a token past every earlier one: tokens are floored
+/// by the nodes' clocks, which have moved on since.
+#[tokio::test]
+async fn a_majority_without_the_last_counter_still_counts_past_it_by_the_clock() {
+    let servers = servers(3);
+    let ttl = Duration::from_millis(200);
+    let redlock = servers
+        .iter()
+        .fold(Redlock::builder(), |b, s| b.fake(s.clone()))
+        .restart_quarantine(false)
+        .wake_on_release(false)
+        .fencing(true)
+        .ttl(ttl)
+        .node_timeout(NODE_TIMEOUT)
+        .retry(RetryPolicy::once())
+        .build()
+        .expect("valid configuration");
+    // Node 2 is cut off while five locks are taken: counters (t, t, none).
+    servers[2].set_failing(true);
+    let mut last = 0;
+    for _ in 0..5 {
+        let lock = redlock.try_lock("r").await.unwrap();
+        last = lock.fencing_token().unwrap();
+        lock.release().await.unwrap();
+    }
+    servers[2].set_failing(false);
+    // Node 0 restarts empty; node 1, the only one that kept the counter, answers late.
+    servers[0].restart();
+    // The restart quarantine (the maximum TTL, here the TTL), which fake servers do not
+    // model: a restarted node votes only after it.
+    tokio::time::sleep(ttl).await;
+    servers[1].set_latency(NODE_TIMEOUT / 2);
+    let lock = redlock.try_lock("r").await.unwrap();
+    let token = lock.fencing_token().unwrap();
+    assert!(token > last, "token {token} after {last}");
 }
 
 #[tokio::test]
