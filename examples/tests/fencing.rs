@@ -26,7 +26,9 @@ fn a_frozen_holder_is_refused_by_every_fenced_store() {
     let refused = stdout
         .lines()
         .filter(|l| {
-            l.contains("WRITE holder") && l.contains(" fenced 1 refused: stale fencing token 1")
+            l.starts_with("WRITE holder ")
+                && l.contains(" fenced ")
+                && l.contains(" refused: stale fencing token ")
         })
         .count();
     assert_eq!(refused, stores, "{stdout}");
