@@ -74,23 +74,62 @@ pub(crate) fn plan(due: &[DateTime<Utc>], now: DateTime<Utc>, misfire: Misfire) 
     Plan { steps, uncounted }
 }
 
-/// Where a new leader starts looking for due ticks.
+/// Plans the first ticks of a leadership elected at `elected` and firing them at `now`
+/// (later than its election when it first had to wait for the history).
 ///
-/// - With a history that has a row for the job: after its latest scheduled tick, but no
-///   earlier than the grace window (older ticks are forgotten);
-/// - with a history without one: the job never ran anywhere, so nothing was missed (a
-///   fresh deployment does not catch up on the past): just before now;
+/// The ticks due by the election were missed by the fail-over: they are planned as
+/// they would have been at the election, so the policy's count applies to them alone.
+/// The ticks that came due while the leader waited are planned at `now`, as a late
+/// leader's are. A tick that was on time at the election but is late by now runs as a
+/// late run (after the runs before it). Without such a wait, this is [`plan`] at `now`.
+pub(crate) fn plan_first(
+    due: &[DateTime<Utc>],
+    elected: DateTime<Utc>,
+    now: DateTime<Utc>,
+    misfire: Misfire,
+) -> Plan {
+    if !is_late(elected, now) {
+        return plan(due, now, misfire);
+    }
+    let split = due.partition_point(|t| *t <= elected);
+    let mut first = plan(&due[..split], elected, misfire);
+    for (tick, action) in &mut first.steps {
+        if let Action::Run { late } = action {
+            *late = *late || is_late(*tick, now);
+        }
+    }
+    let then = plan(&due[split..], now, misfire);
+    first.steps.extend(then.steps);
+    first.uncounted += then.uncounted;
+    first
+}
+
+/// Whether `tick`, acted on at `now`, is late (a misfire), not on time.
+fn is_late(tick: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+    (now - tick).to_std().unwrap_or_default() >= ON_TIME
+}
+
+/// Where a leader elected at `elected` starts looking for due ticks, at `now`.
+///
+/// - With a history that has a row for the job: after its latest scheduled tick;
+/// - with a history without one: the job never ran anywhere, so nothing was missed
+///   before this leadership (a fresh deployment does not catch up on the past): just
+///   before the election;
 /// - without a history (or when it could not be read in time): the grace window, the
 ///   Redis claims of the ticks in it telling what ran.
+///
+/// Never earlier than the grace window before `now` (older ticks are forgotten: their
+/// claims may have expired).
 pub(crate) fn start_cursor(
     recorded: Recorded,
+    elected: DateTime<Utc>,
     now: DateTime<Utc>,
     grace: Duration,
 ) -> DateTime<Utc> {
     let floor = earlier(now, grace);
     match recorded {
         Recorded::Last(last) => last.max(floor),
-        Recorded::Never => earlier(now, ON_TIME),
+        Recorded::Never => earlier(elected.min(now), ON_TIME).max(floor),
         Recorded::Unknown => floor,
     }
 }
@@ -236,16 +275,76 @@ mod tests {
     }
 
     #[test]
+    fn a_wait_for_the_history_does_not_count_against_the_fail_overs_misfires() {
+        // Nobody led for ticks 1..=4; the leader, elected at 4.3, could read the history
+        // at 7.1 only: ticks 5 and 6 came due while it waited.
+        let due = [at(1), at(2), at(3), at(4), at(5), at(6), at(7)];
+        let elected = at(4) + chrono::Duration::milliseconds(300);
+        let now = at(7) + chrono::Duration::milliseconds(100);
+        let policy = Misfire::CatchUp { max: 3 };
+        let first = plan_first(&due, elected, now, policy);
+        // At the election: 1, 2, 3 missed (the latest 3 run), 4 on time (late by now);
+        // then 5 and 6 missed while waiting, 7 on time.
+        assert_eq!(
+            runs(&first),
+            vec![
+                (1, true),
+                (2, true),
+                (3, true),
+                (4, true),
+                (5, true),
+                (6, true),
+                (7, false)
+            ]
+        );
+        assert_eq!(first.steps.len(), due.len());
+        let once = plan_first(&due, elected, now, Misfire::RunOnce);
+        assert_eq!(runs(&once), vec![(4, true), (7, false)]);
+        assert_eq!(skips(&once), vec![1, 2, 3, 5, 6]);
+        let skip = plan_first(&due, elected, now, Misfire::Skip);
+        assert_eq!(runs(&skip), vec![(4, true), (7, false)]);
+        // Without a wait: the plan at now.
+        let prompt = at(7) + chrono::Duration::milliseconds(50);
+        assert_eq!(
+            plan_first(&due, at(7), prompt, policy),
+            plan(&due, prompt, policy)
+        );
+        // More missed before the election than the policy runs: the oldest is skipped.
+        let many = plan_first(
+            &due,
+            at(5) + chrono::Duration::milliseconds(500),
+            now,
+            policy,
+        );
+        assert_eq!(skips(&many), vec![1]);
+        assert_eq!(many.steps.len(), due.len());
+    }
+
+    #[test]
     fn start_cursors() {
         let now = at(59);
         let grace = Duration::from_secs(30);
-        assert_eq!(start_cursor(Recorded::Last(at(50)), now, grace), at(50));
-        assert_eq!(start_cursor(Recorded::Last(at(10)), now, grace), at(29));
-        assert_eq!(start_cursor(Recorded::Never, now, grace), at(58));
-        assert_eq!(start_cursor(Recorded::Unknown, now, grace), at(29));
+        assert_eq!(
+            start_cursor(Recorded::Last(at(50)), now, now, grace),
+            at(50)
+        );
+        assert_eq!(
+            start_cursor(Recorded::Last(at(10)), now, now, grace),
+            at(29)
+        );
+        assert_eq!(start_cursor(Recorded::Never, now, now, grace), at(58));
+        assert_eq!(start_cursor(Recorded::Unknown, now, now, grace), at(29));
+        // Elected earlier, then waiting for the history: a job that never ran plans the
+        // ticks from its election on; the grace window still counts back from now.
+        assert_eq!(start_cursor(Recorded::Never, at(50), now, grace), at(49));
+        assert_eq!(start_cursor(Recorded::Never, at(10), now, grace), at(29));
+        assert_eq!(
+            start_cursor(Recorded::Last(at(10)), at(20), now, grace),
+            at(29)
+        );
         // An absurd grace does not overflow.
         assert_eq!(
-            start_cursor(Recorded::Unknown, now, Duration::MAX),
+            start_cursor(Recorded::Unknown, now, now, Duration::MAX),
             DateTime::<Utc>::MIN_UTC
         );
         assert_eq!(later(now, Duration::MAX), DateTime::<Utc>::MAX_UTC);

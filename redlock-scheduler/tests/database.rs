@@ -342,3 +342,80 @@ async fn a_run_transaction_through_an_outage_records_each_tick_once_without_a_fa
             .count()
     );
 }
+
+/// Nobody leads for about 4 s (the leader shut down, the other replica cut off from
+/// Redis); the other replica is then elected while every connection to the history
+/// fails, and the database comes back 2.5 s later. With `CatchUp { max: 5 }`, each of
+/// the ticks nobody ran is run once, late, when the history can be read again: none
+/// is lost to the ticks that came due while the new leader waited for it (together
+/// they are more than 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn a_leader_elected_while_the_history_fails_catches_up_every_missed_tick() {
+    let Some((url, addr)) = postgres() else {
+        panic!("DATABASE_URL is not set at run time but was at build time");
+    };
+    let cluster = Cluster::start(3).await;
+    let job = unique("catch-up-cut");
+    let ticks = Arc::new(Ticks::default());
+    let jobs = || {
+        vec![
+            counting_job(&job, "* * * * * *", &ticks, Duration::from_millis(10))
+                .misfire(Misfire::CatchUp { max: 5 }),
+        ]
+    };
+    let first = Replica::start(&cluster, "a", Some(url.clone()), jobs(), |b| b).await;
+    leader_of(std::slice::from_ref(&first), Duration::from_secs(5)).await;
+    let proxy = Proxy::start(addr).await;
+    let history = History::builder(via(&url, proxy.addr()));
+    let second = Replica::start_with(&cluster, "b", Some(history), jobs(), |b| b).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // b cannot take part in the election; a hands over to nobody.
+    for i in 0..3 {
+        second.sandbox.proxy(i).cut();
+    }
+    first.shutdown().await;
+    let stopped = Utc::now();
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    // b comes back to Redis while every connection to the history fails.
+    proxy.cut();
+    for i in 0..3 {
+        second.sandbox.proxy(i).restore();
+    }
+    redlock_testkit::until("b leads", Duration::from_secs(10), || async {
+        second.leads().then_some(())
+    })
+    .await;
+    let elected = Utc::now();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.restore();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    second.shutdown().await;
+    let record = ticks.snapshot();
+    let mut seconds: Vec<i64> = record.keys().copied().collect();
+    seconds.sort_unstable();
+    let missed: Vec<i64> = seconds
+        .iter()
+        .copied()
+        .filter(|t| *t > stopped.timestamp_millis() && *t <= elected.timestamp_millis())
+        .collect();
+    eprintln!(
+        "a stopped at {stopped}, b elected at {elected}; ticks run during the fail-over: {missed:?}"
+    );
+    assert!(
+        (elected - stopped).num_milliseconds() < 6000,
+        "the fail-over took {} ms",
+        (elected - stopped).num_milliseconds()
+    );
+    // No gap from the first tick to the last: each tick nobody ran was caught up.
+    let gaps: Vec<_> = seconds.windows(2).filter(|w| w[1] - w[0] != 1000).collect();
+    assert!(gaps.is_empty(), "ticks never run: {gaps:?} in {seconds:?}");
+    assert!(
+        record.values().all(|i| i.len() == 1),
+        "a tick ran twice: {record:?}"
+    );
+    assert!(missed.len() >= 3, "{missed:?}");
+}

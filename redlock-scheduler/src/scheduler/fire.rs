@@ -42,6 +42,7 @@ pub(super) async fn lead(inner: Arc<Inner>, mut events: tokio::sync::watch::Rece
                     firing.clone(),
                 ));
             }
+            let elected = inner.clock.now();
             let recorded = last_ticks(&inner, &leadership).await;
             let loops = inner.jobs.iter().enumerate().map(|(index, state)| {
                 let recorded = match &recorded {
@@ -50,7 +51,7 @@ pub(super) async fn lead(inner: Arc<Inner>, mut events: tokio::sync::watch::Rece
                         .map_or(Recorded::Never, |t| Recorded::Last(*t)),
                     None => Recorded::Unknown,
                 };
-                fire_loop(&inner, index, state, recorded, &leadership)
+                fire_loop(&inner, index, state, recorded, elected, &leadership)
             });
             tokio::select! {
                 _ = futures_util::future::join_all(loops) => {}
@@ -114,21 +115,30 @@ async fn last_ticks(
     }
 }
 
-/// Fires one job's ticks while `leadership` lasts.
+/// Fires one job's ticks while `leadership` (elected at `elected`) lasts. The first
+/// plan sets the ticks missed before the election apart from those that came due while
+/// the leader waited for the history ([`plan::plan_first`]).
 async fn fire_loop(
     inner: &Arc<Inner>,
     index: usize,
     state: &JobState,
     recorded: Recorded,
+    elected: DateTime<Utc>,
     leadership: &Leadership,
 ) {
-    let mut cursor = plan::start_cursor(recorded, inner.clock.now(), inner.grace(state));
+    let now = inner.clock.now();
+    let mut cursor = plan::start_cursor(recorded, elected, now, inner.grace(state));
+    let mut first = true;
     loop {
         let now = inner.clock.now();
         let due = state.schedule.ticks_between(cursor, now);
         if let Some(last) = due.last() {
             cursor = *last;
-            let plan = plan::plan(&due, now, state.job.misfire);
+            let plan = if std::mem::take(&mut first) {
+                plan::plan_first(&due, elected, now, state.job.misfire)
+            } else {
+                plan::plan(&due, now, state.job.misfire)
+            };
             if plan.uncounted > 0 {
                 tracing::warn!(job = %state.name, ticks = plan.uncounted, "missed ticks neither run nor recorded one by one (too many)");
             }
