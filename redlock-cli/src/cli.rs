@@ -163,7 +163,8 @@ pub(crate) enum Command {
     ///
     /// The jobs the scheduler's replicas published in the history database when they
     /// started, with their next ticks (computed in each job's time zone), whether they
-    /// are paused or running, and their latest run; and the leader as last recorded.
+    /// are paused or running, and their latest run; and the leader now (or the last
+    /// one, if none leads).
     Jobs {
         /// How many next ticks to compute per job (the table shows the first).
         #[arg(long, default_value_t = DEFAULT_NEXT_TICKS, value_name = "N")]
@@ -189,7 +190,9 @@ pub(crate) enum Command {
         until: Option<DateTime<Utc>>,
     },
 
-    /// The leader as last recorded: replica, epoch, since when.
+    /// The leader now: replica, epoch, since when; or, if none leads, the last one and
+    /// whether it ended its leadership (stepped down, shut down) or stopped renewing
+    /// its record (crashed).
     Leader,
 
     /// Has the leader run JOB once now, and prints the result.

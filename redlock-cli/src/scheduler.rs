@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use redlock_scheduler::{
-    Error, History, JobInfo, Outcome, Request, RequestAction, RequestState, Run, RunFilter,
-    SchedulerAdmin,
+    Error, History, JobInfo, LeaderInfo, Outcome, Request, RequestAction, RequestState, Run,
+    RunFilter, SchedulerAdmin,
 };
 
 use crate::cli::{DATABASE_ENV, Global, Wait};
@@ -106,11 +106,14 @@ pub(crate) async fn jobs(global: &Global, ticks: usize) -> Result<Report, CliErr
     if global.json {
         return Ok(Report::ok(format::json(&jobs)?));
     }
-    let leader = admin.leader().await.map_err(|e| query_error(&admin, e))?;
+    let last = admin
+        .last_leader()
+        .await
+        .map_err(|e| query_error(&admin, e))?;
     let now = Utc::now();
     let mut out = String::new();
-    match leader {
-        Some(leader) => line(
+    match (last.clone().filter(|l| l.is_current_at(now)), last) {
+        (Some(leader), _) => line(
             &mut out,
             format!(
                 "scheduler `{}`: leader {} (epoch {}, since {})\n",
@@ -120,7 +123,16 @@ pub(crate) async fn jobs(global: &Global, ticks: usize) -> Result<Report, CliErr
                 format::time_from(leader.since, now)
             ),
         ),
-        None => line(
+        (None, Some(last)) => line(
+            &mut out,
+            format!(
+                "scheduler `{}`: no leader (the last, {}, {})\n",
+                admin.scheduler(),
+                last.instance,
+                no_longer_leads(&last, now)
+            ),
+        ),
+        (None, None) => line(
             &mut out,
             format!("scheduler `{}`: no leader recorded\n", admin.scheduler()),
         ),
@@ -270,26 +282,53 @@ fn render_runs(runs: &[Run]) -> String {
     table.render()
 }
 
-/// `redlock leader`.
+/// `redlock leader`: the leader now (JSON: `null` if none), or why there is none.
 pub(crate) async fn leader(global: &Global) -> Result<Report, CliError> {
     let admin = admin(global).await?;
-    let leader = admin.leader().await.map_err(|e| query_error(&admin, e))?;
+    let last = admin
+        .last_leader()
+        .await
+        .map_err(|e| query_error(&admin, e))?;
+    let now = Utc::now();
+    let leader = last.clone().filter(|l| l.is_current_at(now));
     if global.json {
         return Ok(Report::ok(format::json(&leader)?));
     }
-    Ok(Report::ok(match leader {
-        Some(leader) => format!(
+    Ok(Report::ok(match (leader, last) {
+        (Some(leader), _) => format!(
             "{} leads scheduler `{}` (epoch {}, since {})\n",
             leader.instance,
             admin.scheduler(),
             leader.epoch,
-            format::time_from(leader.since, Utc::now())
+            format::time_from(leader.since, now)
         ),
-        None => format!(
+        (None, Some(last)) => format!(
+            "no leader for scheduler `{}`: the last, {} (epoch {}), {}\n",
+            admin.scheduler(),
+            last.instance,
+            last.epoch,
+            no_longer_leads(&last, now)
+        ),
+        (None, None) => format!(
             "no leader recorded for scheduler `{}` (no replica ever led)\n",
             admin.scheduler()
         ),
     }))
+}
+
+/// Why the leader last recorded no longer leads.
+fn no_longer_leads(last: &LeaderInfo, now: chrono::DateTime<Utc>) -> String {
+    match (last.ended, last.expires) {
+        (Some(ended), _) => format!(
+            "ended its leadership at {} (stepped down or shut down; no other replica took over)",
+            format::time_from(ended, now)
+        ),
+        (None, Some(expires)) => format!(
+            "stopped renewing its record, which ran out at {} (it stopped without stepping down: crashed, or lost the database)",
+            format::time_from(expires, now)
+        ),
+        (None, None) => "no longer leads".to_owned(),
+    }
 }
 
 /// `redlock pause JOB` (`pause`) or `redlock resume JOB`.

@@ -247,5 +247,26 @@ async fn scheduler_jobs_history_and_requests() {
     })
     .await;
 
+    // Shut down, the replica is not named as the leader any more.
     scheduler.shutdown(Duration::from_secs(5)).await;
+    let leader = run(cli(&["leader", "--json"])).await.expect(0).json();
+    assert!(leader.is_null(), "{leader}");
+    let human = run(cli(&["leader"])).await.expect(0);
+    assert!(
+        human
+            .stdout
+            .starts_with("no leader for scheduler `billing`: the last, replica-a (epoch "),
+        "{human:?}"
+    );
+    assert!(
+        human.stdout.contains("ended its leadership at"),
+        "{human:?}"
+    );
+    assert!(!human.stdout.contains("leads"), "{human:?}");
+    let jobs = run(cli(&["jobs"])).await.expect(0);
+    assert!(
+        jobs.stdout
+            .starts_with("scheduler `billing`: no leader (the last, replica-a, ended"),
+        "{jobs:?}"
+    );
 }

@@ -7,7 +7,9 @@
 //! - each replica publishes its job definitions when it starts (schedule, time zone,
 //!   misfire policy, timeout), so [`jobs`](SchedulerAdmin::jobs) can list them with
 //!   their next ticks, pause state, last run and whether a run goes on;
-//! - the leader records itself when elected ([`leader`](SchedulerAdmin::leader));
+//! - the leader records itself when elected, renews that record while it leads and
+//!   marks it ended when it steps down or shuts down ([`leader`](SchedulerAdmin::leader)
+//!   names only a leader whose record is current);
 //! - runs are read with a [`RunFilter`] ([`runs`](SchedulerAdmin::runs));
 //! - pauses are rows every leader reads within a second
 //!   ([`pause`](SchedulerAdmin::pause), [`resume`](SchedulerAdmin::resume));
@@ -16,8 +18,10 @@
 //!   *request*: a row with a random id that the leader (for a cancel: the replica
 //!   running the job) takes, atomically, within about half a second, carries out and
 //!   answers with a result. [`request`](SchedulerAdmin::request) reads it;
-//!   [`wait`](SchedulerAdmin::wait) waits for it. A request no replica took within a
-//!   minute is marked expired by the leader that sees it, not carried out late.
+//!   [`wait`](SchedulerAdmin::wait) waits for it, [`wait_up_to`](SchedulerAdmin::wait_up_to)
+//!   reads where it stands after a bounded wait. A request no replica took within a
+//!   minute is marked expired by the leader that sees it, not carried out late (with
+//!   no replica running, it stays pending until one runs and expires it).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -103,7 +107,7 @@ pub struct JobInfo {
     pub published_by: String,
 }
 
-/// The leader as last recorded in the history.
+/// The leader as recorded in the history.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct LeaderInfo {
@@ -113,6 +117,22 @@ pub struct LeaderInfo {
     pub epoch: u64,
     /// When it was elected (as it recorded it).
     pub since: DateTime<Utc>,
+    /// Until when its record holds unless it renews it (a leader renews it every
+    /// couple of seconds): past it, the replica stopped without saying so (it crashed,
+    /// or lost the database). `None` if a replica of a version that keeps no such lease
+    /// wrote the record.
+    pub expires: Option<DateTime<Utc>>,
+    /// When its leadership ended (it stepped down, shut down, reached the end of its
+    /// term or lost its lock), as it recorded it; `None` while it goes on.
+    pub ended: Option<DateTime<Utc>>,
+}
+
+impl LeaderInfo {
+    /// Whether it still leads at `now`, as far as the record tells: its leadership has
+    /// not ended and its lease has not run out.
+    pub fn is_current_at(&self, now: DateTime<Utc>) -> bool {
+        self.ended.is_none() && self.expires.is_none_or(|expires| expires > now)
+    }
 }
 
 impl SchedulerAdmin {
@@ -247,13 +267,30 @@ impl SchedulerAdmin {
         }
     }
 
-    /// The leader as last recorded (each leader records itself when elected): `None`
-    /// if no replica ever led.
+    /// The leader now, as recorded (each leader records itself when elected, renews
+    /// the record while it leads and marks it ended when its leadership ends): `None`
+    /// if no replica ever led, the last leader's leadership ended (it stepped down or
+    /// shut down, and no other replica took over yet), or its record ran out (it
+    /// stopped without saying so). [`last_leader`](Self::last_leader) tells which.
     ///
     /// # Errors
     ///
     /// [`Error::Store`] or [`Error::StoreTimeout`].
     pub async fn leader(&self) -> Result<Option<LeaderInfo>, Error> {
+        let now = Utc::now();
+        Ok(self
+            .last_leader()
+            .await?
+            .filter(|leader| leader.is_current_at(now)))
+    }
+
+    /// The leader last recorded, whether or not it still leads (see
+    /// [`LeaderInfo::is_current_at`]): `None` if no replica ever led.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    pub async fn last_leader(&self) -> Result<Option<LeaderInfo>, Error> {
         Ok(self
             .history
             .leader_record(&self.scheduler)
@@ -262,6 +299,8 @@ impl SchedulerAdmin {
                 instance: record.instance,
                 epoch: record.epoch,
                 since: record.since,
+                expires: record.expires,
+                ended: record.ended,
             }))
     }
 
@@ -357,20 +396,35 @@ impl SchedulerAdmin {
     /// [`Error::RequestNotDone`] when `timeout` passes first; as
     /// [`request`](Self::request) otherwise.
     pub async fn wait(&self, id: &str, timeout: Duration) -> Result<Request, Error> {
+        let request = self.wait_up_to(id, timeout).await?;
+        if request.is_done() {
+            Ok(request)
+        } else {
+            Err(Error::RequestNotDone {
+                id: id.to_owned(),
+                waited: timeout,
+                state: request.state,
+            })
+        }
+    }
+
+    /// The request `id` once it is done, or as it stands after `within`: still
+    /// [`Pending`](crate::RequestState::Pending) (no replica has taken it) or
+    /// [`Executing`](crate::RequestState::Executing). Reads it about ten times a
+    /// second; with a `within` of zero, once. For callers that answer at once and let
+    /// their own callers follow the request (an HTTP admin answering 202).
+    ///
+    /// # Errors
+    ///
+    /// As [`request`](Self::request).
+    pub async fn wait_up_to(&self, id: &str, within: Duration) -> Result<Request, Error> {
         let started = tokio::time::Instant::now();
         loop {
             let request = self.request(id).await?;
-            if request.is_done() {
+            if request.is_done() || started.elapsed() >= within {
                 return Ok(request);
             }
-            if started.elapsed() >= timeout {
-                return Err(Error::RequestNotDone {
-                    id: id.to_owned(),
-                    waited: timeout,
-                    state: request.state,
-                });
-            }
-            let left = timeout.saturating_sub(started.elapsed());
+            let left = within.saturating_sub(started.elapsed());
             tokio::time::sleep(WAIT_POLL.min(left)).await;
         }
     }

@@ -59,8 +59,9 @@
 //! Operators' tools (an admin web service, a command line) need no job definitions and
 //! run no scheduler: [`SchedulerAdmin::new`]`(history, name)` works from the history
 //! database alone. Every replica publishes its job definitions there when it starts,
-//! and the leader records itself when elected, so the admin can list the jobs with
-//! their next ticks (in each job's time zone), pause state, last run and the run going
+//! and the leader records itself when elected (renewing the record while it leads, and
+//! marking it ended when it steps down or shuts down), so the admin can list the jobs
+//! with their next ticks (in each job's time zone), pause state, last run and the run going
 //! ([`SchedulerAdmin::jobs`]), show the leader and its epoch
 //! ([`SchedulerAdmin::leader`]), read runs through a [`RunFilter`], and pause or resume
 //! a job. What only a live replica can do is a *request*, a row with a random id:

@@ -552,3 +552,89 @@ async fn an_elector_steps_down_and_keeps_out_for_the_back_off() {
     assert!(stepped.elapsed() >= back_off);
     a.shutdown().await;
 }
+
+/// The leader's record ends with its leadership: once the leader shut down, the admin
+/// names no leader (the last record says when it ended); once a leader crashed, as
+/// soon as its record's lease runs out (seconds, not at once: it may only be slow).
+async fn the_leader_record_ends_with_the_leadership(url: &str) {
+    let cluster = Cluster::start(3).await;
+    let name = unique("tenure");
+    let jobs = Jobs::new();
+    let admin = admin(url, &name).await;
+    let start = |instance: &'static str| {
+        let name = name.clone();
+        Replica::start(
+            &cluster,
+            instance,
+            Some(url.to_owned()),
+            jobs.jobs(),
+            move |b| b.name(name),
+        )
+    };
+    let recorded = |instance: &'static str| {
+        let admin = admin.clone();
+        async move {
+            until("the leader recorded", Duration::from_secs(10), || async {
+                admin
+                    .leader()
+                    .await
+                    .unwrap()
+                    .filter(|l| l.instance == instance)
+            })
+            .await
+        }
+    };
+
+    // A graceful shutdown: no leader at once.
+    let a = start("a").await;
+    let led = recorded("a").await;
+    assert!(led.ended.is_none(), "{led:?}");
+    assert!(led.expires.is_some_and(|e| e > Utc::now()), "{led:?}");
+    a.shutdown().await;
+    assert_eq!(admin.leader().await.unwrap(), None, "a shut down");
+    let last = admin.last_leader().await.unwrap().unwrap();
+    assert_eq!((last.instance.as_str(), last.epoch), ("a", led.epoch));
+    assert!(last.ended.is_some_and(|e| e <= Utc::now()), "{last:?}");
+    assert!(!last.is_current_at(Utc::now()));
+
+    // A crash: named until its record runs out, then no leader.
+    let mut b = start("b").await;
+    let led_b = recorded("b").await;
+    assert!(led_b.epoch > led.epoch);
+    b.sandbox.crash();
+    let crashed = Instant::now();
+    assert_eq!(
+        admin.leader().await.unwrap().map(|l| l.instance),
+        Some("b".to_owned()),
+        "the record holds for its lease"
+    );
+    until("b's record run out", Duration::from_secs(20), || async {
+        admin.leader().await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(
+        crashed.elapsed() > Duration::from_secs(5),
+        "ran out after {:?}, before its lease",
+        crashed.elapsed()
+    );
+    let last = admin.last_leader().await.unwrap().unwrap();
+    assert_eq!((last.instance.as_str(), last.ended), ("b", None));
+    assert!(last.expires.is_some_and(|e| e <= Utc::now()), "{last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_record_ends_with_the_leadership_on_sqlite() {
+    let (_dir, url) = sqlite_url();
+    the_leader_record_ends_with_the_leadership(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn the_leader_record_ends_with_the_leadership_on_postgres() {
+    let url = std::env::var("DATABASE_URL")
+        .expect("DATABASE_URL is not set at run time but was at build time");
+    the_leader_record_ends_with_the_leadership(&url).await;
+}

@@ -184,13 +184,11 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
     let Some(recorder) = inner.recorder.clone() else {
         return;
     };
-    if let Err(err) = recorder
-        .history()
-        .record_leader(&inner.name, &inner.instance, leadership.epoch())
-        .await
-    {
-        recorder.health.fail(&err);
-    }
+    // The leader's record for admin tools: renewed while leading, ended with it.
+    tokio::spawn(super::tenure::keep_record(
+        Arc::clone(&inner),
+        leadership.clone(),
+    ));
     // Runs of earlier leaderships can no longer commit their transactions (a replica
     // paused past its term); the fences are also raised by this leadership's first
     // commit of each job, should this fail.

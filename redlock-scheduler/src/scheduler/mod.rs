@@ -18,6 +18,7 @@ mod builder;
 mod fire;
 mod requests;
 mod state;
+mod tenure;
 mod tick;
 
 use std::sync::Arc;
@@ -439,7 +440,13 @@ impl Scheduler {
         let until = tokio::time::Instant::now() + deadline;
         inner.stop_firing.cancel();
         if let Some(elector) = inner.elector.get() {
+            let leading = elector.leadership();
             elector.shutdown().await;
+            // Admin tools name no leader until the next one records itself.
+            if let Some(leadership) = leading {
+                let ended = inner.record_leadership_end(leadership.epoch());
+                let _ = tokio::time::timeout_at(until, ended).await;
+            }
         }
         inner.runs.close();
         if tokio::time::timeout_at(until, inner.runs.wait())

@@ -24,12 +24,25 @@ pub(crate) struct JobDefinition {
     pub(crate) updated_by: String,
 }
 
-/// The leader as last recorded: instance, epoch, since when.
+/// The leader as last recorded: instance, epoch, since when, and its lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LeaderRecord {
     pub(crate) instance: String,
     pub(crate) epoch: u64,
     pub(crate) since: DateTime<Utc>,
+    /// Until when the record holds unless the leader renews it; `None` if a replica
+    /// that keeps no lease (an earlier version) wrote it.
+    pub(crate) expires: Option<DateTime<Utc>>,
+    /// When the leadership ended, as its leader recorded it.
+    pub(crate) ended: Option<DateTime<Utc>>,
+}
+
+impl LeaderRecord {
+    /// Whether the record still names a leader at `now`: its leadership has not ended
+    /// and its lease has not run out.
+    pub(crate) fn is_current(&self, now: DateTime<Utc>) -> bool {
+        self.ended.is_none() && self.expires.is_none_or(|expires| expires > now)
+    }
 }
 
 /// What an operator asks of a scheduler.
@@ -262,16 +275,19 @@ impl History {
         row.as_ref().map(definition_from_row).transpose()
     }
 
-    /// The leader last recorded for `scheduler`, with its epoch and since when.
+    /// The leader last recorded for `scheduler`, with its epoch, since when and its
+    /// lease, whether or not its leadership goes on.
     pub(crate) async fn leader_record(
         &self,
         scheduler: &str,
     ) -> Result<Option<LeaderRecord>, Error> {
         let sql = format!(
-            "SELECT instance, epoch, since_ms FROM {} WHERE scheduler = $1",
+            "SELECT instance, epoch, since_ms, lease_epoch, expires_ms, ended_ms
+             FROM {} WHERE scheduler = $1",
             self.shared.tables.leaders
         );
-        let row: Option<(String, i64, i64)> = self
+        type Columns = (String, i64, i64, Option<i64>, Option<i64>, Option<i64>);
+        let row: Option<Columns> = self
             .bounded(
                 "read the leader",
                 sqlx::query_as(&sql)
@@ -279,11 +295,20 @@ impl History {
                     .fetch_optional(&self.shared.pool),
             )
             .await?;
-        Ok(row.map(|(instance, epoch, since)| LeaderRecord {
-            instance,
-            epoch: u64::try_from(epoch).unwrap_or(0),
-            since: from_ms(since),
-        }))
+        Ok(
+            row.map(|(instance, epoch, since, lease_epoch, expires, ended)| {
+                // The lease columns speak for the epoch that wrote them: a replica that
+                // keeps no lease rewrites the rest of the row and leaves them behind.
+                let leased = lease_epoch == Some(epoch);
+                LeaderRecord {
+                    instance,
+                    epoch: u64::try_from(epoch).unwrap_or(0),
+                    since: from_ms(since),
+                    expires: expires.filter(|_| leased).map(from_ms),
+                    ended: ended.filter(|_| leased).map(from_ms),
+                }
+            }),
+        )
     }
 
     /// The latest row of each job of `scheduler` (manual runs included).

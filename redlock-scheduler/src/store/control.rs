@@ -1,33 +1,36 @@
-//! What the scheduler keeps beside its runs: the leader last recorded, and paused jobs.
+//! What the scheduler keeps beside its runs: the leader last recorded (with the lease it
+//! renews while it leads, and when its leadership ended), and paused jobs.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::{History, ms, token};
 use crate::error::Error;
 
 impl History {
-    /// Records that `instance` leads `scheduler` with `epoch` (ignored if a newer epoch
-    /// is already recorded).
+    /// Records that `instance` leads `scheduler` with `epoch` since `since`, its record
+    /// holding until `expires` unless renewed: the same call, made again while it leads,
+    /// renews it. Ignored if a newer epoch is recorded, or if this epoch's leadership
+    /// was recorded as ended.
     pub(crate) async fn record_leader(
         &self,
         scheduler: &str,
         instance: &str,
         epoch: u64,
+        since: DateTime<Utc>,
+        expires: DateTime<Utc>,
     ) -> Result<(), Error> {
+        let leaders = &self.shared.tables.leaders;
+        let bare = leaders.rsplit('.').next().unwrap_or_default();
         let sql = format!(
-            "INSERT INTO {leaders} (scheduler, instance, epoch, since_ms)
-             VALUES ($1, $2, $3, $4)
+            "INSERT INTO {leaders}
+                (scheduler, instance, epoch, since_ms, lease_epoch, expires_ms, ended_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, NULL)
              ON CONFLICT (scheduler) DO UPDATE
-             SET instance = excluded.instance, epoch = excluded.epoch, since_ms = excluded.since_ms
-             WHERE {leaders_bare}.epoch < excluded.epoch",
-            leaders = self.shared.tables.leaders,
-            leaders_bare = self
-                .shared
-                .tables
-                .leaders
-                .rsplit('.')
-                .next()
-                .unwrap_or_default(),
+             SET instance = excluded.instance, epoch = excluded.epoch,
+                 since_ms = excluded.since_ms, lease_epoch = excluded.lease_epoch,
+                 expires_ms = excluded.expires_ms, ended_ms = NULL
+             WHERE {bare}.epoch < excluded.epoch
+                OR ({bare}.epoch = excluded.epoch AND {bare}.ended_ms IS NULL)"
         );
         self.bounded(
             "record the leader",
@@ -35,26 +38,51 @@ impl History {
                 .bind(scheduler)
                 .bind(instance)
                 .bind(token(epoch))
-                .bind(ms(Utc::now()))
+                .bind(ms(since))
+                .bind(token(epoch))
+                .bind(ms(expires))
                 .execute(&self.shared.pool),
         )
         .await?;
         Ok(())
     }
 
-    /// The replica last recorded as leading `scheduler`.
-    pub(crate) async fn leader(&self, scheduler: &str) -> Result<Option<String>, Error> {
+    /// Records that the leadership of `epoch` over `scheduler` ended at `at` (stepped
+    /// down, shut down, end of term, lost): the record names no leader until the next
+    /// one records itself. Does nothing if another epoch is recorded, or it ended already.
+    pub(crate) async fn end_leadership(
+        &self,
+        scheduler: &str,
+        epoch: u64,
+        at: DateTime<Utc>,
+    ) -> Result<(), Error> {
         let sql = format!(
-            "SELECT instance FROM {} WHERE scheduler = $1",
+            "UPDATE {} SET ended_ms = $1
+             WHERE scheduler = $2 AND epoch = $3 AND lease_epoch = $4 AND ended_ms IS NULL",
             self.shared.tables.leaders
         );
         self.bounded(
-            "read the leader",
-            sqlx::query_scalar(&sql)
+            "record the end of a leadership",
+            sqlx::query(&sql)
+                .bind(ms(at))
                 .bind(scheduler)
-                .fetch_optional(&self.shared.pool),
+                .bind(token(epoch))
+                .bind(token(epoch))
+                .execute(&self.shared.pool),
         )
-        .await
+        .await?;
+        Ok(())
+    }
+
+    /// The replica recorded as leading `scheduler` now: `None` if none ever did, its
+    /// leadership ended, or its record's lease ran out (it stopped renewing it).
+    pub(crate) async fn leader(&self, scheduler: &str) -> Result<Option<String>, Error> {
+        let now = Utc::now();
+        Ok(self
+            .leader_record(scheduler)
+            .await?
+            .filter(|record| record.is_current(now))
+            .map(|record| record.instance))
     }
 
     /// Marks `job` paused (or not) for every replica of `scheduler`.

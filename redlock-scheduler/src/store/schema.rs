@@ -218,6 +218,18 @@ impl Tables {
             ),
             // 6: the fence that runs' transactions check (see `JobContext::transaction`).
             (6, vec![fence(fences).create_table_statement()]),
+            // 7: the leader's record says whether its leadership goes on: a lease it
+            // renews while it leads (`expires_ms`) and when it ended (`ended_ms`), both
+            // written for the epoch in `lease_epoch` (a replica that keeps no lease
+            // rewrites the rest of the row and leaves them behind).
+            (
+                7,
+                vec![
+                    format!("ALTER TABLE {leaders} ADD COLUMN lease_epoch BIGINT"),
+                    format!("ALTER TABLE {leaders} ADD COLUMN expires_ms BIGINT"),
+                    format!("ALTER TABLE {leaders} ADD COLUMN ended_ms BIGINT"),
+                ],
+            ),
         ]
     }
 }
