@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use redlock_scheduler::{History, Job, JobContext, Misfire, Outcome};
+use redlock_scheduler::{History, HistoryBuilder, Job, JobContext, Misfire, Outcome};
 use redlock_testkit::{Cluster, Proxy};
 
 mod common;
@@ -418,4 +418,115 @@ async fn a_leader_elected_while_the_history_fails_catches_up_every_missed_tick()
         "a tick ran twice: {record:?}"
     );
     assert!(missed.len() >= 3, "{missed:?}");
+}
+
+/// A manual run after the latest scheduled tick, then the history pruned (to one row per
+/// job, or of every row but the latest): the latest scheduled row stays, so the next
+/// leader catches up from it. The leader shuts down with nobody to hand over to; a
+/// scheduled tick comes due while nobody leads; the next leader runs it late (the
+/// default policy, run once).
+async fn pruning_keeps_what_a_new_leader_catches_up_from(
+    url: &str,
+    retention: fn(HistoryBuilder) -> HistoryBuilder,
+) {
+    let cluster = Cluster::start(3).await;
+    let prefix = format!("{}_", unique("pr").replace('-', "_"));
+    let job = unique("pruned");
+    let ticks = Arc::new(Ticks::default());
+    let jobs = || {
+        vec![counting_job(
+            &job,
+            "*/5 * * * * *",
+            &ticks,
+            Duration::from_millis(10),
+        )]
+    };
+    let builder = || retention(History::builder(url).table_prefix(&prefix));
+    let history = builder().connect().await.unwrap();
+    let first = Replica::start_with(&cluster, "a", Some(builder()), jobs(), |b| b).await;
+    leader_of(std::slice::from_ref(&first), Duration::from_secs(5)).await;
+    // A scheduled tick ran; a manual run follows it at once.
+    let scheduled = redlock_testkit::until("a scheduled run", Duration::from_secs(10), || async {
+        let rows = history.runs(SCHEDULER, &job, 10).await.unwrap();
+        rows.iter()
+            .find(|r| !r.manual && r.outcome == Outcome::Succeeded)
+            .map(|r| r.tick)
+    })
+    .await;
+    let (scheduler, name) = (first.scheduler.clone(), job.clone());
+    let manual = first
+        .sandbox
+        .run(async move { scheduler.trigger(&name).await.unwrap() })
+        .await;
+    redlock_testkit::until("the manual run", Duration::from_secs(5), || async {
+        let rows = history.runs(SCHEDULER, &job, 10).await.unwrap();
+        rows.iter()
+            .any(|r| r.tick == manual && r.outcome == Outcome::Succeeded)
+            .then_some(())
+    })
+    .await;
+    first.shutdown().await;
+    let next = scheduled + chrono::Duration::seconds(5);
+    assert!(Utc::now() < next, "a shut down before the next tick");
+    // The leader's retention, as it prunes at its election and every 10 minutes.
+    history.prune(SCHEDULER, Utc::now()).await.unwrap();
+    assert_eq!(
+        history.last_tick(SCHEDULER, &job).await.unwrap(),
+        Some(scheduled),
+        "the latest scheduled row survives the pruning: {:?}",
+        history.runs(SCHEDULER, &job, 10).await.unwrap()
+    );
+    // Nobody leads when the next tick comes due; b is elected 1.5 s after it.
+    let wait = next - Utc::now() + chrono::Duration::milliseconds(1500);
+    tokio::time::sleep(wait.to_std().unwrap()).await;
+    let second = Replica::start_with(&cluster, "b", Some(builder()), jobs(), |b| b).await;
+    leader_of(std::slice::from_ref(&second), Duration::from_secs(5)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let caught_up = loop {
+        let rows = history.runs(SCHEDULER, &job, 10).await.unwrap();
+        let row = rows
+            .into_iter()
+            .find(|r| r.tick == next && r.outcome.is_terminal());
+        if row.is_some() || std::time::Instant::now() > deadline {
+            break row;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    second.shutdown().await;
+    let row = caught_up.unwrap_or_else(|| {
+        panic!(
+            "the tick due while nobody led ({next}) was never run: {:?}",
+            ticks.snapshot()
+        )
+    });
+    assert_eq!(row.outcome, Outcome::Succeeded, "{row:?}");
+    assert_eq!(row.instance, "b", "{row:?}");
+    assert!(
+        row.started
+            .is_some_and(|s| (s - next).num_milliseconds() >= 1000),
+        "run late: {row:?}"
+    );
+    assert_eq!(
+        ticks.snapshot().get(&next.timestamp_millis()).map(Vec::len),
+        Some(1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_by_count_keeps_the_latest_scheduled_tick_sqlite() {
+    let (_dir, url) = sqlite_url();
+    pruning_keeps_what_a_new_leader_catches_up_from(&url, |b| b.keep_runs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn pruning_by_age_keeps_the_latest_scheduled_tick_postgres() {
+    let Some((url, _)) = postgres() else {
+        panic!("DATABASE_URL is not set at run time but was at build time");
+    };
+    pruning_keeps_what_a_new_leader_catches_up_from(&url, |b| b.keep_for(Duration::from_millis(1)))
+        .await;
 }

@@ -409,16 +409,23 @@ impl History {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Deletes finished rows of `scheduler` beyond the retention (the latest row of
-    /// each job always stays). Returns how many went. With an age
-    /// ([`HistoryBuilder::keep_for`]), operators' requests done before the cutoff go
-    /// too (not counted).
+    /// Deletes finished rows of `scheduler` beyond the retention. Whatever the age and
+    /// the count, each job keeps its latest row and its latest *scheduled* row (the tick
+    /// a new leader catches up from: a manual run is not one). Returns how many went.
+    /// With an age ([`HistoryBuilder::keep_for`]), operators' requests done before the
+    /// cutoff go too (not counted).
     ///
     /// # Errors
     ///
     /// [`Error::Store`] or [`Error::StoreTimeout`].
     pub async fn prune(&self, scheduler: &str, now: DateTime<Utc>) -> Result<u64, Error> {
         let runs = &self.shared.tables.runs;
+        // A manual row, or a scheduled row with a later scheduled row of its job.
+        let not_last_scheduled = format!(
+            "(r.manual <> 0 OR EXISTS (SELECT 1 FROM {runs} AS s
+                WHERE s.scheduler = r.scheduler AND s.job = r.job AND s.manual = 0
+                  AND s.tick_ms > r.tick_ms))"
+        );
         let mut deleted = 0;
         if let Some(age) = self.shared.keep_for {
             let cutoff = crate::plan::earlier(now, age);
@@ -426,7 +433,8 @@ impl History {
                 "DELETE FROM {runs} AS r WHERE r.scheduler = $1 AND r.tick_ms < $2
                    AND r.outcome <> 'running'
                    AND r.tick_ms < (SELECT MAX(l.tick_ms) FROM {runs} AS l
-                                    WHERE l.scheduler = r.scheduler AND l.job = r.job)"
+                                    WHERE l.scheduler = r.scheduler AND l.job = r.job)
+                   AND {not_last_scheduled}"
             );
             deleted += self
                 .bounded(
@@ -445,7 +453,8 @@ impl History {
                 "DELETE FROM {runs} AS r WHERE r.scheduler = $1 AND r.outcome <> 'running'
                    AND (SELECT COUNT(*) FROM {runs} AS l
                         WHERE l.scheduler = r.scheduler AND l.job = r.job
-                          AND l.tick_ms > r.tick_ms) >= $2"
+                          AND l.tick_ms > r.tick_ms) >= $2
+                   AND {not_last_scheduled}"
             );
             deleted += self
                 .bounded(
