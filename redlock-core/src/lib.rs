@@ -148,6 +148,7 @@ pub use lock::{Finished, Lock, LockHandle, Released};
 pub use node::{CONNECT_TIMEOUT, NodeStatus};
 pub use protocol::MAX_TTL;
 pub use retry::RetryPolicy;
+pub use shared::check_resource_name;
 pub use tokio_util::sync::CancellationToken;
 
 /// Re-exported so that users can build pools with the same version this crate uses.

@@ -87,12 +87,8 @@ impl Shared {
         if resources.is_empty() || resources.iter().any(String::is_empty) {
             return Err(ConfigError::EmptyResource);
         }
-        if let Some(long) = resources.iter().find(|r| r.len() > self.max_resource_len) {
-            return Err(ConfigError::ResourceTooLong {
-                start: truncated(long, 32),
-                len: long.len(),
-                max: self.max_resource_len,
-            });
+        for resource in resources {
+            check_resource_name(resource, self.max_resource_len)?;
         }
         if resources.len() > 1 {
             let mut seen = std::collections::HashSet::with_capacity(resources.len());
@@ -137,6 +133,42 @@ impl Shared {
         key.push_str(":fence");
         key
     }
+}
+
+/// Checks one resource name against the rule every lock call applies: not empty, and
+/// at most `max_len` bytes (the client's
+/// [`max_resource_len`](crate::RedlockBuilder::max_resource_len), by default
+/// [`DEFAULT_MAX_RESOURCE_LEN`](crate::DEFAULT_MAX_RESOURCE_LEN)). For stores keyed by
+/// the same names (fencing tables, say), so that they take exactly the names a lock
+/// can be taken for.
+///
+/// ```
+/// use redlock_core::{ConfigError, DEFAULT_MAX_RESOURCE_LEN, check_resource_name};
+///
+/// assert!(check_resource_name("order:42", DEFAULT_MAX_RESOURCE_LEN).is_ok());
+/// assert!(matches!(
+///     check_resource_name(&"x".repeat(513), DEFAULT_MAX_RESOURCE_LEN),
+///     Err(ConfigError::ResourceTooLong { len: 513, max: 512, .. })
+/// ));
+/// assert!(matches!(check_resource_name("", 512), Err(ConfigError::EmptyResource)));
+/// ```
+///
+/// # Errors
+///
+/// [`ConfigError::EmptyResource`], or [`ConfigError::ResourceTooLong`] with the name's
+/// first bytes.
+pub fn check_resource_name(resource: &str, max_len: usize) -> Result<(), ConfigError> {
+    if resource.is_empty() {
+        return Err(ConfigError::EmptyResource);
+    }
+    if resource.len() > max_len {
+        return Err(ConfigError::ResourceTooLong {
+            start: truncated(resource, 32),
+            len: resource.len(),
+            max: max_len,
+        });
+    }
+    Ok(())
 }
 
 /// The first `max` bytes of `s` (cut at a character boundary), with `…` if cut.
