@@ -13,6 +13,10 @@
 //! | SQL (sqlx: PostgreSQL, SQLite) | [`SqlFence`] | it runs in the write's own transaction |
 //! | Redis (feature `redis`) | [`RedisFence`] | one Lua script compares, writes and raises |
 //!
+//! Both take the resource names a lock takes (redlock-core's rule: not empty, at most
+//! 512 bytes unless raised) and refuse others with [`FenceError::InvalidResource`]
+//! before anything is sent.
+//!
 //! # SQL
 //!
 //! [`SqlFence`] checks in the write's own transaction, with one statement on a fence

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use ::redis::aio::ConnectionLike;
 use ::redis::{Script, ScriptInvocation, ToSingleRedisArg};
+use redlock_core::{DEFAULT_MAX_RESOURCE_LEN, check_resource_name};
 
 use crate::FenceError;
 
@@ -116,6 +117,13 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT_SOURCE));
 /// lower ones from there on. Likewise, a replica promoted after an asynchronous
 /// failover may lack the latest raises.
 ///
+/// # Resource names
+///
+/// Resource names follow redlock-core's rule for lock names: not empty, at most
+/// [`DEFAULT_MAX_RESOURCE_LEN`] (512) bytes unless
+/// [`max_resource_len`](Self::max_resource_len) says otherwise. Another name is refused
+/// with [`FenceError::InvalidResource`] before anything is sent.
+///
 /// # Other writers
 ///
 /// Only writes made through the fence are fenced: a client that writes the data key
@@ -123,6 +131,7 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT_SOURCE));
 #[derive(Debug, Clone)]
 pub struct RedisFence {
     prefix: String,
+    max_resource_len: usize,
 }
 
 impl Default for RedisFence {
@@ -141,7 +150,25 @@ impl RedisFence {
     pub fn with_prefix(prefix: impl Into<String>) -> Self {
         Self {
             prefix: prefix.into(),
+            max_resource_len: DEFAULT_MAX_RESOURCE_LEN,
         }
+    }
+
+    /// The longest resource name taken, in bytes (default [`DEFAULT_MAX_RESOURCE_LEN`],
+    /// 512, as redlock-core's locks): set it to the lock client's
+    /// [`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len) if that was
+    /// raised.
+    #[must_use]
+    pub fn max_resource_len(mut self, max: usize) -> Self {
+        self.max_resource_len = max;
+        self
+    }
+
+    /// The fence key of a resource name the fence takes.
+    fn checked_key(&self, resource: &str) -> Result<String, FenceError> {
+        check_resource_name(resource, self.max_resource_len)
+            .map_err(FenceError::InvalidResource)?;
+        Ok(self.fence_key(resource))
     }
 
     /// The prefix of the fence keys.
@@ -165,14 +192,14 @@ impl RedisFence {
     /// # Errors
     ///
     /// [`FenceError::Stale`] when a higher token was seen; [`FenceError::NotAToken`];
-    /// [`FenceError::Redis`].
+    /// [`FenceError::InvalidResource`]; [`FenceError::Redis`].
     pub async fn check<C: ConnectionLike>(
         &self,
         conn: &mut C,
         resource: &str,
         token: u64,
     ) -> Result<(), FenceError> {
-        let fence_key = self.fence_key(resource);
+        let fence_key = self.checked_key(resource)?;
         let mut invocation = SCRIPT.key(&fence_key);
         invocation.arg(token.to_string()).arg("check");
         finish(conn, &invocation, resource, token, fence_key)
@@ -187,8 +214,9 @@ impl RedisFence {
     /// # Errors
     ///
     /// [`FenceError::Stale`] when a higher token was seen (nothing was written; acquire
-    /// the lock again for a new token); [`FenceError::NotAToken`]; [`FenceError::Redis`],
-    /// also for a zero TTL (nothing was written).
+    /// the lock again for a new token); [`FenceError::NotAToken`];
+    /// [`FenceError::InvalidResource`]; [`FenceError::Redis`], also for a zero TTL
+    /// (nothing was written).
     pub async fn set<C, V>(
         &self,
         conn: &mut C,
@@ -203,7 +231,7 @@ impl RedisFence {
         V: ToSingleRedisArg,
     {
         let ttl_ms = ttl.map(|ttl| ttl.as_nanos().div_ceil(1_000_000).to_string());
-        let fence_key = self.fence_key(resource);
+        let fence_key = self.checked_key(resource)?;
         let mut invocation = SCRIPT.key(&fence_key);
         invocation
             .key(key)
@@ -222,7 +250,7 @@ impl RedisFence {
     /// # Errors
     ///
     /// [`FenceError::Stale`] when a higher token was seen (nothing was deleted);
-    /// [`FenceError::NotAToken`]; [`FenceError::Redis`].
+    /// [`FenceError::NotAToken`]; [`FenceError::InvalidResource`]; [`FenceError::Redis`].
     pub async fn del<C: ConnectionLike>(
         &self,
         conn: &mut C,
@@ -230,7 +258,7 @@ impl RedisFence {
         token: u64,
         key: &str,
     ) -> Result<bool, FenceError> {
-        let fence_key = self.fence_key(resource);
+        let fence_key = self.checked_key(resource)?;
         let mut invocation = SCRIPT.key(&fence_key);
         invocation.key(key).arg(token.to_string()).arg("del");
         finish(conn, &invocation, resource, token, fence_key)
@@ -243,13 +271,13 @@ impl RedisFence {
     ///
     /// # Errors
     ///
-    /// [`FenceError::NotAToken`]; [`FenceError::Redis`].
+    /// [`FenceError::NotAToken`]; [`FenceError::InvalidResource`]; [`FenceError::Redis`].
     pub async fn highest<C: ConnectionLike>(
         &self,
         conn: &mut C,
         resource: &str,
     ) -> Result<Option<u64>, FenceError> {
-        let key = self.fence_key(resource);
+        let key = self.checked_key(resource)?;
         let stored: Option<Vec<u8>> = ::redis::cmd("GET").arg(&key).query_async(conn).await?;
         stored
             .map(|raw| parse_token(&raw).ok_or_else(|| not_a_token(key, &raw)))

@@ -2,6 +2,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use redlock_core::{DEFAULT_MAX_RESOURCE_LEN, check_resource_name};
 use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Type};
 
 use crate::FenceError;
@@ -17,10 +18,17 @@ pub const DEFAULT_FENCE_TABLE: &str = "redlock_fences";
 /// the statement both compares and raises, and its row lock (PostgreSQL) or the write
 /// transaction (SQLite) makes a concurrent writer wait for the commit, then see the
 /// raised token.
+///
+/// Resource names follow redlock-core's rule for lock names: not empty, at most
+/// [`DEFAULT_MAX_RESOURCE_LEN`] (512) bytes unless
+/// [`max_resource_len`](Self::max_resource_len) says otherwise. Another name is refused
+/// with [`FenceError::InvalidResource`] before anything is sent (a name of several
+/// kilobytes would otherwise fail in PostgreSQL's primary key index).
 #[derive(Debug, Clone)]
 pub struct SqlFence {
     table: String,
     upsert: String,
+    max_resource_len: usize,
 }
 
 impl Default for SqlFence {
@@ -71,7 +79,22 @@ impl SqlFence {
                updated_ms = CASE WHEN {bare}.token <= excluded.token THEN excluded.updated_ms ELSE {bare}.updated_ms END
              RETURNING token"
         );
-        Self { table, upsert }
+        Self {
+            table,
+            upsert,
+            max_resource_len: DEFAULT_MAX_RESOURCE_LEN,
+        }
+    }
+
+    /// The longest resource name taken, in bytes (default [`DEFAULT_MAX_RESOURCE_LEN`],
+    /// 512, as redlock-core's locks): set it to the lock client's
+    /// [`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len) if that was
+    /// raised. On PostgreSQL keep it below about 2,700 bytes, the longest entry the fence
+    /// table's primary key index takes.
+    #[must_use]
+    pub fn max_resource_len(mut self, max: usize) -> Self {
+        self.max_resource_len = max;
+        self
     }
 
     /// The fence table's name.
@@ -119,7 +142,9 @@ impl SqlFence {
     ///
     /// [`FenceError::Stale`] when a higher token was seen (roll the transaction back:
     /// another holder took the lock since); [`FenceError::TokenOutOfRange`] for a token
-    /// above `i64::MAX`; [`FenceError::Database`].
+    /// above `i64::MAX`; [`FenceError::InvalidResource`] for an empty name or one longer
+    /// than [`max_resource_len`](Self::max_resource_len) (nothing was sent);
+    /// [`FenceError::Database`].
     pub async fn check<'c, E, DB>(
         &self,
         executor: E,
@@ -134,6 +159,8 @@ impl SqlFence {
         for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
         usize: sqlx::ColumnIndex<DB::Row>,
     {
+        check_resource_name(resource, self.max_resource_len)
+            .map_err(FenceError::InvalidResource)?;
         let signed = i64::try_from(token).map_err(|_| FenceError::TokenOutOfRange { token })?;
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -135,6 +135,49 @@ async fn del_is_fenced() {
     assert_eq!(get(&mut conn, "k").await, None);
 }
 
+/// Resource names follow the locks' rule: a 10 KB name and an empty one are refused
+/// with `InvalidResource` by every call, before anything is sent; the longest name a
+/// lock takes is fenced; a raised bound takes longer names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_names_are_bounded() {
+    use redlock_core::{ConfigError, DEFAULT_MAX_RESOURCE_LEN};
+
+    #[track_caller]
+    fn assert_refused<T: std::fmt::Debug>(result: Result<T, FenceError>, len: usize) {
+        match result {
+            Err(FenceError::InvalidResource(ConfigError::ResourceTooLong {
+                len: l, max, ..
+            })) if l == len && max == DEFAULT_MAX_RESOURCE_LEN => {}
+            Err(FenceError::InvalidResource(ConfigError::EmptyResource)) if len == 0 => {}
+            other => panic!("expected InvalidResource for {len} bytes, got {other:?}"),
+        }
+    }
+
+    let server = RedisServer::start(Persistence::None).await;
+    let mut conn = connect(&server).await;
+    let fence = RedisFence::new();
+    for name in ["r".repeat(10 * 1024), String::new()] {
+        let len = name.len();
+        assert_refused(fence.check(&mut conn, &name, 1).await, len);
+        assert_refused(fence.set(&mut conn, &name, 1, "k", "v", None).await, len);
+        assert_refused(fence.del(&mut conn, &name, 1, "k").await, len);
+        assert_refused(fence.highest(&mut conn, &name).await, len);
+    }
+    let size: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(size, 0, "nothing was written");
+
+    let longest = "r".repeat(DEFAULT_MAX_RESOURCE_LEN);
+    fence
+        .set(&mut conn, &longest, 1, "k", "v", None)
+        .await
+        .unwrap();
+    assert_eq!(fence.highest(&mut conn, &longest).await.unwrap(), Some(1));
+    let longer = "r".repeat(2048);
+    let raised = fence.clone().max_resource_len(2048);
+    raised.check(&mut conn, &longer, 2).await.unwrap();
+    assert_eq!(raised.highest(&mut conn, &longer).await.unwrap(), Some(2));
+}
+
 /// A TTL becomes `PX`, rounded up to whole milliseconds; without one, the key keeps no
 /// expiry (also one it had). A zero TTL is rejected by Redis before anything is written:
 /// neither the data nor the fence changes.

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use redlock_core::{Redlock, RetryPolicy};
+use redlock_core::{ConfigError, DEFAULT_MAX_RESOURCE_LEN, Redlock, RetryPolicy};
 use redlock_fence::{FenceError, SqlFence};
 use redlock_testkit::Cluster;
 use sqlx::Executor;
@@ -163,6 +163,90 @@ async fn sqlite_tokens_only_go_up() {
 )]
 async fn postgres_tokens_only_go_up() {
     tokens_only_go_up!(postgres().await.unwrap());
+}
+
+/// A name of `len` letters that does not compress (PostgreSQL compresses a long value
+/// before it indexes it, so a repeated letter would fit).
+fn incompressible(len: usize) -> String {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect()
+}
+
+/// Resource names follow the locks' rule: a 10 KB name (which PostgreSQL's primary key
+/// index cannot take) and an empty one are refused with `InvalidResource` before
+/// anything is sent; the longest name a lock takes is fenced; a raised bound takes
+/// longer names.
+macro_rules! resource_names_are_bounded {
+    ($pool:expr) => {{
+        let pool = $pool;
+        let fence = SqlFence::with_table(unique("fences")).unwrap();
+        fence.migrate(&pool).await.unwrap();
+        let mut conn = pool.acquire().await.unwrap();
+        let long = incompressible(10 * 1024);
+        match fence.check(&mut *conn, &long, 1).await {
+            Err(FenceError::InvalidResource(ConfigError::ResourceTooLong { len, max, .. })) => {
+                assert_eq!((len, max), (10 * 1024, DEFAULT_MAX_RESOURCE_LEN));
+            }
+            other => panic!("expected InvalidResource, got {other:?}"),
+        }
+        assert!(matches!(
+            fence.check(&mut *conn, "", 1).await,
+            Err(FenceError::InvalidResource(ConfigError::EmptyResource))
+        ));
+        fence
+            .check(&mut *conn, &incompressible(DEFAULT_MAX_RESOURCE_LEN), 1)
+            .await
+            .unwrap();
+        let raised = fence.clone().max_resource_len(2048);
+        raised
+            .check(&mut *conn, &incompressible(2048), 1)
+            .await
+            .unwrap();
+        let rows: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", fence.table()))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(rows, 2, "the refused names wrote nothing");
+        drop(conn);
+        sqlx::query(&format!("DROP TABLE {}", fence.table()))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_resource_names_are_bounded() {
+    let (pool, _dir) = sqlite().await;
+    resource_names_are_bounded!(pool);
+    // The same rule as the locks': no lock is taken for such a name either (refused
+    // before any node is asked).
+    let redlock = Redlock::builder()
+        .nodes(["redis://127.0.0.1:1"])
+        .build()
+        .unwrap();
+    assert!(matches!(
+        redlock.try_lock(incompressible(10 * 1024)).await,
+        Err(redlock_core::Error::Config(
+            ConfigError::ResourceTooLong { .. }
+        ))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn postgres_resource_names_are_bounded() {
+    resource_names_are_bounded!(postgres().await.unwrap());
 }
 
 /// A stale holder whose check comes while the newer holder's transaction is open waits
