@@ -14,6 +14,9 @@ pub const DEFAULT_MOUNT_PATH: &str = "/admin";
 pub const DEFAULT_LIST_LIMIT: usize = 200;
 /// How often the dashboard reloads itself, by default.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
+/// How long a trigger, cancel or step-down waits for a replica to carry the request
+/// out before answering that it is still under way (202), by default.
+pub const DEFAULT_REQUEST_WAIT: Duration = Duration::from_secs(2);
 
 /// The admin service: held locks and node health from a [`Redlock`], jobs, leader and
 /// runs from a [`SchedulerAdmin`], as JSON and as an HTML dashboard; mount it with
@@ -34,6 +37,8 @@ pub(crate) struct Inner {
     pub(crate) lock_prefix: String,
     pub(crate) list_limit: usize,
     pub(crate) refresh: Duration,
+    /// How long a request (trigger, cancel, step down) is waited for.
+    pub(crate) request_wait: Duration,
     pub(crate) title: String,
 }
 
@@ -68,6 +73,7 @@ pub struct AdminBuilder {
     lock_prefix: String,
     list_limit: Option<usize>,
     refresh: Option<Duration>,
+    request_wait: Option<Duration>,
     title: Option<String>,
 }
 
@@ -85,10 +91,12 @@ impl AdminBuilder {
     }
 
     /// Switches the mutating routes on, for requests that carry `token` (an
-    /// `Authorization: Bearer <token>` header, or a `token` form field from the
-    /// dashboard's buttons). Off by default: they answer 403. At least
-    /// [`MIN_TOKEN_LEN`] characters; keep it out of the source (an environment
-    /// variable, a secret store).
+    /// `Authorization: Bearer <token>` header, or a `token` field in the
+    /// `application/x-www-form-urlencoded` body the dashboard's buttons post; never in
+    /// the URL, which access logs, proxies and browser histories keep: a request with a
+    /// `token` in its query string is refused with 400). Off by default: they answer
+    /// 403. At least [`MIN_TOKEN_LEN`] characters; keep it out of the source (an
+    /// environment variable, a secret store).
     pub fn allow_mutations(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
         self
@@ -116,6 +124,16 @@ impl AdminBuilder {
     /// How often the dashboard reloads itself (default [`DEFAULT_REFRESH`]).
     pub fn refresh(mut self, every: Duration) -> Self {
         self.refresh = Some(every);
+        self
+    }
+
+    /// How long a trigger, cancel or step-down waits for a replica to carry the request
+    /// out (default [`DEFAULT_REQUEST_WAIT`]): done by then, it is answered with its
+    /// result (200, or 409 if it could not be carried out); otherwise 202 Accepted,
+    /// saying whether a replica took it, with the request's URL to poll
+    /// (`/api/requests/{id}`). Zero answers at once.
+    pub fn request_wait(mut self, wait: Duration) -> Self {
+        self.request_wait = Some(wait);
         self
     }
 
@@ -165,6 +183,7 @@ impl AdminBuilder {
                 lock_prefix: self.lock_prefix,
                 list_limit,
                 refresh,
+                request_wait: self.request_wait.unwrap_or(DEFAULT_REQUEST_WAIT),
                 title: self.title.unwrap_or_else(|| "redlock".to_owned()),
             }),
         })

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
-use redlock_scheduler::{Outcome, RunFilter};
+use redlock_scheduler::{Outcome, Request, RequestAction, RequestState, RunFilter, SchedulerAdmin};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -64,17 +64,27 @@ impl<'a> AdminRequest<'a> {
         self
     }
 
-    /// A form post (the dashboard's buttons): answered with a redirect to the dashboard.
+    /// A form post (the dashboard's buttons): its body is read as a form, and it is
+    /// answered with a redirect to the dashboard. Only a `Content-Type` of
+    /// `application/x-www-form-urlencoded` (parameters aside, in any case) says so.
     fn is_form(&self) -> bool {
-        self.content_type
-            .is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"))
+        self.content_type.is_some_and(|value| {
+            value
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        })
     }
 }
 
-/// A failed request: its status and what to tell the caller.
+/// A failed request: its status, what to tell the caller, and members of its own for
+/// the problem document.
 pub(crate) struct Failure {
     pub(crate) status: StatusCode,
     pub(crate) detail: String,
+    members: serde_json::Map<String, Value>,
 }
 
 impl Failure {
@@ -82,6 +92,34 @@ impl Failure {
         Self {
             status,
             detail: detail.into(),
+            members: serde_json::Map::new(),
+        }
+    }
+
+    /// Adds the member `name` to the problem document.
+    fn with(mut self, name: &str, value: Value) -> Self {
+        self.members.insert(name.to_owned(), value);
+        self
+    }
+}
+
+/// What a mutation did: the JSON answer's status and body, the dashboard's notice, and
+/// where to follow a request still under way.
+struct Mutated {
+    status: StatusCode,
+    body: Value,
+    notice: String,
+    location: Option<String>,
+}
+
+impl Mutated {
+    /// Done at once: 200.
+    fn done(body: Value) -> Self {
+        Self {
+            status: StatusCode::OK,
+            notice: format!("done: {body}"),
+            body,
+            location: None,
         }
     }
 }
@@ -113,11 +151,14 @@ impl Admin {
             }
         };
         let mut params = parse_pairs(request.query.unwrap_or_default().as_bytes());
-        if request.is_form() {
-            params.extend(parse_pairs(request.body));
-        }
+        // A body is read as a form only when its content type says it is one.
+        let form = if request.is_form() {
+            parse_pairs(request.body)
+        } else {
+            HashMap::new()
+        };
         if route.mutates() {
-            if let Err(failure) = self.authorize(&request, &params) {
+            if let Err(failure) = self.authorize(&request, &params, &form) {
                 let mut response = problem(failure);
                 if response.status() == StatusCode::UNAUTHORIZED {
                     response.headers_mut().insert(
@@ -127,12 +168,22 @@ impl Admin {
                 }
                 return response;
             }
+            params.extend(form);
             let result = self.mutate(&route, &params).await;
             if request.is_form() {
                 return self.back_to_dashboard(&result);
             }
             return match result {
-                Ok(value) => json_response(StatusCode::OK, &value),
+                Ok(mutated) => {
+                    let mut response = json_response(mutated.status, &mutated.body);
+                    if let Some(value) = mutated
+                        .location
+                        .and_then(|l| header::HeaderValue::from_str(&l).ok())
+                    {
+                        response.headers_mut().insert(header::LOCATION, value);
+                    }
+                    response
+                }
                 Err(failure) => problem(failure),
             };
         }
@@ -151,11 +202,15 @@ impl Admin {
         }
     }
 
-    /// 403 while mutations are off; 401 without the right token.
+    /// 403 while mutations are off; 400 with the token in the URL; 401 without the
+    /// right token. The token is taken from the `Authorization` header or from a form
+    /// body (the dashboard's buttons), never from the URL: URLs end up in access logs,
+    /// proxies and browser histories.
     fn authorize(
         &self,
         request: &AdminRequest<'_>,
-        params: &HashMap<String, String>,
+        query: &HashMap<String, String>,
+        form: &HashMap<String, String>,
     ) -> Result<(), Failure> {
         let Some(expected) = &self.inner.token else {
             return Err(Failure::new(
@@ -163,11 +218,17 @@ impl Admin {
                 "mutating admin routes are switched off: the service must be built with AdminBuilder::allow_mutations(token)",
             ));
         };
+        if query.contains_key("token") {
+            return Err(Failure::new(
+                StatusCode::BAD_REQUEST,
+                "the admin token is refused in the URL (URLs end up in access logs, proxies and browser histories): send it as `Authorization: Bearer <token>`; nothing was changed",
+            ));
+        }
         let given = request
             .authorization
             .and_then(|h| h.strip_prefix("Bearer "))
             .map(str::trim)
-            .or_else(|| params.get("token").map(String::as_str));
+            .or_else(|| form.get("token").map(String::as_str));
         match given {
             Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(()),
             Some(_) => Err(Failure::new(
@@ -237,7 +298,7 @@ impl Admin {
         &self,
         route: &Route,
         params: &HashMap<String, String>,
-    ) -> Result<Value, Failure> {
+    ) -> Result<Mutated, Failure> {
         match route {
             Route::ForceRelease => {
                 let Some(resource) = params.get("resource").filter(|r| !r.is_empty()) else {
@@ -248,40 +309,134 @@ impl Admin {
                 };
                 let released = self.redlock()?.force_release(resource).await;
                 tracing::warn!(resource = %resource, ok = released.is_ok(), "admin: lock released by force");
-                released.map(|r| to_value(&r)).map_err(lock_failure)
+                released
+                    .map(|r| Mutated::done(to_value(&r)))
+                    .map_err(lock_failure)
             }
             Route::JobAction { job, action } => {
                 let scheduler = self.scheduler()?;
                 tracing::info!(job = %job, action = action.name(), "admin: job action");
-                let result = match action {
+                match action {
                     JobAction::Pause => scheduler
                         .pause(job)
                         .await
-                        .map(|()| json!({"job": job, "paused": true})),
+                        .map(|()| Mutated::done(json!({"job": job, "paused": true})))
+                        .map_err(scheduler_failure),
                     JobAction::Resume => scheduler
                         .resume(job)
                         .await
-                        .map(|()| json!({"job": job, "paused": false})),
-                    JobAction::Trigger => scheduler
-                        .trigger(job)
-                        .await
-                        .map(|id| json!({"job": job, "request": id})),
-                    JobAction::Cancel => scheduler
-                        .cancel(job)
-                        .await
-                        .map(|id| json!({"job": job, "request": id})),
-                };
-                result.map_err(scheduler_failure)
+                        .map(|()| Mutated::done(json!({"job": job, "paused": false})))
+                        .map_err(scheduler_failure),
+                    JobAction::Trigger => {
+                        let id = scheduler.trigger(job).await.map_err(scheduler_failure)?;
+                        self.follow(scheduler, id, Some(job)).await
+                    }
+                    JobAction::Cancel => {
+                        let id = scheduler.cancel(job).await.map_err(scheduler_failure)?;
+                        self.follow(scheduler, id, Some(job)).await
+                    }
+                }
             }
             Route::StepDown => {
                 tracing::info!("admin: leader asked to step down");
-                self.scheduler()?
-                    .step_down()
-                    .await
-                    .map(|id| json!({"request": id}))
-                    .map_err(scheduler_failure)
+                let scheduler = self.scheduler()?;
+                let id = scheduler.step_down().await.map_err(scheduler_failure)?;
+                self.follow(scheduler, id, None).await
             }
             _ => Err(Failure::new(StatusCode::NOT_FOUND, "no such admin route")),
+        }
+    }
+
+    /// A request (trigger, cancel, step down) just recorded: waits up to the request
+    /// wait for a replica to carry it out, and says what happened. Done: 200 with its
+    /// result; not carried out: 409; still under way (no replica took it yet, or it is
+    /// being carried out): 202, with its URL to poll in `Location` and `poll`.
+    async fn follow(
+        &self,
+        scheduler: &SchedulerAdmin,
+        id: String,
+        job: Option<&str>,
+    ) -> Result<Mutated, Failure> {
+        let poll = format!("{}/api/requests/{id}", self.inner.mount);
+        let request = scheduler.wait_up_to(&id, self.inner.request_wait).await;
+        let mut body = json!({"request": id, "poll": poll});
+        if let Some(job) = job {
+            body["job"] = json!(job);
+        }
+        let request = match request {
+            Ok(request) => request,
+            Err(err) => {
+                tracing::warn!(request = %id, error = %err, "admin: a request was recorded but could not be read back");
+                body["state"] = Value::Null;
+                body["message"] =
+                    json!("recorded, but where it stands could not be read back: poll it");
+                return Ok(Mutated {
+                    status: StatusCode::ACCEPTED,
+                    notice: format!(
+                        "recorded, but where it stands could not be read back (request {id})"
+                    ),
+                    body,
+                    location: Some(poll),
+                });
+            }
+        };
+        let what = what(&request);
+        body["state"] = to_value(&request.state);
+        body["result"] = to_value(&request.result);
+        body["done_by"] = to_value(&request.done_by);
+        let by = request.done_by.as_deref().unwrap_or("a replica");
+        match request.state {
+            RequestState::Succeeded => {
+                let result = request.result.as_deref().unwrap_or("ok");
+                Ok(Mutated {
+                    status: StatusCode::OK,
+                    notice: format!("done: {what} by {by}: {result}"),
+                    body,
+                    location: None,
+                })
+            }
+            RequestState::Failed | RequestState::Expired => {
+                let result = request.result.as_deref().unwrap_or("no reason recorded");
+                Err(Failure::new(
+                    StatusCode::CONFLICT,
+                    format!("{what} was not carried out: {result}"),
+                )
+                .with("request", json!(id))
+                .with("state", body["state"].clone())
+                .with("result", json!(result))
+                .with("poll", json!(poll)))
+            }
+            RequestState::Executing => {
+                let message = format!("taken: {by} is carrying it out");
+                body["message"] = json!(message);
+                Ok(Mutated {
+                    status: StatusCode::ACCEPTED,
+                    notice: format!("{message}: {what} (request {id})"),
+                    body,
+                    location: Some(poll),
+                })
+            }
+            _ => {
+                let claimant = match request.action {
+                    RequestAction::Cancel => "replica",
+                    _ => "leader",
+                };
+                let message = format!("queued: no {claimant} has claimed it yet");
+                body["message"] = json!(message);
+                // Whether one is there to claim it.
+                let leader = scheduler.leader().await.ok().flatten();
+                body["leader"] = to_value(&leader.as_ref().map(|l| &l.instance));
+                let outlook = match &leader {
+                    Some(leader) => format!("{} leads and looks twice a second", leader.instance),
+                    None => "no replica leads now: it is carried out if one starts leading within a minute of the request, else marked expired".to_owned(),
+                };
+                Ok(Mutated {
+                    status: StatusCode::ACCEPTED,
+                    notice: format!("{message}: {what} (request {id}); {outlook}"),
+                    body,
+                    location: Some(poll),
+                })
+            }
         }
     }
 
@@ -312,8 +467,8 @@ impl Admin {
         let scheduler = async {
             let scheduler = inner.scheduler.as_ref()?;
             let recent = RunFilter::new().limit(20);
-            let (leader, jobs, runs) = futures_util::join!(
-                scheduler.leader(),
+            let (last_leader, jobs, runs) = futures_util::join!(
+                scheduler.last_leader(),
                 scheduler.jobs(),
                 scheduler.runs(&recent)
             );
@@ -321,9 +476,22 @@ impl Admin {
                 Ok(value) => value,
                 Err(err) => json!({"error": scheduler_failure(err).detail}),
             };
+            // The leader now, and the last one recorded (which may have stopped).
+            let now = chrono::Utc::now();
+            let (leader, last_leader) = match last_leader {
+                Ok(last) => (
+                    to_value(&last.as_ref().filter(|l| l.is_current_at(now))),
+                    to_value(&last),
+                ),
+                Err(err) => {
+                    let error = json!({"error": scheduler_failure(err).detail});
+                    (error.clone(), error)
+                }
+            };
             Some(json!({
                 "name": scheduler.scheduler(),
-                "leader": part(leader.map(|l| to_value(&l))),
+                "leader": leader,
+                "last_leader": last_leader,
                 "jobs": part(jobs.map(|j| to_value(&j))),
                 "runs": part(runs.map(|r| to_value(&r))),
             }))
@@ -356,9 +524,9 @@ impl Admin {
     }
 
     /// After a dashboard button: back to the dashboard, saying how it went.
-    fn back_to_dashboard(&self, result: &Result<Value, Failure>) -> Response<Bytes> {
+    fn back_to_dashboard(&self, result: &Result<Mutated, Failure>) -> Response<Bytes> {
         let (key, message) = match result {
-            Ok(value) => ("notice", format!("done: {value}")),
+            Ok(mutated) => ("notice", mutated.notice.clone()),
             Err(failure) => ("error", failure.detail.clone()),
         };
         let query: String = form_urlencoded::Serializer::new(String::new())
@@ -396,6 +564,17 @@ fn run_filter(params: &HashMap<String, String>) -> Result<RunFilter, Failure> {
         filter = filter.limit(limit);
     }
     Ok(filter)
+}
+
+/// What a request asked, in words.
+fn what(request: &Request) -> String {
+    let job = request.job.as_deref().unwrap_or("?");
+    match request.action {
+        RequestAction::Trigger => format!("trigger `{job}`"),
+        RequestAction::Cancel => format!("cancel the run of `{job}`"),
+        RequestAction::StepDown => "step down".to_owned(),
+        other => other.as_str().to_owned(),
+    }
 }
 
 fn lock_failure(err: redlock_core::Error) -> Failure {
@@ -467,12 +646,17 @@ fn html_response(page: String) -> Response<Bytes> {
 }
 
 fn problem(failure: Failure) -> Response<Bytes> {
-    let body = json!({
+    let mut body = json!({
         "type": "about:blank",
         "title": failure.status.canonical_reason().unwrap_or("error"),
         "status": failure.status.as_u16(),
         "detail": failure.detail,
     });
+    if let Some(object) = body.as_object_mut() {
+        for (name, value) in failure.members {
+            object.entry(name).or_insert(value);
+        }
+    }
     let mut response = Response::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()));
     *response.status_mut() = failure.status;
     response.headers_mut().insert(

@@ -1,8 +1,10 @@
 //! The dashboard: one server-rendered page, no scripts, reloading itself.
 //!
 //! Every value shown is escaped. The buttons are one form (its password field holds
-//! the admin token) whose buttons post to their own routes (`formaction`); the
-//! answer is a redirect back here with a notice.
+//! the admin token) whose buttons post to their own routes (`formaction`), the token in
+//! the form's body, never in a URL; the answer is a redirect back here with a notice.
+//! Pressing Enter in the token field submits nothing: the form's first submit button,
+//! the one an implicit submission would press, is a hidden, disabled one.
 
 use std::fmt::Write as _;
 
@@ -67,7 +69,7 @@ pub(crate) fn render(
     let mutations = inner.token.is_some();
     if mutations {
         page.push_str(
-            "<form method=\"post\" id=\"actions\"><p><label>Admin token <input type=\"password\" name=\"token\" id=\"token\" autocomplete=\"off\"></label> (needed by the buttons)</p>",
+            "<form method=\"post\" enctype=\"application/x-www-form-urlencoded\" id=\"actions\"><button type=\"submit\" disabled hidden aria-hidden=\"true\"></button><p><label>Admin token <input type=\"password\" name=\"token\" id=\"token\" autocomplete=\"off\"></label> (needed by the buttons)</p>",
         );
     }
     if let Some(nodes) = overview.get("nodes").filter(|n| !n.is_null()) {
@@ -221,7 +223,27 @@ fn scheduler_section(page: &mut String, scheduler: &Value, mount: &str, mutation
             }
             page.push_str("</p>");
         }
-        _ => page.push_str("<p id=\"leader\">No leader recorded.</p>"),
+        _ => match scheduler.get("last_leader") {
+            Some(last @ Value::Object(map)) if !map.contains_key("error") => {
+                let how = match (text(last, "ended"), text(last, "expires")) {
+                    (ended, _) if !ended.is_empty() => {
+                        format!("its leadership ended at {}", esc(&ended))
+                    }
+                    (_, expires) if !expires.is_empty() => format!(
+                        "it stopped renewing its record, which ran out at {}",
+                        esc(&expires)
+                    ),
+                    _ => "it no longer leads".to_owned(),
+                };
+                let _ = write!(
+                    page,
+                    "<p id=\"leader\" class=\"warn\">No leader now: the last, <b>{}</b> (epoch {}), {how}.</p>",
+                    esc(&text(last, "instance")),
+                    last.get("epoch").and_then(Value::as_u64).unwrap_or(0),
+                );
+            }
+            _ => page.push_str("<p id=\"leader\">No leader recorded.</p>"),
+        },
     }
     page.push_str("<h3>Jobs</h3>");
     match scheduler.get("jobs") {

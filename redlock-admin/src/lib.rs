@@ -13,16 +13,30 @@
 //! | `/api/locks?prefix=&limit=` | GET | held locks ([`Redlock::locks`](redlock_core::Redlock::locks)) |
 //! | `/api/locks/release?resource=` | POST | force release ([`Redlock::force_release`](redlock_core::Redlock::force_release)) |
 //! | `/api/jobs` | GET | jobs, next ticks, last runs ([`SchedulerAdmin::jobs`](redlock_scheduler::SchedulerAdmin::jobs)) |
-//! | `/api/leader` | GET | the recorded leader and its epoch |
+//! | `/api/leader` | GET | the leader now and its epoch (`null` when none leads: the last one ended its leadership or stopped renewing its record) |
 //! | `/api/runs?job=&outcome=&limit=` | GET | run history, newest first |
-//! | `/api/jobs/{job}/pause`, `resume`, `trigger`, `cancel` | POST | steer a job |
-//! | `/api/scheduler/step-down` | POST | ask the leader to hand over |
+//! | `/api/jobs/{job}/pause`, `resume`, `trigger`, `cancel` | POST | steer a job (trigger, cancel: see below) |
+//! | `/api/scheduler/step-down` | POST | ask the leader to hand over (see below) |
 //! | `/api/requests/{id}` | GET | where a trigger, cancel or step-down request stands |
 //!
 //! The routes that change something (POST) are **off** unless the service is built with
 //! [`AdminBuilder::allow_mutations`]`(token)`: then they need the token as
-//! `Authorization: Bearer <token>` (or, from the dashboard's buttons, in the form).
-//! Off, they answer 403; without the right token, 401; either way nothing changes.
+//! `Authorization: Bearer <token>` (or, from the dashboard's buttons, as the `token`
+//! field of an `application/x-www-form-urlencoded` body). Never in the URL, which
+//! access logs, proxies and browser histories keep: a `token` in the query string
+//! answers 400. Off, they answer 403; without the right token, 401; either way nothing
+//! changes.
+//!
+//! Trigger, cancel and step-down are requests that a running scheduler replica carries
+//! out (the leader, for a cancel the replica running the job, claims them about twice a
+//! second). The answer waits for that up to [`AdminBuilder::request_wait`] (2 s by
+//! default) and says what happened: carried out, 200 with the request's `state`
+//! (`succeeded`) and `result`; not carried out (a run still going, nothing to cancel),
+//! 409; still under way, 202 Accepted with `state` `pending` (`"message": "queued: no
+//! leader has claimed it yet"`; `leader` says whether one is recorded) or `executing`,
+//! and the request's URL in `Location` and `poll` (`/api/requests/{id}`). The
+//! dashboard's notice says the same: `done: ...` only for what was done.
+//!
 //! Reads need no token: mount the service where only operators reach it, or behind
 //! your own authentication layer. Errors are `application/problem+json`; a database
 //! error's own text goes to the log, not to the caller.
@@ -71,7 +85,7 @@ mod service;
 
 pub use admin::{
     Admin, AdminBuilder, BuildError, DEFAULT_LIST_LIMIT, DEFAULT_MOUNT_PATH, DEFAULT_REFRESH,
-    MIN_TOKEN_LEN,
+    DEFAULT_REQUEST_WAIT, MIN_TOKEN_LEN,
 };
 pub use handle::{AdminRequest, MAX_BODY};
 #[cfg(feature = "tower")]

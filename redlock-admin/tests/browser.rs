@@ -1,7 +1,8 @@
 //! The dashboard in a real browser: headless chromium, driven through chromedriver
 //! (WebDriver), against real redis-server nodes, a SQLite history and a running
-//! scheduler. The page shows a held lock and a job's last run; its pause button, with
-//! the admin token typed in, pauses the job, and the next tick is recorded as skipped.
+//! scheduler. The page shows a held lock and a job's last run; Enter in the token field
+//! submits nothing; its pause button, with the admin token typed in, pauses the job (the
+//! token posted in the form's body), and the next tick is recorded as skipped.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them); set
 //! `REDLOCK_SKIP_BROWSER=1` to skip it where they are missing. With
@@ -12,6 +13,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fantoccini::key::Key;
 use fantoccini::{ClientBuilder, Locator};
 use redlock_admin::Admin;
 use redlock_scheduler::{
@@ -165,15 +167,17 @@ async fn the_dashboard_shows_locks_and_runs_and_its_pause_button_pauses() {
         std::fs::write(&path, png).unwrap();
     }
 
-    // Type the token, press the job's pause button.
+    // Type the token and press Enter: no button is pressed for it (the first one on
+    // the page releases a lock).
+    let token = browser.find(Locator::Id("token")).await.unwrap();
+    token.send_keys(&(TOKEN + &Key::Enter)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(browser.current_url().await.unwrap().as_str(), dashboard);
+    assert_eq!(payments.locks("invoice:").await.unwrap().locks.len(), 1);
+    assert!(!history.job("ticker").await.unwrap().paused);
+
+    // Press the job's pause button.
     let paused_at = chrono::Utc::now();
-    browser
-        .find(Locator::Id("token"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
     browser
         .find(Locator::Css("tr[data-job='ticker'] button.pause"))
         .await
@@ -193,6 +197,9 @@ async fn the_dashboard_shows_locks_and_runs_and_its_pause_button_pauses() {
         .await
         .unwrap();
     assert!(notice.starts_with("done"), "{notice}");
+    // The token went in the body: the page the redirect led to does not carry it.
+    let url = browser.current_url().await.unwrap();
+    assert!(!url.as_str().contains(TOKEN), "{url}");
     let state = browser
         .find(Locator::Css("tr[data-job='ticker'] td.state"))
         .await
