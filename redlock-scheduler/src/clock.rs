@@ -102,10 +102,31 @@ impl Clock for ManualClock {
     }
 }
 
+/// A deadline further away than any wait: about 30 years, as tokio's own "no timeout".
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
+
+/// The monotonic (tokio) instant `after` from now. A deadline so far away that it cannot
+/// be represented (`Duration::MAX`, say) is no deadline: it is clamped to about 30 years
+/// instead of overflowing.
+pub(crate) fn instant_after(after: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    // Thirty years from now always fits; `now` itself is never reached.
+    now.checked_add(after.min(FAR_FUTURE)).unwrap_or(now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    #[test]
+    fn a_deadline_beyond_representation_is_no_deadline() {
+        let start = tokio::time::Instant::now();
+        let far = instant_after(Duration::MAX);
+        assert!(far >= start + FAR_FUTURE);
+        let near = instant_after(Duration::from_secs(1));
+        assert!(near >= start + Duration::from_secs(1) && near < far);
+    }
 
     #[tokio::test]
     async fn manual_clock_wakes_sleepers_when_advanced() {

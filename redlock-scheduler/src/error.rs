@@ -1,7 +1,9 @@
 //! Errors: what went wrong and what to do next.
 
 /// A job definition or scheduler option that cannot work, reported by
-/// [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) with the offending input.
+/// [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) (and an election option by
+/// [`LeaderElectorBuilder::start`](crate::LeaderElectorBuilder::start)) with the offending
+/// input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {

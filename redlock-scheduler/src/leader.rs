@@ -23,7 +23,7 @@
 //!     .instance("replica-a")
 //!     .ttl(Duration::from_secs(2))
 //!     .on_elected(|l| println!("{} leads with epoch {}", l.instance(), l.epoch()))
-//!     .start();
+//!     .start()?;
 //! let leadership = elector.elected().await;
 //! assert!(leadership.epoch() >= 1);
 //! elector.shutdown().await; // hands leadership over at once
@@ -40,6 +40,8 @@ use rand::RngExt;
 use redlock_core::{CancellationToken, Error as LockError, Redlock, RetryPolicy};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
+
+use crate::error::BuildError;
 
 type Callback = Arc<dyn Fn(&Leadership) + Send + Sync>;
 
@@ -128,6 +130,33 @@ pub const DEFAULT_TERM: Duration = Duration::from_secs(600);
 /// The default interval between campaign attempts while the leader's lock stands.
 pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
+/// Checks an election's options, for [`LeaderElectorBuilder::start`] and
+/// [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) alike: a zero retry
+/// interval would have followers retry without pause, a zero term would have the leader
+/// step down as soon as it is elected, and a zero TTL is no lock.
+pub(crate) fn check_election(
+    ttl: Option<Duration>,
+    term: Duration,
+    retry_interval: Duration,
+) -> Result<(), BuildError> {
+    let zero = |what: &str| {
+        Err(BuildError::InvalidOption {
+            what: what.to_owned(),
+            reason: "must be more than zero".to_owned(),
+        })
+    };
+    if retry_interval.is_zero() {
+        return zero("leader election: retry interval");
+    }
+    if term.is_zero() {
+        return zero("leader election: leadership term");
+    }
+    if ttl.is_some_and(|ttl| ttl.is_zero()) {
+        return zero("leader election: leadership TTL");
+    }
+    Ok(())
+}
+
 impl LeaderElectorBuilder {
     /// This replica's id (default: a random one).
     pub fn instance(mut self, instance: impl Into<String>) -> Self {
@@ -170,8 +199,20 @@ impl LeaderElectorBuilder {
         self
     }
 
-    /// Starts campaigning on the current tokio runtime.
-    pub fn start(self) -> LeaderElector {
+    /// Checks the options, then starts campaigning on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidOption`] for a zero term, retry interval or TTL (the same
+    /// checks as [`SchedulerBuilder::build`](crate::SchedulerBuilder::build)'s); nothing
+    /// is started then.
+    pub fn start(self) -> Result<LeaderElector, BuildError> {
+        check_election(self.ttl, self.term, self.retry_interval)?;
+        Ok(self.spawn())
+    }
+
+    /// Starts campaigning with options checked already.
+    pub(crate) fn spawn(self) -> LeaderElector {
         let instance: Arc<str> = self.instance.unwrap_or_else(random_instance).into();
         let (events, _) = watch::channel(LeaderEvent::Follower);
         let events = Arc::new(events);
@@ -409,7 +450,7 @@ impl Campaign {
                 },
                 () = self.stop.cancelled() => break,
             };
-            lock.auto_extend_for(self.term + ttl);
+            lock.auto_extend_for(self.term.saturating_add(ttl));
             let leadership = Leadership {
                 instance: Arc::clone(&self.instance),
                 epoch: lock.fencing_token().unwrap_or(0),
@@ -477,4 +518,41 @@ pub(crate) fn random_instance() -> String {
         std::process::id(),
         rand::rng().random::<u32>() & 0xff_ffff
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+    use super::*;
+
+    fn builder() -> LeaderElectorBuilder {
+        // Nothing is contacted before a lock is asked for.
+        let redlock = Redlock::builder()
+            .nodes(["redis://127.0.0.1:1"])
+            .build()
+            .unwrap();
+        LeaderElector::builder(redlock, "election")
+    }
+
+    #[tokio::test]
+    async fn zero_election_options_are_refused_at_start() {
+        for (what, builder) in [
+            ("retry interval", builder().retry_interval(Duration::ZERO)),
+            ("leadership term", builder().term(Duration::ZERO)),
+            ("leadership TTL", builder().ttl(Duration::ZERO)),
+        ] {
+            match builder.start() {
+                Err(BuildError::InvalidOption { what: option, .. }) => {
+                    assert!(option.ends_with(what), "{option}");
+                }
+                Ok(elector) => {
+                    elector.shutdown().await;
+                    panic!("{what}: a zero value was accepted");
+                }
+                Err(other) => panic!("{what}: {other:?}"),
+            }
+        }
+        builder().start().unwrap().shutdown().await;
+    }
 }

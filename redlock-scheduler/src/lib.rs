@@ -168,8 +168,8 @@ pub use scheduler::{DEFAULT_SCHEDULER_NAME, Dispatched, Scheduler, SchedulerBuil
 pub use status::{JobStatus, LastRun, SchedulerStatus};
 pub use store::{
     DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RUN_LIMIT, DEFAULT_STATEMENT_TIMEOUT,
-    DEFAULT_TABLE_PREFIX, History, HistoryBuilder, MAX_RUN_LIMIT, Outcome, Request, RequestAction,
-    RequestState, Run, RunFilter,
+    DEFAULT_TABLE_PREFIX, History, HistoryBuilder, MAX_HISTORY_TIMEOUT, MAX_RUN_LIMIT, Outcome,
+    Request, RequestAction, RequestState, Run, RunFilter,
 };
 pub use transaction::RunTransaction;
 

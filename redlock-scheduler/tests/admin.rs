@@ -184,3 +184,38 @@ async fn timeouts_and_failures_are_recorded() {
     }
     replica.shutdown().await;
 }
+
+/// A leadership term, a job's timeout and misfire grace, and the shutdown deadline too
+/// long to count (`Duration::MAX`) bound nothing: the replica is elected, the job is
+/// triggered and runs, and the shutdown waits for the run to finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_too_long_to_count_bound_nothing() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let history = History::connect(&url).await.unwrap();
+    let name = unique("unbounded");
+    let job = Job::new(&name, "0 0 0 1 1 *", |_ctx: JobContext| async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok::<_, std::io::Error>(())
+    })
+    .timeout(Duration::MAX)
+    .misfire_grace(Duration::MAX);
+    let replicas = [Replica::start(&cluster, "a", Some(url), vec![job], |b| {
+        b.leadership_term(Duration::MAX)
+    })
+    .await];
+    leader_of(&replicas, Duration::from_secs(5)).await;
+    let tick = replicas[0].scheduler.trigger(&name).await.unwrap();
+    let scheduler = replicas[0].scheduler.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        replicas[0]
+            .sandbox
+            .run(async move { scheduler.shutdown(Duration::MAX).await }),
+    )
+    .await
+    .expect("the shutdown waits for the run, then returns");
+    let runs = history.runs("scheduler", &name, 5).await.unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!((runs[0].tick, runs[0].outcome), (tick, Outcome::Succeeded));
+}

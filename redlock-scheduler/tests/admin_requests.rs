@@ -513,14 +513,16 @@ async fn an_elector_steps_down_and_keeps_out_for_the_back_off() {
         .instance("a")
         .retry_interval(RETRY)
         .on_lost(move |l| on_lost.lock().unwrap().push(l.epoch()))
-        .start();
+        .start()
+        .unwrap();
     let led = tokio::time::timeout(Duration::from_secs(5), a.elected())
         .await
         .unwrap();
     let b = LeaderElector::builder(redlock, &election)
         .instance("b")
         .retry_interval(RETRY)
-        .start();
+        .start()
+        .unwrap();
     assert!(
         !b.step_down(Duration::from_secs(1)).await,
         "b does not lead"

@@ -13,7 +13,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::BuildError;
 use crate::health::HealthCell;
 use crate::job::Job;
-use crate::leader::{DEFAULT_RETRY_INTERVAL, DEFAULT_TERM};
+use crate::leader::{DEFAULT_RETRY_INTERVAL, DEFAULT_TERM, check_election};
 use crate::record::Recorder;
 use crate::schedule::Schedule;
 use crate::store::History;
@@ -121,7 +121,9 @@ impl SchedulerBuilder {
     /// # Errors
     ///
     /// [`BuildError`] naming the offending job and input: an empty or duplicate name, an
-    /// invalid cron expression or time zone, a zero timeout.
+    /// invalid cron expression or time zone, a zero timeout; a zero leadership TTL,
+    /// term or retry interval (checked as
+    /// [`LeaderElectorBuilder::start`](crate::LeaderElectorBuilder::start) does).
     pub fn build(self) -> Result<Scheduler, BuildError> {
         let mut names = HashSet::new();
         let mut jobs = Vec::with_capacity(self.jobs.len());
@@ -153,12 +155,7 @@ impl SchedulerBuilder {
                 reason: "must not be empty".to_owned(),
             });
         }
-        if self.retry_interval.is_zero() || self.term.is_zero() {
-            return Err(BuildError::InvalidOption {
-                what: "retry interval / leadership term".to_owned(),
-                reason: "must be more than zero".to_owned(),
-            });
-        }
+        check_election(self.leader_ttl, self.term, self.retry_interval)?;
         let instance: Arc<str> = self
             .instance
             .unwrap_or_else(crate::leader::random_instance)
@@ -189,5 +186,59 @@ impl SchedulerBuilder {
                 background_tasks: TaskTracker::new(),
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+    use std::time::Duration;
+
+    use redlock_core::Redlock;
+
+    use crate::error::BuildError;
+    use crate::scheduler::Scheduler;
+
+    fn redlock() -> Redlock {
+        // Nothing is contacted before a lock is asked for.
+        Redlock::builder()
+            .nodes(["redis://127.0.0.1:1"])
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn election_options_must_be_more_than_zero() {
+        for (what, builder) in [
+            (
+                "retry interval",
+                Scheduler::builder(redlock()).retry_interval(Duration::ZERO),
+            ),
+            (
+                "leadership term",
+                Scheduler::builder(redlock()).leadership_term(Duration::ZERO),
+            ),
+            (
+                "leadership TTL",
+                Scheduler::builder(redlock()).leader_ttl(Duration::ZERO),
+            ),
+        ] {
+            match builder.build() {
+                Err(BuildError::InvalidOption { what: option, .. }) => {
+                    assert!(option.ends_with(what), "{option}");
+                }
+                other => panic!("{what}: expected InvalidOption, got {other:?}"),
+            }
+        }
+        assert!(Scheduler::builder(redlock()).build().is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_deadline_too_long_to_count_is_no_deadline() {
+        let scheduler = Scheduler::builder(redlock()).build().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), scheduler.shutdown(Duration::MAX))
+            .await
+            .expect("shut down");
     }
 }

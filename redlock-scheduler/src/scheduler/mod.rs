@@ -157,7 +157,8 @@ impl Scheduler {
             if let Some(ttl) = inner.leader_ttl {
                 builder = builder.ttl(ttl);
             }
-            builder.start()
+            // The options were checked by `SchedulerBuilder::build`.
+            builder.spawn()
         });
         if started {
             let (inner, events) = (Arc::clone(&self.inner), elector.subscribe());
@@ -435,9 +436,11 @@ impl Scheduler {
     /// in progress finish until `deadline`, then cancels them (through their token, then
     /// drops them after a short grace) and records their outcome (history writes still
     /// waiting for the database get until the deadline too). Returns when all is done.
+    /// A deadline too long to count (`Duration::MAX`) means no deadline: the runs are
+    /// waited for.
     pub async fn shutdown(&self, deadline: Duration) {
         let inner = &self.inner;
-        let until = tokio::time::Instant::now() + deadline;
+        let until = crate::clock::instant_after(deadline);
         inner.stop_firing.cancel();
         if let Some(elector) = inner.elector.get() {
             let leading = elector.leadership();

@@ -174,7 +174,9 @@ impl Inner {
     /// How long a tick's claim is kept: until its tick leaves the grace window (and a
     /// margin), as far as the Redis nodes allow.
     pub(super) fn claim_ttl(&self, state: &JobState) -> Duration {
-        (self.grace(state) + CLAIM_MARGIN).min(self.redlock.max_ttl())
+        self.grace(state)
+            .saturating_add(CLAIM_MARGIN)
+            .min(self.redlock.max_ttl())
     }
 
     pub(super) fn claim_resource(&self, state: &JobState, tick: DateTime<Utc>) -> String {

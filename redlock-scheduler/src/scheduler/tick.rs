@@ -371,7 +371,7 @@ impl Inner {
         let bound = state
             .job
             .timeout
-            .map_or(Duration::MAX, |t| t + CANCEL_GRACE * 2);
+            .map_or(Duration::MAX, |t| t.saturating_add(CANCEL_GRACE * 2));
         run_lock.auto_extend_for(bound);
         let cancel = ctx.cancel.clone();
         let handler = Arc::clone(&state.job.handler);

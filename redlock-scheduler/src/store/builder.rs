@@ -20,6 +20,10 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default bound on one statement, connection wait included.
 pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest connect, acquire or statement timeout accepted: one day. A history that
+/// does not answer for that long is down, and the bound keeps every deadline computed
+/// from a timeout (and PostgreSQL's `statement_timeout`, in milliseconds) in range.
+pub const MAX_HISTORY_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 pub(super) enum Source {
     Url(String),
@@ -73,12 +77,16 @@ impl HistoryBuilder {
 
     /// How long opening the database may take (default 5 s): past it,
     /// [`connect`](Self::connect) fails naming the database and the cause.
+    /// More than zero and at most [`MAX_HISTORY_TIMEOUT`] (a day), or
+    /// [`connect`](Self::connect) fails with [`Error::InvalidConfig`].
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// How long a statement may wait for a pooled connection (default 2 s).
+    /// More than zero and at most [`MAX_HISTORY_TIMEOUT`] (a day), or
+    /// [`connect`](Self::connect) fails with [`Error::InvalidConfig`].
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self
@@ -86,6 +94,8 @@ impl HistoryBuilder {
 
     /// How long one statement may take, waiting for a connection included (default
     /// 5 s; on PostgreSQL also set as the server's `statement_timeout`).
+    /// More than zero and at most [`MAX_HISTORY_TIMEOUT`] (a day), or
+    /// [`connect`](Self::connect) fails with [`Error::InvalidConfig`].
     pub fn statement_timeout(mut self, timeout: Duration) -> Self {
         self.statement_timeout = timeout;
         self
@@ -152,6 +162,9 @@ impl HistoryBuilder {
             if t.is_zero() {
                 return Err(invalid(what, "must be more than zero"));
             }
+            if t > MAX_HISTORY_TIMEOUT {
+                return Err(invalid(what, "must be at most a day (MAX_HISTORY_TIMEOUT)"));
+            }
         }
         if self.max_connections == 0 {
             return Err(invalid("max connections", "must be at least 1"));
@@ -171,7 +184,8 @@ impl HistoryBuilder {
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] for a URL that names no supported database,
-    /// [`Error::InvalidConfig`] for a bad prefix, schema or timeout, [`Error::Connect`]
+    /// [`Error::InvalidConfig`] for a bad prefix, schema or timeout (zero, or above
+    /// [`MAX_HISTORY_TIMEOUT`]), [`Error::Connect`]
     /// naming the database and the cause (refused, no answer within the timeout, bad
     /// credentials, a file that cannot be opened), [`Error::Migration`] if a migration
     /// fails.
@@ -223,11 +237,12 @@ impl HistoryBuilder {
         )
         .await?;
         let migrate = schema::migrate(&mut conn, backend, &history.shared.tables, ms(Utc::now()));
-        tokio::time::timeout(self.connect_timeout + self.statement_timeout, migrate)
+        let limit = self.connect_timeout.saturating_add(self.statement_timeout);
+        tokio::time::timeout(limit, migrate)
             .await
             .map_err(|_| Error::StoreTimeout {
                 operation: "migrate",
-                after: self.connect_timeout + self.statement_timeout,
+                after: limit,
             })??;
         Ok(history)
     }

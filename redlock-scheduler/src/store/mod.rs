@@ -76,6 +76,7 @@ pub(crate) use self::admin::{EXPIRED, JobDefinition, new_request_id};
 pub use self::admin::{Request, RequestAction, RequestState};
 pub use self::builder::{
     DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, HistoryBuilder,
+    MAX_HISTORY_TIMEOUT,
 };
 use self::builder::{Source, bounded};
 pub(crate) use self::commit::{Refused, RunKey};

@@ -69,3 +69,42 @@ async fn an_empty_batch_is_a_no_op() {
     let history = History::connect("sqlite::memory:").await.unwrap();
     assert!(history.apply(&[]).await.unwrap().is_empty());
 }
+
+/// A timeout too long to make a deadline of is a configuration error, named; not a
+/// panic in the pool, nor a statement timeout PostgreSQL refuses.
+#[tokio::test]
+async fn a_timeout_beyond_a_day_is_refused() {
+    use std::time::Duration;
+
+    use super::MAX_HISTORY_TIMEOUT;
+    use crate::error::Error;
+
+    type Setter = fn(super::HistoryBuilder, Duration) -> super::HistoryBuilder;
+    let options: [(&str, Setter); 3] = [
+        ("connect timeout", super::HistoryBuilder::connect_timeout),
+        ("acquire timeout", super::HistoryBuilder::acquire_timeout),
+        (
+            "statement timeout",
+            super::HistoryBuilder::statement_timeout,
+        ),
+    ];
+    for (what, set) in options {
+        for too_long in [
+            Duration::MAX,
+            MAX_HISTORY_TIMEOUT + Duration::from_millis(1),
+        ] {
+            match set(History::builder("sqlite::memory:"), too_long)
+                .connect()
+                .await
+            {
+                Err(Error::InvalidConfig { what: option, .. }) => assert_eq!(option, what),
+                Err(other) => panic!("{what} {too_long:?}: {other}"),
+                Ok(_) => panic!("{what} {too_long:?}: accepted"),
+            }
+        }
+        set(History::builder("sqlite::memory:"), MAX_HISTORY_TIMEOUT)
+            .connect()
+            .await
+            .unwrap();
+    }
+}
