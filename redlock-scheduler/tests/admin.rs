@@ -12,6 +12,18 @@ use redlock_testkit::Cluster;
 mod common;
 use common::*;
 
+/// Waits until `replica` names `leader` as the leader (from the history's record).
+async fn wait_until_named(replica: &Replica, leader: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while replica.scheduler.status().await.leader.as_deref() != Some(leader) {
+        assert!(
+            Instant::now() < deadline,
+            "`{leader}` was not recorded as the leader"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `trigger` runs a job now through the claim path (on the leader only), `pause` skips
 /// its ticks (recorded as skipped) until `resume`, and `status` serializes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -44,8 +56,10 @@ async fn trigger_pause_resume_and_status() {
     let leader = leader_of(&replicas, Duration::from_secs(5)).await;
     let follower = 1 - leader;
 
-    // Trigger: on the leader it runs once, now; a follower names the leader.
+    // Trigger: on the leader it runs once, now; a follower names the leader, once the
+    // leader has recorded itself in the history (its first write after the election).
     let tick = replicas[leader].scheduler.trigger(&yearly).await.unwrap();
+    wait_until_named(&replicas[follower], replicas[leader].scheduler.instance()).await;
     match replicas[follower].scheduler.trigger(&yearly).await {
         Err(redlock_scheduler::Error::NotLeader { leader: Some(l) }) => {
             assert_eq!(l, replicas[leader].scheduler.instance());
@@ -218,4 +232,59 @@ async fn durations_too_long_to_count_bound_nothing() {
     let runs = history.runs("scheduler", &name, 5).await.unwrap();
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!((runs[0].tick, runs[0].outcome), (tick, Outcome::Succeeded));
+}
+
+/// A replica whose leadership ended is not named as the leader by the record it wrote
+/// while it led, though the history still says so (the end and the next leader's record
+/// are held up here by a transaction that keeps SQLite's write lock): it names no
+/// leader until the next one has recorded itself, then that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_former_leader_does_not_name_itself() {
+    use sqlx::Connection;
+
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let name = unique("yearly");
+    let job = || {
+        Job::new(&name, "0 0 0 1 1 *", |_ctx: JobContext| async {
+            Ok::<_, std::io::Error>(())
+        })
+    };
+    let mut replicas = Vec::new();
+    for instance in ["a", "b"] {
+        replicas
+            .push(Replica::start(&cluster, instance, Some(url.clone()), vec![job()], |b| b).await);
+    }
+    let leader = leader_of(&replicas, Duration::from_secs(5)).await;
+    let follower = 1 - leader;
+    let (former, next) = (&replicas[leader].scheduler, &replicas[follower].scheduler);
+    wait_until_named(&replicas[follower], former.instance()).await;
+
+    let mut writer = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut writer)
+        .await
+        .unwrap();
+    assert!(matches!(
+        former.step_down().await.unwrap(),
+        redlock_scheduler::Dispatched::Done { .. }
+    ));
+    match former.trigger(&name).await {
+        Err(redlock_scheduler::Error::NotLeader { leader: None }) => {}
+        other => panic!("expected NotLeader naming no one, got {other:?}"),
+    }
+    assert_eq!(former.status().await.leader, None);
+    sqlx::query("ROLLBACK").execute(&mut writer).await.unwrap();
+
+    leader_of(&replicas[follower..=follower], Duration::from_secs(5)).await;
+    wait_until_named(&replicas[leader], next.instance()).await;
+    match former.trigger(&name).await {
+        Err(redlock_scheduler::Error::NotLeader { leader: Some(l) }) => {
+            assert_eq!(l, next.instance());
+        }
+        other => panic!(
+            "expected NotLeader naming `{}`, got {other:?}",
+            next.instance()
+        ),
+    }
 }

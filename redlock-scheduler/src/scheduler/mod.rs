@@ -227,9 +227,11 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownJob`], [`Error::NotLeader`] (naming the leader if known),
-    /// [`Error::ShutDown`], [`Error::AlreadyRunning`] (a run of the job goes on
-    /// somewhere), [`Error::AlreadyClaimed`], or the claim's lock error.
+    /// [`Error::UnknownJob`], [`Error::NotLeader`] (naming the leader as recorded in the
+    /// history: `None` without a history, or for the moment between a leader's election
+    /// and its first write to the history), [`Error::ShutDown`],
+    /// [`Error::AlreadyRunning`] (a run of the job goes on somewhere),
+    /// [`Error::AlreadyClaimed`], or the claim's lock error.
     pub async fn trigger(&self, job: &str) -> Result<DateTime<Utc>, Error> {
         self.inner.trigger(job).await
     }

@@ -133,12 +133,13 @@ impl Inner {
         self.elector.get().and_then(LeaderElector::leadership)
     }
 
-    /// The leader as last recorded in the history (`None` without one).
+    /// The leader as recorded in the history, for a replica that does not lead (`None`
+    /// without a history, or before the leader recorded itself). A record naming this
+    /// replica is its own leadership, ended before the record says so: no leader is
+    /// known then, rather than this replica.
     pub(super) async fn recorded_leader(&self) -> Option<String> {
-        match self.history() {
-            Some(history) => history.leader(&self.name).await.ok().flatten(),
-            None => None,
-        }
+        let leader = self.history()?.leader(&self.name).await.ok().flatten()?;
+        (*leader != *self.instance).then_some(leader)
     }
 
     /// How long a leader that stepped down keeps out of the election: the leadership
