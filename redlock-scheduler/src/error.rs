@@ -215,6 +215,23 @@ pub enum Error {
         reason: String,
     },
 
+    /// A run's commit was sent, but its answer was lost (the link to the database
+    /// failed, or it did not answer in time) and the run's row could not be read back
+    /// to tell whether it committed. Do not redo the effects: the history records the
+    /// run as its row says (`succeeded` if the commit went through) once the database
+    /// answers again.
+    #[error(
+        "job `{job}`, tick {tick}: whether the run's transaction committed is not known ({cause}); the run's history row says it once the database answers"
+    )]
+    CommitUnknown {
+        /// The job.
+        job: String,
+        /// The tick (RFC 3339).
+        tick: String,
+        /// Why the answer is missing.
+        cause: String,
+    },
+
     /// A fence check could not be made (a token beyond the fence table's range).
     #[error("run history: {0}")]
     Fence(redlock_fence::FenceError),

@@ -67,6 +67,19 @@ pub(crate) enum Inserted {
     Queued,
 }
 
+/// What a run's end that was not written found in its row.
+enum Kept {
+    /// Nothing to learn: no row, or not this replica's.
+    Nothing,
+    /// The run's own transaction committed: the row says `succeeded` (with this note).
+    Succeeded(Option<String>),
+    /// The row could not be read back.
+    Unread,
+}
+
+/// Attempts at reading back a row that a run's end did not overwrite.
+const READ_BACK_ATTEMPTS: u32 = 3;
+
 /// The scheduler's history writer.
 pub(crate) struct Recorder {
     history: History,
@@ -304,6 +317,31 @@ impl Recorder {
         }
     }
 
+    /// Reads back the row of a run whose end (`outcome`, not `succeeded`) was not
+    /// written: a `succeeded` row of this replica is its own transaction's commit, kept.
+    async fn kept_row(&self, job: &str, tick: DateTime<Utc>, outcome: Outcome) -> Kept {
+        let mut pause = Duration::from_millis(100);
+        for attempt in 1..=READ_BACK_ATTEMPTS {
+            match self.history.run_at(&self.scheduler, job, tick).await {
+                Ok(Some(row))
+                    if *row.instance == *self.instance && row.outcome == Outcome::Succeeded =>
+                {
+                    tracing::warn!(%job, %tick, ended = outcome.as_str(), "the run's transaction committed: its history row stays succeeded");
+                    return Kept::Succeeded(row.error);
+                }
+                Ok(_) => return Kept::Nothing,
+                Err(err) if attempt == READ_BACK_ATTEMPTS => {
+                    tracing::warn!(%job, %tick, error = %err, "the run's end was not written over its history row, which cannot be read back: the status shows this replica's account");
+                }
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+            }
+        }
+        Kept::Unread
+    }
+
     /// Writes `batch` in one transaction.
     async fn write(&self, batch: &[Write]) -> Result<(), crate::Error> {
         let changes: Vec<Change<'_>> = batch
@@ -350,9 +388,28 @@ impl Recorder {
                     }
                 }
                 Write::Insert(_) => {}
-                Write::Finish { tick, last, .. } => {
+                Write::Finish {
+                    job,
+                    tick,
+                    outcome,
+                    last,
+                    ..
+                } => {
+                    let row = if applied || *outcome == Outcome::Succeeded {
+                        Kept::Nothing
+                    } else {
+                        self.kept_row(job, *tick, *outcome).await
+                    };
                     if let Some(last) = locked(last).as_mut().filter(|l| l.tick == *tick) {
-                        last.recorded = true;
+                        match row {
+                            Kept::Nothing => last.recorded = true,
+                            Kept::Succeeded(error) => {
+                                last.outcome = Outcome::Succeeded;
+                                last.error = error;
+                                last.recorded = true;
+                            }
+                            Kept::Unread => {}
+                        }
                     }
                 }
             }

@@ -19,6 +19,14 @@
 //! two replicas believe they lead, and exactly once when its run succeeds: the effects
 //! are committed if and only if the history says `succeeded`.
 //!
+//! A commit, once begun, is carried out to its answer even when the run is told to stop
+//! meanwhile (leadership lost, timeout, shutdown): it runs as a task of its own, the run
+//! waits for it (within the history's bounds) before it is dropped, and the handler gets
+//! its answer. A commit whose answer was lost on the way (the link failed, or no answer
+//! in time) is settled by reading the run's row back, after any transaction still
+//! holding it has ended: never by guessing. The run's end, written to the history
+//! afterwards, never overwrites a `succeeded` row.
+//!
 //! ```no_run
 //! use redlock_scheduler::{BoxError, Job, JobContext};
 //!
@@ -42,15 +50,28 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{Any, AnyConnection, Transaction};
+use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::job::JobContext;
 use crate::store::{History, Refused, RunKey};
+
+/// Where the commits of a run's transactions stand.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Commits {
+    /// Commits begun and not answered yet.
+    pub(crate) in_flight: u32,
+    /// A commit went through: the run's effects and its `succeeded` row are in.
+    pub(crate) committed: bool,
+    /// A commit's outcome could not be learned: only the run's row says it.
+    pub(crate) in_doubt: bool,
+}
 
 /// What a run's context knows of the history, for its transactions.
 pub(crate) struct RunRecord {
@@ -58,8 +79,7 @@ pub(crate) struct RunRecord {
     pub(crate) scheduler: String,
     pub(crate) started: DateTime<Utc>,
     pub(crate) clock: Arc<dyn Clock>,
-    /// A transaction of the run committed: its effects, and its `succeeded` row.
-    pub(crate) committed: AtomicBool,
+    commits: watch::Sender<Commits>,
 }
 
 impl fmt::Debug for RunRecord {
@@ -67,14 +87,79 @@ impl fmt::Debug for RunRecord {
         f.debug_struct("RunRecord")
             .field("history", &self.history)
             .field("scheduler", &self.scheduler)
-            .field("committed", &self.committed)
+            .field("commits", &*self.commits.borrow())
             .finish_non_exhaustive()
     }
 }
 
+/// How a commit of a run ended, for [`Commits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    Committed,
+    NotCommitted,
+    InDoubt,
+}
+
 impl RunRecord {
-    pub(crate) fn committed(&self) -> bool {
-        self.committed.load(Ordering::Acquire)
+    pub(crate) fn new(
+        history: History,
+        scheduler: String,
+        started: DateTime<Utc>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            history,
+            scheduler,
+            started,
+            clock,
+            commits: watch::Sender::new(Commits::default()),
+        }
+    }
+
+    /// Where the run's commits stand now.
+    pub(crate) fn commits(&self) -> Commits {
+        *self.commits.borrow()
+    }
+
+    /// Where the run's commits stand once none is in flight, waiting at most `within`
+    /// for those that are (a commit always ends within [`Self::commit_bound`]).
+    pub(crate) async fn settled(&self, within: Duration) -> Commits {
+        let mut commits = self.commits.subscribe();
+        let _ = tokio::time::timeout(within, commits.wait_for(|c| c.in_flight == 0)).await;
+        self.commits()
+    }
+
+    /// The longest a commit can take, its read-back included.
+    pub(crate) fn commit_bound(&self) -> Duration {
+        self.history.commit_bound()
+    }
+
+    fn begin_commit(&self) {
+        self.commits.send_modify(|c| c.in_flight += 1);
+    }
+
+    fn end_commit(&self, settled: Settled) {
+        self.commits.send_modify(|c| {
+            c.in_flight = c.in_flight.saturating_sub(1);
+            match settled {
+                Settled::Committed => c.committed = true,
+                Settled::InDoubt => c.in_doubt = true,
+                Settled::NotCommitted => {}
+            }
+        });
+    }
+}
+
+/// Ends a commit's count when dropped, as not committed unless told otherwise (a commit
+/// task that ends without an answer, dropped with its runtime, committed nothing known).
+struct InFlight {
+    record: Arc<RunRecord>,
+    settled: Settled,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.record.end_commit(self.settled);
     }
 }
 
@@ -116,6 +201,14 @@ impl DerefMut for RunTransaction {
 impl JobContext {
     fn record(&self) -> Result<&RunRecord, Error> {
         self.record.as_deref().ok_or(Error::NoHistory)
+    }
+
+    fn unknown(&self, cause: String) -> Error {
+        Error::CommitUnknown {
+            job: self.job().to_owned(),
+            tick: self.tick().to_rfc3339(),
+            cause,
+        }
     }
 
     fn ended(&self, reason: &str) -> Error {
@@ -160,48 +253,40 @@ impl RunTransaction {
     /// otherwise rolls everything back.
     ///
     /// Once committed, the run is recorded as succeeded whatever the handler does next
-    /// (an error it returns afterwards is kept as a note).
+    /// (an error it returns afterwards is kept as a note). The commit is carried out by a
+    /// task of its own: a run told to stop meanwhile waits for its answer (within
+    /// [`HistoryBuilder::statement_timeout`](crate::HistoryBuilder::statement_timeout)
+    /// per statement) before it is dropped, and this returns it.
     ///
     /// # Errors
     ///
     /// [`Error::StaleRun`]: a later leadership took over (this replica was paused or
     /// cut off past its term); [`Error::RunEnded`]: the run was told to stop, or its
-    /// row was closed by another replica; [`Error::Store`] or [`Error::StoreTimeout`]
-    /// (the outcome of a commit that timed out is unknown: the history's row says it).
+    /// row was closed by another replica; [`Error::Store`] or [`Error::StoreTimeout`]:
+    /// the database failed and nothing was committed (when the commit's own answer was
+    /// lost, the run's row was read back to tell); [`Error::CommitUnknown`]: the
+    /// commit's answer was lost and the row could not be read back either (the history
+    /// records the run as the row says, once the database answers).
     pub async fn commit(self) -> Result<(), Error> {
         let Self { tx, ctx } = self;
-        let record = ctx.record()?;
+        let record = Arc::clone(ctx.record.as_ref().ok_or(Error::NoHistory)?);
         if ctx.cancel.is_cancelled() {
             drop(tx);
             return Err(ctx.ended(STOPPED));
         }
-        let run = RunKey {
-            scheduler: &record.scheduler,
-            job: ctx.job(),
-            tick: ctx.tick(),
-            instance: ctx.instance(),
-            token: ctx.fencing_token(),
-            manual: ctx.is_manual(),
-            started: record.started,
+        record.begin_commit();
+        let in_flight = InFlight {
+            record,
+            settled: Settled::InDoubt,
         };
-        match record.history.commit_run(tx, run, record.clock.now()).await {
-            Ok(()) => {
-                record.committed.store(true, Ordering::Release);
-                Ok(())
+        let task = tokio::spawn(
+            commit_to_the_end(tx, ctx.clone(), in_flight).instrument(tracing::Span::current()),
+        );
+        match task.await {
+            Ok(answer) => answer,
+            Err(err) => {
+                Err(ctx.unknown(format!("the commit's task ended without an answer ({err})")))
             }
-            Err(Refused::Stale { highest }) => {
-                tracing::warn!(job = ctx.job(), tick = %ctx.tick(), token = ctx.fencing_token(), highest, "a later leadership took over: the run's transaction was rolled back");
-                Err(Error::StaleRun {
-                    job: ctx.job().to_owned(),
-                    tick: ctx.tick().to_rfc3339(),
-                    token: ctx.fencing_token(),
-                    highest,
-                })
-            }
-            Err(Refused::RowClosed) => Err(ctx.ended(
-                "its history row was closed (abandoned or cancelled) or claimed by another replica",
-            )),
-            Err(Refused::Failed(err)) => Err(err),
         }
     }
 
@@ -214,4 +299,63 @@ impl RunTransaction {
         let Self { tx, ctx } = self;
         ctx.record()?.history.rollback_run(tx).await
     }
+}
+
+/// Commits a run's transaction and settles its outcome in `in_flight`: committed, not,
+/// or in doubt when its answer was lost and the run's row could not be read back.
+async fn commit_to_the_end(
+    tx: Transaction<'static, Any>,
+    ctx: JobContext,
+    mut in_flight: InFlight,
+) -> Result<(), Error> {
+    let record = Arc::clone(&in_flight.record);
+    let run = RunKey {
+        scheduler: &record.scheduler,
+        job: ctx.job(),
+        tick: ctx.tick(),
+        instance: ctx.instance(),
+        token: ctx.fencing_token(),
+        manual: ctx.is_manual(),
+        started: record.started,
+    };
+    let (settled, answer) = match record.history.commit_run(tx, run, record.clock.now()).await {
+        Ok(()) => (Settled::Committed, Ok(())),
+        Err(Refused::Stale { highest }) => {
+            tracing::warn!(job = ctx.job(), tick = %ctx.tick(), token = ctx.fencing_token(), highest, "a later leadership took over: the run's transaction was rolled back");
+            let stale = Error::StaleRun {
+                job: ctx.job().to_owned(),
+                tick: ctx.tick().to_rfc3339(),
+                token: ctx.fencing_token(),
+                highest,
+            };
+            (Settled::NotCommitted, Err(stale))
+        }
+        Err(Refused::RowClosed) => (
+            Settled::NotCommitted,
+            Err(ctx.ended(
+                "its history row was closed (abandoned or cancelled) or claimed by another replica",
+            )),
+        ),
+        Err(Refused::Failed(err)) => (Settled::NotCommitted, Err(err)),
+        Err(Refused::InDoubt(err)) => match record.history.commit_outcome(run).await {
+            Ok(true) => {
+                tracing::warn!(job = ctx.job(), tick = %ctx.tick(), error = %err, "the commit's answer was lost; the run's row, read back, says it committed");
+                (Settled::Committed, Ok(()))
+            }
+            Ok(false) => {
+                tracing::warn!(job = ctx.job(), tick = %ctx.tick(), error = %err, "the commit's answer was lost; the run's row, read back, says it did not commit");
+                (Settled::NotCommitted, Err(err))
+            }
+            Err(read) => {
+                tracing::error!(job = ctx.job(), tick = %ctx.tick(), error = %err, read_back = %read, "the commit's answer was lost and the run's row cannot be read back: whether it committed is not known yet");
+                (
+                    Settled::InDoubt,
+                    Err(ctx.unknown(format!("{err}; reading the run's row back: {read}"))),
+                )
+            }
+        },
+    };
+    in_flight.settled = settled;
+    drop(in_flight);
+    answer
 }

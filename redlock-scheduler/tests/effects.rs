@@ -49,6 +49,9 @@ impl Freeze {
 /// What each run's commit answered: (instance, tick ms, answer).
 type Commits = Arc<Mutex<Vec<(String, i64, Result<(), String>)>>>;
 
+/// What each run's commit answered: (tick ms, whether its commit was slow, answer).
+type Answers = Arc<Mutex<Vec<(i64, bool, Result<(), String>)>>>;
+
 fn settle_job(effects: &str, freeze: &Arc<Freeze>, commits: &Commits, write_first: bool) -> Job {
     let (effects, freeze, commits) = (effects.to_owned(), Arc::clone(freeze), Arc::clone(commits));
     Job::new("settle", "* * * * * *", move |ctx: JobContext| {
@@ -329,4 +332,289 @@ async fn a_transaction_needs_a_history_and_commits_with_the_row() {
         );
     }
     assert!(!notes.is_empty());
+}
+
+/// A run's commit is under way on PostgreSQL, and slow (its `COMMIT` takes 4 s, as with
+/// an fsync stall or a synchronous standby: here a deferred constraint trigger sleeps),
+/// when the replica loses its leadership (2 of 3 Redis nodes frozen). PostgreSQL
+/// commits: the run is recorded `succeeded` with its effect in, and the handler gets
+/// the commit's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn a_commit_under_way_when_leadership_is_lost_is_recorded_as_committed() {
+    let url = std::env::var("DATABASE_URL")
+        .expect("DATABASE_URL is not set at run time but was at build time");
+    let cluster = Cluster::start(3).await;
+    let prefix = format!("{}_", unique("slow").replace('-', "_"));
+    let effects = format!("{prefix}effects");
+    let history = History::builder(&url)
+        .table_prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    for statement in [
+        format!("CREATE TABLE {effects} (tick_ms BIGINT NOT NULL, slow BOOLEAN NOT NULL)"),
+        format!(
+            "CREATE FUNCTION {prefix}stall() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN IF NEW.slow THEN PERFORM pg_sleep(4); END IF; RETURN NULL; END $$"
+        ),
+        format!(
+            "CREATE CONSTRAINT TRIGGER {prefix}stall AFTER INSERT ON {effects}
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {prefix}stall()"
+        ),
+    ] {
+        sqlx::query(&statement)
+            .execute(history.pool())
+            .await
+            .unwrap();
+    }
+    let armed = Arc::new(AtomicBool::new(false));
+    let slow_tick = Arc::new(AtomicI64::new(0));
+    let answers: Answers = Arc::default();
+    let job = {
+        let (effects, armed, slow_tick, answers) = (
+            effects.clone(),
+            Arc::clone(&armed),
+            Arc::clone(&slow_tick),
+            Arc::clone(&answers),
+        );
+        Job::new("settle", "* * * * * *", move |ctx: JobContext| {
+            let (effects, armed, slow_tick, answers) = (
+                effects.clone(),
+                Arc::clone(&armed),
+                Arc::clone(&slow_tick),
+                Arc::clone(&answers),
+            );
+            async move {
+                let slow = armed.swap(false, Ordering::AcqRel);
+                let tick = ctx.tick().timestamp_millis();
+                let mut tx = ctx.transaction().await?;
+                sqlx::query(&format!(
+                    "INSERT INTO {effects} (tick_ms, slow) VALUES ($1, $2)"
+                ))
+                .bind(tick)
+                .bind(slow)
+                .execute(&mut *tx)
+                .await?;
+                if slow {
+                    slow_tick.store(tick, Ordering::Release);
+                }
+                let answer = tx.commit().await;
+                answers.lock().unwrap().push((
+                    tick,
+                    slow,
+                    answer.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+                ));
+                answer?;
+                Ok::<_, BoxError>(())
+            }
+        })
+    };
+    let builder = History::builder(&url).table_prefix(&prefix);
+    let replica = Replica::start_with(&cluster, "a", Some(builder), vec![job], |b| b).await;
+    until("replica a leads", Duration::from_secs(10), || async {
+        replica.leads().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    armed.store(true, Ordering::Release);
+    let tick = until("the slow commit begins", Duration::from_secs(5), || async {
+        Some(slow_tick.load(Ordering::Acquire)).filter(|t| *t != 0)
+    })
+    .await;
+    // The leadership is lost within its TTL (2 s), the run is cancelled and dropped 1 s
+    // later: all while the commit goes on.
+    cluster.node(0).pause();
+    cluster.node(1).pause();
+    until(
+        "the slow run's end recorded",
+        Duration::from_secs(20),
+        || async {
+            let status = replica.scheduler.status().await;
+            let pending = status.health.history.as_ref()?.pending_writes;
+            let rows = history.runs("scheduler", "settle", 10).await.ok()?;
+            let ended = rows
+                .iter()
+                .any(|r| r.tick.timestamp_millis() == tick && r.outcome.is_terminal());
+            (!status.jobs[0].running && pending == 0 && ended).then_some(())
+        },
+    )
+    .await;
+    // The end of the run, if it were to overwrite the row, is written by now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.node(0).resume();
+    cluster.node(1).resume();
+    replica.shutdown().await;
+
+    let runs = history.runs("scheduler", "settle", 100).await.unwrap();
+    let run = runs
+        .iter()
+        .find(|r| r.tick.timestamp_millis() == tick)
+        .unwrap();
+    let effect: Vec<i64> =
+        sqlx::query_scalar(&format!("SELECT tick_ms FROM {effects} WHERE tick_ms = $1"))
+            .bind(tick)
+            .fetch_all(history.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        effect,
+        vec![tick],
+        "PostgreSQL committed the slow run's effect"
+    );
+    assert_eq!(
+        run.outcome,
+        Outcome::Succeeded,
+        "a committed run is recorded as succeeded: {run:?}"
+    );
+    let answer = answers
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(t, _, _)| *t == tick)
+        .map(|(_, _, answer)| answer.clone());
+    assert_eq!(answer, Some(Ok(())), "the handler got the commit's answer");
+    // Every succeeded run has its effect, and no other run has one.
+    let all: Vec<i64> = sqlx::query_scalar(&format!("SELECT tick_ms FROM {effects}"))
+        .fetch_all(history.pool())
+        .await
+        .unwrap();
+    for run in &runs {
+        let has = all.contains(&run.tick.timestamp_millis());
+        assert_eq!(has, run.outcome == Outcome::Succeeded, "{run:?}");
+    }
+}
+
+/// A run's commit outlasts the history's statement timeout (1 s): its answer is lost,
+/// and reading the run's row back cannot tell either while the commit goes on (5 s).
+/// The handler is told the outcome is not known (`Error::CommitUnknown`) and fails;
+/// PostgreSQL commits meanwhile, and the run's end, written afterwards, does not
+/// overwrite the `succeeded` row: the history says succeeded, with the effect in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn a_commit_whose_answer_is_lost_is_recorded_as_its_row_says() {
+    let url = std::env::var("DATABASE_URL")
+        .expect("DATABASE_URL is not set at run time but was at build time");
+    let cluster = Cluster::start(3).await;
+    let prefix = format!("{}_", unique("lost").replace('-', "_"));
+    let effects = format!("{prefix}effects");
+    let history = History::builder(&url)
+        .table_prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    for statement in [
+        format!("CREATE TABLE {effects} (tick_ms BIGINT NOT NULL, slow BOOLEAN NOT NULL)"),
+        format!(
+            "CREATE FUNCTION {prefix}stall() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN IF NEW.slow THEN PERFORM pg_sleep(5); END IF; RETURN NULL; END $$"
+        ),
+        format!(
+            "CREATE CONSTRAINT TRIGGER {prefix}stall AFTER INSERT ON {effects}
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {prefix}stall()"
+        ),
+    ] {
+        sqlx::query(&statement)
+            .execute(history.pool())
+            .await
+            .unwrap();
+    }
+    let armed = Arc::new(AtomicBool::new(false));
+    let answers: Answers = Arc::default();
+    let job = {
+        let (effects, armed, answers) = (effects.clone(), Arc::clone(&armed), Arc::clone(&answers));
+        Job::new("settle", "* * * * * *", move |ctx: JobContext| {
+            let (effects, armed, answers) =
+                (effects.clone(), Arc::clone(&armed), Arc::clone(&answers));
+            async move {
+                let slow = armed.swap(false, Ordering::AcqRel);
+                let tick = ctx.tick().timestamp_millis();
+                let mut tx = ctx.transaction().await?;
+                // The server lets this commit take its time; the client does not.
+                sqlx::query("SET LOCAL statement_timeout = 0")
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(&format!(
+                    "INSERT INTO {effects} (tick_ms, slow) VALUES ($1, $2)"
+                ))
+                .bind(tick)
+                .bind(slow)
+                .execute(&mut *tx)
+                .await?;
+                let answer = tx.commit().await;
+                answers.lock().unwrap().push((
+                    tick,
+                    slow,
+                    answer.as_ref().map(|_| ()).map_err(|e| match e {
+                        Error::CommitUnknown { .. } => format!("unknown: {e}"),
+                        other => other.to_string(),
+                    }),
+                ));
+                answer?;
+                Ok::<_, BoxError>(())
+            }
+        })
+    };
+    let builder = History::builder(&url)
+        .table_prefix(&prefix)
+        .statement_timeout(Duration::from_secs(1));
+    let replica = Replica::start_with(&cluster, "a", Some(builder), vec![job], |b| b).await;
+    until("replica a leads", Duration::from_secs(10), || async {
+        replica.leads().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    armed.store(true, Ordering::Release);
+    let (tick, answer) = until(
+        "the slow commit's answer",
+        Duration::from_secs(15),
+        || async {
+            answers
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(_, slow, _)| *slow)
+                .map(|(tick, _, answer)| (*tick, answer.clone()))
+        },
+    )
+    .await;
+    let refusal = answer.expect_err("the commit's outcome is not known to the handler");
+    assert!(refusal.starts_with("unknown:"), "{refusal}");
+    until("the slow run recorded", Duration::from_secs(20), || async {
+        let health = replica.scheduler.health().history?;
+        let status = replica.scheduler.status().await;
+        let last = status.jobs[0].last_run.clone()?;
+        (health.pending_writes == 0 && last.tick.timestamp_millis() > tick).then_some(())
+    })
+    .await;
+    replica.shutdown().await;
+
+    let runs = history.runs("scheduler", "settle", 100).await.unwrap();
+    let run = runs
+        .iter()
+        .find(|r| r.tick.timestamp_millis() == tick)
+        .unwrap();
+    let effect: Vec<i64> =
+        sqlx::query_scalar(&format!("SELECT tick_ms FROM {effects} WHERE tick_ms = $1"))
+            .bind(tick)
+            .fetch_all(history.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        effect,
+        vec![tick],
+        "PostgreSQL committed the slow run's effect"
+    );
+    assert_eq!(
+        run.outcome,
+        Outcome::Succeeded,
+        "a committed run is recorded as succeeded: {run:?}"
+    );
+    eprintln!("the slow run: {run:?}; its handler was told: {refusal}");
 }

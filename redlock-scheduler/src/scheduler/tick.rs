@@ -4,7 +4,7 @@
 //! on Redis or the database.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -289,13 +289,12 @@ impl Inner {
             manual,
         );
         let record = self.recorder.as_ref().map(|recorder| {
-            Arc::new(RunRecord {
-                history: recorder.history().clone(),
-                scheduler: self.name.clone(),
-                started: self.clock.now(),
-                clock: Arc::clone(&self.clock),
-                committed: AtomicBool::new(false),
-            })
+            Arc::new(RunRecord::new(
+                recorder.history().clone(),
+                self.name.clone(),
+                self.clock.now(),
+                Arc::clone(&self.clock),
+            ))
         });
         self.runs.spawn(
             async move {
@@ -316,8 +315,8 @@ impl Inner {
                     .run(state, ctx, run_lock, &leadership, &operator_cancel)
                     .await;
                 let (outcome, error) = match record {
-                    Some(record) if record.committed() => committed_outcome(outcome, error),
-                    _ => (outcome, error),
+                    Some(record) => commits_outcome(&record, outcome, error).await,
+                    None => (outcome, error),
                 };
                 telemetry::run_ended(&state.name, outcome.as_str(), started.elapsed());
                 state.running.store(false, Ordering::Release);
@@ -372,6 +371,10 @@ impl Inner {
             .job
             .timeout
             .map_or(Duration::MAX, |t| t.saturating_add(CANCEL_GRACE * 2));
+        // A commit under way when the run must stop is waited for, the lock kept.
+        let record = ctx.record.clone();
+        let bound =
+            bound.saturating_add(record.as_ref().map_or(Duration::ZERO, |r| r.commit_bound()));
         run_lock.auto_extend_for(bound);
         let cancel = ctx.cancel.clone();
         let handler = Arc::clone(&state.job.handler);
@@ -397,10 +400,39 @@ impl Inner {
             () = timeout => (Outcome::TimedOut, "timed out"),
         };
         cancel.cancel();
-        let _ = tokio::time::timeout(CANCEL_GRACE, &mut work).await;
+        if tokio::time::timeout(CANCEL_GRACE, &mut work).await.is_err()
+            && let Some(record) = record.filter(|r| r.commits().in_flight > 0)
+        {
+            // A commit is not dropped half-way: its answer is waited for (it ends within
+            // its own bound), then the handler gets the grace again to take it.
+            record.settled(record.commit_bound()).await;
+            let _ = tokio::time::timeout(CANCEL_GRACE, &mut work).await;
+        }
         let _ = run_lock.release().await;
         (stopped.0, Some(stopped.1.to_owned()))
     }
+}
+
+/// How a run with a history is recorded, once no commit of its transactions is in
+/// flight (waiting within the commit's bound): succeeded if one committed; otherwise as
+/// it ended. A commit whose outcome is in doubt is settled by the run's row: the end
+/// written to the history never overwrites a `succeeded` row, and the row is read back.
+async fn commits_outcome(
+    record: &RunRecord,
+    outcome: Outcome,
+    error: Option<String>,
+) -> (Outcome, Option<String>) {
+    let commits = record.settled(record.commit_bound()).await;
+    if commits.committed {
+        return committed_outcome(outcome, error);
+    }
+    if commits.in_doubt || commits.in_flight > 0 {
+        tracing::warn!(
+            outcome = outcome.as_str(),
+            "whether the run's transaction committed is not known yet: its history row decides"
+        );
+    }
+    (outcome, error)
 }
 
 /// How a run whose transaction committed is recorded: succeeded (its effects are in, and

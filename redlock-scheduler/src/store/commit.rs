@@ -1,6 +1,8 @@
 //! A run's own transaction: the job's writes and the run's row commit together, under
 //! the leadership's fencing token.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use redlock_fence::FenceError;
 use sqlx::{Any, Transaction};
@@ -29,9 +31,17 @@ pub(crate) enum Refused {
     /// The run's row is not this run's `running` row any more: closed (abandoned,
     /// cancelled) by another replica, or claimed by one.
     RowClosed,
-    /// The database failed.
+    /// The database failed before the commit was sent, or answered it with an error.
     Failed(Error),
+    /// The commit was sent, and its answer was lost (the link failed, or no answer
+    /// within the statement timeout): it may have committed.
+    InDoubt(Error),
 }
+
+/// Attempts at reading back the outcome of a commit whose answer was lost, and the pause
+/// before the first retry (doubled each time).
+const READ_BACK_ATTEMPTS: u32 = 3;
+const READ_BACK_PAUSE: Duration = Duration::from_millis(200);
 
 impl From<Error> for Refused {
     fn from(err: Error) -> Self {
@@ -70,17 +80,91 @@ impl History {
     ) -> Result<(), Refused> {
         let outcome = self.commit_steps(&mut tx, run, at).await;
         match outcome {
-            Ok(()) => {
-                self.bounded("commit a run's transaction", tx.commit())
-                    .await?;
-                Ok(())
-            }
+            Ok(()) => match self
+                .bounded("commit a run's transaction", tx.commit())
+                .await
+            {
+                Ok(()) => Ok(()),
+                // The database answered: the transaction was rolled back.
+                Err(err @ Error::Store(sqlx::Error::Database(_))) => Err(Refused::Failed(err)),
+                Err(err) => Err(Refused::InDoubt(err)),
+            },
             Err(refused) => {
                 // Dropping the transaction rolls it back too; this says so at once.
                 let _ = self.rollback_run(tx).await;
                 Err(refused)
             }
         }
+    }
+
+    /// Whether a run's transaction committed, for a commit whose answer was lost: reads
+    /// the run's row back once no transaction holds the job's fence any more (a run's
+    /// transaction takes it first and keeps it to its end), so that a commit still under
+    /// way is waited for, not taken for one that failed. Retried a few times, each
+    /// within the statement timeout.
+    pub(crate) async fn commit_outcome(&self, run: RunKey<'_>) -> Result<bool, Error> {
+        let mut pause = READ_BACK_PAUSE;
+        let mut attempt = 1;
+        loop {
+            match self.read_back(run).await {
+                Ok(committed) => return Ok(committed),
+                Err(err) if attempt >= READ_BACK_ATTEMPTS => return Err(err),
+                Err(err) => {
+                    tracing::debug!(job = run.job, tick = %run.tick, error = %err, "reading a run's row back failed; retrying");
+                }
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+            attempt += 1;
+        }
+    }
+
+    async fn read_back(&self, run: RunKey<'_>) -> Result<bool, Error> {
+        let fence = fence(&self.shared.tables.fences);
+        let resource = fence_resource(run.scheduler, run.job);
+        let sql = format!(
+            "SELECT instance, fencing_token, outcome FROM {}
+             WHERE scheduler = $1 AND job = $2 AND tick_ms = $3",
+            self.shared.tables.runs
+        );
+        let pool = &self.shared.pool;
+        let read = self
+            .bounded("read a run's row back", async {
+                let mut tx = pool.begin().await?;
+                // Token 0 raises nothing: the statement only waits for the fence's row
+                // (or its insert) to be free, and is rolled back below.
+                match fence.check(&mut *tx, &resource, 0).await {
+                    Ok(()) | Err(FenceError::Stale { .. }) => {}
+                    Err(FenceError::Database(err)) => return Err(err),
+                    Err(other) => return Ok(Err(other)),
+                }
+                let row: Option<(String, Option<i64>, String)> = sqlx::query_as(&sql)
+                    .bind(run.scheduler)
+                    .bind(run.job)
+                    .bind(ms(run.tick))
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                tx.rollback().await?;
+                Ok(Ok(row))
+            })
+            .await?;
+        let row = read.map_err(Error::Fence)?;
+        Ok(row.is_some_and(|(instance, fencing_token, outcome)| {
+            instance == run.instance
+                && fencing_token == Some(token(run.token))
+                && outcome == super::Outcome::Succeeded.as_str()
+        }))
+    }
+
+    /// The longest a run's commit can take: its three statements and the read-back of
+    /// an outcome in doubt, each within the statement timeout, and the pauses between.
+    pub(crate) fn commit_bound(&self) -> Duration {
+        let statements = 3 + READ_BACK_ATTEMPTS;
+        let pauses = READ_BACK_PAUSE.saturating_mul((1 << (READ_BACK_ATTEMPTS - 1)) - 1);
+        self.shared
+            .statement_timeout
+            .saturating_mul(statements)
+            .saturating_add(pauses)
     }
 
     /// Rolls a run's transaction back, within the statement timeout.

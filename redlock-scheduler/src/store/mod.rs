@@ -175,7 +175,10 @@ impl History {
     /// Applies `changes` in one transaction (one commit, so one disk flush on SQLite and
     /// one commit round trip on PostgreSQL, however many rows): for each, whether it took
     /// effect. A [`Change::Claim`] that finds the tick's row already there (another
-    /// replica claimed it) does not take effect: that tick must not run here. Either all
+    /// replica claimed it) does not take effect: that tick must not run here. A
+    /// [`Change::Finish`] other than `succeeded` does not overwrite a `succeeded` row
+    /// (the run's own transaction committed it: its effects are in); the update waits
+    /// for a transaction still holding the row, so it sees that commit. Either all
     /// changes are applied or, on an error, none.
     pub(crate) async fn apply(&self, changes: &[Change<'_>]) -> Result<Vec<bool>, Error> {
         let claim = format!(
@@ -188,6 +191,7 @@ impl History {
              WHERE scheduler = $4 AND job = $5 AND tick_ms = $6 AND instance = $7",
             self.shared.tables.runs
         );
+        let finish_unless_succeeded = format!("{finish} AND outcome <> 'succeeded'");
         let pool = &self.shared.pool;
         self.bounded("write", async {
             let mut tx = pool.begin().await?;
@@ -212,14 +216,21 @@ impl History {
                             .bind(run.note)
                             .bind(i32::from(run.manual))
                     }
-                    Change::Finish(end) => sqlx::query(&finish)
-                        .bind(ms(end.at))
-                        .bind(end.outcome.as_str())
-                        .bind(end.error)
-                        .bind(end.scheduler)
-                        .bind(end.job)
-                        .bind(ms(end.tick))
-                        .bind(end.instance),
+                    Change::Finish(end) => {
+                        let sql = if end.outcome == Outcome::Succeeded {
+                            &finish
+                        } else {
+                            &finish_unless_succeeded
+                        };
+                        sqlx::query(sql)
+                            .bind(ms(end.at))
+                            .bind(end.outcome.as_str())
+                            .bind(end.error)
+                            .bind(end.scheduler)
+                            .bind(end.job)
+                            .bind(ms(end.tick))
+                            .bind(end.instance)
+                    }
                 };
                 let done = query.execute(&mut *tx).await?;
                 applied.push(done.rows_affected() == 1);
@@ -351,6 +362,30 @@ impl History {
             )
             .await?;
         rows.iter().map(run_from_row).collect()
+    }
+
+    /// The row of `job`'s `tick` of `scheduler`, if any.
+    pub(crate) async fn run_at(
+        &self,
+        scheduler: &str,
+        job: &str,
+        tick: DateTime<Utc>,
+    ) -> Result<Option<Run>, Error> {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1 AND job = $2 AND tick_ms = $3",
+            self.shared.tables.runs
+        );
+        let row = self
+            .bounded(
+                "read a run",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(job)
+                    .bind(ms(tick))
+                    .fetch_optional(&self.shared.pool),
+            )
+            .await?;
+        row.as_ref().map(run_from_row).transpose()
     }
 
     /// Who claimed `job`'s `tick` of `scheduler`: the replica and its leadership token

@@ -108,3 +108,47 @@ async fn a_timeout_beyond_a_day_is_refused() {
             .unwrap();
     }
 }
+
+fn finish<'a>(job: &'a str, tick_s: i64, outcome: Outcome, error: Option<&'a str>) -> Change<'a> {
+    Change::Finish(RunEnd {
+        scheduler: "s",
+        job,
+        tick: Utc.timestamp_opt(tick_s, 0).unwrap(),
+        instance: "r1",
+        outcome,
+        error,
+        at: Utc.timestamp_opt(tick_s + 1, 0).unwrap(),
+    })
+}
+
+/// A run's end does not overwrite a `succeeded` row (the run's own transaction committed
+/// it), unless it says `succeeded` too (adding a note); any other row it closes.
+#[tokio::test]
+async fn a_runs_end_does_not_overwrite_a_succeeded_row() {
+    let history = History::connect("sqlite::memory:").await.unwrap();
+    history
+        .apply(&[claim("a", 60, "r1"), claim("b", 60, "r1")])
+        .await
+        .unwrap();
+    let applied = history
+        .apply(&[
+            finish("a", 60, Outcome::Succeeded, None),
+            finish("a", 60, Outcome::Cancelled, Some("leadership lost")),
+            finish("a", 60, Outcome::Succeeded, Some("a note")),
+            finish("b", 60, Outcome::Abandoned, Some("gone")),
+            finish("b", 60, Outcome::Failed, Some("no")),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(applied, [true, false, true, true, true]);
+    let a = history
+        .run_at("s", "a", Utc.timestamp_opt(60, 0).unwrap())
+        .await;
+    let a = a.unwrap().unwrap();
+    assert_eq!(
+        (a.outcome, a.error.as_deref()),
+        (Outcome::Succeeded, Some("a note"))
+    );
+    let b = history.runs("s", "b", 1).await.unwrap();
+    assert_eq!(b[0].outcome, Outcome::Failed);
+}
