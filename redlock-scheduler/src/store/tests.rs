@@ -152,3 +152,52 @@ async fn a_runs_end_does_not_overwrite_a_succeeded_row() {
     let b = history.runs("s", "b", 1).await.unwrap();
     assert_eq!(b[0].outcome, Outcome::Failed);
 }
+
+/// Pruning keeps each job's latest row and its latest scheduled row (where a new leader
+/// catches up from), by count and by age, also when manual runs came after it.
+#[tokio::test]
+async fn pruning_keeps_the_latest_scheduled_row() {
+    let manual = |job, tick_s: i64| {
+        let Change::Claim(mut run) = claim(job, tick_s, "r1") else {
+            unreachable!("a claim")
+        };
+        run.manual = true;
+        Change::Claim(run)
+    };
+    let rows = |job| {
+        [
+            claim(job, 10, "r1"),
+            claim(job, 20, "r1"),
+            manual(job, 30),
+            manual(job, 40),
+            finish(job, 10, Outcome::Succeeded, None),
+            finish(job, 20, Outcome::Succeeded, None),
+            finish(job, 30, Outcome::Succeeded, None),
+            finish(job, 40, Outcome::Succeeded, None),
+        ]
+    };
+    let by_count = History::builder("sqlite::memory:")
+        .keep_runs(1)
+        .connect()
+        .await
+        .unwrap();
+    let by_age = History::builder("sqlite::memory:")
+        .keep_for(std::time::Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    for history in [by_count, by_age] {
+        history.apply(&rows("a")).await.unwrap();
+        assert_eq!(history.prune("s", Utc::now()).await.unwrap(), 2);
+        let kept: Vec<(i64, bool)> = history
+            .runs("s", "a", 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.tick.timestamp(), r.manual))
+            .collect();
+        assert_eq!(kept, [(40, true), (20, false)]);
+        let last = history.last_tick("s", "a").await.unwrap();
+        assert_eq!(last, Some(Utc.timestamp_opt(20, 0).unwrap()));
+    }
+}
