@@ -215,9 +215,9 @@ pub enum Error {
         reason: String,
     },
 
-    /// A run's commit was sent, but its answer was lost (the link to the database
-    /// failed, or it did not answer in time) and the run's row could not be read back
-    /// to tell whether it committed. Do not redo the effects: the history records the
+    /// A run's commit was sent and failed (its answer lost when the link to the
+    /// database failed or it did not answer in time, or an error), and the run's row
+    /// could not be read back to tell whether it committed all the same. Do not redo the effects: the history records the
     /// run as its row says (`succeeded` if the commit went through) once the database
     /// answers again.
     #[error(

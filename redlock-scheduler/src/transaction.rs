@@ -22,9 +22,10 @@
 //! A commit, once begun, is carried out to its answer even when the run is told to stop
 //! meanwhile (leadership lost, timeout, shutdown): it runs as a task of its own, the run
 //! waits for it (within the history's bounds) before it is dropped, and the handler gets
-//! its answer. A commit whose answer was lost on the way (the link failed, or no answer
-//! in time) is settled by reading the run's row back, after any transaction still
-//! holding it has ended: never by guessing. The run's end, written to the history
+//! its answer. A commit that failed (its answer lost when the link failed or the
+//! database did not answer in time, or an error that may come after the commit) is
+//! settled by reading the run's row back, after any transaction still holding the
+//! job's fence has ended: never by guessing. The run's end, written to the history
 //! afterwards, never overwrites a `succeeded` row.
 //!
 //! ```no_run
@@ -263,10 +264,10 @@ impl RunTransaction {
     /// [`Error::StaleRun`]: a later leadership took over (this replica was paused or
     /// cut off past its term); [`Error::RunEnded`]: the run was told to stop, or its
     /// row was closed by another replica; [`Error::Store`] or [`Error::StoreTimeout`]:
-    /// the database failed and nothing was committed (when the commit's own answer was
-    /// lost, the run's row was read back to tell); [`Error::CommitUnknown`]: the
-    /// commit's answer was lost and the row could not be read back either (the history
-    /// records the run as the row says, once the database answers).
+    /// the database failed and nothing was committed (when the commit itself failed,
+    /// the run's row was read back to tell); [`Error::CommitUnknown`]: the commit
+    /// failed and the row could not be read back either (the history records the run
+    /// as the row says, once the database answers).
     pub async fn commit(self) -> Result<(), Error> {
         let Self { tx, ctx } = self;
         let record = Arc::clone(ctx.record.as_ref().ok_or(Error::NoHistory)?);
@@ -302,7 +303,7 @@ impl RunTransaction {
 }
 
 /// Commits a run's transaction and settles its outcome in `in_flight`: committed, not,
-/// or in doubt when its answer was lost and the run's row could not be read back.
+/// or in doubt when the commit failed and the run's row could not be read back.
 async fn commit_to_the_end(
     tx: Transaction<'static, Any>,
     ctx: JobContext,
@@ -339,15 +340,15 @@ async fn commit_to_the_end(
         Err(Refused::Failed(err)) => (Settled::NotCommitted, Err(err)),
         Err(Refused::InDoubt(err)) => match record.history.commit_outcome(run).await {
             Ok(true) => {
-                tracing::warn!(job = ctx.job(), tick = %ctx.tick(), error = %err, "the commit's answer was lost; the run's row, read back, says it committed");
+                tracing::warn!(job = ctx.job(), tick = %ctx.tick(), error = %err, "the commit failed, yet the run's row, read back, says it committed");
                 (Settled::Committed, Ok(()))
             }
             Ok(false) => {
-                tracing::warn!(job = ctx.job(), tick = %ctx.tick(), error = %err, "the commit's answer was lost; the run's row, read back, says it did not commit");
+                tracing::warn!(job = ctx.job(), tick = %ctx.tick(), error = %err, "the commit failed; the run's row, read back, says it did not commit");
                 (Settled::NotCommitted, Err(err))
             }
             Err(read) => {
-                tracing::error!(job = ctx.job(), tick = %ctx.tick(), error = %err, read_back = %read, "the commit's answer was lost and the run's row cannot be read back: whether it committed is not known yet");
+                tracing::error!(job = ctx.job(), tick = %ctx.tick(), error = %err, read_back = %read, "the commit failed and the run's row cannot be read back: whether it committed is not known yet");
                 (
                     Settled::InDoubt,
                     Err(ctx.unknown(format!("{err}; reading the run's row back: {read}"))),

@@ -31,14 +31,14 @@ pub(crate) enum Refused {
     /// The run's row is not this run's `running` row any more: closed (abandoned,
     /// cancelled) by another replica, or claimed by one.
     RowClosed,
-    /// The database failed before the commit was sent, or answered it with an error.
+    /// The database failed before the commit was sent.
     Failed(Error),
-    /// The commit was sent, and its answer was lost (the link failed, or no answer
-    /// within the statement timeout): it may have committed.
+    /// The commit was sent and failed (its answer lost, or an error): it may have
+    /// committed all the same.
     InDoubt(Error),
 }
 
-/// Attempts at reading back the outcome of a commit whose answer was lost, and the pause
+/// Attempts at reading back the outcome of a commit that failed, and the pause
 /// before the first retry (doubled each time).
 const READ_BACK_ATTEMPTS: u32 = 3;
 const READ_BACK_PAUSE: Duration = Duration::from_millis(200);
@@ -80,15 +80,13 @@ impl History {
     ) -> Result<(), Refused> {
         let outcome = self.commit_steps(&mut tx, run, at).await;
         match outcome {
-            Ok(()) => match self
+            // Whatever failed, the commit may have gone through: even an error the
+            // database sends can come after the commit (a session terminated while it
+            // waits for a synchronous standby has committed locally).
+            Ok(()) => self
                 .bounded("commit a run's transaction", tx.commit())
                 .await
-            {
-                Ok(()) => Ok(()),
-                // The database answered: the transaction was rolled back.
-                Err(err @ Error::Store(sqlx::Error::Database(_))) => Err(Refused::Failed(err)),
-                Err(err) => Err(Refused::InDoubt(err)),
-            },
+                .map_err(Refused::InDoubt),
             Err(refused) => {
                 // Dropping the transaction rolls it back too; this says so at once.
                 let _ = self.rollback_run(tx).await;
@@ -97,11 +95,11 @@ impl History {
         }
     }
 
-    /// Whether a run's transaction committed, for a commit whose answer was lost: reads
-    /// the run's row back once no transaction holds the job's fence any more (a run's
-    /// transaction takes it first and keeps it to its end), so that a commit still under
-    /// way is waited for, not taken for one that failed. Retried a few times, each
-    /// within the statement timeout.
+    /// Whether a run's transaction committed, for a commit that failed: reads the run's
+    /// row back once no transaction holds the job's fence any more (a run's transaction
+    /// takes it first and keeps it to its end), so that a commit still under way is
+    /// waited for, not taken for one that failed. Retried a few times, each within the
+    /// statement timeout.
     pub(crate) async fn commit_outcome(&self, run: RunKey<'_>) -> Result<bool, Error> {
         let mut pause = READ_BACK_PAUSE;
         let mut attempt = 1;
