@@ -217,9 +217,9 @@ pub enum Error {
 
     /// A run's commit was sent and failed (its answer lost when the link to the
     /// database failed or it did not answer in time, or an error), and the run's row
-    /// could not be read back to tell whether it committed all the same. Do not redo the effects: the history records the
-    /// run as its row says (`succeeded` if the commit went through) once the database
-    /// answers again.
+    /// could not be read back to tell whether it committed all the same. Do not redo the
+    /// effects: the history records the run as its row says (`succeeded` if the commit
+    /// went through) once the database answers again.
     #[error(
         "job `{job}`, tick {tick}: whether the run's transaction committed is not known ({cause}); the run's history row says it once the database answers"
     )]
