@@ -121,15 +121,18 @@ impl HistoryBuilder {
         self
     }
 
-    /// Deletes finished rows whose tick is older than this (the leader prunes about
-    /// every 10 minutes; the latest row of each job is always kept, since it tells a new
-    /// leader where to catch up from).
+    /// Deletes finished rows whose tick is older than this (the leader prunes at its
+    /// election and about every 10 minutes). Each job's latest row, and its latest
+    /// scheduled row (where a new leader catches up from; a manual run is not one), are
+    /// always kept.
     pub fn keep_for(mut self, age: Duration) -> Self {
         self.keep_for = Some(age);
         self
     }
 
-    /// Keeps at most this many finished rows per job (the latest ones).
+    /// Keeps this many finished rows per job (the latest ones), and each job's latest
+    /// scheduled row besides when manual runs came after it (a new leader catches up
+    /// from it).
     pub fn keep_runs(mut self, runs: u32) -> Self {
         self.keep_runs = Some(runs);
         self
