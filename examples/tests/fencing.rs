@@ -26,7 +26,7 @@ fn a_frozen_holder_is_refused_by_every_fenced_store() {
     let refused = stdout
         .lines()
         .filter(|l| {
-            l.starts_with("WRITE holder ")
+            l.trim_start().starts_with("WRITE holder ")
                 && l.contains(" fenced ")
                 && l.contains(" refused: stale fencing token ")
         })

@@ -386,6 +386,8 @@ async fn actix_scope_serves_the_same() {
         .ttl(Duration::from_secs(30))
         .await
         .unwrap();
+    // The lock returns at its quorum: wait for the last node's key before counting it.
+    cluster.settle_keys(&client.key_for("cart:9"), 3).await;
     let admin = Admin::builder()
         .redlock(client.clone())
         .allow_mutations(TOKEN)
