@@ -334,6 +334,37 @@ async fn a_transaction_needs_a_history_and_commits_with_the_row() {
     assert!(!notes.is_empty());
 }
 
+/// A PostgreSQL history under a fresh table prefix, and an effects table (`tick_ms`,
+/// `slow`) whose transactions take `stall_secs` longer to `COMMIT` when they inserted a
+/// `slow` row (a deferred constraint trigger sleeps, as an fsync stall or a synchronous
+/// standby would make a commit wait). Returns the history, the prefix and the table.
+async fn stalling_effects(url: &str, name: &str, stall_secs: u32) -> (History, String, String) {
+    let prefix = format!("{}_", unique(name).replace('-', "_"));
+    let effects = format!("{prefix}effects");
+    let history = History::builder(url)
+        .table_prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    for statement in [
+        format!("CREATE TABLE {effects} (tick_ms BIGINT NOT NULL, slow BOOLEAN NOT NULL)"),
+        format!(
+            "CREATE FUNCTION {prefix}stall() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN IF NEW.slow THEN PERFORM pg_sleep({stall_secs}); END IF; RETURN NULL; END $$"
+        ),
+        format!(
+            "CREATE CONSTRAINT TRIGGER {prefix}stall AFTER INSERT ON {effects}
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {prefix}stall()"
+        ),
+    ] {
+        sqlx::query(&statement)
+            .execute(history.pool())
+            .await
+            .unwrap();
+    }
+    (history, prefix, effects)
+}
+
 /// A run's commit is under way on PostgreSQL, and slow (its `COMMIT` takes 4 s, as with
 /// an fsync stall or a synchronous standby: here a deferred constraint trigger sleeps),
 /// when the replica loses its leadership (2 of 3 Redis nodes frozen). PostgreSQL
@@ -348,29 +379,7 @@ async fn a_commit_under_way_when_leadership_is_lost_is_recorded_as_committed() {
     let url = std::env::var("DATABASE_URL")
         .expect("DATABASE_URL is not set at run time but was at build time");
     let cluster = Cluster::start(3).await;
-    let prefix = format!("{}_", unique("slow").replace('-', "_"));
-    let effects = format!("{prefix}effects");
-    let history = History::builder(&url)
-        .table_prefix(&prefix)
-        .connect()
-        .await
-        .unwrap();
-    for statement in [
-        format!("CREATE TABLE {effects} (tick_ms BIGINT NOT NULL, slow BOOLEAN NOT NULL)"),
-        format!(
-            "CREATE FUNCTION {prefix}stall() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN IF NEW.slow THEN PERFORM pg_sleep(4); END IF; RETURN NULL; END $$"
-        ),
-        format!(
-            "CREATE CONSTRAINT TRIGGER {prefix}stall AFTER INSERT ON {effects}
-             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {prefix}stall()"
-        ),
-    ] {
-        sqlx::query(&statement)
-            .execute(history.pool())
-            .await
-            .unwrap();
-    }
+    let (history, prefix, effects) = stalling_effects(&url, "slow", 4).await;
     let armed = Arc::new(AtomicBool::new(false));
     let slow_tick = Arc::new(AtomicI64::new(0));
     let answers: Answers = Arc::default();
@@ -502,29 +511,7 @@ async fn a_commit_whose_answer_is_lost_is_recorded_as_its_row_says() {
     let url = std::env::var("DATABASE_URL")
         .expect("DATABASE_URL is not set at run time but was at build time");
     let cluster = Cluster::start(3).await;
-    let prefix = format!("{}_", unique("lost").replace('-', "_"));
-    let effects = format!("{prefix}effects");
-    let history = History::builder(&url)
-        .table_prefix(&prefix)
-        .connect()
-        .await
-        .unwrap();
-    for statement in [
-        format!("CREATE TABLE {effects} (tick_ms BIGINT NOT NULL, slow BOOLEAN NOT NULL)"),
-        format!(
-            "CREATE FUNCTION {prefix}stall() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN IF NEW.slow THEN PERFORM pg_sleep(5); END IF; RETURN NULL; END $$"
-        ),
-        format!(
-            "CREATE CONSTRAINT TRIGGER {prefix}stall AFTER INSERT ON {effects}
-             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {prefix}stall()"
-        ),
-    ] {
-        sqlx::query(&statement)
-            .execute(history.pool())
-            .await
-            .unwrap();
-    }
+    let (history, prefix, effects) = stalling_effects(&url, "lost", 5).await;
     let armed = Arc::new(AtomicBool::new(false));
     let answers: Answers = Arc::default();
     let job = {
