@@ -15,6 +15,9 @@ use redlock_testkit::{Cluster, FaultKind, Hold, SafetyLog, Violation, run_faults
 
 const RESOURCE: &str = "ledger";
 
+/// The client number under which the negative control's own holds are recorded.
+const CONTROL_CLIENT: usize = 99;
+
 fn client(
     urls: Vec<String>,
     ttl: Duration,
@@ -209,9 +212,13 @@ async fn mixed_lock_and_lock_many_keep_fencing_order() {
 /// Every fencing counter that [`contenders`] with `many` uses, on every node of
 /// `cluster`, set to `value` (`None`: deleted), while holding [`RESOURCE`] (every
 /// acquisition that touches these counters locks it): otherwise the contenders' fence
-/// write-backs would carry the old values back to the nodes already done.
-async fn set_counters(cluster: &Cluster, redlock: &Redlock, value: Option<u64>) {
+/// write-backs would carry the old values back to the nodes already done. The hold is
+/// recorded in `log` like any other: it is one more holder of the resource, and it
+/// makes sure a token from before each change is in the log however few holds the
+/// contenders get on a loaded machine.
+async fn set_counters(cluster: &Cluster, redlock: &Redlock, value: Option<u64>, log: &SafetyLog) {
     let held = redlock.lock(RESOURCE).await.unwrap();
+    let start = Instant::now();
     let mut resources = vec![RESOURCE.to_owned()];
     resources.extend((0..4).flat_map(|c| (0..2).map(move |t| format!("side-{c}-{t}"))));
     let fences: Vec<String> = resources.iter().map(|r| redlock.fence_key_for(r)).collect();
@@ -233,6 +240,12 @@ async fn set_counters(cluster: &Cluster, redlock: &Redlock, value: Option<u64>) 
         held.is_valid(),
         "the counters were set within the lock's validity"
     );
+    log.record(Hold {
+        client: CONTROL_CLIENT,
+        start,
+        end: Instant::now().min(held.valid_until()),
+        token: held.fencing_token(),
+    });
     let _ = held.release().await;
 }
 
@@ -274,11 +287,16 @@ async fn mixed_fencing(wipe_counters: bool) -> (Vec<Violation>, usize) {
             &*cluster.lock().await,
             &redlocks[0],
             Some(u64::try_from(year_ahead).unwrap()),
+            &log,
         )
         .await;
         tokio::time::sleep(run_for / 3).await;
-        set_counters(&*cluster.lock().await, &redlocks[0], None).await;
+        set_counters(&*cluster.lock().await, &redlocks[0], None, &log).await;
         tokio::time::sleep(run_for / 3).await;
+        // One more hold of the control's own after the wipe: its token must be caught
+        // going back even if the contenders got none in the last third.
+        let held = redlocks[0].lock(RESOURCE).await.unwrap();
+        hold(held, CONTROL_CLIENT, Duration::from_micros(200), &log).await;
     } else {
         tokio::time::sleep(run_for).await;
     }
