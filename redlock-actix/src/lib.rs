@@ -148,6 +148,8 @@
 //! unavailable` (warn: no quorum), `lock released` (debug), and warnings when a lock was
 //! lost before its request finished (the client's watchdog also warns at the loss).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod config;
 mod error;
 mod extract;

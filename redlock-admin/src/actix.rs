@@ -9,6 +9,7 @@ impl Admin {
     /// A scope at the mount path ([`AdminBuilder::mount_path`](crate::AdminBuilder::mount_path),
     /// `/admin` by default) serving every admin route:
     /// `App::new().service(admin.actix_scope())`.
+    #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
     pub fn actix_scope(&self) -> actix_web::Scope {
         let admin = self.clone();
         web::scope(&self.inner.mount)

@@ -74,6 +74,8 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[cfg(feature = "actix")]
 mod actix;
 mod admin;

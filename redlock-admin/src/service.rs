@@ -17,6 +17,7 @@ use crate::handle::{AdminRequest, MAX_BODY};
 /// [`AdminBuilder::mount_path`](crate::AdminBuilder::mount_path), `/admin` by default).
 /// Paths are taken below the mount path, whether the router strips it (axum's
 /// `nest_service`) or not.
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 #[derive(Clone, Debug)]
 pub struct AdminService {
     admin: Admin,

@@ -109,6 +109,8 @@
 //! that the protected resource rejects stale writers. The repository's
 //! `docs/GUARANTEES.md` and `docs/OPERATIONS.md` give the details.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 // The layers (docs/ARCHITECTURE.md has them bottom up): each module uses only those
 // below it.
 mod acquire;

@@ -52,6 +52,7 @@ pub enum FenceError {
     /// A Redis fence key holds something other than a fencing token (the decimal
     /// digits of a `u64`): another program wrote it. Nothing was written.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("fence key `{key}` holds {value:?}, not a fencing token; nothing was written")]
     NotAToken {
         /// The fence key.
@@ -63,6 +64,7 @@ pub enum FenceError {
     /// hash slots on a cluster, an invalid TTL). Nothing was written, unless the
     /// connection failed after the script ran: then the write may have been applied.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("the fenced Redis write failed: {0}")]
     Redis(#[from] ::redis::RedisError),
 }

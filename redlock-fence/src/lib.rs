@@ -72,6 +72,7 @@
     not(feature = "redis"),
     doc = "[`RedisFence`]: https://docs.rs/redlock-fence/latest/redlock_fence/struct.RedisFence.html"
 )]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
 #[cfg(feature = "redis")]

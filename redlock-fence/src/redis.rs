@@ -11,6 +11,7 @@ use crate::FenceError;
 
 /// The prefix of fence keys unless told otherwise: the fence key of `resource` is
 /// `fence:<resource>`.
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub const DEFAULT_FENCE_PREFIX: &str = "fence:";
 
 /// Compares, writes and raises in one go. Tokens are compared as decimal strings (a
@@ -128,6 +129,7 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT_SOURCE));
 ///
 /// Only writes made through the fence are fenced: a client that writes the data key
 /// directly bypasses it.
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 #[derive(Debug, Clone)]
 pub struct RedisFence {
     prefix: String,
