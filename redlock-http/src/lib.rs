@@ -46,6 +46,8 @@
 //! log, with the request's id ([`REQUEST_ID_HEADERS`]) when it has one; the body then
 //! carries the same id (`request_id`), so a client's report can be matched to the log.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::fmt::Write as _;
 use std::time::Duration;
 

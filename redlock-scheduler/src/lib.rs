@@ -138,6 +138,8 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod admin;
 mod clock;
 mod error;

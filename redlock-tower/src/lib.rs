@@ -171,6 +171,8 @@
 //! through), `lock lost while serving the request` (warn), `lock released` (debug:
 //! hold time).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod body;
 mod config;
 pub mod extract;

@@ -269,6 +269,7 @@ mod axum_impls {
 
     /// Feature `axum`: the token of the request's lock, or a [`FencingTokenRejection`]
     /// (logged, with the cause and its fix).
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     impl<S: Send + Sync> FromRequestParts<S> for FencingToken {
         type Rejection = FencingTokenRejection;
 
@@ -296,6 +297,7 @@ mod axum_impls {
 
     /// Feature `axum`: the [`problem`](FencingTokenRejection::problem) as an
     /// `application/problem+json` response.
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     impl IntoResponse for FencingTokenRejection {
         fn into_response(self) -> Response {
             self.to_response().map(axum::body::Body::from)

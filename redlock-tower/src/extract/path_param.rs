@@ -54,6 +54,7 @@ use super::{Key, KeyExtractor, checked};
 /// # Ok(())
 /// # }
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone)]
 pub struct PathParam {
     name: String,
