@@ -23,11 +23,37 @@
 //! }
 //! ```
 //!
+//! # Using it
+//!
+//! The kit is not published: the workspace's crates take it as a path
+//! dev-dependency, `redlock-testkit = { workspace = true, features = ["redlock-core"] }`.
+//! An integration test starts its own nodes and builds its client on top of the kit's
+//! builder, setting only what the test depends on:
+//!
+//! ```
+//! # #[cfg(feature = "redlock-core")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::time::Duration;
+//! use redlock_testkit::Cluster;
+//!
+//! let cluster = Cluster::start(3).await;
+//! let redlock = redlock_testkit::builder(&cluster) // its nodes, no restart quarantine
+//!     .ttl(Duration::from_secs(5))
+//!     .build()
+//!     .unwrap();
+//! redlock_testkit::cycle(&redlock, "order:42").await; // one lock and release
+//! cluster.settle_keys("redlock:*", 0).await; // its key gone from every node
+//! # }
+//! # #[cfg(not(feature = "redlock-core"))]
+//! # fn main() {}
+//! ```
+//!
 //! # Feature flags
 //!
 //! | feature | default | enables |
 //! | --- | --- | --- |
-//! | `redlock-core` | off | `client`, `client_for`, `cycle`: lock clients over the kit's clusters |
+//! | `redlock-core` | off | `builder`, `builder_for`, `client`, `client_for`, `cycle`: lock clients over the kit's clusters; `refusals`: the web crates' refusal scenario |
 //!
 //! # What it holds
 //!
@@ -45,8 +71,12 @@
 //!   tokens), and [`run_faults`]: a random fault schedule on a minority of nodes.
 //! - [`ServerOptions`]: a password, an ACL user, TLS with a CA of the server's own.
 //! - [`Intervals`]: hold intervals from many holders, and their overlaps.
-//! - With the `redlock-core` feature: `client` / `client_for` (a lock client over a
-//!   cluster, quarantine off, patient retries) and `cycle` (one lock and release).
+//! - With the `redlock-core` feature: `builder` / `builder_for` (a
+//!   `redlock_core::RedlockBuilder` for a cluster's nodes, the restart quarantine off,
+//!   the library's defaults otherwise: a test sets what it depends on on top of it),
+//!   `client` / `client_for` (a built client with patient retries), `cycle` (one lock
+//!   and release) and `refusals` (what a web integration's refused requests must look
+//!   like).
 //!
 //! Needs `redis-server` on `PATH` (or its path in `REDIS_SERVER`), and `openssl` for TLS
 //! servers. Valkey works too: `REDIS_SERVER=/path/to/valkey-server` (CI runs
@@ -54,6 +84,7 @@
 //! has no TLS).
 
 #![allow(clippy::expect_used, clippy::panic)] // a kit that cannot start Redis must fail the test
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod checker;
 #[cfg(feature = "redlock-core")]
@@ -63,6 +94,7 @@ pub mod logs;
 pub mod metrics;
 mod proxy;
 #[cfg(feature = "redlock-core")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redlock-core")))]
 pub mod refusals;
 mod sandbox;
 mod server;
@@ -70,7 +102,7 @@ mod wait;
 
 pub use checker::{Hold, Interval, Intervals, SafetyLog, Violation};
 #[cfg(feature = "redlock-core")]
-pub use client::{client, client_for, cycle};
+pub use client::{builder, builder_for, client, client_for, cycle};
 pub use faults::{FaultKind, FaultReport, run_faults};
 pub use proxy::{LinkState, Proxy};
 pub use sandbox::Sandbox;
