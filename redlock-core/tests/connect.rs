@@ -63,6 +63,10 @@ async fn password_and_acl_user() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_openssl),
+    ignore = "needs openssl on PATH for the certificates: apt-get install openssl"
+)]
 async fn tls_nodes() {
     let mut servers = Vec::new();
     for _ in 0..3 {

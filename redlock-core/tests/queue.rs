@@ -231,14 +231,10 @@ async fn timer_only_clients_are_not_starved() {
     }
 }
 
-/// The skewed client of `a_skewed_client_clock_does_not_jump_the_queue`, run in a child
-/// process under `faketime`: waits for the lock, says so on stdout, releases.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the child process of another test"]
-async fn skewed_clock_child() {
-    let Ok(urls) = std::env::var("REDLOCK_CHILD_URLS") else {
-        return;
-    };
+/// The skewed client of `a_skewed_client_clock_does_not_jump_the_queue`: the same test,
+/// run again by it in a child process under `faketime` with `REDLOCK_CHILD_URLS` set.
+/// It waits for the lock, says so on stdout, releases.
+async fn skewed_clock_child(urls: &str) {
     let redlock = slow_retry_client_for(urls.split(',').map(str::to_owned).collect());
     let lock = redlock.lock("skew").await.unwrap();
     println!("ACQUIRED");
@@ -250,7 +246,14 @@ async fn skewed_clock_child() {
 /// of that name) starts waiting after another: it gets the lock after it. The queue's
 /// order comes from the nodes' clocks, not from each client's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_faketime),
+    ignore = "needs faketime on PATH: apt-get install faketime"
+)]
 async fn a_skewed_client_clock_does_not_jump_the_queue() {
+    if let Ok(urls) = std::env::var("REDLOCK_CHILD_URLS") {
+        return skewed_clock_child(&urls).await;
+    }
     let cluster = Cluster::start(3).await;
     let holder = slow_retry_client(&cluster);
     let lock = holder.lock("skew").await.unwrap();
@@ -269,12 +272,17 @@ async fn a_skewed_client_clock_does_not_jump_the_queue() {
         .arg("-f")
         .arg("-60s")
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "skewed_clock_child", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "a_skewed_client_clock_does_not_jump_the_queue",
+            "--include-ignored",
+            "--nocapture",
+        ])
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .env("REDLOCK_CHILD_URLS", cluster.urls().join(","))
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .expect("run `faketime` (Debian package faketime) for the skewed client");
+        .expect("run `faketime` (Debian: apt-get install faketime) for the skewed client");
     let stdout = child.stdout.take().unwrap();
     let skewed = {
         let order = Arc::clone(&order);
