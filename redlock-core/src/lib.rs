@@ -155,3 +155,9 @@ pub use tokio_util::sync::CancellationToken;
 
 /// Re-exported so that users can build pools with the same version this crate uses.
 pub use deadpool_redis;
+
+// The README's examples, compiled (and run unless `no_run`) as doctests so that they
+// stay true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

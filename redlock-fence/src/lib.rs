@@ -83,3 +83,9 @@ mod sql;
 pub use crate::redis::{DEFAULT_FENCE_PREFIX, RedisFence};
 pub use error::FenceError;
 pub use sql::{DEFAULT_FENCE_TABLE, SqlFence};
+
+// The README's examples, compiled (and run unless `no_run`) as doctests so that they
+// stay true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
