@@ -92,3 +92,9 @@ pub use admin::{
 pub use handle::{AdminRequest, MAX_BODY};
 #[cfg(feature = "tower")]
 pub use service::AdminService;
+
+// The README's examples, compiled (and run unless `no_run`) as doctests so that they
+// stay true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -350,3 +350,9 @@ mod tests {
         assert_eq!(one(long), None);
     }
 }
+
+// The README's examples, compiled (and run unless `no_run`) as doctests so that they
+// stay true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
