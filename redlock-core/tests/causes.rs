@@ -12,9 +12,7 @@ use redlock_testkit::{Cluster, Persistence, RedisServer, ServerOptions};
 
 /// A client retrying for 5 s: an error that comes much sooner was not retried.
 fn patient(urls: impl IntoIterator<Item = String>) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .restart_quarantine(false)
+    redlock_testkit::builder_for(urls)
         .node_timeout(Duration::from_millis(200))
         .retry(RetryPolicy::deadline(Duration::from_secs(5)))
         .build()

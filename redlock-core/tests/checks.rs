@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlock_core::{Error, NodeError, Redlock, RetryPolicy};
+use redlock_core::{Error, NodeError, RetryPolicy};
 use redlock_testkit::{Persistence, RedisServer};
 
 /// Collects everything logged, for the assertions.
@@ -66,9 +66,7 @@ async fn warnings_come_once_per_node() {
     let volatile = RedisServer::start(Persistence::None).await;
     let durable = RedisServer::start(Persistence::AofAlways).await;
     let servers = [&evicting, &volatile, &durable];
-    let redlock = Redlock::builder()
-        .nodes(servers.map(RedisServer::url))
-        .restart_quarantine(false)
+    let redlock = redlock_testkit::builder_for(servers.map(RedisServer::url))
         .build()
         .unwrap();
     for _ in 0..3 {
@@ -135,9 +133,7 @@ async fn a_user_without_evalsha_is_refused_at_connect() {
         .iter()
         .map(|s| format!("redis://locker:secret@127.0.0.1:{}", s.port()))
         .collect();
-    let redlock = Redlock::builder()
-        .nodes(urls)
-        .restart_quarantine(false)
+    let redlock = redlock_testkit::builder_for(urls)
         .retry(RetryPolicy::deadline(Duration::from_secs(3)))
         .build()
         .unwrap();

@@ -272,9 +272,7 @@ async fn extreme_durations_never_panic() {
         let err = build.nodes(cluster.urls()).build().unwrap_err();
         let _ = err.to_string();
     }
-    let redlock = Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false)
+    let redlock = redlock_testkit::builder(&cluster)
         .max_hold(huge)
         .retry(
             RetryPolicy::deadline(huge)
@@ -333,11 +331,7 @@ async fn absurd_ttls_are_refused_below_a_configurable_limit() {
         .unwrap_err();
     assert!(above_limit(&err), "{err}");
     // Quarantine off: no maximum TTL, the limit still bounds each lock.
-    let redlock = Redlock::builder()
-        .nodes(three())
-        .restart_quarantine(false)
-        .build()
-        .unwrap();
+    let redlock = redlock_testkit::builder_for(three()).build().unwrap();
     assert_eq!(redlock.max_ttl(), redlock_core::DEFAULT_TTL_LIMIT);
     match redlock.try_lock("x").ttl(month).await {
         Err(Error::Config(err)) => assert!(above_limit(&err), "{err}"),
@@ -406,9 +400,7 @@ async fn huge_resource_names_are_refused_before_any_io() {
         .release()
         .await
         .unwrap();
-    let small = Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false)
+    let small = redlock_testkit::builder(&cluster)
         .max_resource_len(8)
         .build()
         .unwrap();

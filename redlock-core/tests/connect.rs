@@ -10,9 +10,7 @@ use redlock_testkit::{RedisServer, ServerOptions};
 const TIMEOUT: Duration = Duration::from_millis(500);
 
 fn redlock(urls: impl IntoIterator<Item = String>) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .restart_quarantine(false) // fresh nodes: see redlock_testkit::client
+    redlock_testkit::builder_for(urls)
         .node_timeout(TIMEOUT)
         .build()
         .unwrap()

@@ -47,9 +47,7 @@ fn client(cluster: &Cluster, retry: RetryPolicy) -> Redlock {
 }
 
 fn client_for(urls: Vec<String>, retry: RetryPolicy) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .restart_quarantine(false) // fresh nodes
+    redlock_testkit::builder_for(urls)
         .ttl(Duration::from_secs(30))
         .fencing(true)
         .retry(retry)

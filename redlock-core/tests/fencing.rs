@@ -11,9 +11,7 @@ use redlock_core::{Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
 fn fenced(urls: Vec<String>, node_timeout: Duration) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .restart_quarantine(false)
+    redlock_testkit::builder_for(urls)
         .fencing(true)
         .node_timeout(node_timeout)
         .ttl(Duration::from_secs(5))

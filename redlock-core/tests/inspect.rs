@@ -11,11 +11,9 @@ use redlock_core::{Agreement, Error, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
 fn client(cluster: &Cluster, holder: &str) -> Redlock {
-    Redlock::builder()
-        .nodes(cluster.urls())
+    redlock_testkit::builder(cluster)
         .holder(holder)
         .fencing(true)
-        .restart_quarantine(false)
         // Generous: these tests check what is listed and released, not node timeouts
         // (a node slower than the default 100 ms on a loaded machine would miss a key).
         .node_timeout(Duration::from_secs(1))

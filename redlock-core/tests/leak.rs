@@ -43,9 +43,7 @@ async fn a_black_holed_node_leaks_no_task_and_no_connection() {
     cluster.proxy(2).blackhole();
     let clients: Vec<Redlock> = (0..4)
         .map(|_| {
-            Redlock::builder()
-                .nodes(cluster.urls())
-                .restart_quarantine(false) // fresh nodes
+            redlock_testkit::builder(&cluster)
                 .node_timeout(Duration::from_millis(20))
                 .ttl(Duration::from_secs(2))
                 .retry(

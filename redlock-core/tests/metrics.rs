@@ -19,9 +19,7 @@ async fn lock_activity_is_counted_with_bounded_labels() {
     let node = |i: usize| cluster.node(i).addr().to_string();
     let ttl = Duration::from_millis(600);
     let client = || {
-        Redlock::builder()
-            .nodes(cluster.urls())
-            .restart_quarantine(false)
+        redlock_testkit::builder(&cluster)
             .ttl(ttl)
             .node_timeout(Duration::from_millis(50))
             .build()

@@ -16,9 +16,7 @@ fn slow_retry_client(cluster: &Cluster) -> Redlock {
 }
 
 fn slow_retry_client_for(urls: Vec<String>) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
-        .restart_quarantine(false) // fresh nodes: see redlock_testkit::client
+    redlock_testkit::builder_for(urls)
         .ttl(Duration::from_secs(5))
         .retry(
             RetryPolicy::deadline(Duration::from_secs(20))
@@ -200,9 +198,7 @@ async fn timer_only_clients_are_not_starved() {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let busy = keep_busy(&cluster, "busy", &stop);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let deaf = Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false) // fresh nodes
+    let deaf = redlock_testkit::builder(&cluster)
         .wake_on_release(false)
         .ttl(Duration::from_secs(5))
         .build()

@@ -67,15 +67,13 @@ async fn unreachable_nodes_are_named_within_the_timeout() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
     };
-    let redlock = Redlock::builder()
-        .nodes([
-            cluster.urls()[0].clone(),
-            format!("redis://127.0.0.1:{closed}"),
-            format!("redis://localhost:{closed}"),
-        ])
-        .restart_quarantine(false)
-        .build()
-        .unwrap();
+    let redlock = redlock_testkit::builder_for([
+        cluster.urls()[0].clone(),
+        format!("redis://127.0.0.1:{closed}"),
+        format!("redis://localhost:{closed}"),
+    ])
+    .build()
+    .unwrap();
     let started = Instant::now();
     let err = redlock
         .wait_ready(Duration::from_millis(500))

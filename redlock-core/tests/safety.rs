@@ -39,8 +39,7 @@ fn client(urls: Vec<String>, setup: &Setup) -> Redlock {
 
 /// `wake`: wait for releases in the queue (hand-overs), or retry on a timer only.
 fn client_waking(urls: Vec<String>, setup: &Setup, wake: bool) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
+    redlock_testkit::builder_for(urls)
         .ttl(setup.ttl)
         .node_timeout(setup.node_timeout)
         .fencing(setup.fencing)

@@ -25,8 +25,7 @@ fn client(
     fencing: bool,
     wake: bool,
 ) -> Redlock {
-    Redlock::builder()
-        .nodes(urls)
+    redlock_testkit::builder_for(urls)
         .ttl(ttl)
         .node_timeout(Duration::from_millis(50))
         .fencing(fencing)

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_core::{Redlock, RetryPolicy};
+use redlock_core::RetryPolicy;
 use redlock_testkit::Cluster;
 
 /// A channel being unsubscribed (its last waiter left a linger time ago) while a new
@@ -18,9 +18,7 @@ async fn a_release_is_heard_while_the_channel_is_being_unsubscribed() {
     let cluster = Cluster::start_proxied(3).await;
     cluster.proxy(0).delay(Duration::from_millis(100));
     let build = || {
-        Redlock::builder()
-            .nodes(cluster.urls())
-            .restart_quarantine(false) // fresh nodes
+        redlock_testkit::builder(&cluster)
             .ttl(Duration::from_secs(5))
             .node_timeout(Duration::from_millis(500))
             .subscription_linger(Duration::from_millis(40))

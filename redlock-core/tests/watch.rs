@@ -12,9 +12,7 @@ use redlock_core::{Error, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
 fn client(cluster: &Cluster, ttl: Duration, node_timeout: Duration) -> Redlock {
-    Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false) // fresh nodes: see redlock_testkit::client
+    redlock_testkit::builder(cluster)
         .ttl(ttl)
         .node_timeout(node_timeout)
         .build()
@@ -223,9 +221,7 @@ async fn one_round_trip_per_node_per_extension_round() {
 async fn release_wakes_a_waiter_at_once() {
     let cluster = Cluster::start(3).await;
     let holder = client(&cluster, Duration::from_secs(5), Duration::from_millis(100));
-    let waiter = Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false)
+    let waiter = redlock_testkit::builder(&cluster)
         // A long fallback delay: only a wake-up can make the waiter quick.
         .retry(
             RetryPolicy::deadline(Duration::from_secs(20))
@@ -263,9 +259,7 @@ async fn a_watchdog_dropped_with_its_runtime_declares_its_locks_lost() {
         .unwrap();
     let token = other
         .spawn(async move {
-            let redlock = Redlock::builder()
-                .nodes(urls)
-                .restart_quarantine(false)
+            let redlock = redlock_testkit::builder_for(urls)
                 .ttl(Duration::from_secs(10))
                 .build()
                 .unwrap();
@@ -293,9 +287,7 @@ async fn a_dead_node_does_not_delay_extensions() {
     let cluster = Cluster::start_proxied(3).await;
     cluster.proxy(2).blackhole();
     let ttl = Duration::from_millis(1_500);
-    let holder = Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false) // fresh nodes
+    let holder = redlock_testkit::builder(&cluster)
         .ttl(ttl)
         .node_timeout(Duration::from_millis(100))
         .build()

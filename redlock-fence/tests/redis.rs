@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redlock_core::{Redlock, RetryPolicy};
+use redlock_core::RetryPolicy;
 use redlock_fence::{DEFAULT_FENCE_PREFIX, FenceError, RedisFence};
 use redlock_testkit::{Cluster, Persistence, RedisServer};
 
@@ -404,10 +404,8 @@ async fn a_restart_keeps_the_fence_only_with_persistence() {
 async fn a_paused_holders_write_is_refused_after_a_newer_holder_wrote() {
     let cluster = Cluster::start(3).await;
     let client = || {
-        Redlock::builder()
-            .nodes(cluster.urls())
+        redlock_testkit::builder(&cluster)
             .fencing(true)
-            .restart_quarantine(false)
             .ttl(Duration::from_millis(300))
             .retry(RetryPolicy::deadline(Duration::from_secs(5)))
             .build()

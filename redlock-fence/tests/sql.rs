@@ -298,10 +298,8 @@ async fn postgres_a_stale_check_waits_for_the_newer_commit() {
 async fn a_paused_holders_write_is_refused_after_a_newer_holder_wrote() {
     let cluster = Cluster::start(3).await;
     let client = || {
-        Redlock::builder()
-            .nodes(cluster.urls())
+        redlock_testkit::builder(&cluster)
             .fencing(true)
-            .restart_quarantine(false)
             .ttl(Duration::from_millis(300))
             .retry(RetryPolicy::deadline(Duration::from_secs(5)))
             .build()
