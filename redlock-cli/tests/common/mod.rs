@@ -74,11 +74,9 @@ pub fn nodes_of(cluster: &Cluster) -> String {
 
 /// A fenced client named `billing-1` over `cluster`.
 pub fn holder_client(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .nodes(cluster.urls())
+    redlock_testkit::builder(cluster)
         .holder("billing-1")
         .fencing(true)
-        .restart_quarantine(false) // the test nodes were started a moment ago
         .build()
         .unwrap()
 }
