@@ -18,9 +18,7 @@ async fn scheduler_jobs_history_and_requests() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("history.db").display());
     let history = History::connect(&url).await.unwrap();
-    let redlock = Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false) // fresh nodes
+    let redlock = redlock_testkit::builder(&cluster)
         .ttl(Duration::from_secs(2))
         .build()
         .unwrap();

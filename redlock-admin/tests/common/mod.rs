@@ -13,11 +13,9 @@ use redlock_testkit::Cluster;
 /// A fenced client over `cluster` named `holder` (the kit's nodes are seconds old: no
 /// restart quarantine).
 pub fn redlock(cluster: &Cluster, holder: &str) -> Redlock {
-    Redlock::builder()
-        .nodes(cluster.urls())
+    redlock_testkit::builder(cluster)
         .holder(holder)
         .fencing(true)
-        .restart_quarantine(false)
         .build()
         .unwrap()
 }
