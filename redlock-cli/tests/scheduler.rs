@@ -5,7 +5,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redlock_core::Redlock;
 use redlock_scheduler::{History, Job, JobContext, RunFilter, Scheduler, SchedulerAdmin};
 use redlock_testkit::{Cluster, until};
 
