@@ -7,16 +7,17 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-use actix_web::{HttpRequest, web};
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
 use redlock_core::{Redlock, RetryPolicy};
+use redlock_http::{BadKey, Hold, RejectionKind};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::error::BadKey;
-use crate::error::DistributedLockError;
+use crate::error::{DistributedLockError, Rejection, problem_response, request_id};
 use crate::guard::LockGuard;
 
-type ErrorHandler = dyn Fn(DistributedLockError, &HttpRequest) -> actix_web::Error + Send + Sync;
+type OnRejection = dyn Fn(&Rejection<'_>) -> HttpResponse + Send + Sync;
 
 /// How [`DistributedLock`](crate::DistributedLock) and
 /// [`LockMiddleware`](crate::LockMiddleware) take their locks.
@@ -32,8 +33,16 @@ type ErrorHandler = dyn Fn(DistributedLockError, &HttpRequest) -> actix_web::Err
 /// - **Wait policy**: [`fail_fast`](Self::fail_fast) (default: one attempt, 409 when
 ///   busy) or [`wait`](Self::wait) a deadline (woken as soon as the holder
 ///   releases; 409 past the deadline); any [`RetryPolicy`] with [`retry`](Self::retry).
-/// - **Key prefix**: the lock's resource is `key_prefix + key` (default: empty).
-/// - **Error handler**: turns a [`DistributedLockError`] into the response you want.
+/// - **Resource prefix**: the lock's resource is `resource_prefix + key` (default:
+///   empty).
+/// - **Hold**, **fail open**, **busy status**, **abort on loss**: as `redlock-tower`'s
+///   options of the same names (for [`LockMiddleware`](crate::LockMiddleware); the
+///   extractor's differences are said at each).
+/// - **On rejection**: turns a [`Rejection`] into the response you want.
+///
+/// The options, their defaults and meanings are those of `redlock-tower`'s
+/// `LockLayer`: one table for both, in [`redlock_http`'s
+/// contract](redlock_http#the-web-crates-contract).
 ///
 /// # Runtimes
 ///
@@ -67,7 +76,7 @@ type ErrorHandler = dyn Fn(DistributedLockError, &HttpRequest) -> actix_web::Err
 ///     .build()?;
 /// let config = DistributedLockConfig::new(redlock)
 ///     .ttl(Duration::from_secs(5))
-///     .key_prefix("order:");
+///     .resource_prefix("order:");
 /// let app = App::new()
 ///     .app_data(config.clone())
 ///     .service(
@@ -85,11 +94,15 @@ pub struct DistributedLockConfig {
     redlock: Redlock,
     ttl: Option<Duration>,
     retry: RetryPolicy,
-    prefix: Arc<str>,
+    resource_prefix: Arc<str>,
     max_hold: Option<Duration>,
     fencing: Option<bool>,
+    hold: Hold,
+    fail_open: bool,
+    busy_status: StatusCode,
+    abort_on_loss: bool,
     runtime: Option<Handle>,
-    error_handler: Option<Arc<ErrorHandler>>,
+    on_rejection: Option<Arc<OnRejection>>,
 }
 
 impl std::fmt::Debug for DistributedLockConfig {
@@ -98,28 +111,37 @@ impl std::fmt::Debug for DistributedLockConfig {
             .field("redlock", &self.redlock)
             .field("ttl", &self.ttl)
             .field("retry", &self.retry)
-            .field("prefix", &self.prefix)
+            .field("resource_prefix", &self.resource_prefix)
             .field("max_hold", &self.max_hold)
             .field("fencing", &self.fencing)
+            .field("hold", &self.hold)
+            .field("fail_open", &self.fail_open)
+            .field("busy_status", &self.busy_status)
+            .field("abort_on_loss", &self.abort_on_loss)
             .field("runtime", &self.runtime.is_some())
-            .field("error_handler", &self.error_handler.is_some())
+            .field("on_rejection", &self.on_rejection.is_some())
             .finish()
     }
 }
 
 impl DistributedLockConfig {
     /// A configuration taking its locks through `redlock` (cheap to clone: share one per
-    /// process): the client's TTL, fail fast, no prefix, no error handler.
+    /// process): the client's TTL, fail fast, no resource prefix, the other options'
+    /// defaults (see the table in [`redlock_http`](redlock_http#the-web-crates-contract)).
     pub fn new(redlock: Redlock) -> Self {
         Self {
             redlock,
             ttl: None,
             retry: RetryPolicy::once(),
-            prefix: Arc::from(""),
+            resource_prefix: Arc::from(""),
             max_hold: None,
             fencing: None,
+            hold: Hold::default(),
+            fail_open: false,
+            busy_status: StatusCode::CONFLICT,
+            abort_on_loss: false,
             runtime: None,
-            error_handler: None,
+            on_rejection: None,
         }
     }
 
@@ -155,10 +177,60 @@ impl DistributedLockConfig {
         self
     }
 
-    /// The lock's resource is `prefix` followed by the key (default: empty). Use it to
-    /// keep different routes' keys apart, e.g. `"order:"`.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = Arc::from(prefix.into());
+    /// The lock's resource is `prefix` followed by the key (default: empty;
+    /// [`redlock_http::resource_name`]). Use it to keep different routes' keys apart,
+    /// e.g. `"order:"`. Not to be confused with the client's
+    /// [`key_prefix`](redlock_core::RedlockBuilder::key_prefix), the Redis key namespace
+    /// in front of every resource on the nodes.
+    pub fn resource_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.resource_prefix = Arc::from(prefix.into());
+        self
+    }
+
+    /// How long a request under [`LockMiddleware`](crate::LockMiddleware) keeps its
+    /// lock (default: [`Hold::UntilBodyEnd`], until the response body has been sent or
+    /// dropped; [`Hold::UntilHead`]: until the handler's response is ready). The
+    /// [`DistributedLock`](crate::DistributedLock) extractor holds its lock for as long
+    /// as the handler keeps it (its argument is dropped when the handler returns;
+    /// [`LockGuard::hold_during`] keeps it until a body is sent): an extractor has no
+    /// hold on the response.
+    pub fn hold(mut self, hold: Hold) -> Self {
+        self.hold = hold;
+        self
+    }
+
+    /// When no quorum of Redis nodes can be reached (or another backend failure), let
+    /// the request through [`LockMiddleware`](crate::LockMiddleware) without a lock,
+    /// logging a warning, instead of answering `503` (fail-closed, the default). A busy
+    /// key is still refused. A handler taking a [`FencingToken`](crate::FencingToken)
+    /// is not called for a request let through unlocked: it is answered `503`.
+    ///
+    /// The [`DistributedLock`](crate::DistributedLock) extractor still answers `503`:
+    /// its value is the held lock, which it cannot be without one.
+    pub fn fail_open(mut self, on: bool) -> Self {
+        self.fail_open = on;
+        self
+    }
+
+    /// The status answered when the key is busy (default `409 Conflict`; `423 Locked`
+    /// or `429 Too Many Requests` are other common choices).
+    pub fn busy_status(mut self, status: StatusCode) -> Self {
+        self.busy_status = status;
+        self
+    }
+
+    /// When the lock is lost while a request under
+    /// [`LockMiddleware`](crate::LockMiddleware) runs (a majority of Redis nodes could
+    /// not extend it in time), drop the handler's future and answer `503`; while the
+    /// body streams, end the body with a [`LockLost`](crate::LockLost) error so that the
+    /// client sees an incomplete response. Off by default: the loss is logged and
+    /// signalled through the [`LockHandle`](crate::LockHandle) (`lost()`, `is_held()`).
+    ///
+    /// The [`DistributedLock`](crate::DistributedLock) extractor cannot stop the
+    /// handler it is an argument of (actix gives an extractor no hold on the handler's
+    /// future): the handler watches [`LockGuard::lost`] itself.
+    pub fn abort_on_loss(mut self, on: bool) -> Self {
+        self.abort_on_loss = on;
         self
     }
 
@@ -185,25 +257,41 @@ impl DistributedLockConfig {
         self
     }
 
-    /// Turns a rejection into the response of your choice (like actix's
-    /// `PathConfig::error_handler`). Not used for a route without configuration, nor for
-    /// the inner extractor's own errors.
+    /// Build rejection responses yourself (default: [`Rejection::to_response`], an
+    /// `application/problem+json` document), as `redlock-tower`'s `on_rejection`. Not
+    /// used for a route without configuration, nor for the inner extractor's own
+    /// errors.
     ///
     /// ```
-    /// use actix_web::{HttpResponse, error::InternalError};
+    /// use actix_web::HttpResponse;
+    /// use redlock_actix::{DistributedLockConfig, RejectionKind};
     /// # let redlock = redlock_actix::Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
-    /// let config = redlock_actix::DistributedLockConfig::new(redlock).error_handler(|err, _req| {
-    ///     let response = HttpResponse::Locked().body("try again later");
-    ///     InternalError::from_response(err, response).into()
+    /// let config = DistributedLockConfig::new(redlock).on_rejection(|rejection| {
+    ///     match rejection.kind {
+    ///         RejectionKind::Busy => HttpResponse::build(rejection.status()).body("try again later"),
+    ///         _ => rejection.to_response(),
+    ///     }
     /// });
     /// # let _ = config;
     /// ```
-    pub fn error_handler<F>(mut self, handler: F) -> Self
+    pub fn on_rejection<F>(mut self, hook: F) -> Self
     where
-        F: Fn(DistributedLockError, &HttpRequest) -> actix_web::Error + Send + Sync + 'static,
+        F: Fn(&Rejection<'_>) -> HttpResponse + Send + Sync + 'static,
     {
-        self.error_handler = Some(Arc::new(handler));
+        self.on_rejection = Some(Arc::new(hook));
         self
+    }
+
+    pub(crate) fn hold_setting(&self) -> Hold {
+        self.hold
+    }
+
+    pub(crate) fn fails_open(&self) -> bool {
+        self.fail_open
+    }
+
+    pub(crate) fn aborts_on_loss(&self) -> bool {
+        self.abort_on_loss
     }
 
     /// The innermost configuration for `req` (resource, then scope, then app), as a plain
@@ -215,22 +303,38 @@ impl DistributedLockConfig {
 
     /// `err` as an actix error: through the error handler if one is set, else logged
     /// and answered with a generic problem carrying the request's id.
-    pub(crate) fn reject(&self, err: DistributedLockError, req: &HttpRequest) -> actix_web::Error {
-        match &self.error_handler {
-            Some(handler) => handler(err, req),
-            None => err.respond(req),
+    pub(crate) fn reject(
+        &self,
+        err: DistributedLockError,
+        key: Option<&str>,
+        req: &HttpRequest,
+    ) -> actix_web::Error {
+        let id = request_id(req);
+        err.log(req, id.as_deref());
+        let kind = err.kind();
+        let mut problem = err.problem().with_request_id(id);
+        if kind == RejectionKind::Busy {
+            problem.status = self.busy_status.as_u16();
         }
+        let rejection = Rejection {
+            kind,
+            key,
+            problem,
+            error: err.lock_error(),
+        };
+        let response = match &self.on_rejection {
+            Some(hook) => hook(&rejection),
+            None => problem_response(&rejection.problem),
+        };
+        actix_web::error::InternalError::from_response(err, response).into()
     }
 
-    /// `prefix + key`; an empty key is refused here, one too long by the client
+    /// `resource_prefix + key` ([`redlock_http::resource_name`]); an empty key is
+    /// refused here, one too long by the client
     /// ([`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)), before
     /// anything is sent.
-    pub(crate) fn resource(&self, key: Result<String, BadKey>) -> Result<String, BadKey> {
-        let key = key?;
-        if key.is_empty() {
-            return Err(BadKey::new("the lock key is empty"));
-        }
-        Ok(format!("{}{key}", self.prefix))
+    pub(crate) fn resource(&self, key: &str) -> Result<String, BadKey> {
+        redlock_http::resource_name(&self.resource_prefix, key)
     }
 
     /// The runtime the client's calls run on.

@@ -3,9 +3,8 @@
 use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
-use std::borrow::Cow;
 
-use redlock_http::{self as problem, Problem};
+use redlock_http::{self as problem, BadKey, MissingToken, Problem, RejectionKind};
 
 /// Why a request could not get (or release) its lock.
 ///
@@ -21,6 +20,7 @@ use redlock_http::{self as problem, Problem};
 /// | [`BadKey`](Self::BadKey) | 400 | none |
 /// | [`MissingConfig`](Self::MissingConfig), [`Misconfigured`](Self::Misconfigured), [`Background`](Self::Background) | 500 | none |
 /// | [`NoLock`](Self::NoLock), [`NoFencingToken`](Self::NoFencingToken) | 500 | none |
+/// | [`FailedOpen`](Self::FailedOpen), [`Lost`](Self::Lost) | 503 | 1 s |
 ///
 /// Bodies carry a generic detail (see [`Problem::from_error`]) and, when the request
 /// has an `x-request-id` or `x-correlation-id` header, its id; node addresses and error
@@ -88,6 +88,27 @@ pub enum DistributedLockError {
         "the handler takes a `redlock_actix::FencingToken`, but the request's lock was taken without one: turn fencing on with `DistributedLockConfig::fencing(true)` (or for the client with `RedlockBuilder::fencing(true)`)"
     )]
     NoFencingToken,
+
+    /// A handler takes a [`FencingToken`](crate::FencingToken), but
+    /// [`LockMiddleware`](crate::LockMiddleware) let the request through without a lock
+    /// because the lock service was unavailable
+    /// ([`fail_open`](crate::DistributedLockConfig::fail_open)): 503.
+    #[error(
+        "the handler takes a `redlock_actix::FencingToken`, but the middleware let the request through without a lock because the lock service was unavailable (`DistributedLockConfig::fail_open`): answered 503 instead"
+    )]
+    FailedOpen,
+
+    /// The middleware's [`KeyExtractor`](crate::extract::KeyExtractor) refused the
+    /// request ([`Key::Reject`](redlock_http::Key::Reject)), with this problem (its
+    /// status; a `5xx` detail goes to the log only, the body says the server is
+    /// misconfigured).
+    #[error("the key extractor refused the request ({}): {}", .0.status, .0.detail)]
+    Refused(Problem),
+
+    /// The lock was lost while the request ran, and the middleware
+    /// [aborts on loss](crate::DistributedLockConfig::abort_on_loss): 503.
+    #[error("the lock on `{0}` was lost while the request ran: request stopped")]
+    Lost(String),
 }
 
 impl From<redlock_core::Error> for DistributedLockError {
@@ -113,6 +134,27 @@ impl From<BadKey> for DistributedLockError {
 }
 
 impl DistributedLockError {
+    /// Why the request was refused, in the words both web crates use (the `kind` of
+    /// the [`Rejection`](crate::Rejection) handed to
+    /// [`on_rejection`](crate::DistributedLockConfig::on_rejection)).
+    pub fn kind(&self) -> RejectionKind {
+        match self {
+            Self::Busy(_) => RejectionKind::Busy,
+            Self::Unavailable(_) | Self::FailedOpen => RejectionKind::Unavailable,
+            Self::BadKey(_) | Self::Refused(_) => RejectionKind::Key,
+            Self::Lost(_) => RejectionKind::Lost,
+            _ => RejectionKind::Misconfigured,
+        }
+    }
+
+    /// The lock error behind it, for `Busy`, `Unavailable` and `Misconfigured`.
+    pub fn lock_error(&self) -> Option<&redlock_core::Error> {
+        match self {
+            Self::Busy(err) | Self::Unavailable(err) | Self::Misconfigured(err) => Some(err),
+            _ => None,
+        }
+    }
+
     /// The HTTP description of this error (status, `Retry-After`, body), from
     /// [`redlock_http`], so that every integration answers alike. The detail is
     /// generic for everything but a bad key (which is about the request itself).
@@ -121,19 +163,20 @@ impl DistributedLockError {
             Self::Busy(err) | Self::Unavailable(err) | Self::Misconfigured(err) => {
                 Problem::from_error(err)
             }
-            Self::BadKey(err) => Problem::bad_key(err.to_string()),
-            Self::MissingConfig | Self::Background(_) => Problem::misconfigured(
-                "The server's lock configuration is invalid; the details are in the server's log."
-                    .to_owned(),
-            ),
-            Self::NoLock => Problem::misconfigured(
-                "The handler needs the lock's fencing token, but no lock was taken for this request: the lock is not configured for this route. The details are in the server's log."
-                    .to_owned(),
-            ),
-            Self::NoFencingToken => Problem::misconfigured(
-                "The handler needs the lock's fencing token, but this route's lock is configured without fencing tokens. The details are in the server's log."
-                    .to_owned(),
-            ),
+            Self::BadKey(err) => err.problem(),
+            Self::MissingConfig | Self::Background(_) => {
+                Problem::misconfigured(problem::MISCONFIGURED_DETAIL.to_owned())
+            }
+            Self::NoLock => MissingToken::NoLock.problem(),
+            Self::NoFencingToken => MissingToken::FencingOff.problem(),
+            Self::FailedOpen => MissingToken::FailedOpen.problem(),
+            Self::Lost(_) => Problem::lost_while_running(),
+            Self::Refused(problem) if problem.status >= 500 => {
+                let mut problem = problem.clone();
+                problem.detail = problem::MISCONFIGURED_DETAIL.to_owned();
+                problem
+            }
+            Self::Refused(problem) => problem.clone(),
         }
     }
 
@@ -146,31 +189,45 @@ impl DistributedLockError {
     /// addresses included, goes to the log only), then the problem response.
     pub(crate) fn respond(self, req: &HttpRequest) -> actix_web::Error {
         let id = request_id(req);
-        match &self {
+        self.log(req, id.as_deref());
+        let response = problem_response(&self.problem().with_request_id(id));
+        actix_web::error::InternalError::from_response(self, response).into()
+    }
+
+    /// Logs the refusal, with the full error (node addresses included).
+    pub(crate) fn log(&self, req: &HttpRequest, id: Option<&str>) {
+        match self {
             Self::Busy(err) => {
-                tracing::debug!(path = req.path(), request_id = id.as_deref(), error = %err, "lock busy: request refused");
+                tracing::debug!(path = req.path(), request_id = id, error = %err, "lock busy: request refused");
             }
             Self::BadKey(bad) => {
-                tracing::debug!(path = req.path(), request_id = id.as_deref(), detail = %bad, "no usable lock key in the request");
+                tracing::debug!(path = req.path(), request_id = id, detail = %bad, "no usable lock key in the request");
             }
             Self::Unavailable(err) => {
-                tracing::warn!(path = req.path(), request_id = id.as_deref(), error = %err, "lock service unavailable: request refused");
+                tracing::warn!(path = req.path(), request_id = id, error = %err, "lock service unavailable: request refused");
+            }
+            Self::Refused(problem) if problem.status >= 500 => {
+                tracing::error!(path = req.path(), request_id = id, status = problem.status, detail = %problem.detail, "request refused by the key extractor");
+            }
+            Self::Refused(problem) => {
+                tracing::debug!(path = req.path(), request_id = id, status = problem.status, detail = %problem.detail, "request refused by the key extractor");
+            }
+            Self::FailedOpen | Self::Lost(_) => {
+                tracing::warn!(path = req.path(), request_id = id, error = %self, "request refused");
             }
             Self::MissingConfig
             | Self::Misconfigured(_)
             | Self::Background(_)
             | Self::NoLock
             | Self::NoFencingToken => {
-                tracing::error!(path = req.path(), request_id = id.as_deref(), error = %self, "lock misconfigured: request refused");
+                tracing::error!(path = req.path(), request_id = id, error = %self, "lock misconfigured: request refused");
             }
         }
-        let response = problem_response(&self.problem().with_request_id(id));
-        actix_web::error::InternalError::from_response(self, response).into()
     }
 }
 
 /// The request's id, from its `x-request-id` (or `x-correlation-id`) header.
-fn request_id(req: &HttpRequest) -> Option<String> {
+pub(crate) fn request_id(req: &HttpRequest) -> Option<String> {
     redlock_http::request_id(|name| req.headers().get(name)?.to_str().ok())
 }
 
@@ -285,19 +342,32 @@ mod tests {
     }
 }
 
-/// The request carries no usable lock key; answered with 400 Bad Request
-/// ([`DistributedLockError::BadKey`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{detail}")]
-pub struct BadKey {
-    detail: Cow<'static, str>,
+/// A rejection, handed to the [`on_rejection`](crate::DistributedLockConfig::on_rejection)
+/// hook: the same fields as `redlock_tower::response::Rejection`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Rejection<'a> {
+    /// Why.
+    pub kind: RejectionKind,
+    /// The lock's resource name (the configuration's resource prefix and the key), when
+    /// a key was derived.
+    pub key: Option<&'a str>,
+    /// The standard description: status (already the configuration's
+    /// [`busy_status`](crate::DistributedLockConfig::busy_status) for
+    /// [`RejectionKind::Busy`]), title, detail, `Retry-After`, the request's id.
+    pub problem: Problem,
+    /// The lock error behind it, for `Busy`, `Unavailable` and `Misconfigured`.
+    pub error: Option<&'a redlock_core::Error>,
 }
 
-impl BadKey {
-    /// A bad key, and why (told to the client in the problem's `detail`).
-    pub fn new(detail: impl Into<Cow<'static, str>>) -> Self {
-        Self {
-            detail: detail.into(),
-        }
+impl Rejection<'_> {
+    /// The HTTP status of [`problem`](Self::problem).
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The default answer: [`problem_response`].
+    pub fn to_response(&self) -> HttpResponse {
+        problem_response(&self.problem)
     }
 }

@@ -1,168 +1,226 @@
-//! [`DistributedLock`]: the extractor.
+//! Key extractors of [`LockMiddleware`](crate::LockMiddleware): which lock (if any) a
+//! request needs, by the rule that `redlock-tower` follows too ([`redlock_http::key`]).
+//!
+//! A [`KeyExtractor`] looks at a request and answers with a [`Key`]:
+//!
+//! - [`Key::Lock`]: serialize this request with every other request of the same key;
+//! - [`Key::Pass`]: no lock, the request goes straight through;
+//! - [`Key::Reject`]: refuse the request (by default `400 Bad Request`, for a missing or
+//!   malformed key), with a [`Problem`](redlock_http::Problem) saying why.
+//!
+//! Built in, with the names and keys of `redlock_tower::extract`: [`Header`]
+//! (optionally required), [`PathParam`], [`PathPrefix`], [`Global`]. Any closure
+//! `Fn(&ServiceRequest) -> Result<K, BadKey>` with `K:` [`LockKey`] is an extractor too,
+//! and [`from_fn`] wraps a closure that returns a full [`Key`].
+//!
+//! ```
+//! use actix_web::test::TestRequest;
+//! use redlock_actix::extract::{Global, Header, Key, KeyExtractor, PathPrefix};
+//!
+//! let pay = TestRequest::post()
+//!     .uri("/orders/42/pay")
+//!     .insert_header(("idempotency-key", "a:b"))
+//!     .to_srv_request();
+//!
+//! // The header's value is the key, escaped as in redlock-tower: `a:b` locks `a%3Ab`.
+//! let by_header = Header::new("idempotency-key").required();
+//! assert_eq!(by_header.extract(&pay), Key::Lock("a%3Ab".into()));
+//! let bare = TestRequest::post().uri("/orders/42/pay").to_srv_request();
+//! assert_eq!(by_header.extract(&bare).rejection().map(|p| p.status), Some(400));
+//!
+//! // The prefix and the next segment: every request under /orders/42 shares a key.
+//! assert_eq!(PathPrefix::new("/orders").extract(&pay), Key::Lock("/orders/42".into()));
+//!
+//! // One key for everything.
+//! assert_eq!(Global::new("migrations").extract(&bare), Key::Lock("migrations".into()));
+//! ```
 
-use std::ops::{Deref, DerefMut};
+use actix_web::dev::ServiceRequest;
+use redlock_http::BadKey;
 
-use actix_web::dev::Payload;
-use actix_web::{FromRequest, HttpMessage, HttpRequest};
-use futures_util::future::LocalBoxFuture;
-use redlock_core::Released;
-
-use crate::config::DistributedLockConfig;
-use crate::error::DistributedLockError;
-use crate::guard::LockGuard;
 use crate::key::LockKey;
-use crate::token::Acquiring;
 
-/// An extractor that holds the cluster-wide lock named by the inner extractor's value for
-/// as long as it lives: the handler body runs only while this replica holds the lock.
+pub use redlock_http::Key;
+
+/// Names the lock a request takes in [`LockMiddleware`](crate::LockMiddleware). See the
+/// [module documentation](self).
 ///
-/// `T` is any extractor whose value implements [`LockKey`] (`web::Path<u64>`,
-/// `web::Path<(String, u32)>`, `web::Query<MyParams>`, [`LockHeader<N>`](crate::LockHeader),
-/// a tuple of them…). Extraction runs `T` first: its own errors (a bad path segment →
-/// 404, a bad query → 400) are its own responses. Then the lock on `prefix + key` is
-/// taken by the innermost [`DistributedLockConfig`] (see there: TTL, wait policy,
-/// prefix, error handler), auto-extended while held, and released when the extractor is
-/// dropped, that is when the handler returns (or by [`release`](Self::release)).
-/// Rejections are [`DistributedLockError`]s: busy → 409, no quorum → 503, bad key →
-/// 400, no configuration → 500.
-///
-/// Once the lock is held, its [`LockHandle`](crate::LockHandle) is also put into the
-/// request's extensions, so that a [`FencingToken`](crate::FencingToken) argument of the
-/// same handler gets the lock's fencing token (with
-/// [`fencing`](crate::DistributedLockConfig::fencing) on), as under
-/// [`LockMiddleware`](crate::LockMiddleware).
-///
-/// It dereferences to `T`. To keep the lock while a streaming body is sent, take it
-/// apart with [`into_parts`](Self::into_parts) and wrap the body with
-/// [`LockGuard::hold_during`].
-///
-/// ```
-/// use std::time::Duration;
-/// use actix_web::{App, HttpResponse, test, web};
-/// use redlock_actix::{DistributedLock, DistributedLockConfig, Redlock};
-///
-/// async fn pay(order: DistributedLock<web::Path<u64>>) -> HttpResponse {
-///     // Only one replica at a time gets here for a given order.
-///     assert!(order.guard().is_held());
-///     HttpResponse::Ok().body(format!("paid {} under {}", *order, order.guard().resource()))
-/// }
-///
-/// # #[actix_web::main]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let cluster = redlock_testkit::Cluster::start(3).await;
-/// # let urls = cluster.urls();
-/// // `urls`: three independent Redis masters, e.g. "redis://10.0.0.1:6379".
-/// let redlock = Redlock::builder()
-///     .nodes(urls)
-/// #   .restart_quarantine(false) // the test nodes were started a moment ago
-///     .build()?;
-/// let config = DistributedLockConfig::new(redlock.clone())
-///     .ttl(Duration::from_secs(5))
-///     .key_prefix("order:");
-/// let app = test::init_service(
-///     App::new().app_data(config).route("/orders/{id}/pay", web::post().to(pay)),
-/// )
-/// .await;
-///
-/// let response = test::call_service(&app, test::TestRequest::post().uri("/orders/42/pay").to_request()).await;
-/// assert_eq!(response.status(), 200);
-/// assert_eq!(test::read_body(response).await, "paid 42 under order:42");
-///
-/// // While another replica holds order 42, this one answers 409 at once.
-/// let held = redlock.lock("order:42").await?;
-/// let busy = test::call_service(&app, test::TestRequest::post().uri("/orders/42/pay").to_request()).await;
-/// assert_eq!(busy.status(), 409);
-/// assert!(busy.headers().contains_key("retry-after"));
-/// held.release().await?;
-/// # Ok(())
-/// # }
-/// ```
-pub struct DistributedLock<T> {
-    inner: T,
-    guard: LockGuard,
+/// Implemented for closures `Fn(&ServiceRequest) -> Result<K, BadKey>` where `K:`
+/// [`LockKey`] (the value's key by [`LockKey::lock_key`]: a string is escaped as
+/// `redlock-tower`'s closures' strings are), and for [`PathParam`], [`Header`],
+/// [`PathPrefix`], [`Global`] and [`from_fn`]. A [`Key::Lock`] you return yourself is
+/// the final key.
+pub trait KeyExtractor: 'static {
+    /// Decides the key for `req` (without the configuration's resource prefix).
+    fn extract(&self, req: &ServiceRequest) -> Key;
 }
 
-impl<T: std::fmt::Debug> std::fmt::Debug for DistributedLock<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DistributedLock")
-            .field("inner", &self.inner)
-            .field("guard", &self.guard)
-            .finish()
-    }
-}
-
-impl<T> DistributedLock<T> {
-    /// The lock: whether it is still held, its loss, fencing token, resource.
-    pub fn guard(&self) -> &LockGuard {
-        &self.guard
-    }
-
-    /// The inner extractor's value and the lock guard, e.g. to move the guard into a
-    /// streaming body ([`LockGuard::hold_during`]). The lock is then released when the
-    /// guard is dropped.
-    pub fn into_parts(self) -> (T, LockGuard) {
-        (self.inner, self.guard)
-    }
-
-    /// Releases the lock now (the inner value is dropped; take what you need from it
-    /// first, or use [`into_parts`](Self::into_parts)).
-    ///
-    /// # Errors
-    ///
-    /// See [`LockGuard::release`].
-    pub async fn release(self) -> Result<Released, DistributedLockError> {
-        self.guard.release().await
-    }
-}
-
-impl<T> Deref for DistributedLock<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.inner
-    }
-}
-
-impl<T> DerefMut for DistributedLock<T> {
-    fn deref_mut(&mut self) -> &mut T {
-        &mut self.inner
-    }
-}
-
-impl<T> FromRequest for DistributedLock<T>
+impl<F, K> KeyExtractor for F
 where
-    T: FromRequest + LockKey + 'static,
-    T::Future: 'static,
+    F: Fn(&ServiceRequest) -> Result<K, BadKey> + 'static,
+    K: LockKey,
 {
-    type Error = actix_web::Error;
-    type Future = LocalBoxFuture<'static, Result<Self, Self::Error>>;
+    fn extract(&self, req: &ServiceRequest) -> Key {
+        Key::from(self(req).and_then(|key| key.lock_key()))
+    }
+}
 
-    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let inner = T::from_request(req, payload);
-        // A `FencingToken` argument waits until this is dropped: after the handle is in
-        // the extensions, or on any failure.
-        let acquiring = Acquiring::start(req);
-        let req = req.clone();
-        Box::pin(async move {
-            let _acquiring = acquiring;
-            // The inner extractor's errors are its own responses.
-            let inner = inner.await.map_err(Into::into)?;
-            let Some(config) = DistributedLockConfig::from_req(&req).cloned() else {
-                return Err(DistributedLockError::MissingConfig.respond(&req));
-            };
-            let resource = match config.resource(inner.lock_key()) {
-                Ok(resource) => resource,
-                Err(bad) => return Err(config.reject(bad.into(), &req)),
-            };
-            match config.acquire(resource).await {
-                Ok(guard) => {
-                    // For `FencingToken` (and `web::ReqData<LockHandle>`), as the
-                    // middleware does.
-                    req.extensions_mut().insert(guard.handle());
-                    Ok(Self { inner, guard })
-                }
-                Err(err) => Err(config.reject(err, &req)),
-            }
-        })
+/// An extractor from a closure returning a full [`Key`] (to pass requests through or
+/// reject them), as `redlock_tower::extract::from_fn`.
+///
+/// ```
+/// use actix_web::dev::ServiceRequest;
+/// use redlock_actix::extract::{Key, from_fn};
+///
+/// // Lock POSTs per tenant; let everything else through.
+/// let by_tenant = from_fn(|req: &ServiceRequest| match req.headers().get("x-tenant") {
+///     Some(tenant) if req.method() == actix_web::http::Method::POST => {
+///         Key::from_value(tenant.to_str().ok())
+///     }
+///     _ => Key::Pass,
+/// });
+/// # let _ = redlock_actix::LockMiddleware::new(by_tenant);
+/// ```
+pub fn from_fn<F>(f: F) -> FromFn<F> {
+    FromFn(f)
+}
+
+/// See [`from_fn`].
+#[derive(Debug, Clone, Copy)]
+pub struct FromFn<F>(F);
+
+impl<F> KeyExtractor for FromFn<F>
+where
+    F: Fn(&ServiceRequest) -> Key + 'static,
+{
+    fn extract(&self, req: &ServiceRequest) -> Key {
+        (self.0)(req)
+    }
+}
+
+/// The key is a path parameter of the scope or resource, e.g. `id` in
+/// `web::scope("/accounts/{id}")` (as `redlock_tower::extract::PathParam` for axum):
+/// percent-decoded (UTF-8, else `400`), then escaped ([`redlock_http::path_param_key`]).
+/// A route without the parameter is the server's mistake: `500`, its detail in the log.
+#[derive(Debug, Clone)]
+pub struct PathParam {
+    name: String,
+}
+
+impl PathParam {
+    /// The key from the path parameter `name` (without braces).
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into() }
+    }
+}
+
+impl KeyExtractor for PathParam {
+    fn extract(&self, req: &ServiceRequest) -> Key {
+        // actix leaves `%`, `/` and `+` encoded in `match_info`; decoding the rest gives
+        // what decoding the request path gives.
+        redlock_http::path_param_key(&self.name, req.match_info().get(&self.name))
+    }
+}
+
+/// The key is a request header's value, e.g. `Idempotency-Key` or a tenant id (as
+/// `redlock_tower::extract::Header`, by the same rule:
+/// [`redlock_http::header_lock_key`]).
+///
+/// Without the header the request passes through unlocked, or, once
+/// [`required`](Self::required), is refused with `400`. A value given twice, empty, or
+/// not visible ASCII is always refused with `400`. `Idempotency-Key: a:b` locks
+/// `a%3Ab`.
+#[derive(Debug, Clone)]
+pub struct Header {
+    name: &'static str,
+    required: bool,
+}
+
+impl Header {
+    /// The key from header `name` (any case).
+    pub fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            required: false,
+        }
+    }
+
+    /// Refuse requests without the header (`400`) instead of letting them through.
+    pub fn required(mut self) -> Self {
+        self.required = true;
+        self
+    }
+
+    /// The header's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl KeyExtractor for Header {
+    fn extract(&self, req: &ServiceRequest) -> Key {
+        let values = req
+            .headers()
+            .get_all(self.name)
+            .map(actix_web::http::header::HeaderValue::as_bytes);
+        redlock_http::header_lock_key(self.name, values, self.required)
+    }
+}
+
+/// The key is a path prefix plus the segments that follow it: with
+/// `PathPrefix::new("/orders")`, `POST /orders/42/pay` and `GET /orders/42` share the
+/// key `/orders/42` (as `redlock_tower::extract::PathPrefix`, by
+/// [`redlock_http::path_prefix_key`]). Requests outside the prefix, or with fewer
+/// segments after it than asked, pass through unlocked.
+#[derive(Debug, Clone)]
+pub struct PathPrefix {
+    prefix: String,
+    segments: usize,
+}
+
+impl PathPrefix {
+    /// Requests under `prefix` lock the prefix plus the next segment.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+            segments: 1,
+        }
+    }
+
+    /// How many segments after the prefix belong to the key (default 1; 0 makes the
+    /// whole prefix one key).
+    pub fn segments(mut self, n: usize) -> Self {
+        self.segments = n;
+        self
+    }
+}
+
+impl KeyExtractor for PathPrefix {
+    fn extract(&self, req: &ServiceRequest) -> Key {
+        Key::from_option(redlock_http::path_prefix_key(
+            &self.prefix,
+            self.segments,
+            req.path(),
+        ))
+    }
+}
+
+/// One key for every request: one request at a time through the middleware,
+/// cluster-wide (as `redlock_tower::extract::Global`; `key` escaped as a value).
+#[derive(Debug, Clone)]
+pub struct Global {
+    key: String,
+}
+
+impl Global {
+    /// Every request locks `key`.
+    pub fn new(key: impl Into<String>) -> Self {
+        Self { key: key.into() }
+    }
+}
+
+impl KeyExtractor for Global {
+    fn extract(&self, _req: &ServiceRequest) -> Key {
+        Key::from(redlock_http::lock_key(&self.key))
     }
 }

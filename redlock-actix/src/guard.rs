@@ -1,5 +1,6 @@
-//! [`LockGuard`]: a held lock, and [`LockedBody`]: a response body that keeps it.
+//! [`LockGuard`]: a held lock, and [`LockBody`]: a response body that keeps it.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -93,9 +94,9 @@ impl LockGuard {
     }
 
     /// Keeps this guard (and so the lock) until `body` has been sent: see
-    /// [`LockedBody`].
-    pub fn hold_during<B: MessageBody>(self, body: B) -> LockedBody<B> {
-        LockedBody::new(body, self)
+    /// [`LockBody`].
+    pub fn hold_during<B: MessageBody>(self, body: B) -> LockBody<B> {
+        LockBody::new(body, self)
     }
 
     /// Releases the lock now, and says whether it was still held by a majority.
@@ -160,13 +161,43 @@ impl Drop for LockGuard {
     }
 }
 
+/// The error a [`LockBody`] ends with when the lock is lost while the body streams and
+/// the middleware [aborts on loss](crate::DistributedLockConfig::abort_on_loss): the
+/// server then cuts the response off, so the client sees an incomplete body rather than
+/// a complete one produced without the lock (as `redlock_tower::LockLost`).
+#[derive(Debug, Clone)]
+pub struct LockLost {
+    key: String,
+}
+
+impl LockLost {
+    /// The lock's resource name.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl std::fmt::Display for LockLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the lock on `{}` was lost while the response body was being sent",
+            self.key
+        )
+    }
+}
+
+impl std::error::Error for LockLost {}
+
+type LostFuture = Pin<Box<dyn Future<Output = ()>>>;
+
 pin_project_lite::pin_project! {
     /// A response body that holds a [`LockGuard`] until it has been produced: the lock is
     /// released when the body ends (its last chunk or an error) or is dropped (the
-    /// client went away).
+    /// client went away). The same as `redlock_tower::LockBody`.
     ///
     /// Made by [`LockGuard::hold_during`]; [`LockMiddleware`](crate::LockMiddleware) wraps
-    /// every response body in one.
+    /// every response body of a locked request in one.
     ///
     /// ```
     /// use actix_web::{HttpResponse, web};
@@ -182,33 +213,59 @@ pin_project_lite::pin_project! {
     ///     HttpResponse::Ok().body(guard.hold_during(actix_web::body::BodyStream::new(rows)))
     /// }
     /// ```
-    pub struct LockedBody<B> {
+    pub struct LockBody<B> {
         #[pin]
         body: B,
         guard: Option<LockGuard>,
+        // With abort on loss: completes when the lock is lost.
+        lost: Option<LostFuture>,
+        aborted: bool,
     }
 }
 
-impl<B> std::fmt::Debug for LockedBody<B> {
+impl<B> std::fmt::Debug for LockBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockedBody")
+        f.debug_struct("LockBody")
             .field("guard", &self.guard)
             .finish_non_exhaustive()
     }
 }
 
-impl<B> LockedBody<B> {
+impl<B> LockBody<B> {
     /// `body`, holding `guard` until it ends.
     pub fn new(body: B, guard: LockGuard) -> Self {
+        Self::held(body, Some(guard), false)
+    }
+
+    /// `body` as it is, holding no lock.
+    pub fn unlocked(body: B) -> Self {
+        Self::held(body, None, false)
+    }
+
+    /// `body`, holding `guard` (if any) until it ends; cut off when the lock is lost if
+    /// `abort_on_loss`.
+    pub(crate) fn held(body: B, guard: Option<LockGuard>, abort_on_loss: bool) -> Self {
+        let lost = guard
+            .as_ref()
+            .filter(|_| abort_on_loss)
+            .map(|guard| -> LostFuture { Box::pin(guard.cancellation_token().cancelled_owned()) });
         Self {
             body,
-            guard: Some(guard),
+            guard,
+            lost,
+            aborted: false,
         }
+    }
+
+    /// Whether this body still holds the request's lock (it is released when the body
+    /// ends or is dropped).
+    pub fn holds_lock(&self) -> bool {
+        self.guard.is_some()
     }
 }
 
-impl<B: MessageBody> MessageBody for LockedBody<B> {
-    type Error = B::Error;
+impl<B: MessageBody> MessageBody for LockBody<B> {
+    type Error = Box<dyn std::error::Error>;
 
     fn size(&self) -> BodySize {
         self.body.size()
@@ -219,12 +276,29 @@ impl<B: MessageBody> MessageBody for LockedBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, Self::Error>>> {
         let this = self.project();
+        if *this.aborted {
+            return Poll::Ready(None);
+        }
+        if let Some(lost) = this.lost.as_mut()
+            && lost.as_mut().poll(cx).is_ready()
+        {
+            *this.lost = None;
+            *this.aborted = true;
+            let key = this
+                .guard
+                .take()
+                .map(|guard| guard.resource().to_owned())
+                .unwrap_or_default();
+            tracing::warn!(key = %key, "lock lost while the response body was sent: body cut off");
+            return Poll::Ready(Some(Err(Box::new(LockLost { key }))));
+        }
         let next = this.body.poll_next(cx);
         if matches!(next, Poll::Ready(None | Some(Err(_)))) {
             // The body is complete (or failed): release now rather than when the
             // response is dropped.
             drop(this.guard.take());
+            *this.lost = None;
         }
-        next
+        next.map(|chunk| chunk.map(|result| result.map_err(Into::into)))
     }
 }

@@ -10,14 +10,16 @@ use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, web};
 
 use crate::config::DistributedLockConfig;
-use crate::error::{BadKey, DistributedLockError};
+use redlock_http::BadKey;
+
+use crate::error::DistributedLockError;
 
 /// A value that names a lock: the key an extracted value (a path, a query, a header…)
 /// is locked by. The lock's resource is the configured
-/// [`key_prefix`](crate::DistributedLockConfig::key_prefix) followed by this key.
+/// [`resource_prefix`](crate::DistributedLockConfig::resource_prefix) followed by this key.
 ///
-/// Provided for strings (`%` and `:` percent-encoded, so the key of a string never
-/// contains `:`), integers (decimal), tuples of keys (joined by `:`), and the actix
+/// Provided for strings (`%` and `:` percent-encoded by [`redlock_http::lock_key`], the
+/// rule `redlock-tower` follows too, so the key of a string never contains `:`), integers (decimal), tuples of keys (joined by `:`), and the actix
 /// extractors that wrap such a value: [`web::Path`], [`web::Query`], [`web::Json`],
 /// [`web::Form`], [`web::Header`], [`web::ReqData`], plus [`LockHeader`] for a raw
 /// header. An empty string is a [`BadKey`] (400).
@@ -54,21 +56,9 @@ pub trait LockKey {
     fn lock_key(&self) -> Result<String, BadKey>;
 }
 
-/// `%` → `%25`, `:` → `%3A`: the key of a string never contains `:`, so tuples joined by
-/// `:` stay unambiguous.
+/// The key of a string: [`redlock_http::lock_key`], the rule of both web crates.
 fn escape(s: &str) -> Result<String, BadKey> {
-    if s.is_empty() {
-        return Err(BadKey::new("the lock key is empty"));
-    }
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            ':' => out.push_str("%3A"),
-            c => out.push(c),
-        }
-    }
-    Ok(out)
+    redlock_http::lock_key(s)
 }
 
 impl LockKey for str {
@@ -133,7 +123,7 @@ macro_rules! tuple_keys {
             fn lock_key(&self) -> Result<String, BadKey> {
                 let ($($name,)+) = self;
                 let parts = [$($name.lock_key()?),+];
-                Ok(parts.join(":"))
+                Ok(parts.join(&redlock_http::KEY_SEPARATOR.to_string()))
             }
         }
     )*};
@@ -258,18 +248,18 @@ impl<N: LockHeaderName> FromRequest for LockHeader<N> {
             .map(actix_web::http::header::HeaderValue::as_bytes);
         let value = match redlock_http::header_key(N::NAME, values, true) {
             Ok(Some(value)) => Ok(value.to_owned()),
-            Ok(None) => Err(format!("the `{}` header is required", N::NAME)),
-            Err(reason) => Err(reason),
+            Ok(None) => Err(BadKey::new(format!("the `{}` header is required", N::NAME))),
+            Err(bad) => Err(bad),
         };
         ready(match value {
             Ok(value) => Ok(Self {
                 value,
                 name: PhantomData,
             }),
-            Err(detail) => {
-                let err = DistributedLockError::BadKey(BadKey::new(detail));
+            Err(bad) => {
+                let err = DistributedLockError::BadKey(bad);
                 Err(match DistributedLockConfig::from_req(req) {
-                    Some(config) => config.reject(err, req),
+                    Some(config) => config.reject(err, None, req),
                     None => err.respond(req),
                 })
             }

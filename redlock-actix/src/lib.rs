@@ -97,7 +97,7 @@
 //!     // Built once, cloned into every worker's App.
 //!     let config = DistributedLockConfig::new(redlock)
 //!         .ttl(Duration::from_secs(5))
-//!         .key_prefix("order:");
+//!         .resource_prefix("order:");
 //!     let server = HttpServer::new(move || {
 //!         App::new()
 //!             .app_data(config.clone())
@@ -151,19 +151,20 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+mod distributed_lock;
 mod error;
-mod extract;
+pub mod extract;
 mod guard;
 mod key;
 mod middleware;
 mod token;
 
 pub use config::DistributedLockConfig;
-pub use error::BadKey;
-pub use error::{DistributedLockError, problem_response};
-pub use extract::DistributedLock;
-pub use guard::{LockGuard, LockedBody};
+pub use distributed_lock::DistributedLock;
+pub use error::{DistributedLockError, Rejection, problem_response};
+pub use guard::{LockBody, LockGuard, LockLost};
 pub use key::{LockHeader, LockHeaderName, LockKey};
-pub use middleware::{Header, LockMiddleware, LockMiddlewareService, PathParam, RequestKey};
+pub use middleware::{LockMiddleware, LockMiddlewareService};
 pub use redlock_core::{self, LockHandle, Redlock, Released, RetryPolicy};
+pub use redlock_http::{BadKey, Hold, MissingToken, RejectionKind};
 pub use token::{FencingToken, TokenFuture};

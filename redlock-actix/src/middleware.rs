@@ -6,113 +6,28 @@ use std::rc::Rc;
 use actix_web::HttpMessage;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
-use futures_util::future::LocalBoxFuture;
+use futures_util::future::{Either, LocalBoxFuture, select};
+use redlock_http::{Hold, Key, RejectionKind};
 
 use crate::config::DistributedLockConfig;
-use crate::error::BadKey;
 use crate::error::DistributedLockError;
-use crate::guard::LockedBody;
-use crate::key::LockKey;
-
-/// Names the lock a request takes in [`LockMiddleware`].
-///
-/// Implemented for closures `Fn(&ServiceRequest) -> Result<K, BadKey>` where `K:`
-/// [`LockKey`], and for [`PathParam`] and [`Header`].
-pub trait RequestKey: 'static {
-    /// The key (without the configuration's prefix); `None` lets the request through
-    /// unlocked; an error is why the request names no usable key (400).
-    ///
-    /// # Errors
-    ///
-    /// [`BadKey`] when the request names no usable key.
-    fn request_key(&self, req: &ServiceRequest) -> Result<Option<String>, BadKey>;
-}
-
-impl<F, K> RequestKey for F
-where
-    F: Fn(&ServiceRequest) -> Result<K, BadKey> + 'static,
-    K: LockKey,
-{
-    fn request_key(&self, req: &ServiceRequest) -> Result<Option<String>, BadKey> {
-        self(req)?.lock_key().map(Some)
-    }
-}
-
-/// The key is a path parameter of the scope, e.g. `id` in `web::scope("/accounts/{id}")`
-/// (as `redlock_tower::extract::PathParam` for axum). A request without it is a bad key
-/// (400).
-#[derive(Debug, Clone)]
-pub struct PathParam {
-    name: String,
-}
-
-impl PathParam {
-    /// The key from the path parameter `name` (without braces).
-    pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into() }
-    }
-}
-
-impl RequestKey for PathParam {
-    fn request_key(&self, req: &ServiceRequest) -> Result<Option<String>, BadKey> {
-        req.match_info()
-            .get(&self.name)
-            .ok_or_else(|| BadKey::new(format!("the path has no `{}` parameter", self.name)))?
-            .lock_key()
-            .map(Some)
-    }
-}
-
-/// The key is a request header's value, e.g. `Idempotency-Key` or a tenant id (as
-/// `redlock_tower::extract::Header`, by the same rule: [`redlock_http::header_key`]).
-///
-/// Without the header the request passes through unlocked, or, once
-/// [`required`](Self::required), is refused with `400`. A value given twice, empty, or
-/// not visible ASCII is always refused with `400`.
-#[derive(Debug, Clone)]
-pub struct Header {
-    name: &'static str,
-    required: bool,
-}
-
-impl Header {
-    /// The key from header `name` (any case).
-    pub fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            required: false,
-        }
-    }
-
-    /// Refuse requests without the header (`400`) instead of letting them through.
-    pub fn required(mut self) -> Self {
-        self.required = true;
-        self
-    }
-}
-
-impl RequestKey for Header {
-    fn request_key(&self, req: &ServiceRequest) -> Result<Option<String>, BadKey> {
-        let values = req
-            .headers()
-            .get_all(self.name)
-            .map(actix_web::http::header::HeaderValue::as_bytes);
-        match redlock_http::header_key(self.name, values, self.required) {
-            Ok(Some(text)) => text.lock_key().map(Some),
-            Ok(None) => Ok(None),
-            Err(reason) => Err(BadKey::new(reason)),
-        }
-    }
-}
+use crate::extract::{Header, KeyExtractor, PathParam};
+use crate::guard::LockBody;
+use crate::token::FailedOpen;
 
 /// Locks every request through it by a key taken from the request: `wrap()` it around a
 /// scope (or a resource, or the whole app), and each request holds the cluster-wide lock
-/// on `prefix + key` while its handler runs and its response body is sent.
+/// on `resource_prefix + key` while its handler runs and, by default
+/// ([`hold`](DistributedLockConfig::hold)), while its response body is sent. Keys come
+/// from a [`KeyExtractor`] ([`extract`](crate::extract)).
 ///
 /// Same behaviour as the [`DistributedLock`](crate::DistributedLock) extractor: the
 /// innermost [`DistributedLockConfig`] (the scope's, else the app's; or the one given
 /// with [`with_config`](Self::with_config)), auto-extension, and the same rejections
-/// (busy → 409, no quorum → 503, bad key → 400, no configuration → 500). Handlers see the
+/// (busy → 409, no quorum → 503, bad key → 400, no configuration → 500); and the
+/// options of `redlock-tower`'s layer that only a middleware can have:
+/// [`hold`](DistributedLockConfig::hold), [`fail_open`](DistributedLockConfig::fail_open),
+/// [`abort_on_loss`](DistributedLockConfig::abort_on_loss). Handlers see the
 /// lock as `web::ReqData<redlock_actix::LockHandle>` (is it still held, its loss, its
 /// fencing token), and its fencing token as a [`FencingToken`](crate::FencingToken)
 /// argument.
@@ -127,7 +42,7 @@ impl RequestKey for Header {
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build()?;
-/// let app = App::new().app_data(DistributedLockConfig::new(redlock).key_prefix("account:")).service(
+/// let app = App::new().app_data(DistributedLockConfig::new(redlock).resource_prefix("account:")).service(
 ///     web::scope("/accounts/{id}")
 ///         // every request under /accounts/{id} holds the lock "account:{id}"
 ///         .wrap(LockMiddleware::path_param("id"))
@@ -151,7 +66,7 @@ impl<K> std::fmt::Debug for LockMiddleware<K> {
     }
 }
 
-impl<K: RequestKey> LockMiddleware<K> {
+impl<K: KeyExtractor> LockMiddleware<K> {
     /// Locks each request by `key`, typically a closure
     /// `|req: &ServiceRequest| -> Result<impl LockKey, BadKey>`.
     ///
@@ -205,9 +120,9 @@ impl<S, B, K> Transform<S, ServiceRequest> for LockMiddleware<K>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
     B: MessageBody + 'static,
-    K: RequestKey,
+    K: KeyExtractor,
 {
-    type Response = ServiceResponse<EitherBody<LockedBody<B>>>;
+    type Response = ServiceResponse<EitherBody<LockBody<B>>>;
     type Error = actix_web::Error;
     type Transform = LockMiddlewareService<S, K>;
     type InitError = ();
@@ -241,9 +156,9 @@ impl<S, B, K> Service<ServiceRequest> for LockMiddlewareService<S, K>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
     B: MessageBody + 'static,
-    K: RequestKey,
+    K: KeyExtractor,
 {
-    type Response = ServiceResponse<EitherBody<LockedBody<B>>>;
+    type Response = ServiceResponse<EitherBody<LockBody<B>>>;
     type Error = actix_web::Error;
     type Future = LocalBoxFuture<'static, Result<Self::Response, Self::Error>>;
 
@@ -251,7 +166,7 @@ where
 
     fn call(&self, req: ServiceRequest) -> Self::Future {
         let service = Rc::clone(&self.service);
-        let key = self.key.request_key(&req);
+        let key = self.key.extract(&req);
         let config = self
             .config
             .clone()
@@ -264,32 +179,78 @@ where
                 return Ok(req.error_response(err).map_into_right_body());
             };
             let key = match key {
-                Ok(Some(key)) => Ok(key),
+                Key::Lock(key) => key,
                 // No key: the request goes through unlocked.
-                Ok(None) => {
+                Key::Pass => {
                     let response = service.call(req).await?;
                     return Ok(response.map_into_boxed_body().map_into_right_body());
                 }
-                Err(bad) => Err(bad),
-            };
-            let resource = match config.resource(key) {
-                Ok(resource) => resource,
-                Err(bad) => {
-                    let err = config.reject(bad.into(), req.request());
+                Key::Reject(problem) => {
+                    let err =
+                        config.reject(DistributedLockError::Refused(problem), None, req.request());
+                    return Ok(req.error_response(err).map_into_right_body());
+                }
+                // A decision this version does not know: the server's mistake.
+                _ => {
+                    let err =
+                        config.reject(DistributedLockError::MissingConfig, None, req.request());
                     return Ok(req.error_response(err).map_into_right_body());
                 }
             };
-            let guard = match config.acquire(resource).await {
+            let resource = match config.resource(&key) {
+                Ok(resource) => resource,
+                Err(bad) => {
+                    let err = config.reject(bad.into(), None, req.request());
+                    return Ok(req.error_response(err).map_into_right_body());
+                }
+            };
+            let guard = match config.acquire(resource.clone()).await {
                 Ok(guard) => guard,
+                Err(err) if config.fails_open() && err.kind() == RejectionKind::Unavailable => {
+                    tracing::warn!(key = %resource, error = %err, "lock service unavailable: fail-open, serving the request WITHOUT a lock");
+                    // Tells `FencingToken` why there is no lock.
+                    req.extensions_mut().insert(FailedOpen);
+                    let response = service.call(req).await?;
+                    return Ok(response.map_into_boxed_body().map_into_right_body());
+                }
                 Err(err) => {
-                    let err = config.reject(err, req.request());
+                    let err = config.reject(err, Some(&resource), req.request());
                     return Ok(req.error_response(err).map_into_right_body());
                 }
             };
             req.extensions_mut().insert(guard.handle());
-            let response = service.call(req).await?;
+            let abort = config.aborts_on_loss();
+            let response = if abort {
+                let request = req.request().clone();
+                let lost = Box::pin(guard.cancellation_token().cancelled_owned());
+                let handler = Box::pin(service.call(req));
+                match select(handler, lost).await {
+                    Either::Left((response, _)) => response?,
+                    Either::Right(((), handler)) => {
+                        // The handler's future is dropped where it stands, then the lock.
+                        drop(handler);
+                        drop(guard);
+                        let err = config.reject(
+                            DistributedLockError::Lost(resource.clone()),
+                            Some(&resource),
+                            &request,
+                        );
+                        return Ok(ServiceResponse::from_err(err, request).map_into_right_body());
+                    }
+                }
+            } else {
+                service.call(req).await?
+            };
+            let guard = match config.hold_setting() {
+                // Dropping the guard releases the lock.
+                Hold::UntilHead => {
+                    drop(guard);
+                    None
+                }
+                _ => Some(guard),
+            };
             Ok(response
-                .map_body(move |_, body| LockedBody::new(body, guard))
+                .map_body(move |_, body| LockBody::held(body, guard, abort))
                 .map_into_left_body())
         })
     }

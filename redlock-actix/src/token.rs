@@ -29,7 +29,10 @@ use crate::error::DistributedLockError;
 /// Without a token the handler is not called: a request that holds no lock is refused
 /// with [`DistributedLockError::NoLock`], a lock without a token with
 /// [`DistributedLockError::NoFencingToken`], both `500` (through the configuration's
-/// [`error_handler`](crate::DistributedLockConfig::error_handler) when there is one).
+/// [`on_rejection`](crate::DistributedLockConfig::on_rejection) hook when there is one). A
+/// request that [`LockMiddleware`](crate::LockMiddleware) let through unlocked
+/// ([`fail_open`](crate::DistributedLockConfig::fail_open)) is answered `503`
+/// ([`DistributedLockError::FailedOpen`]), as in `redlock-tower`.
 /// The body says which of the two it is and nothing of the server's insides; the log
 /// names the setting to change.
 ///
@@ -53,7 +56,7 @@ use crate::error::DistributedLockError;
 ///     .nodes(urls)
 /// #   .restart_quarantine(false) // the test node was started a moment ago
 ///     .build()?;
-/// let config = DistributedLockConfig::new(redlock).key_prefix("order:").fencing(true);
+/// let config = DistributedLockConfig::new(redlock).resource_prefix("order:").fencing(true);
 /// let app = test::init_service(
 ///     App::new().app_data(config).route("/orders/{id}/pay", web::post().to(pay)),
 /// )
@@ -80,9 +83,15 @@ impl FencingToken {
     ///
     /// # Errors
     ///
-    /// [`DistributedLockError::NoLock`] or [`DistributedLockError::NoFencingToken`].
+    /// [`DistributedLockError::NoLock`], [`DistributedLockError::NoFencingToken`], or
+    /// [`DistributedLockError::FailedOpen`] (the [`MissingToken`](crate::MissingToken)
+    /// reasons of both web crates).
     pub fn from_req(req: &HttpRequest) -> Result<Self, DistributedLockError> {
-        match req.extensions().get::<LockHandle>() {
+        let extensions = req.extensions();
+        match extensions.get::<LockHandle>() {
+            None if extensions.get::<FailedOpen>().is_some() => {
+                Err(DistributedLockError::FailedOpen)
+            }
             None => Err(DistributedLockError::NoLock),
             Some(lock) => lock
                 .fencing_token()
@@ -141,12 +150,17 @@ impl Future for TokenFuture {
         }
         Poll::Ready(FencingToken::from_req(req).map_err(
             |err| match DistributedLockConfig::from_req(req) {
-                Some(config) => config.reject(err, req),
+                Some(config) => config.reject(err, None, req),
                 None => err.respond(req),
             },
         ))
     }
 }
+
+/// In the request's extensions when [`LockMiddleware`](crate::LockMiddleware) let it
+/// through without a lock (fail-open): tells [`FencingToken`] why there is none.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FailedOpen;
 
 /// In the request's extensions while a [`DistributedLock`](crate::DistributedLock) of it
 /// is being acquired, for [`FencingToken`] to wait on.

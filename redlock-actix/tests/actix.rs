@@ -21,7 +21,7 @@ async fn two_instances_serialize_a_key_answer_409_and_run_other_keys_in_parallel
     let config = |cluster: &Cluster| {
         DistributedLockConfig::new(redlock(cluster, Duration::from_millis(100)))
             .ttl(Duration::from_secs(2))
-            .key_prefix("order:")
+            .resource_prefix("order:")
     };
     let a = holding_server(2, config(&cluster), &log, 0).await;
     let b = holding_server(2, config(&cluster), &log, 1).await;

@@ -54,7 +54,7 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
         .max_resource_len(10)
         .build()
         .unwrap();
-    let config = DistributedLockConfig::new(short_names).key_prefix("o:");
+    let config = DistributedLockConfig::new(short_names).resource_prefix("o:");
     let app = actix_test::init_service(
         App::new()
             .service(
@@ -67,9 +67,9 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
             )
             .service(
                 web::scope("/custom")
-                    .app_data(config.clone().error_handler(|err, _req| {
-                        let teapot = HttpResponse::ImATeapot().body(format!("custom: {err}"));
-                        actix_web::error::InternalError::from_response(err, teapot).into()
+                    .app_data(config.clone().on_rejection(|rejection| {
+                        HttpResponse::ImATeapot()
+                            .body(format!("custom: {}", rejection.problem.detail))
                     }))
                     .route("/named/{id}", web::get().to(resource)),
             )
@@ -211,7 +211,7 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
         assert_eq!(status, 400, "{values:?}: {body}");
     }
 
-    // A custom error handler decides the answer.
+    // A rejection hook decides the answer.
     let (status, _, body) =
         call(actix_test::TestRequest::get().uri("/custom/named/toolongkey")).await;
     assert_eq!(status, 418, "{body}");
@@ -248,11 +248,11 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
 async fn scope_and_resource_configs_override_the_apps() {
     let cluster = Cluster::start(3).await;
     let shared = redlock(&cluster, Duration::from_millis(100));
-    let app_config = DistributedLockConfig::new(shared.clone()).key_prefix("app:");
+    let app_config = DistributedLockConfig::new(shared.clone()).resource_prefix("app:");
     let scope_config = DistributedLockConfig::new(shared.clone())
-        .key_prefix("scope:")
+        .resource_prefix("scope:")
         .wait(Duration::from_secs(5));
-    let resource_config = DistributedLockConfig::new(shared.clone()).key_prefix("res:");
+    let resource_config = DistributedLockConfig::new(shared.clone()).resource_prefix("res:");
     let server = Server::start(1, move |cfg| {
         cfg.app_data(app_config.clone())
             .route("/plain/{id}", web::get().to(resource))

@@ -119,7 +119,7 @@ async fn handlers_get_the_locks_rising_tokens_from_the_extractor_and_the_middlew
     // A request may come before the previous one's lock is released (just after its
     // handler returned): it waits for the lock.
     let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(200)))
-        .key_prefix("order:")
+        .resource_prefix("order:")
         .fencing(true)
         .wait(Duration::from_secs(2));
     let server = Server::start(2, move |cfg| {
@@ -156,7 +156,7 @@ async fn a_busy_lock_is_a_409_whatever_the_arguments_order() {
     let cluster = Cluster::start(1).await;
     let redlock = redlock(&cluster, Duration::from_millis(200));
     let config = DistributedLockConfig::new(redlock.clone())
-        .key_prefix("order:")
+        .resource_prefix("order:")
         .fencing(true);
     let server = Server::start(1, move |cfg| {
         cfg.app_data(config.clone()).configure(routes);
@@ -181,7 +181,7 @@ async fn a_route_without_a_lock_is_a_500_naming_the_middleware_in_the_log() {
     redlock_testkit::logs::capture("redlock_actix=debug,redlock_core=warn");
     let cluster = Cluster::start(1).await;
     let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(200)))
-        .key_prefix("order:")
+        .resource_prefix("order:")
         .fencing(true);
     let calls = web::Data::new(AtomicUsize::new(0));
     let server = {
@@ -212,7 +212,7 @@ async fn a_lock_without_fencing_is_a_500_naming_the_fencing_switch_in_the_log() 
     let cluster = Cluster::start(1).await;
     // The test kit's client has fencing off; so does the configuration, explicitly.
     let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(200)))
-        .key_prefix("order:")
+        .resource_prefix("order:")
         .fencing(false);
     let server = Server::start(1, move |cfg| {
         cfg.app_data(config.clone()).configure(routes);

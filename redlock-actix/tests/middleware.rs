@@ -57,7 +57,7 @@ async fn middleware_locks_a_scope_and_bodies_keep_the_lock_until_sent() {
     let cluster = Cluster::start(3).await;
     let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(100)))
         .ttl(Duration::from_secs(2))
-        .key_prefix("account:");
+        .resource_prefix("account:");
     let server = Server::start(2, move |cfg| {
         cfg.app_data(config.clone())
             .service(

@@ -18,7 +18,8 @@ async fn pay(order: DistributedLock<web::Path<String>>) -> HttpResponse {
 
 async fn serve(redlock: Redlock) -> String {
     redlock_testkit::logs::capture("redlock_actix=debug,redlock_core=warn");
-    let config = DistributedLockConfig::new(redlock).key_prefix(redlock_testkit::refusals::PREFIX);
+    let config =
+        DistributedLockConfig::new(redlock).resource_prefix(redlock_testkit::refusals::PREFIX);
     let server = HttpServer::new(move || {
         App::new()
             .app_data(config.clone())

@@ -1,15 +1,275 @@
-//! What a request header says of its lock key: the one rule both web crates follow.
+//! How a request names its lock: the one rule both web crates follow.
+//!
+//! A request's lock is named by its *resource*: the integration's
+//! [resource prefix](crate#the-web-crates-contract) followed by the request's *key*. The key is
+//! derived from what the request carries, by these functions only, in `redlock-tower`
+//! and `redlock-actix` alike:
+//!
+//! | source | key |
+//! | --- | --- |
+//! | a value (a header's, a path parameter's, a string returned by a closure) | [`lock_key`]: `%` → `%25`, `:` → `%3A`; empty refused |
+//! | several values (actix: a tuple) | each by [`lock_key`], joined by [`KEY_SEPARATOR`] (`:`) |
+//! | a header | [`header_key`] (given once, visible ASCII, trimmed, not empty), then [`lock_key`] |
+//! | a path parameter | its segment percent-decoded ([`decode_path_segment`], UTF-8), then [`lock_key`] |
+//! | a path prefix and the segments after it | [`path_prefix_key`]: each segment as sent, by [`lock_key`] |
+//! | an integer | its decimal digits |
+//!
+//! Since a value's key never contains `:`, keys joined by `:` stay unambiguous
+//! (`("a:b", "c")` and `("a", "b:c")` differ), and `Idempotency-Key: a:b` is locked as
+//! `a%3Ab` by both web crates. The resource is then [`resource_name`]: the prefix and
+//! the key; its length is checked by the client (`max_resource_len`) before anything is
+//! sent.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use crate::Problem;
+
+/// Joins the keys of several values into one (actix's tuple keys).
+pub const KEY_SEPARATOR: char = ':';
+
+/// The request carries no usable lock key: answered with `400 Bad Request`
+/// ([`Problem::bad_key`]), its detail told to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BadKey {
+    detail: Cow<'static, str>,
+}
+
+impl BadKey {
+    /// A bad key, and why (told to the client in the problem's `detail`).
+    pub fn new(detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            detail: detail.into(),
+        }
+    }
+
+    /// Why the key is unusable.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The `400` problem for it.
+    pub fn problem(&self) -> Problem {
+        Problem::bad_key(self.detail.clone().into_owned())
+    }
+}
+
+impl fmt::Display for BadKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for BadKey {}
+
+/// What a key extractor decided for one request (the same in both web crates).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Key {
+    /// Take the lock on this key (the integration's resource prefix is put in front).
+    /// The key is final: extractors derive it by the rule of this module
+    /// ([`lock_key`] for a value).
+    Lock(String),
+    /// Take no lock: the request goes through at once, unserialized.
+    Pass,
+    /// Refuse the request with this problem (usually a `400`, [`Problem::bad_key`]; a
+    /// `500` for a server-side mistake, whose detail then goes to the log only).
+    Reject(Problem),
+}
+
+impl Key {
+    /// The key to lock, if the decision is [`Key::Lock`].
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Lock(key) => Some(key),
+            _ => None,
+        }
+    }
+
+    /// The problem, if the decision is [`Key::Reject`].
+    pub fn rejection(&self) -> Option<&Problem> {
+        match self {
+            Self::Reject(problem) => Some(problem),
+            _ => None,
+        }
+    }
+
+    /// `Some(key)` locks it, `None` passes the request through.
+    pub fn from_option(key: Option<String>) -> Self {
+        key.map_or(Self::Pass, Self::Lock)
+    }
+
+    /// The key of a value ([`lock_key`]): `Some` locks by it (refused with `400` when
+    /// empty), `None` passes the request through.
+    pub fn from_value(value: Option<&str>) -> Self {
+        match value.map(lock_key) {
+            None => Self::Pass,
+            Some(Ok(key)) => Self::Lock(key),
+            Some(Err(bad)) => Self::Reject(bad.problem()),
+        }
+    }
+}
+
+impl From<Option<String>> for Key {
+    fn from(key: Option<String>) -> Self {
+        Self::from_option(key)
+    }
+}
+
+impl From<Result<String, BadKey>> for Key {
+    fn from(key: Result<String, BadKey>) -> Self {
+        match key {
+            Ok(key) => Self::Lock(key),
+            Err(bad) => Self::Reject(bad.problem()),
+        }
+    }
+}
+
+/// The key of one value: `%` → `%25` and `:` → `%3A`, everything else as it is; an
+/// empty value is a [`BadKey`].
+///
+/// ```
+/// use redlock_http::lock_key;
+///
+/// assert_eq!(lock_key("order-42").unwrap(), "order-42");
+/// assert_eq!(lock_key("a:b").unwrap(), "a%3Ab");
+/// assert_eq!(lock_key("100%").unwrap(), "100%25");
+/// assert_eq!(lock_key("café €").unwrap(), "café €");
+/// assert!(lock_key("").is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`BadKey`] when `value` is empty.
+pub fn lock_key(value: &str) -> Result<String, BadKey> {
+    if value.is_empty() {
+        return Err(BadKey::new("the lock key is empty"));
+    }
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+/// The lock's resource name: `resource_prefix` followed by `key`. An empty key is a
+/// [`BadKey`]; the length is the client's to check (`max_resource_len`, `400` too).
+///
+/// ```
+/// assert_eq!(redlock_http::resource_name("order:", "42").unwrap(), "order:42");
+/// assert!(redlock_http::resource_name("order:", "").is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`BadKey`] when `key` is empty.
+pub fn resource_name(resource_prefix: &str, key: &str) -> Result<String, BadKey> {
+    if key.is_empty() {
+        return Err(BadKey::new("the lock key is empty"));
+    }
+    let mut resource = String::with_capacity(resource_prefix.len() + key.len());
+    resource.push_str(resource_prefix);
+    resource.push_str(key);
+    Ok(resource)
+}
+
+/// A path segment percent-decoded (`+` stays `+`; a `%` not followed by two hex digits
+/// stays as it is), as axum's and actix's `Path` extractors decode a path parameter.
+///
+/// ```
+/// use redlock_http::decode_path_segment;
+///
+/// assert_eq!(decode_path_segment("a%3Ab").unwrap(), "a:b");
+/// assert_eq!(decode_path_segment("%E2%82%AC").unwrap(), "€");
+/// assert_eq!(decode_path_segment("100%").unwrap(), "100%");
+/// assert!(decode_path_segment("%FF").is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`BadKey`] when the decoded bytes are not UTF-8.
+pub fn decode_path_segment(raw: &str) -> Result<String, BadKey> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let hex = |at: usize| bytes.get(at).and_then(|c| (*c as char).to_digit(16));
+        match (b, hex(i + 1), hex(i + 2)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| BadKey::new("the path segment is not valid UTF-8"))
+}
+
+/// The key of a request under a path prefix: `prefix` (normalized to start with `/` and
+/// end without one) and the `segments` path segments after it, each as sent (still
+/// percent-encoded) and escaped by [`lock_key`]. `None` when `path` is outside the
+/// prefix (whole segments only: `/orders` does not match `/orders-archive/1`) or has
+/// fewer segments after it.
+///
+/// ```
+/// use redlock_http::path_prefix_key;
+///
+/// assert_eq!(path_prefix_key("/orders", 1, "/orders/42/pay").as_deref(), Some("/orders/42"));
+/// assert_eq!(path_prefix_key("/orders", 1, "/orders/a:b").as_deref(), Some("/orders/a%3Ab"));
+/// assert_eq!(path_prefix_key("/orders", 1, "/health"), None);
+/// ```
+pub fn path_prefix_key(prefix: &str, segments: usize, path: &str) -> Option<String> {
+    let prefix = normalize_prefix(prefix);
+    let rest = if prefix == "/" {
+        path
+    } else {
+        match path.strip_prefix(prefix.as_str()) {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => rest,
+            _ => return None,
+        }
+    };
+    let mut key = if prefix == "/" { String::new() } else { prefix };
+    let mut tail = rest;
+    for _ in 0..segments {
+        let after_slash = tail.strip_prefix('/')?;
+        let len = after_slash.find('/').unwrap_or(after_slash.len());
+        let segment = after_slash.get(..len)?;
+        key.push('/');
+        key.push_str(&lock_key(segment).ok()?);
+        tail = after_slash.get(len..)?;
+    }
+    if key.is_empty() {
+        key.push('/');
+    }
+    Some(key)
+}
+
+/// `prefix` starting with `/`, without a trailing one (`"/"` for the root).
+pub(crate) fn normalize_prefix(prefix: &str) -> String {
+    let mut prefix = prefix.trim_end_matches('/').to_owned();
+    if !prefix.starts_with('/') {
+        prefix.insert(0, '/');
+    }
+    prefix
+}
 
 /// The lock key a request carries in header `name`, given every value the request has
-/// for it (`values`), trimmed of surrounding spaces.
+/// for it (`values`), trimmed of surrounding spaces (not yet escaped: [`lock_key`]
+/// makes it a key).
 ///
 /// - no value: `Ok(None)` (the request passes through unlocked), or, when `required`,
 ///   an error;
 /// - more than one value: an error (which one would name the lock?);
 /// - a value that is not visible ASCII (spaces and tabs inside allowed), or empty once
 ///   trimmed: an error.
-///
-/// Errors are the reason, for a `400` body ([`Problem::bad_key`](crate::Problem::bad_key)).
 ///
 /// ```
 /// use redlock_http::header_key;
@@ -23,22 +283,24 @@
 ///
 /// # Errors
 ///
-/// The reason the header names no usable key, as above.
+/// A [`BadKey`] saying why the header names no usable key, as above.
 pub fn header_key<'a>(
     name: &str,
     values: impl IntoIterator<Item = &'a [u8]>,
     required: bool,
-) -> Result<Option<&'a str>, String> {
+) -> Result<Option<&'a str>, BadKey> {
     let mut values = values.into_iter();
     let Some(value) = values.next() else {
         return if required {
-            Err(format!("the `{name}` header is required"))
+            Err(BadKey::new(format!("the `{name}` header is required")))
         } else {
             Ok(None)
         };
     };
     if values.next().is_some() {
-        return Err(format!("the `{name}` header must be given once"));
+        return Err(BadKey::new(format!(
+            "the `{name}` header must be given once"
+        )));
     }
     let visible = value
         .iter()
@@ -46,10 +308,108 @@ pub fn header_key<'a>(
     let text = std::str::from_utf8(value)
         .ok()
         .filter(|_| visible)
-        .ok_or_else(|| format!("the `{name}` header must be visible ASCII"))?
+        .ok_or_else(|| BadKey::new(format!("the `{name}` header must be visible ASCII")))?
         .trim();
     if text.is_empty() {
-        return Err(format!("the `{name}` header is empty"));
+        return Err(BadKey::new(format!("the `{name}` header is empty")));
     }
     Ok(Some(text))
+}
+
+/// The key of header `name` ([`header_key`], then [`lock_key`]): what both web crates'
+/// `Header` extractors answer.
+///
+/// ```
+/// use redlock_http::{Key, header_lock_key};
+///
+/// assert_eq!(header_lock_key("idempotency-key", [&b"a:b"[..]], true), Key::Lock("a%3Ab".into()));
+/// assert_eq!(header_lock_key("idempotency-key", [], false), Key::Pass);
+/// ```
+pub fn header_lock_key<'a>(
+    name: &str,
+    values: impl IntoIterator<Item = &'a [u8]>,
+    required: bool,
+) -> Key {
+    match header_key(name, values, required) {
+        Ok(value) => Key::from_value(value),
+        Err(bad) => Key::Reject(bad.problem()),
+    }
+}
+
+/// The key of path parameter `name` whose raw value (as in the request path, or as the
+/// framework left it) is `raw`: [`decode_path_segment`], then [`lock_key`]. `None`
+/// (the route has no such parameter) is a server-side mistake: `500`.
+pub fn path_param_key(name: &str, raw: Option<&str>) -> Key {
+    let Some(raw) = raw else {
+        return Key::Reject(Problem::misconfigured(format!(
+            "the route has no path parameter `{name}` (or the path does not fit it)"
+        )));
+    };
+    match decode_path_segment(raw) {
+        Ok(value) => match lock_key(&value) {
+            Ok(key) => Key::Lock(key),
+            Err(_) => Key::Reject(Problem::bad_key(format!(
+                "path parameter `{name}` is empty"
+            ))),
+        },
+        Err(_) => Key::Reject(Problem::bad_key(format!(
+            "path parameter `{name}` is not valid UTF-8"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_keeps_joined_keys_unambiguous() {
+        let join = |a: &str, b: &str| format!("{}:{}", lock_key(a).unwrap(), lock_key(b).unwrap());
+        assert_ne!(join("a:b", "c"), join("a", "b:c"));
+        assert_eq!(lock_key("%3A").unwrap(), "%253A");
+        assert_ne!(lock_key("%3A").unwrap(), lock_key(":").unwrap());
+    }
+
+    #[test]
+    fn path_prefixes_take_whole_segments() {
+        let k = |p: &str, n: usize, path: &str| path_prefix_key(p, n, path);
+        assert_eq!(
+            k("/orders/", 1, "/orders/42").as_deref(),
+            Some("/orders/42")
+        );
+        assert_eq!(k("orders", 1, "/orders"), None);
+        assert_eq!(k("/orders", 1, "/orders/"), None);
+        assert_eq!(k("/orders", 1, "/orders//pay"), None);
+        assert_eq!(k("/orders", 1, "/orders-archive/1"), None);
+        assert_eq!(k("/admin", 0, "/admin/migrate").as_deref(), Some("/admin"));
+        assert_eq!(k("/", 1, "/a/b").as_deref(), Some("/a"));
+        assert_eq!(k("/", 1, "/"), None);
+        assert_eq!(
+            k("/t", 2, "/t/acme/100%25/x").as_deref(),
+            Some("/t/acme/100%2525")
+        );
+    }
+
+    #[test]
+    fn path_params_are_decoded_then_escaped() {
+        assert_eq!(
+            path_param_key("id", Some("a%3Ab")),
+            Key::Lock("a%3Ab".into())
+        );
+        assert_eq!(path_param_key("id", Some("a:b")), Key::Lock("a%3Ab".into()));
+        assert_eq!(
+            path_param_key("id", Some("100%25")),
+            Key::Lock("100%25".into())
+        );
+        assert_eq!(
+            path_param_key("id", Some("%FF"))
+                .rejection()
+                .map(|p| p.status),
+            Some(400)
+        );
+        assert_eq!(
+            path_param_key("id", None).rejection().map(|p| p.status),
+            Some(500)
+        );
+    }
 }

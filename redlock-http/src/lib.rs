@@ -45,6 +45,45 @@
 //! addresses, no Redis error text, no key prefix. The full error goes to the server's
 //! log, with the request's id ([`REQUEST_ID_HEADERS`]) when it has one; the body then
 //! carries the same id (`request_id`), so a client's report can be matched to the log.
+//!
+//! # The web crates' contract
+//!
+//! `redlock-tower` (a tower layer: axum, hyper, tonic) and `redlock-actix` (an
+//! extractor and a middleware for actix-web) follow one contract, decided here, so that
+//! a tower service and an actix service locking the same resource exclude each other
+//! and answer alike:
+//!
+//! - **Keys**: one rule ([`lock_key`] and the functions beside it; see [`Key`] and the
+//!   table in [`key`]): `Idempotency-Key: a:b` locks `a%3Ab` in both.
+//! - **Resources**: the lock's resource name is the `resource_prefix` and the key
+//!   ([`resource_name`]). It is not Redis's key namespace: that is the client's
+//!   `key_prefix` (`RedlockBuilder::key_prefix`, `redlock:` by default), put in front
+//!   of every resource on the nodes: `redlock:{order:42}`.
+//! - **Answers**: [`Problem`] (status, `Retry-After`, `application/problem+json`
+//!   body), by the table above; [`MissingToken`] for a fencing token the handler cannot
+//!   have.
+//! - **Options**: the same names, defaults and meanings:
+//!
+//! | option | default | meaning | tower (`LockLayer`) | actix (`DistributedLockConfig`) |
+//! | --- | --- | --- | --- | --- |
+//! | `resource_prefix(p)` | empty | the resource is `p` followed by the request's key | yes | yes |
+//! | `ttl(d)` | the client's `default_ttl` | the lock's TTL; auto-extended about every `ttl / 3` while held, so it bounds how long a crashed replica keeps the key, not the request | yes | yes |
+//! | `fail_fast()` | yes | one attempt: busy → 409 at once | yes | yes |
+//! | `wait(deadline)` | | retry until `deadline` (woken when the holder releases), then 409 | yes | yes |
+//! | `retry(policy)` | `RetryPolicy::once()` | any retry policy; `fail_fast` and `wait` are shorthands | yes | yes |
+//! | `hold(Hold)` | [`Hold::UntilBodyEnd`] | keep the lock until the body ends or is dropped, or only until the response head ([`Hold::UntilHead`]) | yes | the middleware; the extractor holds it as long as the handler keeps it (`into_parts` + `hold_during` for the body) |
+//! | `max_hold(d)` | the client's `max_hold` | no extension past `d` after the acquisition: the lock is then lost | yes | yes |
+//! | `fencing(on)` | the client's `fencing` | take each lock with a fencing token (the `FencingToken` extractor) | yes | yes |
+//! | `fail_open(on)` | off | no quorum (503) → serve the request without a lock, logged as a warning; a busy key is still refused | yes | the middleware; the extractor, whose value is the held lock, still answers 503 |
+//! | `busy_status(s)` | `409 Conflict` | the status of a busy answer (e.g. `423`, `429`) | yes | yes |
+//! | `abort_on_loss(on)` | off | a lock lost while the request runs: drop the handler and answer 503 (or cut the streaming body off); off: logged and signalled through the `LockHandle` (`lost()`) | yes | the middleware; a handler taking the extractor watches `guard().lost()` itself (actix gives an extractor no hold on the handler's future) |
+//! | `on_rejection(hook)` | problem+json | build the answer to a [`Rejection`](RejectionKind) yourself: `Fn(&Rejection) -> Response` | yes (`http::Response<Bytes>`) | yes (`HttpResponse`) |
+//! | `runtime(handle)` | a thread of the crate's | where the client's calls run (actix workers' runtimes stop with them) | not needed: one tokio runtime | yes |
+//!
+//! Types of the same meaning have the same names in both crates: `KeyExtractor`,
+//! [`Key`], `extract::{Header, PathParam, PathPrefix, Global, from_fn}`, [`BadKey`],
+//! [`Hold`], `Rejection` and [`RejectionKind`], `LockBody`, `FencingToken` and
+//! [`MissingToken`], `LockHandle`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -60,8 +99,99 @@ pub const CONTENT_TYPE: &str = "application/problem+json";
 /// holder's remaining time no node reported, and an unavailable lock service (503).
 pub const FALLBACK_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-mod key;
-pub use key::header_key;
+pub mod key;
+pub use key::{
+    BadKey, KEY_SEPARATOR, Key, decode_path_segment, header_key, header_lock_key, lock_key,
+    path_param_key, path_prefix_key, resource_name,
+};
+
+/// How long a request keeps its lock (the `hold` option of both web crates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Hold {
+    /// Until the handler's response is ready (its head); the body is sent without the
+    /// lock. For handlers that do all their work before answering.
+    UntilHead,
+    /// Until the response body has been fully produced, or dropped (the client went
+    /// away). For streaming responses whose production is the protected work. The
+    /// default.
+    #[default]
+    UntilBodyEnd,
+}
+
+/// Why an integration answered a request itself instead of letting the handler answer
+/// (handed to the `on_rejection` hook of both web crates, with the [`Problem`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectionKind {
+    /// The request names no usable key (a missing required header, an empty or too long
+    /// key), or the key extractor refused it.
+    Key,
+    /// Another request holds the key (fail fast, or the wait deadline passed).
+    Busy,
+    /// The lock service could not decide: no quorum of Redis nodes reachable in time.
+    Unavailable,
+    /// The lock was lost while the request ran, and the integration aborts on loss.
+    Lost,
+    /// The server's own lock configuration is wrong (an invalid TTL, no configuration
+    /// for the route, a fencing token asked for where the lock has none).
+    Misconfigured,
+}
+
+impl RejectionKind {
+    /// The kind of a lock error, by its class (see [`Problem::from_error`]).
+    pub fn of(error: &Error) -> Self {
+        match error.class() {
+            ErrorClass::Contended { .. } => Self::Busy,
+            ErrorClass::InvalidResource => Self::Key,
+            ErrorClass::InvalidInput => Self::Misconfigured,
+            ErrorClass::Lost => Self::Lost,
+            _ => Self::Unavailable,
+        }
+    }
+}
+
+/// Why a handler asking for the lock's fencing token gets none (both web crates'
+/// `FencingToken` extractors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingToken {
+    /// The request holds no lock: none is configured for the route, or the key
+    /// extractor let the request through unlocked.
+    NoLock,
+    /// The request's lock was taken without a fencing token (fencing is off).
+    FencingOff,
+    /// The request was let through without a lock because the lock service was
+    /// unavailable (`fail_open`).
+    FailedOpen,
+}
+
+impl MissingToken {
+    /// The answer: `500` for the two configuration mistakes (the body says which, and
+    /// nothing of the server's settings), `503` with `Retry-After` for a request let
+    /// through unlocked by `fail_open`.
+    pub fn problem(self) -> Problem {
+        match self {
+            Self::NoLock => Problem::misconfigured(
+                "The handler needs the lock's fencing token, but no lock was taken for this request: the lock is not configured for this route. The details are in the server's log."
+                    .to_owned(),
+            ),
+            Self::FencingOff => Problem::misconfigured(
+                "The handler needs the lock's fencing token, but this route's lock is configured without fencing tokens. The details are in the server's log."
+                    .to_owned(),
+            ),
+            Self::FailedOpen => Problem::unavailable(
+                "The lock service is temporarily unavailable; retry after the delay in Retry-After."
+                    .to_owned(),
+                None,
+            ),
+        }
+    }
+}
+
+/// The detail of every `500` answer: the server's mistakes are told in its log only.
+pub const MISCONFIGURED_DETAIL: &str =
+    "The server's lock configuration is invalid; the details are in the server's log.";
 
 /// Request headers read for a request or correlation id, in this order (the first
 /// present and well-formed one is used): `x-request-id` (what tower-http's and
@@ -166,6 +296,15 @@ impl Problem {
         )
     }
 
+    /// The lock was lost while the request ran, and the integration stopped the request
+    /// (`abort_on_loss`): 503, `Retry-After` [`FALLBACK_RETRY_AFTER`].
+    pub fn lost_while_running() -> Self {
+        Self::unavailable(
+            "The lock was lost while the request ran; the request was stopped. Retry it after the delay in Retry-After.".to_owned(),
+            None,
+        )
+    }
+
     /// The server is misconfigured (invalid TTL, missing configuration): 500.
     pub fn misconfigured(detail: String) -> Self {
         Self::new(
@@ -208,10 +347,7 @@ impl Problem {
                 }
                 _ => "The request's lock key is empty.".to_owned(),
             }),
-            ErrorClass::InvalidInput => Self::misconfigured(
-                "The server's lock configuration is invalid; the details are in the server's log."
-                    .to_owned(),
-            ),
+            ErrorClass::InvalidInput => Self::misconfigured(MISCONFIGURED_DETAIL.to_owned()),
             ErrorClass::Lost => Self::unavailable(
                 "The lock was lost while the request ran; retry after the delay in Retry-After."
                     .to_owned(),

@@ -1,4 +1,4 @@
-//! The layer's settings: [`Hold`], and what every service the layer makes shares.
+//! The layer's settings: what every service the layer makes shares.
 
 use std::fmt;
 use std::time::Duration;
@@ -8,25 +8,12 @@ use redlock_core::RetryPolicy;
 
 use crate::response::OnRejection;
 
-/// How long a request keeps its lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Hold {
-    /// Until the service's response future completes (the response head is ready); the
-    /// body is sent without the lock. For handlers that do all their work before
-    /// answering.
-    UntilHead,
-    /// Until the response body has been fully produced, or dropped (the client went
-    /// away): the lock lives inside the [`LockBody`](crate::LockBody). For streaming
-    /// responses whose production is the protected work. The default.
-    #[default]
-    UntilBodyEnd,
-}
+pub(crate) use redlock_http::Hold;
 
 /// The layer's settings, shared by every service it makes.
 #[derive(Clone)]
 pub(crate) struct Config {
-    pub(crate) key_prefix: String,
+    pub(crate) resource_prefix: String,
     pub(crate) ttl: Duration,
     pub(crate) retry: RetryPolicy,
     pub(crate) hold: Hold,
@@ -41,7 +28,7 @@ pub(crate) struct Config {
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
-            .field("key_prefix", &self.key_prefix)
+            .field("resource_prefix", &self.resource_prefix)
             .field("ttl", &self.ttl)
             .field("retry", &self.retry)
             .field("hold", &self.hold)

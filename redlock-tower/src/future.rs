@@ -233,11 +233,8 @@ where
                             request_id = this.request_id.as_deref(),
                             "lock lost while the request ran (a majority of lock nodes could not extend it in time): request stopped"
                         );
-                        let problem = Problem::unavailable(
-                            "The lock was lost while the request ran; the request was stopped. Retry it after the delay in Retry-After.".to_owned(),
-                            None,
-                        )
-                        .with_request_id(this.request_id.clone());
+                        let problem =
+                            Problem::lost_while_running().with_request_id(this.request_id.clone());
                         let response =
                             render(this.config, RejectionKind::Lost, Some(&key), problem, None);
                         return Poll::Ready(Ok(response.map(LockBody::full)));
@@ -247,9 +244,9 @@ where
                         Poll::Pending => return Poll::Pending,
                     };
                     let guard = match this.config.hold {
-                        Hold::UntilBodyEnd => guard.take(),
                         // Dropping the guard releases the lock.
                         Hold::UntilHead => None,
+                        _ => guard.take(),
                     };
                     this.state.set(State::Done);
                     return Poll::Ready(

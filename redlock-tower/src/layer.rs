@@ -19,11 +19,13 @@ use crate::service::LockService;
 /// example.
 ///
 /// Built with [`new`](Self::new) from a [`Redlock`] client and a
-/// [`KeyExtractor`](crate::extract::KeyExtractor); the other settings have defaults:
+/// [`KeyExtractor`](crate::extract::KeyExtractor); the other settings have defaults,
+/// the same as `redlock-actix`'s (the table of both: [`redlock_http`'s
+/// contract](redlock_http#the-web-crates-contract)):
 ///
 /// | setting | default |
 /// | --- | --- |
-/// | [`key_prefix`](Self::key_prefix) | none |
+/// | [`resource_prefix`](Self::resource_prefix) | none |
 /// | [`ttl`](Self::ttl) | the client's default TTL, auto-extended while the request runs |
 /// | [`wait`](Self::wait) / [`retry`](Self::retry) | fail fast: one attempt, `409` when busy |
 /// | [`hold`](Self::hold) | [`Hold::UntilBodyEnd`] |
@@ -66,7 +68,7 @@ impl<E> LockLayer<E> {
     /// A layer locking, for each request, the key `extractor` names, through `redlock`.
     pub fn new(redlock: Redlock, extractor: E) -> Self {
         let config = Config {
-            key_prefix: String::new(),
+            resource_prefix: String::new(),
             ttl: redlock.default_ttl(),
             retry: RetryPolicy::once(),
             hold: Hold::default(),
@@ -89,11 +91,15 @@ impl<E> LockLayer<E> {
         self
     }
 
-    /// Put `prefix` in front of every extracted key (e.g. `"pay:"`), so that layers on
-    /// different routes with the same kind of key (an order id) do not share locks.
-    pub fn key_prefix(self, prefix: impl Into<String>) -> Self {
+    /// Put `prefix` in front of every extracted key (e.g. `"pay:"`): the lock's
+    /// resource name is `prefix` followed by the key
+    /// ([`redlock_http::resource_name`]), so that layers on different routes with the
+    /// same kind of key (an order id) do not share locks. Not to be confused with the
+    /// client's [`key_prefix`](redlock_core::RedlockBuilder::key_prefix), the Redis key
+    /// namespace in front of every resource on the nodes.
+    pub fn resource_prefix(self, prefix: impl Into<String>) -> Self {
         let prefix = prefix.into();
-        self.config(|c| c.key_prefix = prefix)
+        self.config(|c| c.resource_prefix = prefix)
     }
 
     /// The lock's TTL (default: the client's). The lock is extended about every

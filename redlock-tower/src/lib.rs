@@ -13,7 +13,7 @@
 //!     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
 //!     .build()?; // checks the options; contacts no node
 //! // One payment per order at a time, cluster-wide; busy: 409 Conflict at once.
-//! let per_order = LockLayer::new(redlock, PathParam::new("id")).key_prefix("order:");
+//! let per_order = LockLayer::new(redlock, PathParam::new("id")).resource_prefix("order:");
 //! let app: Router = Router::new().route("/orders/{id}/pay", post(pay).route_layer(per_order));
 //! // axum::serve(listener, app).await?;
 //! # Ok::<(), redlock_tower::BoxError>(())
@@ -81,7 +81,7 @@
 //!
 //! // Requests under /orders/{id} are serialized per order, cluster-wide.
 //! let layer = LockLayer::new(redlock.clone(), PathPrefix::new("/orders"))
-//!     .key_prefix("http:")
+//!     .resource_prefix("http:")
 //!     .ttl(Duration::from_secs(5));
 //! let service = ServiceBuilder::new().layer(layer).service(service_fn(
 //!     |request: Request<String>| async move {
@@ -136,7 +136,7 @@
 //!
 //! let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build()?;
 //! let per_order = LockLayer::new(redlock, PathParam::new("id"))
-//!     .key_prefix("order:")
+//!     .resource_prefix("order:")
 //!     .fencing(true);
 //! let app: Router = Router::new().route("/orders/{id}/pay", post(pay).route_layer(per_order));
 //! # Ok::<(), redlock_tower::BoxError>(())
@@ -184,9 +184,9 @@ mod service;
 mod token;
 
 pub use body::{LockBody, LockLost};
-pub use config::Hold;
 pub use future::ResponseFuture;
 pub use layer::LockLayer;
 pub use redlock_core::{BoxError, LockHandle, Redlock, RetryPolicy};
+pub use redlock_http::{BadKey, Hold, MissingToken, RejectionKind};
 pub use service::LockService;
-pub use token::{FencingToken, FencingTokenRejection, MissingToken};
+pub use token::{FencingToken, FencingTokenRejection};

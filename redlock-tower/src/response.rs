@@ -42,21 +42,7 @@ pub type RejectionResponse = Response<Bytes>;
 /// The hook set with [`LockLayer::on_rejection`](crate::LockLayer::on_rejection).
 pub(crate) type OnRejection = Arc<dyn Fn(&Rejection<'_>) -> RejectionResponse + Send + Sync>;
 
-/// Why the layer answered instead of the service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RejectionKind {
-    /// The key extractor refused the request ([`Key::Reject`](crate::extract::Key::Reject)).
-    Key,
-    /// Another request holds the key (fail fast, or the wait deadline passed).
-    Busy,
-    /// The lock service could not decide: no quorum of Redis nodes reachable in time.
-    Unavailable,
-    /// The lock was lost while the request ran, and the layer aborts on loss.
-    Lost,
-    /// The lock call was refused as invalid (e.g. a TTL above the client's maximum).
-    Misconfigured,
-}
+pub use redlock_http::RejectionKind;
 
 /// A rejection, handed to the [`on_rejection`](crate::LockLayer::on_rejection) hook.
 #[derive(Debug)]
@@ -64,8 +50,8 @@ pub enum RejectionKind {
 pub struct Rejection<'a> {
     /// Why.
     pub kind: RejectionKind,
-    /// The lock's resource name (the layer's key prefix and the extracted key), when a
-    /// key was extracted.
+    /// The lock's resource name (the layer's resource prefix and the extracted key),
+    /// when a key was extracted.
     pub key: Option<&'a str>,
     /// The standard description: status (already the layer's
     /// [`busy_status`](crate::LockLayer::busy_status) for [`RejectionKind::Busy`]),

@@ -100,28 +100,43 @@ where
                 if problem.status >= 500 {
                     // The server's own mistake: the details go to the log only.
                     tracing::error!(status = problem.status, detail = %problem.detail, request_id = id.as_deref(), "request refused by the key extractor");
-                    problem.detail = "The server's lock configuration is invalid; the details are in the server's log.".to_owned();
+                    problem.detail = redlock_http::MISCONFIGURED_DETAIL.to_owned();
                 } else {
                     tracing::debug!(status = problem.status, detail = %problem.detail, request_id = id.as_deref(), "request refused by the key extractor");
                 }
                 ResponseFuture::rejected(RejectionKind::Key, None, problem, id, config)
             }
-            Key::Lock(key) if key.is_empty() => {
-                let problem = Problem::bad_key("the request's lock key is empty".to_owned());
-                let id = request_id(&request);
-                ResponseFuture::rejected(RejectionKind::Key, None, problem, id, config)
-            }
             Key::Lock(key) => {
-                let mut resource = String::with_capacity(config.key_prefix.len() + key.len());
-                resource.push_str(&config.key_prefix);
-                resource.push_str(&key);
                 let id = request_id(&request);
+                let resource = match redlock_http::resource_name(&config.resource_prefix, &key) {
+                    Ok(resource) => resource,
+                    Err(bad) => {
+                        return ResponseFuture::rejected(
+                            RejectionKind::Key,
+                            None,
+                            bad.problem(),
+                            id,
+                            config,
+                        );
+                    }
+                };
                 ResponseFuture::acquiring(
                     self.redlock.clone(),
                     resource,
                     inner,
                     request,
                     id,
+                    config,
+                )
+            }
+            // A decision this version does not know: refused as the server's mistake.
+            _ => {
+                let problem = Problem::misconfigured(redlock_http::MISCONFIGURED_DETAIL.to_owned());
+                ResponseFuture::rejected(
+                    RejectionKind::Misconfigured,
+                    None,
+                    problem,
+                    request_id(&request),
                     config,
                 )
             }

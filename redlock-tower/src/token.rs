@@ -45,7 +45,7 @@ use crate::response::{RejectionResponse, problem_response};
 /// #     .restart_quarantine(false) // the test node was started a moment ago
 /// #     .build()?;
 /// let per_order = LockLayer::new(redlock, PathParam::new("id"))
-///     .key_prefix("order:")
+///     .resource_prefix("order:")
 ///     .fencing(true);
 /// let app: Router = Router::new()
 ///     .route("/orders/{id}/pay", post(pay).route_layer(per_order))
@@ -154,26 +154,7 @@ impl From<FencingToken> for u64 {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FailedOpen;
 
-/// Why a request has no [`FencingToken`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MissingToken {
-    /// No lock was taken for the request: no [`LockLayer`](crate::LockLayer) covers the
-    /// route (with axum, `Router::layer` and `Router::route_layer` wrap only the routes
-    /// added before them), or the layer's key extractor let the request through unlocked
-    /// ([`Key::Pass`](crate::extract::Key::Pass)). A configuration mistake: 500.
-    NoLock,
-    /// The lock was taken without a fencing token: fencing is off for the layer (turn it
-    /// on with [`LockLayer::fencing`](crate::LockLayer::fencing) or the client's
-    /// [`fencing`](redlock_core::RedlockBuilder::fencing) setting). A configuration
-    /// mistake: 500.
-    FencingOff,
-    /// No quorum of lock nodes was reachable and the layer, failing open
-    /// ([`LockLayer::fail_open`](crate::LockLayer::fail_open)), let the request through
-    /// without a lock: a handler that needs a token cannot write safely. 503, with
-    /// `Retry-After`, as when the layer fails closed.
-    FailedOpen,
-}
+use redlock_http::MissingToken;
 
 /// A request without a [`FencingToken`]: why ([`reason`](Self::reason)), the answer
 /// for the client ([`problem`](Self::problem), [`to_response`](Self::to_response); with
@@ -211,21 +192,7 @@ impl FencingTokenRejection {
     /// `Retry-After` for [`MissingToken::FailedOpen`]; a detail that says which, and the
     /// request's id.
     pub fn problem(&self) -> Problem {
-        let problem = match self.reason {
-            MissingToken::NoLock => Problem::misconfigured(
-                "The handler needs the lock's fencing token, but no lock was taken for this request: the lock is not configured for this route. The details are in the server's log."
-                    .to_owned(),
-            ),
-            MissingToken::FencingOff => Problem::misconfigured(
-                "The handler needs the lock's fencing token, but this route's lock is configured without fencing tokens. The details are in the server's log."
-                    .to_owned(),
-            ),
-            MissingToken::FailedOpen => Problem::unavailable(
-                "The lock service is temporarily unavailable; retry after the delay in Retry-After."
-                    .to_owned(),
-                None,
-            ),
-        };
+        let problem = self.reason.problem();
         problem.with_request_id(self.request_id.clone())
     }
 
@@ -248,6 +215,7 @@ impl fmt::Display for FencingTokenRejection {
             MissingToken::FailedOpen => {
                 "the handler takes a `redlock_tower::FencingToken`, but the layer let the request through without a lock because the lock service was unavailable (`LockLayer::fail_open`): answered 503 instead"
             }
+            _ => "the handler takes a `redlock_tower::FencingToken`, but the request has none",
         })
     }
 }

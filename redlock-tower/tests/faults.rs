@@ -18,7 +18,7 @@ async fn long_handler_keeps_its_lock_by_auto_extension() {
         replica(&cluster, Duration::from_millis(50)),
         PathParam::new("id"),
     )
-    .key_prefix("job:")
+    .resource_prefix("job:")
     .ttl(ttl);
     let app = Router::new()
         .route(
@@ -40,7 +40,7 @@ async fn long_handler_keeps_its_lock_by_auto_extension() {
         replica(&cluster, Duration::from_millis(50)),
         PathParam::new("id"),
     )
-    .key_prefix("job:")
+    .resource_prefix("job:")
     .ttl(ttl);
     let other = serve(
         Router::new()
@@ -94,13 +94,13 @@ async fn majority_paused_mid_request_signals_loss_or_aborts() {
         replica(&cluster, Duration::from_millis(50)),
         PathParam::new("id"),
     )
-    .key_prefix("signal:")
+    .resource_prefix("signal:")
     .ttl(ttl);
     let abort = LockLayer::new(
         replica(&cluster, Duration::from_millis(50)),
         PathParam::new("id"),
     )
-    .key_prefix("abort:")
+    .resource_prefix("abort:")
     .ttl(ttl)
     .abort_on_loss(true);
     let (dropped, finished) = (Arc::clone(&handler_dropped), Arc::clone(&handler_finished));
@@ -205,10 +205,10 @@ async fn nodes_down_answer_503_fast_or_fail_open() {
             if lock.is_some() { "locked" } else { "unlocked" }
         }
     };
-    let closed =
-        LockLayer::new(replica(&cluster, node_timeout), PathParam::new("id")).key_prefix("closed:");
+    let closed = LockLayer::new(replica(&cluster, node_timeout), PathParam::new("id"))
+        .resource_prefix("closed:");
     let open = LockLayer::new(replica(&cluster, node_timeout), PathParam::new("id"))
-        .key_prefix("fail-open-test:")
+        .resource_prefix("fail-open-test:")
         .fail_open(true);
     let app = Router::new()
         .route("/closed/{id}", post(handler.clone()).route_layer(closed))

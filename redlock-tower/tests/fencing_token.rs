@@ -91,7 +91,7 @@ async fn handlers_under_a_fencing_layer_get_rising_tokens() {
         replica(&cluster, Duration::from_millis(200)),
         PathParam::new("id"),
     )
-    .key_prefix("order:")
+    .resource_prefix("order:")
     .fencing(true)
     // A request may come before the previous one's release (after its body).
     .wait(Duration::from_secs(2));

@@ -16,7 +16,7 @@ async fn missing_required_key_is_400_and_no_key_takes_no_lock() {
     let handled = Arc::new(AtomicUsize::new(0));
     let intervals = Arc::new(Intervals::default());
     let idempotent = LockLayer::new(redlock.clone(), Header::new("Idempotency-Key").required())
-        .key_prefix("idem:");
+        .resource_prefix("idem:");
     // Only POSTs are serialized per tenant; GETs pass.
     let by_tenant = LockLayer::new(redlock, |request: &Request| {
         (request.method() == axum::http::Method::POST)
@@ -30,7 +30,7 @@ async fn missing_required_key_is_400_and_no_key_takes_no_lock() {
             })
             .flatten()
     })
-    .key_prefix("tenant:");
+    .resource_prefix("tenant:");
     let (h, i) = (Arc::clone(&handled), Arc::clone(&intervals));
     let app = Router::new()
         .route(

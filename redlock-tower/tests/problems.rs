@@ -17,7 +17,7 @@ use redlock_tower::extract::Header;
 async fn serve(redlock: Redlock) -> String {
     redlock_testkit::logs::capture("redlock_tower=debug,redlock_core=warn");
     let layer = LockLayer::new(redlock, Header::new("x-order").required())
-        .key_prefix(redlock_testkit::refusals::PREFIX);
+        .resource_prefix(redlock_testkit::refusals::PREFIX);
     let app = Router::new()
         .route("/pay", post(|| async { "paid" }))
         .route_layer(layer);

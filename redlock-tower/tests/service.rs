@@ -58,7 +58,7 @@ async fn busy_status_and_rejection_hook() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = Arc::clone(&seen);
     let layer = LockLayer::new(redlock.clone(), Global::new("import"))
-        .key_prefix("job:")
+        .resource_prefix("job:")
         .busy_status(StatusCode::LOCKED)
         .on_rejection(move |rejection| {
             log.lock().unwrap().push((
@@ -250,7 +250,7 @@ async fn bad_keys_and_bad_configuration() {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     // Paths outside the prefix pass through unlocked.
     let service = ServiceBuilder::new()
-        .layer(LockLayer::new(redlock, PathPrefix::new("/orders")).key_prefix("p:"))
+        .layer(LockLayer::new(redlock, PathPrefix::new("/orders")).resource_prefix("p:"))
         .service(counted);
     let response = service.clone().oneshot(get("/health")).await.unwrap();
     assert_eq!(text(response).await, "none");

@@ -18,7 +18,7 @@ fn stream_app(
     hold: Hold,
 ) -> Router {
     let layer = LockLayer::new(redlock, PathParam::new("id"))
-        .key_prefix("stream:")
+        .resource_prefix("stream:")
         .ttl(Duration::from_secs(10)) // long: a lock left behind would show
         .hold(hold);
     Router::new()

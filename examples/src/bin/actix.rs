@@ -162,7 +162,7 @@ async fn start_replica(
     // Every lock carries a fencing token, for the handlers' `FencingToken` argument.
     let config = DistributedLockConfig::new(redlock)
         .ttl(Duration::from_secs(2))
-        .key_prefix("actix-example:order:")
+        .resource_prefix("actix-example:order:")
         .fencing(true);
     let server = HttpServer::new(move || {
         App::new()
@@ -178,7 +178,7 @@ async fn start_replica(
                     .app_data(
                         config
                             .clone()
-                            .key_prefix("actix-example:account:")
+                            .resource_prefix("actix-example:account:")
                             .wait(Duration::from_secs(5)),
                     )
                     .wrap(LockMiddleware::path_param("id"))

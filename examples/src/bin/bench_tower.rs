@@ -104,7 +104,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
-    let layer = LockLayer::new(redlock.clone(), PathParam::new("id")).key_prefix("bench:");
+    let layer = LockLayer::new(redlock.clone(), PathParam::new("id")).resource_prefix("bench:");
     let manual = redlock.clone();
     let app = Router::new()
         .route("/plain/{id}", get(|| async { "ok" }))
@@ -141,7 +141,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         redlock.clone(),
         redlock_tower::extract::PathPrefix::new("/"),
     )
-    .key_prefix("bench:svc:")
+    .resource_prefix("bench:svc:")
     .layer(tower::service_fn(ok));
     let ctx = Arc::new(Ctx {
         base,

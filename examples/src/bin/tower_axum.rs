@@ -50,10 +50,10 @@ fn app(replica: usize, redlock: Redlock, ledger: Ledger, db: Arc<WriteLog>) -> R
     let per_order = PathParam::new("id");
     // Every lock carries a fencing token: the handlers take it as an argument.
     let pay = LockLayer::new(redlock.clone(), per_order.clone())
-        .key_prefix("order:")
+        .resource_prefix("order:")
         .fencing(true);
     let refund = LockLayer::new(redlock, per_order)
-        .key_prefix("order:")
+        .resource_prefix("order:")
         .fencing(true)
         .wait(Duration::from_secs(5));
     let handler = move |kind: &'static str| {

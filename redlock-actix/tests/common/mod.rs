@@ -9,8 +9,9 @@ pub use std::time::{Duration, Instant};
 pub use actix_web::body::BodyStream;
 pub use actix_web::dev::{ServerHandle, ServiceRequest};
 pub use actix_web::{App, HttpResponse, HttpServer, test as actix_test, web};
+pub use redlock_actix::extract::Header;
 pub use redlock_actix::{
-    BadKey, DistributedLock, DistributedLockConfig, Header, LockHandle, LockHeader, LockHeaderName,
+    BadKey, DistributedLock, DistributedLockConfig, LockHandle, LockHeader, LockHeaderName,
     LockMiddleware, Redlock,
 };
 pub use redlock_testkit::Cluster;

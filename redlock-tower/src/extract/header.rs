@@ -1,17 +1,18 @@
 //! [`Header`]: the key from a request header.
 
+use super::{Key, KeyExtractor};
 use http::Request;
 use http::header::HeaderName;
-use redlock_http::{Problem, header_key};
-
-use super::{Key, KeyExtractor, checked};
 
 /// The key is a request header's value, e.g. `Idempotency-Key` or a tenant id.
 ///
 /// Without the header the request passes through unlocked, or, once
 /// [`required`](Self::required), is refused with `400`. A value that is empty or not
-/// visible ASCII is always refused with `400`, and so is one longer than the client's
-/// [`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len) with the prefix.
+/// visible ASCII, or given twice, is always refused with `400`, and so is one longer
+/// than the client's [`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)
+/// with the prefix. The key is the trimmed value with `%` and `:` escaped
+/// ([`redlock_http::header_lock_key`]): `Idempotency-Key: a:b` locks `a%3Ab`, as in
+/// `redlock-actix`.
 #[derive(Debug, Clone)]
 pub struct Header {
     name: HeaderName,
@@ -63,10 +64,6 @@ impl<B> KeyExtractor<B> for Header {
             .get_all(&self.name)
             .iter()
             .map(http::HeaderValue::as_bytes);
-        match header_key(self.name.as_str(), values, self.required) {
-            Ok(Some(text)) => checked(text, || format!("the `{}` header", self.name)),
-            Ok(None) => Key::Pass,
-            Err(reason) => Key::Reject(Problem::bad_key(reason)),
-        }
+        redlock_http::header_lock_key(self.name.as_str(), values, self.required)
     }
 }

@@ -1,4 +1,5 @@
-//! Key extractors: which lock (if any) a request needs.
+//! Key extractors: which lock (if any) a request needs, by the rule that
+//! `redlock-actix` follows too ([`redlock_http::key`]).
 //!
 //! A [`KeyExtractor`] looks at a request and answers with a [`Key`]:
 //!
@@ -54,7 +55,6 @@ mod path_prefix;
 mod tests;
 
 use http::Request;
-use redlock_http::Problem;
 
 pub use self::global::Global;
 pub use self::header::Header;
@@ -62,52 +62,14 @@ pub use self::header::Header;
 pub use self::path_param::PathParam;
 pub use self::path_prefix::PathPrefix;
 
-/// What a [`KeyExtractor`] decided for one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Key {
-    /// Take the lock on this key (the layer's [key
-    /// prefix](crate::LockLayer::key_prefix) is put in front) for the request.
-    Lock(String),
-    /// Take no lock: the request goes through at once, unserialized.
-    Pass,
-    /// Refuse the request with this problem (usually [`Problem::bad_key`], a `400`).
-    Reject(Problem),
-}
-
-impl Key {
-    /// The key to lock, if the decision is [`Key::Lock`].
-    pub fn key(&self) -> Option<&str> {
-        match self {
-            Self::Lock(key) => Some(key),
-            _ => None,
-        }
-    }
-
-    /// The problem, if the decision is [`Key::Reject`].
-    pub fn rejection(&self) -> Option<&Problem> {
-        match self {
-            Self::Reject(problem) => Some(problem),
-            _ => None,
-        }
-    }
-
-    /// `Some(key)` locks it, `None` passes the request through.
-    pub fn from_option(key: Option<String>) -> Self {
-        key.map_or(Self::Pass, Self::Lock)
-    }
-}
-
-impl From<Option<String>> for Key {
-    fn from(key: Option<String>) -> Self {
-        Self::from_option(key)
-    }
-}
+pub use redlock_http::Key;
 
 /// Names the lock a request needs. See the [module documentation](self).
 ///
-/// Implemented for closures `Fn(&http::Request<B>) -> Option<String>`; implement it
-/// yourself (or use [`from_fn`]) to reject requests. It runs synchronously in
+/// Implemented for closures `Fn(&http::Request<B>) -> Option<String>`: the string is a
+/// value, made a key by [`redlock_http::lock_key`] (`%` and `:` escaped, empty refused
+/// with `400`), as actix's closures' values are. Implement it yourself (or use
+/// [`from_fn`]) to reject requests; a [`Key::Lock`] you return is the final key. It runs synchronously in
 /// `Service::call`, before anything else: keep it cheap, and do not read the body.
 pub trait KeyExtractor<B> {
     /// Decides the key for `request`.
@@ -119,7 +81,7 @@ where
     F: Fn(&Request<B>) -> Option<String>,
 {
     fn extract(&self, request: &Request<B>) -> Key {
-        Key::from_option(self(request))
+        Key::from_value(self(request).as_deref())
     }
 }
 
@@ -154,16 +116,5 @@ where
 {
     fn extract(&self, request: &Request<B>) -> Key {
         (self.0)(request)
-    }
-}
-
-/// Refuses an empty key; `what` names its source for the message. The length bound is
-/// the client's ([`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)):
-/// a longer key is refused with `400` before anything is sent to a node.
-fn checked(key: &str, what: impl FnOnce() -> String) -> Key {
-    if key.is_empty() {
-        Key::Reject(Problem::bad_key(format!("{} is empty", what())))
-    } else {
-        Key::Lock(key.to_owned())
     }
 }

@@ -4,7 +4,7 @@ use axum::extract::{MatchedPath, OriginalUri};
 use http::Request;
 use redlock_http::Problem;
 
-use super::{Key, KeyExtractor, checked};
+use super::{Key, KeyExtractor};
 
 /// The key is a path parameter of the axum route, e.g. `id` in
 /// `/orders/{id}/pay` (feature `axum`).
@@ -44,7 +44,7 @@ use super::{Key, KeyExtractor, checked};
 ///             format!("paid under {}", lock.resource())
 ///         }),
 ///     )
-///     .route_layer(LockLayer::new(redlock, PathParam::new("id")).key_prefix("order:"));
+///     .route_layer(LockLayer::new(redlock, PathParam::new("id")).resource_prefix("order:"));
 ///
 /// let pay = Request::post("/orders/42/pay").body(Body::empty())?;
 /// let response = app.oneshot(pay).await?;
@@ -80,11 +80,7 @@ impl<B> KeyExtractor<B> for PathParam {
             .get::<OriginalUri>()
             .map_or_else(|| request.uri().path(), |original| original.0.path());
         match param_value(template.as_str(), path, &self.name) {
-            Some(Ok(value)) => checked(&value, || format!("path parameter `{}`", self.name)),
-            Some(Err(())) => Key::Reject(Problem::bad_key(format!(
-                "path parameter `{}` is not valid UTF-8",
-                self.name
-            ))),
+            Some(raw) => redlock_http::path_param_key(&self.name, Some(&raw)),
             None => Key::Reject(Problem::misconfigured(format!(
                 "route `{}` has no path parameter `{}` (or the path does not fit it)",
                 template.as_str(),
@@ -94,47 +90,26 @@ impl<B> KeyExtractor<B> for PathParam {
     }
 }
 
-/// The value of parameter `name` of route `template` (axum syntax: `{name}`,
-/// `{*name}`) in `path`, percent-decoded: `None` if the template has no such parameter
-/// or the path does not fit it, `Some(Err)` if the value is not UTF-8.
-fn param_value(template: &str, path: &str, name: &str) -> Option<Result<String, ()>> {
+/// The raw value (still percent-encoded) of parameter `name` of route `template`
+/// (axum syntax: `{name}`, `{*name}`) in `path`: `None` if the template has no such
+/// parameter or the path does not fit it.
+fn param_value(template: &str, path: &str, name: &str) -> Option<String> {
     let plain = format!("{{{name}}}");
     let wildcard = format!("{{*{name}}}");
     let mut path_segments = path.split('/');
     for segment in template.split('/') {
         if segment == wildcard {
             let rest: Vec<&str> = path_segments.collect();
-            return Some(decode(&rest.join("/")));
+            return Some(rest.join("/"));
         }
         let value = path_segments.next()?;
         if let Some((before, after)) = segment.split_once(plain.as_str()) {
             // A parameter may share its segment with literal text (`{file}.json`).
             let inner = value.strip_prefix(before)?.strip_suffix(after)?;
-            return Some(decode(inner));
+            return Some(inner.to_owned());
         }
     }
     None
-}
-
-/// Percent-decodes `raw` (a path segment; `+` stays `+`), requiring UTF-8.
-fn decode(raw: &str) -> Result<String, ()> {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        let hex = |at: usize| bytes.get(at).and_then(|c| (*c as char).to_digit(16));
-        match (b, hex(i + 1), hex(i + 2)) {
-            (b'%', Some(hi), Some(lo)) => {
-                out.push((hi * 16 + lo) as u8);
-                i += 3;
-            }
-            _ => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| ())
 }
 
 #[cfg(test)]
@@ -143,36 +118,24 @@ mod tests {
 
     #[test]
     fn path_parameters_from_templates() {
-        let v = |t: &str, p: &str, n: &str| param_value(t, p, n);
-        assert_eq!(
-            v("/orders/{id}/pay", "/orders/42/pay", "id"),
-            Some(Ok("42".into()))
-        );
+        let v = |t: &str, p: &str, n: &str| {
+            param_value(t, p, n).map(|raw| redlock_http::path_param_key(n, Some(&raw)))
+        };
+        let lock = |k: &str| Some(Key::Lock(k.into()));
+        assert_eq!(v("/orders/{id}/pay", "/orders/42/pay", "id"), lock("42"));
         assert_eq!(
             v("/t/{tenant}/o/{id}", "/t/acme/o/7", "tenant"),
-            Some(Ok("acme".into()))
+            lock("acme")
         );
-        assert_eq!(
-            v("/t/{tenant}/o/{id}", "/t/acme/o/7", "id"),
-            Some(Ok("7".into()))
-        );
-        assert_eq!(
-            v("/files/{*path}", "/files/a/b%20c", "path"),
-            Some(Ok("a/b c".into()))
-        );
-        assert_eq!(
-            v("/r/{name}.json", "/r/x.json", "name"),
-            Some(Ok("x".into()))
-        );
-        assert_eq!(
-            v("/orders/{id}", "/orders/%E2%82%AC", "id"),
-            Some(Ok("€".into()))
-        );
-        assert_eq!(v("/orders/{id}", "/orders/%FF", "id"), Some(Err(())));
-        assert_eq!(
-            v("/orders/{id}", "/orders/100%", "id"),
-            Some(Ok("100%".into()))
-        );
+        assert_eq!(v("/t/{tenant}/o/{id}", "/t/acme/o/7", "id"), lock("7"));
+        assert_eq!(v("/files/{*path}", "/files/a/b%20c", "path"), lock("a/b c"));
+        assert_eq!(v("/r/{name}.json", "/r/x.json", "name"), lock("x"));
+        assert_eq!(v("/orders/{id}", "/orders/%E2%82%AC", "id"), lock("€"));
+        assert_eq!(v("/orders/{id}", "/orders/a%3Ab", "id"), lock("a%3Ab"));
+        assert_eq!(v("/orders/{id}", "/orders/a:b", "id"), lock("a%3Ab"));
+        let bad = v("/orders/{id}", "/orders/%FF", "id");
+        assert_eq!(bad.and_then(|k| k.rejection().map(|p| p.status)), Some(400));
+        assert_eq!(v("/orders/{id}", "/orders/100%", "id"), lock("100%25"));
         assert_eq!(v("/orders/{id}", "/orders/42", "other"), None);
         assert_eq!(v("/orders/{id}", "/orders", "id"), None);
     }

@@ -2,7 +2,7 @@
 
 use http::Request;
 
-use super::{Key, KeyExtractor, checked};
+use super::{Key, KeyExtractor};
 
 /// The key is a path prefix plus the segments that follow it: with
 /// `PathPrefix::new("/orders")`, `POST /orders/42/pay` and `GET /orders/42` share the
@@ -11,7 +11,8 @@ use super::{Key, KeyExtractor, checked};
 /// Requests outside the prefix, or with fewer segments after it than asked, pass
 /// through unlocked. The prefix matches whole segments (`/orders` does not match
 /// `/orders-archive/1`). Segments are taken as they appear in the URI
-/// (percent-encoded), so equal paths give equal keys.
+/// (percent-encoded), each escaped as a value ([`redlock_http::path_prefix_key`]), as
+/// `redlock-actix`'s `PathPrefix` does.
 #[derive(Debug, Clone)]
 pub struct PathPrefix {
     prefix: String,
@@ -44,35 +45,10 @@ impl PathPrefix {
 
 impl<B> KeyExtractor<B> for PathPrefix {
     fn extract(&self, request: &Request<B>) -> Key {
-        let path = request.uri().path();
-        let rest = if self.prefix == "/" {
-            path
-        } else {
-            match path.strip_prefix(self.prefix.as_str()) {
-                Some(rest) if rest.is_empty() || rest.starts_with('/') => rest,
-                _ => return Key::Pass,
-            }
-        };
-        let mut end = 0;
-        for _ in 0..self.segments {
-            let tail = &rest[end..];
-            let Some(after_slash) = tail.strip_prefix('/') else {
-                return Key::Pass;
-            };
-            let len = after_slash.find('/').unwrap_or(after_slash.len());
-            if len == 0 {
-                return Key::Pass;
-            }
-            end += 1 + len;
-        }
-        let mut key = String::with_capacity(self.prefix.len() + end);
-        if self.prefix != "/" {
-            key.push_str(&self.prefix);
-        }
-        key.push_str(&rest[..end]);
-        if key.is_empty() {
-            key.push('/');
-        }
-        checked(&key, || "the request path".to_owned())
+        Key::from_option(redlock_http::path_prefix_key(
+            &self.prefix,
+            self.segments,
+            request.uri().path(),
+        ))
     }
 }

@@ -1,6 +1,7 @@
 //! The built-in extractors.
 
 use super::*;
+use redlock_http::Problem;
 
 fn req(path: &str) -> Request<()> {
     Request::get(path).body(()).unwrap()

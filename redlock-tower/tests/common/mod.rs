@@ -55,7 +55,7 @@ pub fn orders_app(
     intervals: Arc<Intervals>,
     configure: impl FnOnce(LockLayer<PathParam>) -> LockLayer<PathParam>,
 ) -> Router {
-    let layer = configure(LockLayer::new(redlock, PathParam::new("id")).key_prefix("order:"));
+    let layer = configure(LockLayer::new(redlock, PathParam::new("id")).resource_prefix("order:"));
     Router::new()
         .route(
             "/orders/{id}/pay",
