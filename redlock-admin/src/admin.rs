@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redlock_core::Redlock;
-use redlock_scheduler::SchedulerAdmin;
+use redlock_scheduler::admin::SchedulerAdmin;
 
 /// The shortest bearer token accepted for the mutating routes.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -34,7 +34,7 @@ pub(crate) struct Inner {
     /// The bearer token of the mutating routes; `None`: they are switched off.
     pub(crate) token: Option<String>,
     pub(crate) mount: String,
-    pub(crate) lock_prefix: String,
+    pub(crate) resource_prefix: String,
     pub(crate) list_limit: usize,
     pub(crate) refresh: Duration,
     /// How long a request (trigger, cancel, step down) is waited for.
@@ -70,7 +70,7 @@ pub struct AdminBuilder {
     scheduler: Option<SchedulerAdmin>,
     token: Option<String>,
     mount: Option<String>,
-    lock_prefix: String,
+    resource_prefix: String,
     list_limit: Option<usize>,
     refresh: Option<Duration>,
     request_wait: Option<Duration>,
@@ -109,9 +109,11 @@ impl AdminBuilder {
         self
     }
 
-    /// Lists only the locks whose resource names start with `prefix` (default: all).
-    pub fn lock_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.lock_prefix = prefix.into();
+    /// Lists only the locks whose resource names start with `prefix` (default: all):
+    /// a filter on resource names, as `locks` takes it (`/api/locks?prefix=`, `redlock
+    /// locks <prefix>`), not the Redis key namespace (the `Redlock`'s `key_prefix`).
+    pub fn resource_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.resource_prefix = prefix.into();
         self
     }
 
@@ -180,7 +182,7 @@ impl AdminBuilder {
                 scheduler: self.scheduler,
                 token: self.token,
                 mount,
-                lock_prefix: self.lock_prefix,
+                resource_prefix: self.resource_prefix,
                 list_limit,
                 refresh,
                 request_wait: self.request_wait.unwrap_or(DEFAULT_REQUEST_WAIT),

@@ -4,7 +4,10 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
-use redlock_scheduler::{Outcome, Request, RequestAction, RequestState, RunFilter, SchedulerAdmin};
+use redlock_scheduler::admin::{
+    Dispatched, Request, RequestAction, RequestError, RequestState, SchedulerAdmin,
+};
+use redlock_scheduler::history::{HistoryError, Outcome, RunFilter};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -254,7 +257,7 @@ impl Admin {
                 let prefix = params
                     .get("prefix")
                     .cloned()
-                    .unwrap_or_else(|| self.inner.lock_prefix.clone());
+                    .unwrap_or_else(|| self.inner.resource_prefix.clone());
                 let limit = match params.get("limit") {
                     Some(limit) => limit.parse::<usize>().map_err(|_| {
                         Failure::new(StatusCode::BAD_REQUEST, "`limit` must be a whole number")
@@ -328,35 +331,52 @@ impl Admin {
                         .map(|()| Mutated::done(json!({"job": job, "paused": false})))
                         .map_err(scheduler_failure),
                     JobAction::Trigger => {
-                        let id = scheduler.trigger(job).await.map_err(scheduler_failure)?;
-                        self.follow(scheduler, id, Some(job)).await
+                        let dispatched = scheduler.trigger(job).await.map_err(scheduler_failure)?;
+                        self.follow(scheduler, dispatched, Some(job)).await
                     }
                     JobAction::Cancel => {
-                        let id = scheduler.cancel(job).await.map_err(scheduler_failure)?;
-                        self.follow(scheduler, id, Some(job)).await
+                        let dispatched = scheduler.cancel(job).await.map_err(scheduler_failure)?;
+                        self.follow(scheduler, dispatched, Some(job)).await
                     }
                 }
             }
             Route::StepDown => {
                 tracing::info!("admin: leader asked to step down");
                 let scheduler = self.scheduler()?;
-                let id = scheduler.step_down().await.map_err(scheduler_failure)?;
-                self.follow(scheduler, id, None).await
+                let dispatched = scheduler.step_down().await.map_err(scheduler_failure)?;
+                self.follow(scheduler, dispatched, None).await
             }
             _ => Err(Failure::new(StatusCode::NOT_FOUND, "no such admin route")),
         }
     }
 
-    /// A request (trigger, cancel, step down) just recorded: waits up to the request
-    /// wait for a replica to carry it out, and says what happened. Done: 200 with its
-    /// result; not carried out: 409; still under way (no replica took it yet, or it is
-    /// being carried out): 202, with its URL to poll in `Location` and `poll`.
+    /// A control (trigger, cancel, step down) just dispatched (for an admin: recorded
+    /// as a request): waits up to the request wait for a replica to carry it out, and
+    /// says what happened. Done: 200 with its result; not carried out: 409; still under
+    /// way (no replica took it yet, or it is being carried out): 202, with its URL to
+    /// poll in `Location` and `poll`.
     async fn follow(
         &self,
         scheduler: &SchedulerAdmin,
-        id: String,
+        dispatched: Dispatched,
         job: Option<&str>,
     ) -> Result<Mutated, Failure> {
+        let id = match dispatched {
+            Dispatched::Requested { id } => id,
+            // Done at once (an admin runs no replica, so it does not happen here).
+            done => {
+                let mut body = to_value(&done);
+                if let Some(job) = job {
+                    body["job"] = json!(job);
+                }
+                return Ok(Mutated {
+                    status: StatusCode::OK,
+                    notice: format!("done: {body}"),
+                    body,
+                    location: None,
+                });
+            }
+        };
         let poll = format!("{}/api/requests/{id}", self.inner.mount);
         let request = scheduler.wait_up_to(&id, self.inner.request_wait).await;
         let mut body = json!({"request": id, "poll": poll});
@@ -453,7 +473,7 @@ impl Admin {
             match &inner.redlock {
                 Some(redlock) => Some(
                     match redlock
-                        .locks(inner.lock_prefix.clone())
+                        .locks(inner.resource_prefix.clone())
                         .limit(inner.list_limit)
                         .await
                     {
@@ -514,7 +534,7 @@ impl Admin {
         })
     }
 
-    fn scheduler(&self) -> Result<&redlock_scheduler::SchedulerAdmin, Failure> {
+    fn scheduler(&self) -> Result<&SchedulerAdmin, Failure> {
         self.inner.scheduler.as_ref().ok_or_else(|| {
             Failure::new(
                 StatusCode::NOT_FOUND,
@@ -587,14 +607,21 @@ fn lock_failure(err: redlock_core::Error) -> Failure {
 fn scheduler_failure(err: redlock_scheduler::Error) -> Failure {
     use redlock_scheduler::Error as E;
     match &err {
-        E::UnknownJob { .. } | E::UnknownRequest { .. } => {
+        E::Request(RequestError::UnknownJob { .. } | RequestError::UnknownRequest { .. }) => {
             Failure::new(StatusCode::NOT_FOUND, err.to_string())
         }
-        E::NotLeader { .. }
-        | E::AlreadyRunning { .. }
-        | E::AlreadyClaimed { .. }
-        | E::NotRunning { .. } => Failure::new(StatusCode::CONFLICT, err.to_string()),
-        E::Store(_) | E::StoreTimeout { .. } | E::Connect { .. } | E::Migration { .. } => {
+        E::Request(
+            RequestError::NotLeader
+            | RequestError::AlreadyRunning { .. }
+            | RequestError::AlreadyClaimed { .. }
+            | RequestError::NotRunning { .. },
+        ) => Failure::new(StatusCode::CONFLICT, err.to_string()),
+        E::History(
+            HistoryError::Database(_)
+            | HistoryError::Timeout { .. }
+            | HistoryError::Connect { .. }
+            | HistoryError::Migration { .. },
+        ) => {
             // The database's own message can carry statements and addresses: logged,
             // not sent.
             tracing::warn!(error = %err, "admin: the history database failed");

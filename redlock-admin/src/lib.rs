@@ -12,7 +12,7 @@
 //! | `/api/nodes` | GET | node health ([`Redlock::node_health`](redlock_core::Redlock::node_health)) |
 //! | `/api/locks?prefix=&limit=` | GET | held locks ([`Redlock::locks`](redlock_core::Redlock::locks)) |
 //! | `/api/locks/release?resource=` | POST | force release ([`Redlock::force_release`](redlock_core::Redlock::force_release)) |
-//! | `/api/jobs` | GET | jobs, next ticks, last runs ([`SchedulerAdmin::jobs`](redlock_scheduler::SchedulerAdmin::jobs)) |
+//! | `/api/jobs` | GET | jobs, next ticks, last runs ([`SchedulerAdmin::jobs`](redlock_scheduler::admin::SchedulerAdmin::jobs)) |
 //! | `/api/leader` | GET | the leader now and its epoch (`null` when none leads: the last one ended its leadership or stopped renewing its record) |
 //! | `/api/runs?job=&outcome=&limit=` | GET | run history, newest first |
 //! | `/api/jobs/{job}/pause`, `resume`, `trigger`, `cancel` | POST | steer a job (trigger, cancel: see below) |

@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use redlock_admin::Admin;
-use redlock_scheduler::{DEFAULT_SCHEDULER_NAME, History, Outcome, RunFilter, SchedulerAdmin};
+use redlock_scheduler::admin::SchedulerAdmin;
+use redlock_scheduler::history::{Outcome, RunFilter};
+use redlock_scheduler::{History, Scheduler};
 use redlock_testkit::Cluster;
 
 const TOKEN: &str = "test-token-0123456789";
@@ -27,7 +29,7 @@ async fn axum_dashboard_shows_and_steers() {
     let (running, url) = scheduler(&cluster, dir.path(), Vec::new()).await;
     let history = SchedulerAdmin::new(
         History::connect(&url).await.unwrap(),
-        DEFAULT_SCHEDULER_NAME,
+        Scheduler::DEFAULT_NAME,
     );
     let client = redlock(&cluster, "orders-api-7");
     let _lock = client
@@ -146,7 +148,7 @@ async fn the_token_is_refused_in_the_url() {
     let (running, url) = scheduler(&cluster, dir.path(), Vec::new()).await;
     let history = SchedulerAdmin::new(
         History::connect(&url).await.unwrap(),
-        DEFAULT_SCHEDULER_NAME,
+        Scheduler::DEFAULT_NAME,
     );
     until("ticker published", async || {
         history.job("ticker").await.is_ok()
@@ -236,7 +238,7 @@ async fn a_trigger_says_whether_a_leader_claimed_it() {
     let (running, url) = scheduler(&cluster, dir.path(), Vec::new()).await;
     let history = SchedulerAdmin::new(
         History::connect(&url).await.unwrap(),
-        DEFAULT_SCHEDULER_NAME,
+        Scheduler::DEFAULT_NAME,
     );
     until("ticker published and its leader recorded", async || {
         history.job("ticker").await.is_ok() && history.leader().await.is_ok_and(|l| l.is_some())

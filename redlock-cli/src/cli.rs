@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use redlock_core::DEFAULT_KEY_PREFIX;
-use redlock_scheduler::{DEFAULT_NEXT_TICKS, DEFAULT_RUN_LIMIT, DEFAULT_SCHEDULER_NAME, Outcome};
+use redlock_scheduler::Scheduler;
+use redlock_scheduler::admin::DEFAULT_NEXT_TICKS;
+use redlock_scheduler::history::{DEFAULT_RUN_LIMIT, Outcome};
 
 /// The environment variable listing the Redis nodes, as the services and examples read
 /// it.
@@ -92,7 +94,7 @@ pub(crate) struct Global {
     pub(crate) database: Option<String>,
 
     /// The scheduler's name (its `SchedulerBuilder::name`).
-    #[arg(long, env = "REDLOCK_SCHEDULER", default_value = DEFAULT_SCHEDULER_NAME, global = true, hide_env_values = true)]
+    #[arg(long, env = "REDLOCK_SCHEDULER", default_value = Scheduler::DEFAULT_NAME, global = true, hide_env_values = true)]
     pub(crate) scheduler: String,
 
     /// Who makes the scheduler requests (recorded with them); default: $USER.

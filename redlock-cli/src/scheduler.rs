@@ -6,10 +6,11 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use redlock_scheduler::{
-    Error, History, JobInfo, LeaderInfo, Outcome, Request, RequestAction, RequestState, Run,
-    RunFilter, SchedulerAdmin,
+use redlock_scheduler::admin::{
+    JobInfo, LeaderInfo, Request, RequestAction, RequestError, RequestState, SchedulerAdmin,
 };
+use redlock_scheduler::history::{HistoryError, Outcome, Run, RunFilter};
+use redlock_scheduler::{Error, History};
 
 use crate::cli::{DATABASE_ENV, Global, Wait};
 use crate::format::{self, Table, line, or_dash, yes_no};
@@ -71,7 +72,7 @@ async fn admin(global: &Global) -> Result<SchedulerAdmin, CliError> {
         .connect()
         .await
         .map_err(|err| match err {
-            Error::InvalidUrl { .. } | Error::InvalidConfig { .. } => {
+            HistoryError::InvalidUrl { .. } | HistoryError::Config(_) => {
                 CliError::failed(format!("{err} (--database / {DATABASE_ENV})"))
             }
             other => CliError::failed(format!(
@@ -84,12 +85,12 @@ async fn admin(global: &Global) -> Result<SchedulerAdmin, CliError> {
 /// An error of a query through `admin`, with what to do.
 fn query_error(admin: &SchedulerAdmin, err: Error) -> CliError {
     match err {
-        Error::UnknownJob { .. } => CliError::failed(format!(
+        Error::Request(RequestError::UnknownJob { .. }) => CliError::failed(format!(
             "{err} (scheduler `{}` in {}: `redlock jobs` lists them; --scheduler / REDLOCK_SCHEDULER names the scheduler)",
             admin.scheduler(),
             admin.history().place()
         )),
-        Error::UnknownRequest { .. } | Error::RequestNotDone { .. } => {
+        Error::Request(RequestError::UnknownRequest { .. } | RequestError::NotDone { .. }) => {
             CliError::failed(err.to_string())
         }
         other => CliError::failed(format!(
@@ -377,12 +378,16 @@ pub(crate) async fn request(
     wait: &Wait,
 ) -> Result<Report, CliError> {
     let admin = admin(global).await?;
-    let id = match ask {
+    let dispatched = match ask {
         Ask::Trigger(job) => admin.trigger(job).await,
         Ask::Cancel(job) => admin.cancel(job).await,
         Ask::StepDown => admin.step_down().await,
     }
     .map_err(|e| query_error(&admin, e))?;
+    // An admin runs no replica: every control it makes is a request to follow.
+    let Some(id) = dispatched.request_id().map(str::to_owned) else {
+        return Ok(Report::ok(format::json(&dispatched)?));
+    };
     if wait.no_wait {
         let request = admin
             .request(&id)

@@ -5,7 +5,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redlock_scheduler::{History, Job, JobContext, RunFilter, Scheduler, SchedulerAdmin};
+use redlock_scheduler::admin::SchedulerAdmin;
+use redlock_scheduler::history::RunFilter;
+use redlock_scheduler::{History, Job, JobContext, Scheduler};
 use redlock_testkit::{Cluster, until};
 
 mod common;

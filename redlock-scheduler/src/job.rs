@@ -22,11 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redlock_core::CancellationToken;
+use redlock_core::{BoxError, CancellationToken};
 
-use crate::clock::BoxFuture;
-
-use redlock_core::BoxError;
+use crate::time::BoxFuture;
+use crate::transaction::{RunRecord, RunScope, RunTransaction, TransactionError};
 
 pub(crate) type Handler =
     Arc<dyn Fn(JobContext) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
@@ -41,7 +40,7 @@ pub struct JobContext {
     pub(crate) cancel: CancellationToken,
     pub(crate) manual: bool,
     /// The history, for [`transaction`](Self::transaction) (`None` without one).
-    pub(crate) record: Option<Arc<crate::transaction::RunRecord>>,
+    pub(crate) record: Option<Arc<RunRecord>>,
 }
 
 impl JobContext {
@@ -82,6 +81,29 @@ impl JobContext {
     /// Started by [`Scheduler::trigger`](crate::Scheduler::trigger), not by the schedule.
     pub fn is_manual(&self) -> bool {
         self.manual
+    }
+
+    /// Opens a transaction on the history database in which the job's writes commit
+    /// together with the run's `succeeded` row, guarded by the leadership's fencing
+    /// token ([`RunTransaction::commit`]). See [the `transaction` module](crate::transaction).
+    ///
+    /// # Errors
+    ///
+    /// [`TransactionError::NoHistory`] without a history; [`TransactionError::RunEnded`]
+    /// when the run was already told to stop; [`TransactionError::History`] when the
+    /// database fails.
+    pub async fn transaction(&self) -> Result<RunTransaction, TransactionError> {
+        let record = self.record.clone().ok_or(TransactionError::NoHistory)?;
+        RunTransaction::begin(RunScope {
+            job: Arc::clone(&self.job),
+            tick: self.tick,
+            fencing_token: self.fencing_token,
+            instance: Arc::clone(&self.instance),
+            manual: self.manual,
+            cancel: self.cancel.clone(),
+            record,
+        })
+        .await
     }
 }
 
@@ -154,10 +176,11 @@ impl fmt::Debug for Job {
     }
 }
 
-/// The default misfire grace window: ticks missed longer ago are forgotten.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
-
 impl Job {
+    /// The default misfire grace window ([`misfire_grace`](Self::misfire_grace)):
+    /// ticks missed longer ago are forgotten.
+    pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
+
     /// A job named `name` running `handler` on the cron `expression` (5 fields, or 6 with
     /// seconds first), in UTC unless [`time_zone`](Self::time_zone) says otherwise. The
     /// expression is checked by [`SchedulerBuilder::build`](crate::SchedulerBuilder::build).
@@ -181,7 +204,7 @@ impl Job {
             zone: "UTC".to_owned(),
             handler,
             misfire: Misfire::default(),
-            grace: DEFAULT_GRACE,
+            grace: Self::DEFAULT_GRACE,
             timeout: None,
         }
     }

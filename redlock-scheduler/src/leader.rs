@@ -13,7 +13,8 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let cluster = redlock_testkit::Cluster::start(3).await;
 //! use std::time::Duration;
-//! use redlock_scheduler::{LeaderElector, Redlock};
+//! use redlock_core::Redlock;
+//! use redlock_scheduler::leader::LeaderElector;
 //!
 //! let redlock = Redlock::builder()
 //!     .nodes(cluster.urls())
@@ -41,7 +42,7 @@ use redlock_core::{CancellationToken, Error as LockError, Redlock, RetryPolicy};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use crate::error::BuildError;
+use crate::build_error::BuildError;
 
 type Callback = Arc<dyn Fn(&Leadership) + Send + Sync>;
 

@@ -3,7 +3,8 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use redlock_scheduler::{BoxError, History, Job, JobContext, Redlock, Scheduler};
+//! use redlock_core::{BoxError, Redlock};
+//! use redlock_scheduler::{History, Job, JobContext, Scheduler};
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), BoxError> {
@@ -34,11 +35,11 @@
 //!
 //! # How it works
 //!
-//! - [`LeaderElector`] (usable on its own): one replica leads, with a fencing epoch; a
+//! - [`LeaderElector`](leader::LeaderElector) (usable on its own): one replica leads, with a fencing epoch; a
 //!   follower takes over when the leader dies (within the leadership TTL plus one retry
 //!   interval) or at once when it shuts down.
-//! - [`Scheduler`]: the leader fires each [`Job`] at its ticks ([`Schedule`]: cron with
-//!   optional seconds, in a time zone, with documented DST behaviour). Before running, it
+//! - [`Scheduler`]: the leader fires each [`Job`] at its ticks (cron with
+//!   optional seconds, in a time zone, with documented DST behaviour: [`time::Schedule`]). Before running, it
 //!   **claims** the tick under the job's name and the tick's scheduled time: a lock that
 //!   outlives the run, and with a [`History`] a row under
 //!   `UNIQUE (scheduler, job, tick_ms)`. A tick claimed once never runs again, even if
@@ -47,37 +48,61 @@
 //!   overlap (a tick is skipped while the previous run goes on). Handlers get a
 //!   [`JobContext`]: the scheduled tick, the fencing token, the instance, and a
 //!   cancellation token that fires on lost leadership, a lost claim, timeout or shutdown.
-//! - [`History`]: the run history through sqlx, SQLite (no server) or PostgreSQL.
+//! - [`History`]: the run history through sqlx, SQLite (no server) or PostgreSQL; a
+//!   job's writes can commit with its run's row ([`transaction`]).
 //! - [`Scheduler::status`], [`Scheduler::trigger`], [`Scheduler::pause`] /
 //!   [`Scheduler::resume`], [`Scheduler::cancel`], [`Scheduler::step_down`], and
 //!   [`Scheduler::shutdown`] with a deadline.
 //!
 //! It never talks to Redis itself: every lock goes through [`redlock_core::Redlock`].
 //!
+//! # Where things are
+//!
+//! The crate root has what a scheduler starts with: [`Scheduler`], [`SchedulerBuilder`],
+//! [`Job`], [`JobContext`], [`Misfire`], [`History`], [`Error`] and [`BuildError`]. The
+//! rest lives in a module per concern, each with its own constants and error:
+//!
+//! | module | what |
+//! | --- | --- |
+//! | [`history`] | [`History`], [`HistoryBuilder`](history::HistoryBuilder), [`Run`](history::Run), [`RunFilter`](history::RunFilter), [`Outcome`](history::Outcome), [`HistoryError`](history::HistoryError), the timeouts and limits |
+//! | [`admin`] | [`SchedulerAdmin`](admin::SchedulerAdmin), [`JobInfo`](admin::JobInfo), [`LeaderInfo`](admin::LeaderInfo), requests ([`Request`](admin::Request)), what a control did ([`Dispatched`](admin::Dispatched)), [`RequestError`](admin::RequestError) |
+//! | [`leader`] | [`LeaderElector`](leader::LeaderElector), its builder, [`Leadership`](leader::Leadership), [`LeaderEvent`](leader::LeaderEvent), [`DEFAULT_TERM`](leader::DEFAULT_TERM) |
+//! | [`transaction`] | [`RunTransaction`](transaction::RunTransaction): a job's writes committed with its run's row; [`TransactionError`](transaction::TransactionError) |
+//! | [`status`] | [`SchedulerStatus`](status::SchedulerStatus), [`JobStatus`](status::JobStatus), [`LastRun`](status::LastRun), [`Health`](status::Health) |
+//! | [`time`] | [`Schedule`](time::Schedule), [`Clock`](time::Clock), [`ManualClock`](time::ManualClock) |
+//! | [`telemetry`] | metric names, [`describe`](telemetry::describe) |
+//!
+//! Every control (`trigger`, `cancel`, `step_down`) answers a
+//! [`Dispatched`](admin::Dispatched) on a [`Scheduler`] and a
+//! [`SchedulerAdmin`](admin::SchedulerAdmin) alike: done here (with its result and tick),
+//! or recorded as a request for the replica that can carry it out.
+//!
 //! # Admin API
 //!
 //! Operators' tools (an admin web service, a command line) need no job definitions and
-//! run no scheduler: [`SchedulerAdmin::new`]`(history, name)` works from the history
+//! run no scheduler: [`SchedulerAdmin::new`](admin::SchedulerAdmin::new)`(history, name)` works from the history
 //! database alone. Every replica publishes its job definitions there when it starts,
 //! and the leader records itself when elected (renewing the record while it leads, and
 //! marking it ended when it steps down or shuts down), so the admin can list the jobs
 //! with their next ticks (in each job's time zone), pause state, last run and the run going
-//! ([`SchedulerAdmin::jobs`]), show the leader and its epoch
-//! ([`SchedulerAdmin::leader`]), read runs through a [`RunFilter`], and pause or resume
+//! ([`SchedulerAdmin::jobs`](admin::SchedulerAdmin::jobs)), show the leader and its epoch
+//! ([`SchedulerAdmin::leader`](admin::SchedulerAdmin::leader)), read runs through a [`RunFilter`](history::RunFilter), and pause or resume
 //! a job. What only a live replica can do is a *request*, a row with a random id:
-//! [`SchedulerAdmin::trigger`], [`SchedulerAdmin::cancel`] (the run ends as
-//! [`Outcome::Cancelled`], `cancelled by an operator`) and [`SchedulerAdmin::step_down`]
+//! [`SchedulerAdmin::trigger`](admin::SchedulerAdmin::trigger), [`SchedulerAdmin::cancel`](admin::SchedulerAdmin::cancel) (the run ends as
+//! [`Outcome::Cancelled`](history::Outcome::Cancelled), `cancelled by an operator`) and [`SchedulerAdmin::step_down`](admin::SchedulerAdmin::step_down)
 //! (the leader hands over and keeps out of the election for a while). The leader
 //! takes pending requests about twice a second (a cancel: the replica running the job),
 //! each atomically so only one replica acts on it, and writes the result;
-//! [`SchedulerAdmin::wait`] follows one. A running [`Scheduler`] offers the same:
+//! [`SchedulerAdmin::wait`](admin::SchedulerAdmin::wait) follows one. A running [`Scheduler`] offers the same:
 //! [`Scheduler::cancel`], [`Scheduler::step_down`] (done directly where possible, else
 //! through a request) and [`Scheduler::admin`].
 //!
 //! ```no_run
 //! # async fn admin() -> Result<(), redlock_scheduler::Error> {
 //! use std::time::Duration;
-//! use redlock_scheduler::{History, Outcome, RunFilter, SchedulerAdmin};
+//! use redlock_scheduler::History;
+//! use redlock_scheduler::admin::SchedulerAdmin;
+//! use redlock_scheduler::history::{Outcome, RunFilter};
 //!
 //! let history = History::connect("postgres://ops@db.internal/app").await?;
 //! let admin = SchedulerAdmin::new(history, "billing").operator("alice");
@@ -85,8 +110,10 @@
 //!     .runs(&RunFilter::new().job("invoices").outcome(Outcome::Failed).limit(20))
 //!     .await?;
 //! println!("{} recent failures", failed.len());
-//! let id = admin.trigger("invoices").await?;
-//! let done = admin.wait(&id, Duration::from_secs(10)).await?;
+//! // A control answers a `Dispatched`: for an admin, always a request to follow.
+//! let trigger = admin.trigger("invoices").await?;
+//! let id = trigger.request_id().unwrap_or_default();
+//! let done = admin.wait(id, Duration::from_secs(10)).await?;
 //! println!("{:?}: {}", done.state, done.result.unwrap_or_default()); // ok: tick ...
 //! # Ok(())
 //! # }
@@ -101,7 +128,8 @@
 //! use std::sync::Arc;
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use std::time::Duration;
-//! use redlock_scheduler::{History, Job, JobContext, Redlock, Scheduler};
+//! use redlock_core::Redlock;
+//! use redlock_scheduler::{History, Job, JobContext, Scheduler};
 //!
 //! let redlock = Redlock::builder()
 //!     .nodes(cluster.urls())
@@ -140,41 +168,33 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod admin;
-mod clock;
+// Modules in dependency order: each uses only those above it.
+mod build_error;
+mod control;
 mod error;
-mod health;
+pub mod history;
 mod job;
-mod leader;
+pub mod leader;
 mod plan;
 mod record;
-mod schedule;
+mod request;
 mod scheduler;
-mod status;
-mod store;
+pub mod status;
 pub mod telemetry;
+pub mod time;
 pub mod transaction;
 
-pub use admin::{DEFAULT_NEXT_TICKS, JobInfo, LeaderInfo, SchedulerAdmin};
-pub use clock::{BoxFuture, Clock, ManualClock, SystemClock};
-pub use error::{BuildError, Error};
-pub use health::{ComponentHealth, Health};
-pub use job::{DEFAULT_GRACE, Job, JobContext, Misfire};
-pub use leader::{
-    DEFAULT_RETRY_INTERVAL, DEFAULT_TERM, LeaderElector, LeaderElectorBuilder, LeaderEvent,
-    Leadership,
-};
-pub use redlock_core::{BoxError, CancellationToken, Redlock};
-pub use schedule::Schedule;
-pub use scheduler::{DEFAULT_SCHEDULER_NAME, Dispatched, Scheduler, SchedulerBuilder};
-pub use status::{JobStatus, LastRun, SchedulerStatus};
-pub use store::{
-    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RUN_LIMIT, DEFAULT_STATEMENT_TIMEOUT,
-    DEFAULT_TABLE_PREFIX, History, HistoryBuilder, MAX_HISTORY_TIMEOUT, MAX_RUN_LIMIT, Outcome,
-    Request, RequestAction, RequestState, Run, RunFilter,
-};
-pub use transaction::RunTransaction;
+/// Operators' tools over the history database alone: [`SchedulerAdmin`] (jobs, leader,
+/// runs, pauses) and the requests it makes for the replicas ([`Request`]), what a control
+/// did ([`Dispatched`]) and why one was refused ([`RequestError`]). See
+/// [`SchedulerAdmin`] for the details.
+pub mod admin {
+    pub use crate::control::{DEFAULT_NEXT_TICKS, JobInfo, LeaderInfo, SchedulerAdmin};
+    pub use crate::request::{Dispatched, Request, RequestAction, RequestError, RequestState};
+}
 
-/// Re-exported for time zones and tick times.
-pub use chrono;
-pub use chrono_tz;
+pub use build_error::BuildError;
+pub use error::Error;
+pub use history::History;
+pub use job::{Job, JobContext, Misfire};
+pub use scheduler::{Scheduler, SchedulerBuilder};

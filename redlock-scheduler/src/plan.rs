@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::job::Misfire;
+use crate::time::earlier;
 
 /// A tick whose time passed less than this long ago is on time; older ones are missed.
 pub(crate) const ON_TIME: Duration = Duration::from_secs(1);
@@ -132,22 +133,6 @@ pub(crate) fn start_cursor(
         Recorded::Never => earlier(elected.min(now), ON_TIME).max(floor),
         Recorded::Unknown => floor,
     }
-}
-
-/// `t - d`, or the earliest time there is.
-pub(crate) fn earlier(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
-    chrono::Duration::from_std(d)
-        .ok()
-        .and_then(|d| t.checked_sub_signed(d))
-        .unwrap_or(DateTime::<Utc>::MIN_UTC)
-}
-
-/// `t + d`, or the latest time there is.
-pub(crate) fn later(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
-    chrono::Duration::from_std(d)
-        .ok()
-        .and_then(|d| t.checked_add_signed(d))
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// What the history says about a job's last scheduled tick.
@@ -347,6 +332,9 @@ mod tests {
             start_cursor(Recorded::Unknown, now, now, Duration::MAX),
             DateTime::<Utc>::MIN_UTC
         );
-        assert_eq!(later(now, Duration::MAX), DateTime::<Utc>::MAX_UTC);
+        assert_eq!(
+            crate::time::later(now, Duration::MAX),
+            DateTime::<Utc>::MAX_UTC
+        );
     }
 }

@@ -19,9 +19,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, oneshot};
 
-use crate::health::HealthCell;
-use crate::status::LastRun;
-use crate::store::{Change, History, NewRun, Outcome, RunEnd};
+use crate::history::{Change, History, HistoryError, NewRun, Outcome, RunEnd};
+use crate::status::{HealthCell, LastRun};
 
 /// At most this many writes wait; beyond, the oldest are dropped (and counted).
 const MAX_PENDING: usize = 10_000;
@@ -343,7 +342,7 @@ impl Recorder {
     }
 
     /// Writes `batch` in one transaction.
-    async fn write(&self, batch: &[Write]) -> Result<(), crate::Error> {
+    async fn write(&self, batch: &[Write]) -> Result<(), HistoryError> {
         let changes: Vec<Change<'_>> = batch
             .iter()
             .map(|write| match write {

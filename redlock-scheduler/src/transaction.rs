@@ -3,17 +3,17 @@
 //!
 //! Two replicas can both believe they lead for a moment: one paused (a GC pause, a
 //! `SIGSTOP`, a VM migration) past its term wakes up still running a tick while a newer
-//! leader runs the next ones. [`JobContext::transaction`] opens a transaction on the
+//! leader runs the next ones. [`JobContext::transaction`](crate::JobContext::transaction) opens a transaction on the
 //! history database; write the job's effects through it (it dereferences to a sqlx
 //! connection), then [`RunTransaction::commit`]. The commit checks, in the same
 //! transaction:
 //!
 //! - the job's **fence**: the highest leadership token that committed for the job (or
 //!   took over: a new leader raises the fences of all jobs when it is elected). A lower
-//!   token is refused with [`Error::StaleRun`];
+//!   token is refused with [`TransactionError::StaleRun`];
 //! - the run's **row**: it must still be this run's `running` row (not closed as
 //!   abandoned or cancelled by another replica), and is marked `succeeded` in the same
-//!   commit. Otherwise [`Error::RunEnded`].
+//!   commit. Otherwise [`TransactionError::RunEnded`].
 //!
 //! Refused, everything is rolled back, so a tick's effects happen at most once even when
 //! two replicas believe they lead, and exactly once when its run succeeds: the effects
@@ -29,7 +29,8 @@
 //! afterwards, never overwrites a `succeeded` row.
 //!
 //! ```no_run
-//! use redlock_scheduler::{BoxError, Job, JobContext};
+//! use redlock_core::BoxError;
+//! use redlock_scheduler::{Job, JobContext};
 //!
 //! let job = Job::new("settle", "0 * * * * *", |ctx: JobContext| async move {
 //!     let mut tx = ctx.transaction().await?;
@@ -54,14 +55,81 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use redlock_core::CancellationToken;
 use sqlx::{Any, AnyConnection, Transaction};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::clock::Clock;
-use crate::error::Error;
-use crate::job::JobContext;
-use crate::store::{History, Refused, RunKey};
+use crate::history::{History, HistoryError, Refused, RunKey};
+use crate::time::Clock;
+
+/// Why a run's transaction was refused, or failed. Refused, everything it wrote was
+/// rolled back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransactionError {
+    /// A run's transaction ([`JobContext::transaction`](crate::JobContext::transaction))
+    /// needs the history database, and the scheduler has none: give it one with
+    /// [`SchedulerBuilder::history`](crate::SchedulerBuilder::history).
+    #[error(
+        "a run's transaction needs the scheduler's history database: give the scheduler one (SchedulerBuilder::history)"
+    )]
+    NoHistory,
+
+    /// A later leadership wrote through a run's transaction (or took over) since this
+    /// run's leadership began: this replica no longer leads (it was paused, or cut off,
+    /// past its term). The transaction was rolled back; nothing it wrote is kept. Do not
+    /// retry: the leader decides what runs.
+    #[error(
+        "job `{job}`, tick {tick}: leadership token {token} is stale (token {highest} took over since); the run's transaction was rolled back"
+    )]
+    StaleRun {
+        /// The job.
+        job: String,
+        /// The tick (RFC 3339).
+        tick: String,
+        /// The run's leadership token.
+        token: u64,
+        /// The highest token seen for the job.
+        highest: u64,
+    },
+
+    /// A run's transaction was refused because the run is over for the scheduler: it
+    /// was told to stop (leadership or its run lock lost, timeout, shutdown, an
+    /// operator's cancel), or its history row was closed or claimed by another replica.
+    /// The transaction was rolled back; nothing it wrote is kept.
+    #[error("job `{job}`, tick {tick}: {reason}; the run's transaction was rolled back")]
+    RunEnded {
+        /// The job.
+        job: String,
+        /// The tick (RFC 3339).
+        tick: String,
+        /// Why the run is over.
+        reason: String,
+    },
+
+    /// A run's commit was sent and failed (its answer lost when the link to the
+    /// database failed or it did not answer in time, or an error), and the run's row
+    /// could not be read back to tell whether it committed all the same. Do not redo the
+    /// effects: the history records the run as its row says (`succeeded` if the commit
+    /// went through) once the database answers again.
+    #[error(
+        "job `{job}`, tick {tick}: whether the run's transaction committed is not known ({cause}); the run's history row says it once the database answers"
+    )]
+    CommitUnknown {
+        /// The job.
+        job: String,
+        /// The tick (RFC 3339).
+        tick: String,
+        /// Why the answer is missing.
+        cause: String,
+    },
+
+    /// The history database failed, and nothing was committed (when the commit itself
+    /// failed, the run's row was read back to tell).
+    #[error(transparent)]
+    History(#[from] HistoryError),
+}
 
 /// Where the commits of a run's transactions stand.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -164,23 +232,54 @@ impl Drop for InFlight {
     }
 }
 
+/// The run a transaction is for: what [`JobContext`](crate::JobContext) knows of it.
+#[derive(Debug, Clone)]
+pub(crate) struct RunScope {
+    pub(crate) job: Arc<str>,
+    pub(crate) tick: DateTime<Utc>,
+    pub(crate) fencing_token: u64,
+    pub(crate) instance: Arc<str>,
+    pub(crate) manual: bool,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) record: Arc<RunRecord>,
+}
+
+impl RunScope {
+    fn unknown(&self, cause: String) -> TransactionError {
+        TransactionError::CommitUnknown {
+            job: self.job.to_string(),
+            tick: self.tick.to_rfc3339(),
+            cause,
+        }
+    }
+
+    fn ended(&self, reason: &str) -> TransactionError {
+        TransactionError::RunEnded {
+            job: self.job.to_string(),
+            tick: self.tick.to_rfc3339(),
+            reason: reason.to_owned(),
+        }
+    }
+}
+
 /// A transaction on the history database whose commit also records the run as
 /// succeeded, and which a stale leader cannot commit. From
-/// [`JobContext::transaction`]; see [the module](self) for the guarantees.
+/// [`JobContext::transaction`](crate::JobContext::transaction); see [the module](self)
+/// for the guarantees.
 ///
 /// It dereferences to the connection: pass `&mut *tx` to sqlx queries. Dropped
 /// without [`commit`](Self::commit), it rolls back.
 pub struct RunTransaction {
     tx: Transaction<'static, Any>,
-    ctx: JobContext,
+    run: RunScope,
 }
 
 impl fmt::Debug for RunTransaction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RunTransaction")
-            .field("job", &self.ctx.job())
-            .field("tick", &self.ctx.tick())
-            .field("fencing_token", &self.ctx.fencing_token())
+            .field("job", &self.run.job)
+            .field("tick", &self.run.tick)
+            .field("fencing_token", &self.run.fencing_token)
             .finish_non_exhaustive()
     }
 }
@@ -199,54 +298,22 @@ impl DerefMut for RunTransaction {
     }
 }
 
-impl JobContext {
-    fn record(&self) -> Result<&RunRecord, Error> {
-        self.record.as_deref().ok_or(Error::NoHistory)
-    }
-
-    fn unknown(&self, cause: String) -> Error {
-        Error::CommitUnknown {
-            job: self.job().to_owned(),
-            tick: self.tick().to_rfc3339(),
-            cause,
-        }
-    }
-
-    fn ended(&self, reason: &str) -> Error {
-        Error::RunEnded {
-            job: self.job().to_owned(),
-            tick: self.tick().to_rfc3339(),
-            reason: reason.to_owned(),
-        }
-    }
-
-    /// Opens a transaction on the history database in which the job's writes commit
-    /// together with the run's `succeeded` row, guarded by the leadership's fencing
-    /// token ([`RunTransaction::commit`]). See [`RunTransaction`].
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NoHistory`] without a history; [`Error::RunEnded`] when the run was
-    /// already told to stop; [`Error::Store`] or [`Error::StoreTimeout`].
-    pub async fn transaction(&self) -> Result<RunTransaction, Error> {
-        let record = self.record()?;
-        if self.cancel.is_cancelled() {
-            return Err(self.ended(STOPPED));
-        }
-        let tx = record.history.begin_run().await?;
-        Ok(RunTransaction {
-            tx,
-            ctx: self.clone(),
-        })
-    }
-}
-
 const STOPPED: &str = "the run was told to stop (leadership or its run lock lost, timeout, shutdown, or an operator's cancel)";
 
 impl RunTransaction {
+    /// Opens a transaction for `run` (see
+    /// [`JobContext::transaction`](crate::JobContext::transaction)).
+    pub(crate) async fn begin(run: RunScope) -> Result<Self, TransactionError> {
+        if run.cancel.is_cancelled() {
+            return Err(run.ended(STOPPED));
+        }
+        let tx = run.record.history.begin_run().await?;
+        Ok(Self { tx, run })
+    }
+
     /// The leadership's fencing token the commit is checked against.
     pub fn fencing_token(&self) -> u64 {
-        self.ctx.fencing_token()
+        self.run.fencing_token
     }
 
     /// Commits the job's writes together with the run's `succeeded` row, if this run's
@@ -256,37 +323,37 @@ impl RunTransaction {
     /// Once committed, the run is recorded as succeeded whatever the handler does next
     /// (an error it returns afterwards is kept as a note). The commit is carried out by a
     /// task of its own: a run told to stop meanwhile waits for its answer (within
-    /// [`HistoryBuilder::statement_timeout`](crate::HistoryBuilder::statement_timeout)
+    /// [`HistoryBuilder::statement_timeout`](crate::history::HistoryBuilder::statement_timeout)
     /// per statement) before it is dropped, and this returns it.
     ///
     /// # Errors
     ///
-    /// [`Error::StaleRun`]: a later leadership took over (this replica was paused or
-    /// cut off past its term); [`Error::RunEnded`]: the run was told to stop, or its
-    /// row was closed by another replica; [`Error::Store`] or [`Error::StoreTimeout`]:
-    /// the database failed and nothing was committed (when the commit itself failed,
-    /// the run's row was read back to tell); [`Error::CommitUnknown`]: the commit
-    /// failed and the row could not be read back either (the history records the run
-    /// as the row says, once the database answers).
-    pub async fn commit(self) -> Result<(), Error> {
-        let Self { tx, ctx } = self;
-        let record = Arc::clone(ctx.record.as_ref().ok_or(Error::NoHistory)?);
-        if ctx.cancel.is_cancelled() {
+    /// [`TransactionError::StaleRun`]: a later leadership took over (this replica was
+    /// paused or cut off past its term); [`TransactionError::RunEnded`]: the run was
+    /// told to stop, or its row was closed by another replica;
+    /// [`TransactionError::History`]: the database failed and nothing was committed
+    /// (when the commit itself failed, the run's row was read back to tell);
+    /// [`TransactionError::CommitUnknown`]: the commit failed and the row could not be
+    /// read back either (the history records the run as the row says, once the
+    /// database answers).
+    pub async fn commit(self) -> Result<(), TransactionError> {
+        let Self { tx, run } = self;
+        if run.cancel.is_cancelled() {
             drop(tx);
-            return Err(ctx.ended(STOPPED));
+            return Err(run.ended(STOPPED));
         }
-        record.begin_commit();
+        run.record.begin_commit();
         let in_flight = InFlight {
-            record,
+            record: Arc::clone(&run.record),
             settled: Settled::InDoubt,
         };
         let task = tokio::spawn(
-            commit_to_the_end(tx, ctx.clone(), in_flight).instrument(tracing::Span::current()),
+            commit_to_the_end(tx, run.clone(), in_flight).instrument(tracing::Span::current()),
         );
         match task.await {
             Ok(answer) => answer,
             Err(err) => {
-                Err(ctx.unknown(format!("the commit's task ended without an answer ({err})")))
+                Err(run.unknown(format!("the commit's task ended without an answer ({err})")))
             }
         }
     }
@@ -295,10 +362,10 @@ impl RunTransaction {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
-    pub async fn rollback(self) -> Result<(), Error> {
-        let Self { tx, ctx } = self;
-        ctx.record()?.history.rollback_run(tx).await
+    /// [`TransactionError::History`].
+    pub async fn rollback(self) -> Result<(), TransactionError> {
+        let Self { tx, run } = self;
+        Ok(run.record.history.rollback_run(tx).await?)
     }
 }
 
@@ -306,27 +373,27 @@ impl RunTransaction {
 /// or in doubt when the commit failed and the run's row could not be read back.
 async fn commit_to_the_end(
     tx: Transaction<'static, Any>,
-    ctx: JobContext,
+    ctx: RunScope,
     mut in_flight: InFlight,
-) -> Result<(), Error> {
+) -> Result<(), TransactionError> {
     let record = Arc::clone(&in_flight.record);
     let run = RunKey {
         scheduler: &record.scheduler,
-        job: ctx.job(),
-        tick: ctx.tick(),
-        instance: ctx.instance(),
-        token: ctx.fencing_token(),
-        manual: ctx.is_manual(),
+        job: &ctx.job,
+        tick: ctx.tick,
+        instance: &ctx.instance,
+        token: ctx.fencing_token,
+        manual: ctx.manual,
         started: record.started,
     };
     let (settled, answer) = match record.history.commit_run(tx, run, record.clock.now()).await {
         Ok(()) => (Settled::Committed, Ok(())),
         Err(Refused::Stale { highest }) => {
-            tracing::warn!(job = ctx.job(), tick = %ctx.tick(), token = ctx.fencing_token(), highest, "a later leadership took over: the run's transaction was rolled back");
-            let stale = Error::StaleRun {
-                job: ctx.job().to_owned(),
-                tick: ctx.tick().to_rfc3339(),
-                token: ctx.fencing_token(),
+            tracing::warn!(job = &*ctx.job, tick = %ctx.tick, token = ctx.fencing_token, highest, "a later leadership took over: the run's transaction was rolled back");
+            let stale = TransactionError::StaleRun {
+                job: ctx.job.to_string(),
+                tick: ctx.tick.to_rfc3339(),
+                token: ctx.fencing_token,
                 highest,
             };
             (Settled::NotCommitted, Err(stale))
@@ -337,18 +404,18 @@ async fn commit_to_the_end(
                 "its history row was closed (abandoned or cancelled) or claimed by another replica",
             )),
         ),
-        Err(Refused::Failed(err)) => (Settled::NotCommitted, Err(err)),
+        Err(Refused::Failed(err)) => (Settled::NotCommitted, Err(err.into())),
         Err(Refused::InDoubt(err)) => match record.history.commit_outcome(run).await {
             Ok(true) => {
-                tracing::warn!(job = ctx.job(), tick = %ctx.tick(), error = %err, "the commit failed, yet the run's row, read back, says it committed");
+                tracing::warn!(job = &*ctx.job, tick = %ctx.tick, error = %err, "the commit failed, yet the run's row, read back, says it committed");
                 (Settled::Committed, Ok(()))
             }
             Ok(false) => {
-                tracing::warn!(job = ctx.job(), tick = %ctx.tick(), error = %err, "the commit failed; the run's row, read back, says it did not commit");
-                (Settled::NotCommitted, Err(err))
+                tracing::warn!(job = &*ctx.job, tick = %ctx.tick, error = %err, "the commit failed; the run's row, read back, says it did not commit");
+                (Settled::NotCommitted, Err(err.into()))
             }
             Err(read) => {
-                tracing::error!(job = ctx.job(), tick = %ctx.tick(), error = %err, read_back = %read, "the commit failed and the run's row cannot be read back: whether it committed is not known yet");
+                tracing::error!(job = &*ctx.job, tick = %ctx.tick, error = %err, read_back = %read, "the commit failed and the run's row cannot be read back: whether it committed is not known yet");
                 (
                     Settled::InDoubt,
                     Err(ctx.unknown(format!("{err}; reading the run's row back: {read}"))),

@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use redlock_scheduler::{History, Job, JobContext, Outcome, Run};
+use redlock_scheduler::admin::{Dispatched, RequestState};
+use redlock_scheduler::history::{Outcome, Run};
+use redlock_scheduler::{History, Job, JobContext};
 use redlock_testkit::Cluster;
 
 mod common;
@@ -20,6 +22,19 @@ async fn wait_until_named(replica: &Replica, leader: &str) {
             Instant::now() < deadline,
             "`{leader}` was not recorded as the leader"
         );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the latest run of `job` has succeeded; its tick.
+async fn succeeded(history: &History, job: &str) -> DateTime<Utc> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let latest = history.runs("scheduler", job, 1).await.unwrap();
+        if let Some(run) = latest.first().filter(|r| r.outcome == Outcome::Succeeded) {
+            return run.tick;
+        }
+        assert!(Instant::now() < deadline, "no run recorded: {latest:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -56,40 +71,37 @@ async fn trigger_pause_resume_and_status() {
     let leader = leader_of(&replicas, Duration::from_secs(5)).await;
     let follower = 1 - leader;
 
-    // Trigger: on the leader it runs once, now; a follower names the leader, once the
-    // leader has recorded itself in the history (its first write after the election).
-    let tick = replicas[leader].scheduler.trigger(&yearly).await.unwrap();
-    wait_until_named(&replicas[follower], replicas[leader].scheduler.instance()).await;
-    match replicas[follower].scheduler.trigger(&yearly).await {
-        Err(redlock_scheduler::Error::NotLeader { leader: Some(l) }) => {
-            assert_eq!(l, replicas[leader].scheduler.instance());
-        }
-        other => panic!("expected NotLeader, got {other:?}"),
-    }
+    // Trigger: on the leader it runs once, now, and answers the tick it ran.
+    let tick = tick_run(replicas[leader].scheduler.trigger(&yearly).await.unwrap());
     assert!(matches!(
         replicas[leader].scheduler.trigger("nope").await,
-        Err(redlock_scheduler::Error::UnknownJob { .. })
+        Err(redlock_scheduler::Error::Request(
+            redlock_scheduler::admin::RequestError::UnknownJob { .. }
+        ))
     ));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while history
-        .runs("scheduler", &yearly, 5)
-        .await
-        .unwrap()
-        .first()
-        .map(|r| r.outcome)
-        != Some(Outcome::Succeeded)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the triggered run was not recorded"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert_eq!(succeeded(&history, &yearly).await, tick);
     assert_eq!(*manual.lock().unwrap(), vec![true]);
+
+    // On a follower it is passed on to the leader as a request, as an admin's trigger
+    // is: the follower need not know which replica leads (right after an election, the
+    // leader may not have recorded itself in the history yet).
+    let requested = replicas[follower].scheduler.trigger(&yearly).await.unwrap();
+    let admin = replicas[follower].scheduler.admin().unwrap();
+    let id = requested
+        .request_id()
+        .expect("a follower's trigger is a request");
+    let request = admin.wait(id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(request.state, RequestState::Succeeded, "{request:?}");
     assert_eq!(
-        history.runs("scheduler", &yearly, 5).await.unwrap()[0].tick,
-        tick
+        request.done_by.as_deref(),
+        Some(replicas[leader].scheduler.instance())
     );
+    let second = succeeded(&history, &yearly).await;
+    assert_eq!(
+        request.result.as_deref(),
+        Some(format!("ok: tick {}", second.to_rfc3339()).as_str())
+    );
+    assert_eq!(*manual.lock().unwrap(), vec![true, true]);
 
     // Pause (asked of the follower: cluster-wide through the history): ticks are skipped.
     replicas[follower].scheduler.pause(&secondly).await.unwrap();
@@ -219,7 +231,7 @@ async fn durations_too_long_to_count_bound_nothing() {
     })
     .await];
     leader_of(&replicas, Duration::from_secs(5)).await;
-    let tick = replicas[0].scheduler.trigger(&name).await.unwrap();
+    let tick = tick_run(replicas[0].scheduler.trigger(&name).await.unwrap());
     let scheduler = replicas[0].scheduler.clone();
     tokio::time::timeout(
         Duration::from_secs(10),
@@ -237,7 +249,8 @@ async fn durations_too_long_to_count_bound_nothing() {
 /// A replica whose leadership ended is not named as the leader by the record it wrote
 /// while it led, though the history still says so (the end and the next leader's record
 /// are held up here by a transaction that keeps SQLite's write lock): it names no
-/// leader until the next one has recorded itself, then that one.
+/// leader until the next one has recorded itself, then that one; a trigger asked of it
+/// goes to that one as a request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_former_leader_does_not_name_itself() {
     use sqlx::Connection;
@@ -267,24 +280,20 @@ async fn a_former_leader_does_not_name_itself() {
         .unwrap();
     assert!(matches!(
         former.step_down().await.unwrap(),
-        redlock_scheduler::Dispatched::Done { .. }
+        Dispatched::Done { tick: None, .. }
     ));
-    match former.trigger(&name).await {
-        Err(redlock_scheduler::Error::NotLeader { leader: None }) => {}
-        other => panic!("expected NotLeader naming no one, got {other:?}"),
-    }
     assert_eq!(former.status().await.leader, None);
     sqlx::query("ROLLBACK").execute(&mut writer).await.unwrap();
 
     leader_of(&replicas[follower..=follower], Duration::from_secs(5)).await;
     wait_until_named(&replicas[leader], next.instance()).await;
-    match former.trigger(&name).await {
-        Err(redlock_scheduler::Error::NotLeader { leader: Some(l) }) => {
-            assert_eq!(l, next.instance());
-        }
-        other => panic!(
-            "expected NotLeader naming `{}`, got {other:?}",
-            next.instance()
-        ),
-    }
+    // A trigger on the former leader is passed on to the one that leads now.
+    let requested = former.trigger(&name).await.unwrap();
+    let admin = former.admin().unwrap();
+    let id = requested
+        .request_id()
+        .expect("a follower's trigger is a request");
+    let request = admin.wait(id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(request.state, RequestState::Succeeded, "{request:?}");
+    assert_eq!(request.done_by.as_deref(), Some(next.instance()));
 }

@@ -9,12 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
 use redlock_core::Redlock;
-use redlock_scheduler::chrono_tz::Tz;
-use redlock_scheduler::{
-    DEFAULT_SCHEDULER_NAME, Dispatched, Error, History, Job, JobContext, JobInfo, LeaderElector,
-    Misfire, Outcome, Request, RequestAction, RequestState, RunFilter, SchedulerAdmin,
+use redlock_scheduler::admin::{
+    Dispatched, JobInfo, Request, RequestAction, RequestError, RequestState, SchedulerAdmin,
 };
+use redlock_scheduler::history::{Outcome, Run, RunFilter};
+use redlock_scheduler::leader::LeaderElector;
+use redlock_scheduler::{Error, History, Job, JobContext, Misfire, Scheduler};
 use redlock_testkit::{Cluster, until};
 
 mod common;
@@ -100,12 +102,14 @@ async fn jobs_listed(admin: &SchedulerAdmin, n: usize) -> Vec<JobInfo> {
     .await
 }
 
-async fn done(admin: &SchedulerAdmin, id: &str) -> Request {
+/// The request `dispatched` recorded, once done.
+async fn done(admin: &SchedulerAdmin, dispatched: &Dispatched) -> Request {
+    let id = dispatched.request_id().expect("recorded as a request");
     admin.wait(id, REQUEST_WAIT).await.unwrap()
 }
 
 /// The latest run of `job` once it has ended.
-async fn ended(admin: &SchedulerAdmin, job: &str) -> redlock_scheduler::Run {
+async fn ended(admin: &SchedulerAdmin, job: &str) -> Run {
     until("the run's end recorded", Duration::from_secs(5), || async {
         let runs = admin
             .runs(&RunFilter::new().job(job).limit(1))
@@ -128,8 +132,8 @@ async fn the_admin_lists_jobs_and_the_leader_from_the_history_alone() {
     let cluster = Cluster::start(3).await;
     let (_dir, url) = sqlite_url();
     let jobs = Jobs::new();
-    let (replicas, leader) = replicas(&cluster, &url, DEFAULT_SCHEDULER_NAME, &jobs).await;
-    let admin = admin(&url, DEFAULT_SCHEDULER_NAME).await;
+    let (replicas, leader) = replicas(&cluster, &url, Scheduler::DEFAULT_NAME, &jobs).await;
+    let admin = admin(&url, Scheduler::DEFAULT_NAME).await;
 
     let listed = jobs_listed(&admin, 3).await;
     let yearly = listed.iter().find(|j| j.name == jobs.yearly).unwrap();
@@ -203,14 +207,14 @@ async fn the_admin_lists_jobs_and_the_leader_from_the_history_alone() {
         admin.job("nope").await.err(),
     ] {
         match error {
-            Some(Error::UnknownJob { name }) => assert_eq!(name, "nope"),
+            Some(Error::Request(RequestError::UnknownJob { name })) => assert_eq!(name, "nope"),
             other => panic!("expected UnknownJob, got {other:?}"),
         }
     }
     let missing = "0".repeat(32);
     assert!(matches!(
         admin.request(&missing).await,
-        Err(Error::UnknownRequest { id }) if id == missing
+        Err(Error::Request(RequestError::UnknownRequest { id })) if id == missing
     ));
     // Another scheduler's name sees none of it.
     let other = SchedulerAdmin::new(admin.history().clone(), "another");
@@ -218,7 +222,7 @@ async fn the_admin_lists_jobs_and_the_leader_from_the_history_alone() {
     assert!(other.leader().await.unwrap().is_none());
     assert!(matches!(
         other.trigger(&jobs.yearly).await,
-        Err(Error::UnknownJob { .. })
+        Err(Error::Request(RequestError::UnknownJob { .. }))
     ));
     // A running scheduler offers the same view.
     let own = replicas[1 - leader].scheduler.admin().unwrap();
@@ -237,15 +241,18 @@ async fn trigger_pause_cancel_and_filtered_runs() {
     let cluster = Cluster::start(3).await;
     let (_dir, url) = sqlite_url();
     let jobs = Jobs::new();
-    let (replicas, leader) = replicas(&cluster, &url, DEFAULT_SCHEDULER_NAME, &jobs).await;
+    let (replicas, leader) = replicas(&cluster, &url, Scheduler::DEFAULT_NAME, &jobs).await;
     let leader_name = replicas[leader].scheduler.instance().to_owned();
-    let admin = admin(&url, DEFAULT_SCHEDULER_NAME).await;
+    let admin = admin(&url, Scheduler::DEFAULT_NAME).await;
     jobs_listed(&admin, 3).await;
 
     // Trigger: carried out by the leader, once, as a manual run.
-    let id = admin.trigger(&jobs.yearly).await.unwrap();
+    let trigger = admin.trigger(&jobs.yearly).await.unwrap();
+    let id = trigger
+        .request_id()
+        .expect("an admin's trigger is a request");
     assert_eq!(id.len(), 32);
-    let pending = admin.request(&id).await.unwrap();
+    let pending = admin.request(id).await.unwrap();
     assert_eq!(
         (
             pending.action,
@@ -254,7 +261,7 @@ async fn trigger_pause_cancel_and_filtered_runs() {
         ),
         (RequestAction::Trigger, "ops", Some(jobs.yearly.as_str()))
     );
-    let request = done(&admin, &id).await;
+    let request = done(&admin, &trigger).await;
     assert_eq!(request.state, RequestState::Succeeded, "{request:?}");
     assert_eq!(request.done_by.as_deref(), Some(leader_name.as_str()));
     let tick = tick_of(request.result.as_deref().unwrap());
@@ -337,7 +344,7 @@ async fn trigger_pause_cancel_and_filtered_runs() {
     );
     assert!(matches!(
         replicas[1 - leader].scheduler.cancel(&jobs.yearly).await,
-        Err(Error::NotRunning { .. })
+        Err(Error::Request(RequestError::NotRunning { .. }))
     ));
 
     // Filters: job and outcome and limit; outcome alone; manual or scheduled; limit.
@@ -474,17 +481,21 @@ async fn step_down_hands_leadership_over() {
 
     // The leader steps down directly (the old one has waited out its back-off)...
     match replicas[second].scheduler.step_down().await.unwrap() {
-        Dispatched::Done { result } => assert!(result.starts_with("ok: "), "{result}"),
+        Dispatched::Done { result, tick } => {
+            assert!(result.starts_with("ok: "), "{result}");
+            assert_eq!(tick, None);
+        }
         other => panic!("expected Done, got {other:?}"),
     }
     let third_epoch = recorded_as(first_name.clone(), second_epoch).await.epoch;
     assert!(replicas[first].leads());
     // ...and a follower asks the leader to, through a request.
-    let id = match replicas[second].scheduler.step_down().await.unwrap() {
-        Dispatched::Requested { id } => id,
-        other => panic!("expected Requested, got {other:?}"),
-    };
-    let request = done(&admin, &id).await;
+    let step_down = replicas[second].scheduler.step_down().await.unwrap();
+    assert!(
+        matches!(step_down, Dispatched::Requested { .. }),
+        "{step_down:?}"
+    );
+    let request = done(&admin, &step_down).await;
     assert_eq!(request.requested_by, second_name);
     assert_eq!(request.state, RequestState::Succeeded, "{request:?}");
     recorded_as(second_name.clone(), third_epoch).await;

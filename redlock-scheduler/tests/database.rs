@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use redlock_scheduler::{History, HistoryBuilder, Job, JobContext, Misfire, Outcome};
+use redlock_scheduler::history::{HistoryBuilder, HistoryError, Outcome};
+use redlock_scheduler::transaction::TransactionError;
+use redlock_scheduler::{History, Job, JobContext, Misfire};
 use redlock_testkit::{Cluster, Proxy};
 
 mod common;
@@ -285,11 +287,11 @@ async fn a_run_transaction_through_an_outage_records_each_tick_once_without_a_fa
                         .bind(ctx.tick().timestamp_millis())
                         .execute(&mut *tx)
                         .await
-                        .map_err(redlock_scheduler::Error::Store)?;
+                        .map_err(HistoryError::Database)?;
                     tx.commit().await
                 };
                 match attempt.await {
-                    Ok(()) => return Ok::<_, redlock_scheduler::Error>(()),
+                    Ok(()) => return Ok::<_, TransactionError>(()),
                     Err(err) if std::time::Instant::now() > give_up => return Err(err),
                     Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                 }
@@ -456,7 +458,7 @@ async fn pruning_keeps_what_a_new_leader_catches_up_from(
     let (scheduler, name) = (first.scheduler.clone(), job.clone());
     let manual = first
         .sandbox
-        .run(async move { scheduler.trigger(&name).await.unwrap() })
+        .run(async move { tick_run(scheduler.trigger(&name).await.unwrap()) })
         .await;
     redlock_testkit::until("the manual run", Duration::from_secs(5), || async {
         let rows = history.runs(SCHEDULER, &job, 10).await.unwrap();

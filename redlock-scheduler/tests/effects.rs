@@ -17,7 +17,10 @@ use std::time::Duration;
 
 use chrono::Utc;
 use common::{Replica, unique};
-use redlock_scheduler::{BoxError, Error, History, Job, JobContext, Outcome};
+use redlock_core::BoxError;
+use redlock_scheduler::history::Outcome;
+use redlock_scheduler::transaction::TransactionError;
+use redlock_scheduler::{History, Job, JobContext};
 use redlock_testkit::{Cluster, until};
 
 /// The longest the leader stays frozen (it is thawed once the other replica took over).
@@ -78,7 +81,7 @@ fn settle_job(effects: &str, freeze: &Arc<Freeze>, commits: &Commits, write_firs
                 ctx.instance().to_owned(),
                 ctx.tick().timestamp_millis(),
                 answer.as_ref().map(|_| ()).map_err(|e| match e {
-                    Error::StaleRun { .. } => format!("stale: {e}"),
+                    TransactionError::StaleRun { .. } => format!("stale: {e}"),
                     other => other.to_string(),
                 }),
             ));
@@ -499,7 +502,7 @@ async fn a_commit_under_way_when_leadership_is_lost_is_recorded_as_committed() {
 
 /// A run's commit outlasts the history's statement timeout (1 s): its answer is lost,
 /// and reading the run's row back cannot tell either while the commit goes on (5 s).
-/// The handler is told the outcome is not known (`Error::CommitUnknown`) and fails;
+/// The handler is told the outcome is not known (`TransactionError::CommitUnknown`) and fails;
 /// PostgreSQL commits meanwhile, and the run's end, written afterwards, does not
 /// overwrite the `succeeded` row: the history says succeeded, with the effect in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -539,7 +542,7 @@ async fn a_commit_whose_answer_is_lost_is_recorded_as_its_row_says() {
                     tick,
                     slow,
                     answer.as_ref().map(|_| ()).map_err(|e| match e {
-                        Error::CommitUnknown { .. } => format!("unknown: {e}"),
+                        TransactionError::CommitUnknown { .. } => format!("unknown: {e}"),
                         other => other.to_string(),
                     }),
                 ));

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
 use redlock_core::Redlock;
+use redlock_scheduler::history::{Outcome, Run};
+use redlock_scheduler::time::{BoxFuture, Clock, ManualClock};
 use redlock_scheduler::{
-    BoxFuture, BuildError, Clock, History, Job, JobContext, ManualClock, Misfire, Outcome, Run,
-    Scheduler, SchedulerBuilder,
+    BuildError, History, Job, JobContext, Misfire, Scheduler, SchedulerBuilder,
 };
 use redlock_testkit::Cluster;
 

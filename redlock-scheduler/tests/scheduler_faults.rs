@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use redlock_scheduler::{Error, History, Job, JobContext, Outcome};
+use redlock_scheduler::history::{HistoryError, Outcome};
+use redlock_scheduler::{History, Job, JobContext};
 use redlock_testkit::Cluster;
 
 mod common;
@@ -92,7 +93,7 @@ async fn a_crashed_run_is_closed_as_abandoned() {
     let trigger = first.scheduler.clone();
     let tick = first
         .sandbox
-        .run(async move { trigger.trigger(&job_name).await.unwrap() })
+        .run(async move { tick_run(trigger.trigger(&job_name).await.unwrap()) })
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let second = Replica::start(&cluster, "b", Some(url.clone()), jobs(), |b| b).await;
@@ -351,13 +352,13 @@ async fn history_connect_errors_name_the_place_and_cause() {
         started.elapsed()
     );
     assert!(
-        matches!(err, Error::Connect { .. }) && err.to_string().contains("no answer within"),
+        matches!(err, HistoryError::Connect { .. }) && err.to_string().contains("no answer within"),
         "{err}"
     );
     // No scheme, and an unknown one.
     let err = History::connect("localhost/db").await.unwrap_err();
     assert!(
-        matches!(err, Error::InvalidUrl { .. }) && err.to_string().contains("no scheme"),
+        matches!(err, HistoryError::InvalidUrl { .. }) && err.to_string().contains("no scheme"),
         "{err}"
     );
     // A file whose path says "memory" is a file: its rows outlive the pool.
@@ -456,7 +457,7 @@ async fn prefixes_pools_retention_and_manual_ticks() {
     let job_name = job.clone();
     let manual = replica
         .sandbox
-        .run(async move { scheduler.trigger(&job_name).await.unwrap() })
+        .run(async move { tick_run(scheduler.trigger(&job_name).await.unwrap()) })
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     replica.shutdown().await;

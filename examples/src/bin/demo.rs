@@ -31,9 +31,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use redlock_admin::{Admin, AdminService};
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
-use redlock_scheduler::{
-    History, Job, JobContext, Misfire, Outcome, Run, Scheduler, SchedulerAdmin,
-};
+use redlock_scheduler::admin::SchedulerAdmin;
+use redlock_scheduler::history::{Outcome, Run};
+use redlock_scheduler::{History, Job, JobContext, Misfire, Scheduler};
 use redlock_testkit::Sandbox;
 
 const LEADER_TTL: Duration = Duration::from_secs(2);
@@ -309,7 +309,7 @@ fn check(
         .map(|r| ((r.job.as_str(), r.tick.timestamp_millis()), r))
         .collect();
     for (job, cron, _) in JOBS {
-        let Ok(schedule) = redlock_scheduler::Schedule::parse(cron, "UTC") else {
+        let Ok(schedule) = redlock_scheduler::time::Schedule::parse(cron, "UTC") else {
             problems.push(format!("{job}: invalid cron {cron}"));
             continue;
         };

@@ -20,7 +20,8 @@
 use std::time::Duration;
 
 use redlock_core::Redlock;
-use redlock_scheduler::{History, Job, JobContext, LeaderEvent, Misfire, Scheduler};
+use redlock_scheduler::leader::LeaderEvent;
+use redlock_scheduler::{History, Job, JobContext, Misfire, Scheduler};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -150,7 +150,7 @@ async fn replica(urls: Vec<String>, instance: String) -> Result<(), BoxError> {
         return Err("no election".into());
     };
     loop {
-        if let redlock_scheduler::LeaderEvent::Elected(l) = &*events.borrow_and_update() {
+        if let redlock_scheduler::leader::LeaderEvent::Elected(l) = &*events.borrow_and_update() {
             println!("LEADER {instance} {}", l.epoch());
         }
         events.changed().await?;

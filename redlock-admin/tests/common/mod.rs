@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use redlock_admin::{Admin, AdminService};
 use redlock_core::Redlock;
-use redlock_scheduler::{History, Job, JobContext, Outcome, RunFilter, Scheduler, SchedulerAdmin};
+use redlock_scheduler::admin::SchedulerAdmin;
+use redlock_scheduler::history::{Outcome, RunFilter};
+use redlock_scheduler::{History, Job, JobContext, Scheduler};
 use redlock_testkit::Cluster;
 
 /// A fenced client over `cluster` named `holder` (the kit's nodes are seconds old: no

@@ -9,17 +9,14 @@ use tokio_util::task::TaskTracker;
 
 use super::Scheduler;
 use super::state::{Inner, JobState};
-use crate::clock::{Clock, SystemClock};
-use crate::error::BuildError;
-use crate::health::HealthCell;
+use crate::build_error::BuildError;
+use crate::history::History;
 use crate::job::Job;
 use crate::leader::{DEFAULT_RETRY_INTERVAL, DEFAULT_TERM, check_election};
 use crate::record::Recorder;
-use crate::schedule::Schedule;
-use crate::store::History;
-
-/// A scheduler's name unless [`SchedulerBuilder::name`] sets one.
-pub const DEFAULT_SCHEDULER_NAME: &str = "scheduler";
+use crate::status::HealthCell;
+use crate::time::Schedule;
+use crate::time::{Clock, SystemClock};
 
 /// Builds a [`Scheduler`]; see [`Scheduler::builder`].
 #[must_use = "a builder does nothing until `build()`"]
@@ -49,7 +46,7 @@ impl SchedulerBuilder {
     pub(super) fn new(redlock: Redlock) -> Self {
         Self {
             redlock,
-            name: DEFAULT_SCHEDULER_NAME.to_owned(),
+            name: Scheduler::DEFAULT_NAME.to_owned(),
             instance: None,
             jobs: Vec::new(),
             history: None,
@@ -74,7 +71,7 @@ impl SchedulerBuilder {
         self
     }
 
-    /// The scheduler's name (default `"scheduler"`): replicas with the same name (and
+    /// The scheduler's name (default [`Scheduler::DEFAULT_NAME`], `"scheduler"`): replicas with the same name (and
     /// the same Redis nodes) form one cluster; it prefixes the lock and claim keys and
     /// keys the history's rows, so schedulers of different names share a database
     /// without meeting.
@@ -123,7 +120,7 @@ impl SchedulerBuilder {
     /// [`BuildError`] naming the offending job and input: an empty or duplicate name, an
     /// invalid cron expression or time zone, a zero timeout; a zero leadership TTL,
     /// term or retry interval (checked as
-    /// [`LeaderElectorBuilder::start`](crate::LeaderElectorBuilder::start) does).
+    /// [`LeaderElectorBuilder::start`](crate::leader::LeaderElectorBuilder::start) does).
     pub fn build(self) -> Result<Scheduler, BuildError> {
         let mut names = HashSet::new();
         let mut jobs = Vec::with_capacity(self.jobs.len());
@@ -197,7 +194,7 @@ mod tests {
 
     use redlock_core::Redlock;
 
-    use crate::error::BuildError;
+    use crate::build_error::BuildError;
     use crate::scheduler::Scheduler;
 
     fn redlock() -> Redlock {

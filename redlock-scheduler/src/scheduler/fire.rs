@@ -11,7 +11,7 @@ use redlock_core::CancellationToken;
 
 use super::requests::REQUEST_POLL;
 use super::state::{Inner, JobState};
-use crate::LeaderEvent;
+use crate::leader::LeaderEvent;
 use crate::leader::Leadership;
 use crate::plan::{self, Recorded};
 

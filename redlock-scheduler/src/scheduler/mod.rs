@@ -28,34 +28,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::Redlock;
 
-pub use self::builder::{DEFAULT_SCHEDULER_NAME, SchedulerBuilder};
+pub use self::builder::SchedulerBuilder;
+use self::requests::triggered;
 use self::state::{Inner, lock};
 use self::tick::NotTaken;
-use crate::admin::SchedulerAdmin;
+use crate::control::SchedulerAdmin;
 use crate::error::Error;
-use crate::health::{self, Health};
-use crate::leader::{LeaderElector, Leadership};
-use crate::status::{JobStatus, LastRun, SchedulerStatus};
-use crate::store::{Outcome, RequestAction};
-
-/// What [`Scheduler::cancel`] or [`Scheduler::step_down`] did: done on this replica, or
-/// recorded as a request for the replica that can do it. Serializable with serde.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case", tag = "status")]
-#[non_exhaustive]
-pub enum Dispatched {
-    /// Done here.
-    Done {
-        /// What was done (starts with `ok`).
-        result: String,
-    },
-    /// Recorded as a request; follow it with [`SchedulerAdmin::wait`] (see
-    /// [`Scheduler::admin`]).
-    Requested {
-        /// The request's id.
-        id: String,
-    },
-}
+use crate::history::Outcome;
+use crate::leader::{LeaderElector, LeaderEvent, Leadership};
+use crate::request::{Dispatched, RequestAction, RequestError};
+use crate::status::{self, Health, JobStatus, LastRun, SchedulerStatus};
 
 /// A cron scheduler whose every tick runs on exactly one replica. Cheap to clone.
 ///
@@ -64,7 +46,8 @@ pub enum Dispatched {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let cluster = redlock_testkit::Cluster::start(3).await;
 /// use std::time::Duration;
-/// use redlock_scheduler::{History, Job, JobContext, Redlock, Scheduler};
+/// use redlock_core::Redlock;
+/// use redlock_scheduler::{History, Job, JobContext, Scheduler};
 ///
 /// let redlock = Redlock::builder()
 ///     .nodes(cluster.urls())
@@ -103,6 +86,10 @@ impl std::fmt::Debug for Scheduler {
 }
 
 impl Scheduler {
+    /// A scheduler's name unless [`SchedulerBuilder::name`] sets one: the name
+    /// [`SchedulerAdmin::new`](crate::admin::SchedulerAdmin::new) takes to find it.
+    pub const DEFAULT_NAME: &'static str = "scheduler";
+
     /// A scheduler whose locks go through `redlock`.
     pub fn builder(redlock: Redlock) -> SchedulerBuilder {
         SchedulerBuilder::new(redlock)
@@ -114,7 +101,7 @@ impl Scheduler {
     fn start_background(&self) {
         let inner = &self.inner;
         inner.background.get_or_init(|| {
-            inner.background_tasks.spawn(health::watch_redis(
+            inner.background_tasks.spawn(status::watch_redis(
                 inner.redlock.clone(),
                 Arc::clone(&inner.redis_health),
                 inner.ready.clone(),
@@ -212,7 +199,7 @@ impl Scheduler {
 
     /// This replica's leadership changes, as a `watch` receiver (`None` before
     /// [`start`](Self::start)).
-    pub fn leader_events(&self) -> Option<tokio::sync::watch::Receiver<crate::LeaderEvent>> {
+    pub fn leader_events(&self) -> Option<tokio::sync::watch::Receiver<LeaderEvent>> {
         self.inner.elector.get().map(LeaderElector::subscribe)
     }
 
@@ -223,17 +210,33 @@ impl Scheduler {
 
     /// Runs `job` once now, through the same claim path as a scheduled tick (the tick is
     /// the current time, recorded as manual: it does not count as the job's latest
-    /// scheduled tick). Only the leader runs jobs.
+    /// scheduled tick). Only the leader runs jobs: on the leader it is done here
+    /// ([`Dispatched::Done`], with the tick run); on another replica with a
+    /// [`History`](crate::History) it is recorded as a request that the leader carries
+    /// out within about a second ([`Dispatched::Requested`]: follow it with
+    /// [`admin`](Self::admin)), as [`SchedulerAdmin::trigger`] does. A follower does
+    /// not need to know which replica leads.
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownJob`], [`Error::NotLeader`] (naming the leader as recorded in the
-    /// history: `None` without a history, or for the moment between a leader's election
-    /// and its first write to the history), [`Error::ShutDown`],
-    /// [`Error::AlreadyRunning`] (a run of the job goes on somewhere),
-    /// [`Error::AlreadyClaimed`], or the claim's lock error.
-    pub async fn trigger(&self, job: &str) -> Result<DateTime<Utc>, Error> {
-        self.inner.trigger(job).await
+    /// [`RequestError::UnknownJob`]; [`Error::ShutDown`]; on the leader
+    /// [`RequestError::AlreadyRunning`] (a run of the job goes on somewhere),
+    /// [`RequestError::AlreadyClaimed`], or the claim's lock error; without a history,
+    /// [`RequestError::NotLeader`] on another replica; the history's error.
+    pub async fn trigger(&self, job: &str) -> Result<Dispatched, Error> {
+        let inner = &self.inner;
+        inner.job(job)?;
+        if inner.stop_firing.is_cancelled() {
+            return Err(Error::ShutDown);
+        }
+        if inner.leadership().is_some() || inner.history().is_none() {
+            let tick = inner.trigger(job).await?;
+            return Ok(Dispatched::Done {
+                result: triggered(tick),
+                tick: Some(tick),
+            });
+        }
+        self.request(Some(job), RequestAction::Trigger).await
     }
 
     /// Cancels the run of `job` going now: its token fires, and it is recorded as
@@ -244,28 +247,26 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownJob`]; [`Error::NotRunning`] if no run of it goes on (as far as
-    /// this replica and the history tell); without a history, [`Error::NotLeader`] when
+    /// [`RequestError::UnknownJob`]; [`RequestError::NotRunning`] if no run of it goes on (as far as
+    /// this replica and the history tell); without a history, [`RequestError::NotLeader`] when
     /// the run is not here and this replica does not lead; the history's error.
     pub async fn cancel(&self, job: &str) -> Result<Dispatched, Error> {
         let inner = &self.inner;
         inner.job(job)?;
         if let Some(tick) = inner.cancel_local(job) {
             return Ok(Dispatched::Done {
-                result: format!(
-                    "ok: cancelled the run of {} on {}",
-                    tick.to_rfc3339(),
-                    inner.instance
-                ),
+                result: inner.cancelled(tick),
+                tick: Some(tick),
             });
         }
         let Some(history) = inner.history() else {
             return Err(match self.leadership() {
-                Some(_) => Error::NotRunning {
+                Some(_) => RequestError::NotRunning {
                     job: job.to_owned(),
                 },
-                None => Error::NotLeader { leader: None },
-            });
+                None => RequestError::NotLeader,
+            }
+            .into());
         };
         let elsewhere = history
             .running(&inner.name)
@@ -273,9 +274,10 @@ impl Scheduler {
             .iter()
             .any(|run| run.job == job && *run.instance != *inner.instance);
         if !elsewhere {
-            return Err(Error::NotRunning {
+            return Err(RequestError::NotRunning {
                 job: job.to_owned(),
-            });
+            }
+            .into());
         }
         self.request(Some(job), RequestAction::Cancel).await
     }
@@ -289,7 +291,7 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// [`Error::ShutDown`]; without a history, [`Error::NotLeader`] when this replica
+    /// [`Error::ShutDown`]; without a history, [`RequestError::NotLeader`] when this replica
     /// does not lead; the history's error.
     pub async fn step_down(&self) -> Result<Dispatched, Error> {
         let inner = &self.inner;
@@ -300,17 +302,12 @@ impl Scheduler {
             && elector.step_down(inner.step_down_back_off()).await
         {
             return Ok(Dispatched::Done {
-                result: format!(
-                    "ok: {} stepped down from epoch {}",
-                    inner.instance,
-                    leadership.epoch()
-                ),
+                result: inner.stepped_down(leadership.epoch()),
+                tick: None,
             });
         }
         if inner.history().is_none() {
-            return Err(Error::NotLeader {
-                leader: self.leader().await,
-            });
+            return Err(RequestError::NotLeader.into());
         }
         self.request(None, RequestAction::StepDown).await
     }
@@ -318,11 +315,10 @@ impl Scheduler {
     /// Records a request for the replica that can carry it out.
     async fn request(&self, job: Option<&str>, action: RequestAction) -> Result<Dispatched, Error> {
         let Some(admin) = self.admin() else {
-            return Err(Error::NotLeader { leader: None });
+            return Err(RequestError::NotLeader.into());
         };
         // The job is this replica's own: no need to look it up among the published ones.
-        let id = admin.submit(job, action).await?;
-        Ok(Dispatched::Requested { id })
+        admin.submit(job, action).await
     }
 
     /// An admin over this scheduler's history (requests made through it name this
@@ -343,7 +339,7 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownJob`], or the history's error (nothing changed then).
+    /// [`RequestError::UnknownJob`], or the history's error (nothing changed then).
     pub async fn pause(&self, job: &str) -> Result<(), Error> {
         self.set_paused(job, true).await
     }
@@ -352,7 +348,7 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownJob`], or the history's error (nothing changed then).
+    /// [`RequestError::UnknownJob`], or the history's error (nothing changed then).
     pub async fn resume(&self, job: &str) -> Result<(), Error> {
         self.set_paused(job, false).await
     }
@@ -442,7 +438,7 @@ impl Scheduler {
     /// waited for.
     pub async fn shutdown(&self, deadline: Duration) {
         let inner = &self.inner;
-        let until = crate::clock::instant_after(deadline);
+        let until = crate::time::instant_after(deadline);
         inner.stop_firing.cancel();
         if let Some(elector) = inner.elector.get() {
             let leading = elector.leadership();
@@ -478,7 +474,7 @@ impl Scheduler {
 }
 
 impl Inner {
-    /// [`Scheduler::trigger`].
+    /// Runs `job` now, on the leader ([`Scheduler::trigger`]): the tick run.
     pub(super) async fn trigger(self: &Arc<Self>, job: &str) -> Result<DateTime<Utc>, Error> {
         let inner = self;
         let (index, state) = inner.job(job)?;
@@ -486,9 +482,7 @@ impl Inner {
             return Err(Error::ShutDown);
         }
         let Some(leadership) = inner.leadership() else {
-            return Err(Error::NotLeader {
-                leader: inner.recorded_leader().await,
-            });
+            return Err(RequestError::NotLeader.into());
         };
         // Millisecond precision, like the history's.
         let now = inner.clock.now();
@@ -497,9 +491,12 @@ impl Inner {
             // Not the key of a scheduled tick (those are whole seconds).
             tick += chrono::Duration::milliseconds(1);
         }
-        let already_claimed = || Error::AlreadyClaimed {
-            job: job.to_owned(),
-            tick: tick.to_rfc3339(),
+        let already_claimed = || -> Error {
+            RequestError::AlreadyClaimed {
+                job: job.to_owned(),
+                tick: tick.to_rfc3339(),
+            }
+            .into()
         };
         let now = inner.clock.now();
         match inner
@@ -529,9 +526,10 @@ impl Inner {
         {
             Ok(run_lock) => run_lock,
             Err(NotTaken::Held) => {
-                return Err(Error::AlreadyRunning {
+                return Err(RequestError::AlreadyRunning {
                     job: job.to_owned(),
-                });
+                }
+                .into());
             }
             Err(NotTaken::Stopped) => return Err(Error::ShutDown),
             Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),

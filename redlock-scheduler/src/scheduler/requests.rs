@@ -1,4 +1,4 @@
-//! Operators' requests ([`SchedulerAdmin`](crate::SchedulerAdmin)): the leader carries
+//! Operators' requests ([`SchedulerAdmin`](crate::admin::SchedulerAdmin)): the leader carries
 //! out triggers and step-downs, and cancels of its own runs; a replica running a job
 //! carries out the cancels of that run. Each request is taken atomically (the row's
 //! `done_ms` set only where it is still empty), so exactly one replica acts on it; the
@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use redlock_core::CancellationToken;
 
 use super::state::Inner;
+use crate::history::JobDefinition;
 use crate::leader::Leadership;
-use crate::store::{EXPIRED, JobDefinition, Request, RequestAction};
+use crate::request::{EXPIRED, Request, RequestAction, RequestError};
 
 /// How often the leader (and a replica with a run going) looks for requests.
 pub(super) const REQUEST_POLL: Duration = Duration::from_millis(500);
@@ -55,7 +56,7 @@ impl Inner {
                     }
                     let job = request.job.as_deref().unwrap_or_default();
                     let result = match self.trigger(job).await {
-                        Ok(tick) => format!("ok: tick {}", tick.to_rfc3339()),
+                        Ok(tick) => triggered(tick),
                         Err(err) => err.to_string(),
                     };
                     tracing::info!(id = %request.id, %job, %result, by = %request.requested_by, "trigger requested");
@@ -71,11 +72,7 @@ impl Inner {
                         None => false,
                     };
                     let result = if stepped_down {
-                        format!(
-                            "ok: {} stepped down from epoch {}",
-                            self.instance,
-                            leadership.epoch()
-                        )
+                        self.stepped_down(leadership.epoch())
                     } else {
                         format!("{} no longer led", self.instance)
                     };
@@ -111,7 +108,7 @@ impl Inner {
         let job = request.job.as_deref().unwrap_or_default();
         let Ok((_, state)) = self.job(job) else {
             if leader {
-                let unknown = crate::Error::UnknownJob {
+                let unknown = RequestError::UnknownJob {
                     name: job.to_owned(),
                 };
                 self.claim(request, Some(&unknown.to_string())).await;
@@ -123,11 +120,7 @@ impl Inner {
                 return;
             }
             let result = match self.cancel_local(job) {
-                Some(tick) => format!(
-                    "ok: cancelled the run of {} on {}",
-                    tick.to_rfc3339(),
-                    self.instance
-                ),
+                Some(tick) => self.cancelled(tick),
                 None => "no run going".to_owned(),
             };
             tracing::info!(id = %request.id, %job, %result, by = %request.requested_by, "cancel requested");
@@ -226,6 +219,28 @@ impl Inner {
                 updated_by: self.instance.to_string(),
             })
             .collect()
+    }
+}
+
+/// A trigger's result: the same text whether the leader was asked directly or through
+/// a request.
+pub(super) fn triggered(tick: DateTime<Utc>) -> String {
+    format!("ok: tick {}", tick.to_rfc3339())
+}
+
+impl Inner {
+    /// A cancel's result, as [`triggered`]'s.
+    pub(super) fn cancelled(&self, tick: DateTime<Utc>) -> String {
+        format!(
+            "ok: cancelled the run of {} on {}",
+            tick.to_rfc3339(),
+            self.instance
+        )
+    }
+
+    /// A step-down's result, as [`triggered`]'s.
+    pub(super) fn stepped_down(&self, epoch: u64) -> String {
+        format!("ok: {} stepped down from epoch {epoch}", self.instance)
     }
 }
 

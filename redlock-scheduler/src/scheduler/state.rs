@@ -8,14 +8,15 @@ use chrono::{DateTime, Utc};
 use redlock_core::{CancellationToken, Redlock};
 use tokio_util::task::TaskTracker;
 
-use crate::clock::Clock;
 use crate::error::Error;
-use crate::health::HealthCell;
 use crate::job::Job;
 use crate::leader::{LeaderElector, Leadership};
 use crate::record::Recorder;
-use crate::schedule::Schedule;
+use crate::request::RequestError;
+use crate::status::HealthCell;
 use crate::status::LastRun;
+use crate::time::Clock;
+use crate::time::Schedule;
 
 /// What a tick's claim is kept for beyond the misfire grace window (clock skew between
 /// replicas).
@@ -119,8 +120,11 @@ impl Inner {
             .iter()
             .enumerate()
             .find(|(_, s)| s.job.name == name)
-            .ok_or_else(|| Error::UnknownJob {
-                name: name.to_owned(),
+            .ok_or_else(|| {
+                RequestError::UnknownJob {
+                    name: name.to_owned(),
+                }
+                .into()
             })
     }
 
@@ -197,6 +201,6 @@ impl Inner {
 
     /// The latest moment `tick` may still be acted on.
     pub(super) fn deadline(&self, state: &JobState, tick: DateTime<Utc>) -> DateTime<Utc> {
-        crate::plan::later(tick, self.grace(state))
+        crate::time::later(tick, self.grace(state))
     }
 }

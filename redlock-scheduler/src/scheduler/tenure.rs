@@ -1,5 +1,5 @@
 //! The leader's record in the history, for admin tools
-//! ([`SchedulerAdmin::leader`](crate::SchedulerAdmin::leader)): written when this replica
+//! ([`SchedulerAdmin::leader`](crate::admin::SchedulerAdmin::leader)): written when this replica
 //! is elected, renewed while it leads, marked ended when its leadership ends. A leader
 //! that stops without saying so (a crash, a lost database) leaves a record whose lease
 //! runs out.

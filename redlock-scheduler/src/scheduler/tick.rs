@@ -12,12 +12,12 @@ use redlock_core::{CancellationToken, Error as LockError, Lock, RetryPolicy};
 use tracing::Instrument;
 
 use super::state::{Inner, JobState, lock};
+use crate::history::Outcome;
 use crate::job::JobContext;
 use crate::leader::Leadership;
 use crate::plan::Action;
 use crate::record::{Inserted, Row};
 use crate::status::LastRun;
-use crate::store::Outcome;
 use crate::telemetry::{self, SkipReason};
 use crate::transaction::RunRecord;
 

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use redlock_core::Redlock;
-use redlock_scheduler::{
-    History, HistoryBuilder, Job, JobContext, Outcome, Run, Scheduler, SchedulerBuilder,
-};
+use redlock_scheduler::admin::Dispatched;
+use redlock_scheduler::history::{HistoryBuilder, Outcome, Run};
+use redlock_scheduler::{History, Job, JobContext, Scheduler, SchedulerBuilder};
 use redlock_testkit::{Cluster, Sandbox};
 
 pub const LEADER_TTL: Duration = Duration::from_secs(2);
@@ -189,5 +189,19 @@ pub fn assert_no_double_run(ticks: &HashMap<i64, Vec<String>>, rows: &[Run]) {
                 "row {row:?} and the handler's record disagree"
             );
         }
+    }
+}
+
+/// The tick a trigger done on the leader ran (its result says it too).
+pub fn tick_run(dispatched: Dispatched) -> DateTime<Utc> {
+    match dispatched {
+        Dispatched::Done {
+            tick: Some(tick),
+            result,
+        } => {
+            assert_eq!(result, format!("ok: tick {}", tick.to_rfc3339()));
+            tick
+        }
+        other => panic!("expected a trigger done on the leader, got {other:?}"),
     }
 }

@@ -7,9 +7,9 @@ use chrono::{DateTime, Utc};
 use redlock_fence::FenceError;
 use sqlx::{Any, Transaction};
 
+use super::HistoryError as Error;
 use super::schema::fence;
 use super::{History, ms, token};
-use crate::error::Error;
 
 /// The run a transaction commits for.
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +51,7 @@ impl From<Error> for Refused {
 
 impl From<sqlx::Error> for Refused {
     fn from(err: sqlx::Error) -> Self {
-        Self::Failed(Error::Store(err))
+        Self::Failed(Error::Database(err))
     }
 }
 
@@ -247,7 +247,7 @@ impl History {
             })
             .await?;
         raised.map_err(|err| match err {
-            FenceError::Database(err) => Error::Store(err),
+            FenceError::Database(err) => Error::Database(err),
             other => Error::Fence(other),
         })
     }

@@ -1,11 +1,15 @@
-//! What [`Scheduler::status`](crate::Scheduler::status) reports; serde-serializable (for
-//! an admin endpoint, say).
+//! What [`Scheduler::status`](crate::Scheduler::status) and
+//! [`Scheduler::health`](crate::Scheduler::health) report; serde-serializable (for an
+//! admin endpoint, say).
+
+mod health;
 
 use chrono::{DateTime, Utc};
 
-use crate::health::Health;
+pub use self::health::{ComponentHealth, Health};
+pub(crate) use self::health::{HealthCell, watch_redis};
+use crate::history::{Outcome, Run};
 use crate::job::Misfire;
-use crate::store::{Outcome, Run};
 
 /// The scheduler as this replica sees it.
 #[derive(Debug, Clone, serde::Serialize)]

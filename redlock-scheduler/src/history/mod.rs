@@ -34,14 +34,14 @@
 //! (`redlock_scheduler_jobs`: schedule, time zone, misfire policy, timeout) and
 //! operators' requests (`redlock_scheduler_requests`: trigger, cancel, step down, with
 //! who asked, who carried it out and the result), which is what
-//! [`SchedulerAdmin`](crate::SchedulerAdmin) works from.
+//! [`SchedulerAdmin`](crate::admin::SchedulerAdmin) works from.
 //!
 //! Every statement is bounded in time ([`HistoryBuilder::statement_timeout`]); a
-//! database that does not answer is an [`Error::StoreTimeout`], never a hang.
+//! database that does not answer is a [`HistoryError::Timeout`], never a hang.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), redlock_scheduler::Error> {
+//! # async fn main() -> Result<(), redlock_scheduler::history::HistoryError> {
 //! use std::time::Duration;
 //! use redlock_scheduler::History;
 //!
@@ -56,11 +56,12 @@
 //! # }
 //! ```
 
-mod admin;
 mod builder;
 mod commit;
 mod control;
+mod error;
 mod filter;
+mod requests;
 mod run;
 mod schema;
 mod target;
@@ -72,21 +73,23 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::AnyPool;
 
-pub(crate) use self::admin::{EXPIRED, JobDefinition, new_request_id};
-pub use self::admin::{Request, RequestAction, RequestState};
 pub use self::builder::{
     DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, HistoryBuilder,
-    MAX_HISTORY_TIMEOUT,
+    MAX_TIMEOUT,
 };
 use self::builder::{Source, bounded};
 pub(crate) use self::commit::{Refused, RunKey};
+pub use self::error::HistoryError;
 pub use self::filter::{DEFAULT_RUN_LIMIT, MAX_RUN_LIMIT, RunFilter};
+pub(crate) use self::requests::{JobDefinition, new_request_id};
 use self::run::run_from_row;
 pub(crate) use self::run::{Change, NewRun, RunEnd};
 pub use self::run::{Outcome, Run};
 pub use self::schema::DEFAULT_TABLE_PREFIX;
 use self::schema::Tables;
-use crate::error::Error;
+
+/// What this module's calls return.
+type Error = HistoryError;
 
 pub(super) struct Shared {
     pub(super) pool: AnyPool,
@@ -246,7 +249,7 @@ impl History {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    /// [`HistoryError::Database`] or [`HistoryError::Timeout`].
     pub async fn last_tick(
         &self,
         scheduler: &str,
@@ -297,7 +300,7 @@ impl History {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    /// [`HistoryError::Database`] or [`HistoryError::Timeout`].
     pub async fn runs(&self, scheduler: &str, job: &str, limit: u32) -> Result<Vec<Run>, Error> {
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1 AND job = $2
@@ -321,7 +324,7 @@ impl History {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    /// [`HistoryError::Database`] or [`HistoryError::Timeout`].
     pub async fn runs_between(
         &self,
         scheduler: &str,
@@ -453,7 +456,7 @@ impl History {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    /// [`HistoryError::Database`] or [`HistoryError::Timeout`].
     pub async fn prune(&self, scheduler: &str, now: DateTime<Utc>) -> Result<u64, Error> {
         let runs = &self.shared.tables.runs;
         // A manual row, or a scheduled row with a later scheduled row of its job.
@@ -464,7 +467,7 @@ impl History {
         );
         let mut deleted = 0;
         if let Some(age) = self.shared.keep_for {
-            let cutoff = crate::plan::earlier(now, age);
+            let cutoff = crate::time::earlier(now, age);
             let sql = format!(
                 "DELETE FROM {runs} AS r WHERE r.scheduler = $1 AND r.tick_ms < $2
                    AND r.outcome <> 'running'

@@ -3,8 +3,8 @@
 
 use chrono::{DateTime, Utc};
 
+use super::HistoryError as Error;
 use super::{History, ms, token};
-use crate::error::Error;
 
 impl History {
     /// Records that `instance` leads `scheduler` with `epoch` since `since`, its record

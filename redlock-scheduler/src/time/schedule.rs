@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use chrono::{TimeZone, Utc};
-//! use redlock_scheduler::Schedule;
+//! use redlock_scheduler::time::Schedule;
 //!
 //! let schedule = Schedule::parse("0 30 1 * * *", "America/New_York")?;
 //! // 2026-11-01: 01:30 EDT happens, 01:30 EST (an hour later) does not.

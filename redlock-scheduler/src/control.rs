@@ -26,10 +26,12 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), redlock_scheduler::Error> {
-//! use redlock_scheduler::{History, RunFilter, SchedulerAdmin, DEFAULT_SCHEDULER_NAME};
+//! use redlock_scheduler::{History, Scheduler};
+//! use redlock_scheduler::admin::SchedulerAdmin;
+//! use redlock_scheduler::history::RunFilter;
 //!
 //! let history = History::connect("sqlite::memory:").await?;
-//! let admin = SchedulerAdmin::new(history, DEFAULT_SCHEDULER_NAME).operator("alice");
+//! let admin = SchedulerAdmin::new(history, Scheduler::DEFAULT_NAME).operator("alice");
 //! for job in admin.jobs().await? {
 //!     println!("{} ({}): next {:?}", job.name, job.schedule, job.next_ticks.first());
 //! }
@@ -47,10 +49,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::error::Error;
+use crate::history::{History, JobDefinition, Run, RunFilter};
 use crate::job::Misfire;
-use crate::schedule::Schedule;
+use crate::request::{Dispatched, Request, RequestAction, RequestError};
 use crate::status::LastRun;
-use crate::store::{History, JobDefinition, Request, RequestAction, Run, RunFilter};
+use crate::time::Schedule;
 
 /// How many next ticks [`SchedulerAdmin::jobs`] lists per job unless told otherwise.
 pub const DEFAULT_NEXT_TICKS: usize = 5;
@@ -137,7 +140,7 @@ impl LeaderInfo {
 
 impl SchedulerAdmin {
     /// The admin of the scheduler named `scheduler` (a scheduler's default name is
-    /// [`DEFAULT_SCHEDULER_NAME`](crate::DEFAULT_SCHEDULER_NAME)) in `history`.
+    /// [`Scheduler::DEFAULT_NAME`](crate::Scheduler::DEFAULT_NAME)) in `history`.
     pub fn new(history: History, scheduler: impl Into<String>) -> Self {
         Self {
             history,
@@ -176,7 +179,7 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    /// [`Error::History`].
     pub async fn jobs(&self) -> Result<Vec<JobInfo>, Error> {
         let definitions = self.history.job_definitions(&self.scheduler).await?;
         let paused: HashSet<String> = self
@@ -214,15 +217,17 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownJob`] if no replica published it; [`Error::Store`] or
-    /// [`Error::StoreTimeout`].
+    /// [`RequestError::UnknownJob`] if no replica published it; [`Error::History`].
     pub async fn job(&self, name: &str) -> Result<JobInfo, Error> {
         self.jobs()
             .await?
             .into_iter()
             .find(|j| j.name == name)
-            .ok_or_else(|| Error::UnknownJob {
-                name: name.to_owned(),
+            .ok_or_else(|| {
+                RequestError::UnknownJob {
+                    name: name.to_owned(),
+                }
+                .into()
             })
     }
 
@@ -275,7 +280,7 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    /// [`Error::History`].
     pub async fn leader(&self) -> Result<Option<LeaderInfo>, Error> {
         let now = Utc::now();
         Ok(self
@@ -289,7 +294,7 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    /// [`Error::History`].
     pub async fn last_leader(&self) -> Result<Option<LeaderInfo>, Error> {
         Ok(self
             .history
@@ -308,9 +313,9 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    /// [`Error::History`].
     pub async fn runs(&self, filter: &RunFilter) -> Result<Vec<Run>, Error> {
-        self.history.query_runs(&self.scheduler, filter).await
+        Ok(self.history.query_runs(&self.scheduler, filter).await?)
     }
 
     /// Pauses `job` for every replica: its ticks are skipped (recorded as skipped,
@@ -319,11 +324,10 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownJob`] if no replica published it; [`Error::Store`] or
-    /// [`Error::StoreTimeout`] (nothing changed then).
+    /// [`RequestError::UnknownJob`] if no replica published it; [`Error::History`] (nothing changed then).
     pub async fn pause(&self, job: &str) -> Result<(), Error> {
         self.known(job).await?;
-        self.history.set_paused(&self.scheduler, job, true).await
+        Ok(self.history.set_paused(&self.scheduler, job, true).await?)
     }
 
     /// Fires `job` again after [`pause`](Self::pause).
@@ -333,31 +337,32 @@ impl SchedulerAdmin {
     /// As [`pause`](Self::pause).
     pub async fn resume(&self, job: &str) -> Result<(), Error> {
         self.known(job).await?;
-        self.history.set_paused(&self.scheduler, job, false).await
+        Ok(self.history.set_paused(&self.scheduler, job, false).await?)
     }
 
     /// Asks the leader to run `job` once now (through the claim path, recorded as a
-    /// manual run). Returns the request's id; its result is `ok: tick <RFC 3339>` or
-    /// the trigger's error (a run still going, say).
+    /// manual run). Answers [`Dispatched::Requested`] with the request's id (as every
+    /// control of an admin, which runs no replica: [`Scheduler::trigger`](crate::Scheduler::trigger)
+    /// answers the same type, done at once on the leader); the request's result is
+    /// `ok: tick <RFC 3339>` or the trigger's error (a run still going, say).
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownJob`] if no replica published it; [`Error::Store`] or
-    /// [`Error::StoreTimeout`] (no request recorded then).
-    pub async fn trigger(&self, job: &str) -> Result<String, Error> {
+    /// [`RequestError::UnknownJob`] if no replica published it; [`Error::History`] (no request recorded then).
+    pub async fn trigger(&self, job: &str) -> Result<Dispatched, Error> {
         self.known(job).await?;
         self.submit(Some(job), RequestAction::Trigger).await
     }
 
     /// Asks the replica running `job` to cancel that run: its token fires, and it is
-    /// recorded as [`Outcome::Cancelled`](crate::Outcome::Cancelled) with the error
-    /// `cancelled by an operator`. Returns the request's id; its result names the tick
-    /// cancelled, or says `no run going`.
+    /// recorded as [`Outcome::Cancelled`](crate::history::Outcome::Cancelled) with the error
+    /// `cancelled by an operator`. Answers [`Dispatched::Requested`]; the request's result
+    /// names the tick cancelled, or says `no run going`.
     ///
     /// # Errors
     ///
     /// As [`trigger`](Self::trigger).
-    pub async fn cancel(&self, job: &str) -> Result<String, Error> {
+    pub async fn cancel(&self, job: &str) -> Result<Dispatched, Error> {
         self.known(job).await?;
         self.submit(Some(job), RequestAction::Cancel).await
     }
@@ -365,12 +370,12 @@ impl SchedulerAdmin {
     /// Asks the leader to give leadership up: it hands the lock over to a waiting
     /// replica and keeps out of the election for a while (the leadership TTL, at least
     /// 2 s), so another replica takes over with a higher epoch. Runs going on the old
-    /// leader go on (they hold their jobs' run locks). Returns the request's id.
+    /// leader go on (they hold their jobs' run locks). Answers [`Dispatched::Requested`].
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`] (no request recorded then).
-    pub async fn step_down(&self) -> Result<String, Error> {
+    /// [`Error::History`] (no request recorded then).
+    pub async fn step_down(&self) -> Result<Dispatched, Error> {
         self.submit(None, RequestAction::StepDown).await
     }
 
@@ -378,13 +383,13 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownRequest`] if this scheduler has none of that id;
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    /// [`RequestError::UnknownRequest`] if this scheduler has none of that id;
+    /// [`Error::History`].
     pub async fn request(&self, id: &str) -> Result<Request, Error> {
         self.history
             .request(&self.scheduler, id)
             .await?
-            .ok_or_else(|| Error::UnknownRequest { id: id.to_owned() })
+            .ok_or_else(|| RequestError::UnknownRequest { id: id.to_owned() }.into())
     }
 
     /// Waits until the request `id` is done (succeeded, failed or expired: see
@@ -393,24 +398,25 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::RequestNotDone`] when `timeout` passes first; as
+    /// [`RequestError::NotDone`] when `timeout` passes first; as
     /// [`request`](Self::request) otherwise.
     pub async fn wait(&self, id: &str, timeout: Duration) -> Result<Request, Error> {
         let request = self.wait_up_to(id, timeout).await?;
         if request.is_done() {
             Ok(request)
         } else {
-            Err(Error::RequestNotDone {
+            Err(RequestError::NotDone {
                 id: id.to_owned(),
                 waited: timeout,
                 state: request.state,
-            })
+            }
+            .into())
         }
     }
 
     /// The request `id` once it is done, or as it stands after `within`: still
-    /// [`Pending`](crate::RequestState::Pending) (no replica has taken it) or
-    /// [`Executing`](crate::RequestState::Executing). Reads it about ten times a
+    /// [`Pending`](crate::admin::RequestState::Pending) (no replica has taken it) or
+    /// [`Executing`](crate::admin::RequestState::Executing). Reads it about ten times a
     /// second; with a `within` of zero, once. For callers that answer at once and let
     /// their own callers follow the request (an HTTP admin answering 202).
     ///
@@ -429,13 +435,13 @@ impl SchedulerAdmin {
         }
     }
 
-    /// Records a request; its id.
+    /// Records a request.
     pub(crate) async fn submit(
         &self,
         job: Option<&str>,
         action: RequestAction,
-    ) -> Result<String, Error> {
-        let id = crate::store::new_request_id();
+    ) -> Result<Dispatched, Error> {
+        let id = crate::history::new_request_id();
         self.history
             .insert_request(
                 &id,
@@ -446,16 +452,17 @@ impl SchedulerAdmin {
                 Utc::now(),
             )
             .await?;
-        Ok(id)
+        Ok(Dispatched::Requested { id })
     }
 
-    /// Fails with [`Error::UnknownJob`] unless a replica published `job`.
+    /// Fails with [`RequestError::UnknownJob`] unless a replica published `job`.
     async fn known(&self, job: &str) -> Result<(), Error> {
         match self.history.job_definition(&self.scheduler, job).await? {
             Some(_) => Ok(()),
-            None => Err(Error::UnknownJob {
+            None => Err(RequestError::UnknownJob {
                 name: job.to_owned(),
-            }),
+            }
+            .into()),
         }
     }
 }

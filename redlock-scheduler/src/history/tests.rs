@@ -76,8 +76,8 @@ async fn an_empty_batch_is_a_no_op() {
 async fn a_timeout_beyond_a_day_is_refused() {
     use std::time::Duration;
 
-    use super::MAX_HISTORY_TIMEOUT;
-    use crate::error::Error;
+    use super::HistoryError as Error;
+    use super::MAX_TIMEOUT;
 
     type Setter = fn(super::HistoryBuilder, Duration) -> super::HistoryBuilder;
     let options: [(&str, Setter); 3] = [
@@ -89,20 +89,19 @@ async fn a_timeout_beyond_a_day_is_refused() {
         ),
     ];
     for (what, set) in options {
-        for too_long in [
-            Duration::MAX,
-            MAX_HISTORY_TIMEOUT + Duration::from_millis(1),
-        ] {
+        for too_long in [Duration::MAX, MAX_TIMEOUT + Duration::from_millis(1)] {
             match set(History::builder("sqlite::memory:"), too_long)
                 .connect()
                 .await
             {
-                Err(Error::InvalidConfig { what: option, .. }) => assert_eq!(option, what),
+                Err(Error::Config(crate::BuildError::InvalidOption { what: option, .. })) => {
+                    assert_eq!(option, what);
+                }
                 Err(other) => panic!("{what} {too_long:?}: {other}"),
                 Ok(_) => panic!("{what} {too_long:?}: accepted"),
             }
         }
-        set(History::builder("sqlite::memory:"), MAX_HISTORY_TIMEOUT)
+        set(History::builder("sqlite::memory:"), MAX_TIMEOUT)
             .connect()
             .await
             .unwrap();

@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use chrono::{TimeZone, Utc};
-//! use redlock_scheduler::{Clock, ManualClock};
+//! use redlock_scheduler::time::{Clock, ManualClock};
 //!
 //! let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 1, 5, 0, 0).unwrap());
 //! clock.advance(std::time::Duration::from_secs(90));
@@ -112,6 +112,22 @@ pub(crate) fn instant_after(after: Duration) -> tokio::time::Instant {
     let now = tokio::time::Instant::now();
     // Thirty years from now always fits; `now` itself is never reached.
     now.checked_add(after.min(FAR_FUTURE)).unwrap_or(now)
+}
+
+/// `t - d`, or the earliest time there is.
+pub(crate) fn earlier(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// `t + d`, or the latest time there is.
+pub(crate) fn later(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 #[cfg(test)]

@@ -2,9 +2,9 @@
 
 use chrono::{DateTime, Utc};
 
+use super::HistoryError as Error;
 use super::run::run_from_row;
 use super::{History, Outcome, RUN_COLUMNS, Run, ms};
-use crate::error::Error;
 
 /// How many runs [`History::query_runs`] returns unless told otherwise.
 pub const DEFAULT_RUN_LIMIT: u32 = 50;
@@ -13,7 +13,7 @@ pub const DEFAULT_RUN_LIMIT: u32 = 50;
 pub const MAX_RUN_LIMIT: u32 = 1000;
 
 /// Which runs to read ([`History::query_runs`],
-/// [`SchedulerAdmin::runs`](crate::SchedulerAdmin::runs)): every condition set must
+/// [`SchedulerAdmin::runs`](crate::admin::SchedulerAdmin::runs)): every condition set must
 /// hold. Newest tick first, at most [`limit`](Self::limit) rows (default 50, at most
 /// 1000).
 ///
@@ -117,7 +117,7 @@ impl History {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`] or [`Error::StoreTimeout`].
+    /// [`HistoryError::Database`](Error::Database) or [`HistoryError::Timeout`](Error::Timeout).
     pub async fn query_runs(&self, scheduler: &str, filter: &RunFilter) -> Result<Vec<Run>, Error> {
         let mut sql = format!(
             "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1",

@@ -9,10 +9,11 @@ use chrono::Utc;
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Connection};
 
+use super::HistoryError as Error;
 use super::schema::{self, DEFAULT_TABLE_PREFIX, Tables, is_identifier};
 use super::target::{self, Backend, Target};
 use super::{History, Shared, ms};
-use crate::error::Error;
+use crate::build_error::BuildError;
 
 /// The default bound on opening the database (and on the first migration).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -23,7 +24,7 @@ pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest connect, acquire or statement timeout accepted: one day. A history that
 /// does not answer for that long is down, and the bound keeps every deadline computed
 /// from a timeout (and PostgreSQL's `statement_timeout`, in milliseconds) in range.
-pub const MAX_HISTORY_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 pub(super) enum Source {
     Url(String),
@@ -77,16 +78,16 @@ impl HistoryBuilder {
 
     /// How long opening the database may take (default 5 s): past it,
     /// [`connect`](Self::connect) fails naming the database and the cause.
-    /// More than zero and at most [`MAX_HISTORY_TIMEOUT`] (a day), or
-    /// [`connect`](Self::connect) fails with [`Error::InvalidConfig`].
+    /// More than zero and at most [`MAX_TIMEOUT`] (a day), or
+    /// [`connect`](Self::connect) fails with [`HistoryError::Config`](Error::Config).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// How long a statement may wait for a pooled connection (default 2 s).
-    /// More than zero and at most [`MAX_HISTORY_TIMEOUT`] (a day), or
-    /// [`connect`](Self::connect) fails with [`Error::InvalidConfig`].
+    /// More than zero and at most [`MAX_TIMEOUT`] (a day), or
+    /// [`connect`](Self::connect) fails with [`HistoryError::Config`](Error::Config).
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self
@@ -94,8 +95,8 @@ impl HistoryBuilder {
 
     /// How long one statement may take, waiting for a connection included (default
     /// 5 s; on PostgreSQL also set as the server's `statement_timeout`).
-    /// More than zero and at most [`MAX_HISTORY_TIMEOUT`] (a day), or
-    /// [`connect`](Self::connect) fails with [`Error::InvalidConfig`].
+    /// More than zero and at most [`MAX_TIMEOUT`] (a day), or
+    /// [`connect`](Self::connect) fails with [`HistoryError::Config`](Error::Config).
     pub fn statement_timeout(mut self, timeout: Duration) -> Self {
         self.statement_timeout = timeout;
         self
@@ -139,9 +140,11 @@ impl HistoryBuilder {
     }
 
     fn check(&self) -> Result<(), Error> {
-        let invalid = |what: &str, reason: &str| Error::InvalidConfig {
-            what: what.to_owned(),
-            reason: reason.to_owned(),
+        let invalid = |what: &str, reason: &str| {
+            Error::Config(BuildError::InvalidOption {
+                what: what.to_owned(),
+                reason: reason.to_owned(),
+            })
         };
         if !is_identifier(&self.prefix) {
             return Err(invalid(
@@ -165,8 +168,8 @@ impl HistoryBuilder {
             if t.is_zero() {
                 return Err(invalid(what, "must be more than zero"));
             }
-            if t > MAX_HISTORY_TIMEOUT {
-                return Err(invalid(what, "must be at most a day (MAX_HISTORY_TIMEOUT)"));
+            if t > MAX_TIMEOUT {
+                return Err(invalid(what, "must be at most a day (MAX_TIMEOUT)"));
             }
         }
         if self.max_connections == 0 {
@@ -186,11 +189,11 @@ impl HistoryBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`] for a URL that names no supported database,
-    /// [`Error::InvalidConfig`] for a bad prefix, schema or timeout (zero, or above
-    /// [`MAX_HISTORY_TIMEOUT`]), [`Error::Connect`]
+    /// [`HistoryError::InvalidUrl`](Error::InvalidUrl) for a URL that names no supported database,
+    /// [`HistoryError::Config`](Error::Config) for a bad prefix, schema or timeout (zero, or above
+    /// [`MAX_TIMEOUT`]), [`HistoryError::Connect`](Error::Connect)
     /// naming the database and the cause (refused, no answer within the timeout, bad
-    /// credentials, a file that cannot be opened), [`Error::Migration`] if a migration
+    /// credentials, a file that cannot be opened), [`HistoryError::Migration`](Error::Migration) if a migration
     /// fails.
     pub async fn connect(self) -> Result<History, Error> {
         static DRIVERS: Once = Once::new();
@@ -204,10 +207,10 @@ impl HistoryBuilder {
                     "PostgreSQL" => Backend::Postgres,
                     "SQLite" => Backend::Sqlite,
                     other => {
-                        return Err(Error::InvalidConfig {
+                        return Err(Error::Config(BuildError::InvalidOption {
                             what: "pool".to_owned(),
                             reason: format!("{other} is not supported: use SQLite or PostgreSQL"),
-                        });
+                        }));
                     }
                 };
                 let _ = conn.ping().await;
@@ -215,10 +218,10 @@ impl HistoryBuilder {
             }
         };
         if self.schema.is_some() && backend == Backend::Sqlite {
-            return Err(Error::InvalidConfig {
+            return Err(Error::Config(BuildError::InvalidOption {
                 what: "schema".to_owned(),
                 reason: "SQLite has no schemas: use a table prefix".to_owned(),
-            });
+            }));
         }
         let tables = Tables::new(&self.prefix, self.schema.as_deref());
         let history = History {
@@ -240,10 +243,10 @@ impl HistoryBuilder {
         )
         .await?;
         let migrate = schema::migrate(&mut conn, backend, &history.shared.tables, ms(Utc::now()));
-        let limit = self.connect_timeout.saturating_add(self.statement_timeout);
+        let limit = migrate_limit(self.connect_timeout, self.statement_timeout);
         tokio::time::timeout(limit, migrate)
             .await
-            .map_err(|_| Error::StoreTimeout {
+            .map_err(|_| Error::Timeout {
                 operation: "migrate",
                 after: limit,
             })??;
@@ -317,7 +320,7 @@ impl HistoryBuilder {
             )
             .await
             .map_err(|err| match err {
-                Error::Store(err) => connect_error(err.to_string()),
+                Error::Database(err) => connect_error(err.to_string()),
                 other => other,
             })?;
         }
@@ -325,7 +328,14 @@ impl HistoryBuilder {
     }
 }
 
-/// `fut`, failing with [`Error::StoreTimeout`] after `limit`.
+/// How long connecting may wait for the migrations (other replicas' included): the
+/// connect timeout plus one statement's, saturating (never an overflow, whatever the
+/// timeouts).
+fn migrate_limit(connect: Duration, statement: Duration) -> Duration {
+    connect.saturating_add(statement)
+}
+
+/// `fut`, failing with [`Error::Timeout`] after `limit`.
 pub(super) async fn bounded<T, E>(
     limit: Duration,
     operation: &'static str,
@@ -336,9 +346,29 @@ where
 {
     match tokio::time::timeout(limit, fut).await {
         Ok(result) => result.map_err(Error::from),
-        Err(_) => Err(Error::StoreTimeout {
+        Err(_) => Err(Error::Timeout {
             operation,
             after: limit,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::migrate_limit;
+
+    #[test]
+    fn the_migration_bound_saturates() {
+        assert_eq!(
+            migrate_limit(Duration::MAX, Duration::from_secs(5)),
+            Duration::MAX
+        );
+        assert_eq!(migrate_limit(Duration::MAX, Duration::MAX), Duration::MAX);
+        assert_eq!(
+            migrate_limit(Duration::from_secs(5), Duration::from_secs(2)),
+            Duration::from_secs(7)
+        );
     }
 }

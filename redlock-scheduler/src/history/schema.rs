@@ -11,8 +11,8 @@
 use redlock_fence::SqlFence;
 use sqlx::AnyConnection;
 
+use super::HistoryError as Error;
 use super::target::Backend;
-use crate::error::Error;
 
 /// The history's table names, prefix and schema applied.
 #[derive(Debug, Clone)]
@@ -247,7 +247,7 @@ pub(crate) async fn migrate(
         Backend::Sqlite => "BEGIN IMMEDIATE",
         Backend::Postgres => "BEGIN",
     };
-    let mut tx = conn.begin_with(begin).await.map_err(Error::Store)?;
+    let mut tx = conn.begin_with(begin).await.map_err(Error::Database)?;
     if backend == Backend::Postgres {
         sqlx::query("SELECT 1 FROM (SELECT pg_advisory_xact_lock($1)) AS migration_lock")
             .bind(tables.lock_key())

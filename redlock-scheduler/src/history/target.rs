@@ -7,7 +7,7 @@
 //!
 //! A file path that merely contains the word "memory" is a file.
 
-use crate::error::Error;
+use super::HistoryError as Error;
 
 /// The database behind a history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

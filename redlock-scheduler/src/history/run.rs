@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::HistoryError as Error;
 use super::from_ms;
-use crate::error::Error;
 
 /// How a run ended (or that it is still running).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

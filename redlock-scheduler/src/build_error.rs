@@ -1,0 +1,42 @@
+//! [`BuildError`]: an option or a definition that cannot work, reported by a builder's
+//! `build()`, `start()` or `connect()` before anything starts.
+
+/// A job definition or scheduler option that cannot work, reported by
+/// [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) (and an election option by
+/// [`LeaderElectorBuilder::start`](crate::leader::LeaderElectorBuilder::start)) with the offending
+/// input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A job has an empty (or blank) name: give it a unique one.
+    #[error("a job has an empty name: give every job a unique, non-empty name")]
+    EmptyName,
+
+    /// Two jobs share a name: names identify ticks and history rows, so they must be
+    /// unique.
+    #[error("job name `{name}` is used twice: job names must be unique")]
+    DuplicateJob {
+        /// The repeated name.
+        name: String,
+    },
+
+    /// A job's cron expression or time zone is invalid.
+    #[error("job `{job}`: invalid schedule `{expression}` ({reason})")]
+    InvalidSchedule {
+        /// The job.
+        job: String,
+        /// The expression (and zone) as given.
+        expression: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// An option is out of range.
+    #[error("{what}: {reason}")]
+    InvalidOption {
+        /// The option (and job, if it is a job's).
+        what: String,
+        /// Why it cannot work.
+        reason: String,
+    },
+}
