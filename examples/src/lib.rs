@@ -572,3 +572,40 @@ pub mod fenced {
         }
     }
 }
+
+/// The Rust snippets of the README and of `docs/`, compiled (and the ones that need no
+/// server run) as doctests: `cargo test -p redlock-examples --doc`.
+#[cfg(doctest)]
+pub mod docs {
+    #[doc = include_str!("../../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../../docs/ARCHITECTURE.md")]
+    pub struct Architecture;
+    #[doc = include_str!("../../docs/BENCHMARKS.md")]
+    pub struct Benchmarks;
+    #[doc = include_str!("../../docs/CORE.md")]
+    pub struct Core;
+    #[doc = include_str!("../../docs/DEVELOPMENT.md")]
+    pub struct Development;
+    #[doc = include_str!("../../docs/FENCING.md")]
+    pub struct Fencing;
+    #[doc = include_str!("../../docs/GUARANTEES.md")]
+    pub struct Guarantees;
+    #[doc = include_str!("../../docs/OPERATIONS.md")]
+    pub struct Operations;
+    /// Being rewritten for the renamed APIs: compiled only with the feature
+    /// `doc-snippets-being-rewritten` until they compile.
+    #[cfg(feature = "doc-snippets-being-rewritten")]
+    #[doc = include_str!("../../docs/ACTIX.md")]
+    pub struct Actix;
+    /// Being rewritten for the renamed APIs: compiled only with the feature
+    /// `doc-snippets-being-rewritten` until they compile.
+    #[cfg(feature = "doc-snippets-being-rewritten")]
+    #[doc = include_str!("../../docs/SCHEDULER.md")]
+    pub struct Scheduler;
+    /// Being rewritten for the renamed APIs: compiled only with the feature
+    /// `doc-snippets-being-rewritten` until they compile.
+    #[cfg(feature = "doc-snippets-being-rewritten")]
+    #[doc = include_str!("../../docs/TOWER.md")]
+    pub struct Tower;
+}
