@@ -102,6 +102,11 @@ where
 /// `web::scope("/accounts/{id}")` (as `redlock_tower::extract::PathParam` for axum):
 /// percent-decoded (UTF-8, else `400`), then escaped ([`redlock_http::path_param_key`]).
 /// A route without the parameter is the server's mistake: `500`, its detail in the log.
+///
+/// A value that is not UTF-8 once decoded is refused with `400`, as in tower; note that
+/// actix's own `web::Path<String>` (the [`DistributedLock`](crate::DistributedLock)
+/// extractor's inner value) decodes it lossily instead, with U+FFFD in place of the
+/// invalid bytes.
 #[derive(Debug, Clone)]
 pub struct PathParam {
     name: String,
@@ -118,7 +123,14 @@ impl KeyExtractor for PathParam {
     fn extract(&self, req: &ServiceRequest) -> Key {
         // actix leaves `%`, `/` and `+` encoded in `match_info`; decoding the rest gives
         // what decoding the request path gives.
-        redlock_http::path_param_key(&self.name, req.match_info().get(&self.name))
+        let value = req.match_info().get(&self.name);
+        // But it replaces bytes that are not UTF-8 with U+FFFD: refused, as in tower.
+        if value.is_some_and(|v| v.contains('\u{FFFD}'))
+            && redlock_http::decode_path_segment(req.path()).is_err()
+        {
+            return redlock_http::path_param_not_utf8(&self.name);
+        }
+        redlock_http::path_param_key(&self.name, value)
     }
 }
 

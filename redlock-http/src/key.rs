@@ -352,10 +352,17 @@ pub fn path_param_key(name: &str, raw: Option<&str>) -> Key {
                 "path parameter `{name}` is empty"
             ))),
         },
-        Err(_) => Key::Reject(Problem::bad_key(format!(
-            "path parameter `{name}` is not valid UTF-8"
-        ))),
+        Err(_) => path_param_not_utf8(name),
     }
+}
+
+/// The answer to a path parameter `name` that is not UTF-8 once percent-decoded: `400`.
+/// For a framework that decodes lossily (actix-web's `match_info` puts U+FFFD in place
+/// of invalid bytes), so that it refuses what [`path_param_key`] refuses.
+pub fn path_param_not_utf8(name: &str) -> Key {
+    Key::Reject(Problem::bad_key(format!(
+        "path parameter `{name}` is not valid UTF-8"
+    )))
 }
 
 #[cfg(test)]
