@@ -129,8 +129,8 @@ async fn all_vote(redlock: &Redlock) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_go_up_when_the_first_majority_to_answer_kept_no_counter() {
     let mut cluster = Cluster::start_proxied(3).await;
-    let redlock = Redlock::builder()
-        .nodes(cluster.urls())
+    let redlock = redlock_testkit::builder(&cluster)
+        .restart_quarantine(true) // the node restarted empty must sit out its quarantine
         .fencing(true)
         .ttl(Duration::from_secs(1))
         .node_timeout(Duration::from_millis(600))

@@ -31,8 +31,8 @@ async fn until_votes(redlock: &Redlock, i: usize, limit: Duration) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_recovers_after_the_node_comes_back() {
     let mut cluster = Cluster::start(3).await;
-    let redlock = Redlock::builder()
-        .nodes(cluster.urls())
+    let redlock = redlock_testkit::builder(&cluster)
+        .restart_quarantine(true) // the test waits the fresh nodes' quarantine out
         .ttl(Duration::from_millis(500))
         .node_timeout(Duration::from_millis(100))
         .build()

@@ -217,8 +217,8 @@ async fn node_health_reports_settings_and_failures() {
         .await
         .unwrap();
     // The restart quarantine on: the fresh nodes are in it.
-    let redlock = Redlock::builder()
-        .nodes(cluster.urls())
+    let redlock = redlock_testkit::builder(&cluster)
+        .restart_quarantine(true)
         .max_ttl(Duration::from_secs(30))
         .ttl(Duration::from_secs(5))
         .build()

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redlock_core::{Redlock, RetryPolicy, telemetry};
+use redlock_core::{RetryPolicy, telemetry};
 use redlock_testkit::Cluster;
 use redlock_testkit::metrics::sample;
 
@@ -112,8 +112,8 @@ async fn lock_activity_is_counted_with_bounded_labels() {
     );
 
     // Nodes in restart quarantine show as 1; their refused votes count as errors.
-    let quarantined = Redlock::builder()
-        .nodes(cluster.urls())
+    let quarantined = redlock_testkit::builder(&cluster)
+        .restart_quarantine(true)
         .max_ttl(Duration::from_secs(600))
         .ttl(ttl)
         .build()

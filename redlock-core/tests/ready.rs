@@ -10,8 +10,8 @@ use redlock_core::{Error, NodeError, Redlock};
 use redlock_testkit::Cluster;
 
 fn quarantined_client(cluster: &Cluster, max_ttl: Duration) -> Redlock {
-    Redlock::builder()
-        .nodes(cluster.urls())
+    redlock_testkit::builder(cluster)
+        .restart_quarantine(true)
         .ttl(max_ttl)
         .node_timeout(Duration::from_millis(200))
         .build()

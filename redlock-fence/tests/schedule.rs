@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
-use redlock_core::{Redlock, RetryPolicy};
+use redlock_core::RetryPolicy;
 use redlock_fence::{FenceError, RedisFence, SqlFence};
 use redlock_testkit::{Cluster, FaultKind, Persistence, RedisServer, run_faults};
 use tokio::task::JoinHandle;
@@ -289,8 +289,8 @@ async fn holder(
     until: Instant,
     tally: Arc<Tally>,
 ) {
-    let client = Redlock::builder()
-        .nodes(urls)
+    let client = redlock_testkit::builder_for(urls)
+        .restart_quarantine(true) // nodes restarted empty (the faults) must not vote at once
         .fencing(true)
         .ttl(TTL)
         .node_timeout(Duration::from_millis(50))

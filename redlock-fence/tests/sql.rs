@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use redlock_core::{ConfigError, DEFAULT_MAX_RESOURCE_LEN, Redlock, RetryPolicy};
+use redlock_core::{ConfigError, DEFAULT_MAX_RESOURCE_LEN, RetryPolicy};
 use redlock_fence::{FenceError, SqlFence};
 use redlock_testkit::Cluster;
 use sqlx::Executor;
@@ -228,8 +228,7 @@ async fn sqlite_resource_names_are_bounded() {
     resource_names_are_bounded!(pool);
     // The same rule as the locks': no lock is taken for such a name either (refused
     // before any node is asked).
-    let redlock = Redlock::builder()
-        .nodes(["redis://127.0.0.1:1"])
+    let redlock = redlock_testkit::builder_for(["redis://127.0.0.1:1"])
         .build()
         .unwrap();
     assert!(matches!(
