@@ -210,7 +210,7 @@ impl Job {
     }
 
     /// The IANA time zone the expression is read in (default `UTC`); see
-    /// [`Schedule`](crate::Schedule) for the DST behaviour.
+    /// [`Schedule`](crate::time::Schedule) for the DST behaviour.
     pub fn time_zone(mut self, zone: impl Into<String>) -> Self {
         self.zone = zone.into();
         self

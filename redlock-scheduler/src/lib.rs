@@ -184,11 +184,12 @@ pub mod telemetry;
 pub mod time;
 pub mod transaction;
 
-/// Operators' tools over the history database alone: [`SchedulerAdmin`] (jobs, leader,
-/// runs, pauses) and the requests it makes for the replicas ([`Request`]), what a control
-/// did ([`Dispatched`]) and why one was refused ([`RequestError`]). See
-/// [`SchedulerAdmin`] for the details.
 pub mod admin {
+    //! Operators' tools over the history database alone: [`SchedulerAdmin`] (jobs,
+    //! leader, runs, pauses), the requests it makes for the replicas ([`Request`]), what
+    //! a control did ([`Dispatched`]) and why one was refused ([`RequestError`]). See
+    //! [`SchedulerAdmin`] for the details.
+
     pub use crate::control::{DEFAULT_NEXT_TICKS, JobInfo, LeaderInfo, SchedulerAdmin};
     pub use crate::request::{Dispatched, Request, RequestAction, RequestError, RequestState};
 }

@@ -19,7 +19,7 @@ pub const MAX_RUN_LIMIT: u32 = 1000;
 ///
 /// ```
 /// use chrono::{Duration, Utc};
-/// use redlock_scheduler::{Outcome, RunFilter};
+/// use redlock_scheduler::history::{Outcome, RunFilter};
 ///
 /// // The last ten failures of `invoices` in the past day, scheduled ones only.
 /// let filter = RunFilter::new()
