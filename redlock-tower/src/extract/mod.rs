@@ -6,7 +6,7 @@
 //! - [`Key::Lock`]: serialize this request with every other request of the same key;
 //! - [`Key::Pass`]: no lock, the request goes straight through;
 //! - [`Key::Reject`]: refuse the request (by default `400 Bad Request`, for a missing or
-//!   malformed key), with a [`Problem`] saying why.
+//!   malformed key), with a [`Problem`](redlock_http::Problem) saying why.
 //!
 //! Built in: [`Header`] (optionally required), [`PathPrefix`], [`Global`], and, with the
 //! `axum` feature, `PathParam` for a path parameter of an axum route. Any closure
