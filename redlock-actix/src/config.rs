@@ -225,6 +225,10 @@ impl DistributedLockConfig {
     /// body streams, end the body with a [`LockLost`](crate::LockLost) error so that the
     /// client sees an incomplete response. Off by default: the loss is logged and
     /// signalled through the [`LockHandle`](crate::LockHandle) (`lost()`, `is_held()`).
+    /// The `503` is the middleware's error (an `actix_web::Error` carrying the response,
+    /// [`on_rejection`](Self::on_rejection)'s if set): the request went with the
+    /// handler's future, so outer middleware sees an error where other rejections are
+    /// responses.
     ///
     /// The [`DistributedLock`](crate::DistributedLock) extractor cannot stop the
     /// handler it is an argument of (actix gives an extractor no hold on the handler's
@@ -309,8 +313,19 @@ impl DistributedLockConfig {
         key: Option<&str>,
         req: &HttpRequest,
     ) -> actix_web::Error {
-        let id = request_id(req);
-        err.log(req, id.as_deref());
+        self.reject_request(err, key, req.path(), request_id(req))
+    }
+
+    /// [`reject`](Self::reject), for the request at `path` with id `id` (when the
+    /// request itself is gone with the handler's future).
+    pub(crate) fn reject_request(
+        &self,
+        err: DistributedLockError,
+        key: Option<&str>,
+        path: &str,
+        id: Option<String>,
+    ) -> actix_web::Error {
+        err.log(path, id.as_deref());
         let kind = err.kind();
         let mut problem = err.problem().with_request_id(id);
         if kind == RejectionKind::Busy {

@@ -189,38 +189,38 @@ impl DistributedLockError {
     /// addresses included, goes to the log only), then the problem response.
     pub(crate) fn respond(self, req: &HttpRequest) -> actix_web::Error {
         let id = request_id(req);
-        self.log(req, id.as_deref());
+        self.log(req.path(), id.as_deref());
         let response = problem_response(&self.problem().with_request_id(id));
         actix_web::error::InternalError::from_response(self, response).into()
     }
 
     /// Logs the refusal, with the full error (node addresses included).
-    pub(crate) fn log(&self, req: &HttpRequest, id: Option<&str>) {
+    pub(crate) fn log(&self, path: &str, id: Option<&str>) {
         match self {
             Self::Busy(err) => {
-                tracing::debug!(path = req.path(), request_id = id, error = %err, "lock busy: request refused");
+                tracing::debug!(path, request_id = id, error = %err, "lock busy: request refused");
             }
             Self::BadKey(bad) => {
-                tracing::debug!(path = req.path(), request_id = id, detail = %bad, "no usable lock key in the request");
+                tracing::debug!(path, request_id = id, detail = %bad, "no usable lock key in the request");
             }
             Self::Unavailable(err) => {
-                tracing::warn!(path = req.path(), request_id = id, error = %err, "lock service unavailable: request refused");
+                tracing::warn!(path, request_id = id, error = %err, "lock service unavailable: request refused");
             }
             Self::Refused(problem) if problem.status >= 500 => {
-                tracing::error!(path = req.path(), request_id = id, status = problem.status, detail = %problem.detail, "request refused by the key extractor");
+                tracing::error!(path, request_id = id, status = problem.status, detail = %problem.detail, "request refused by the key extractor");
             }
             Self::Refused(problem) => {
-                tracing::debug!(path = req.path(), request_id = id, status = problem.status, detail = %problem.detail, "request refused by the key extractor");
+                tracing::debug!(path, request_id = id, status = problem.status, detail = %problem.detail, "request refused by the key extractor");
             }
             Self::FailedOpen | Self::Lost(_) => {
-                tracing::warn!(path = req.path(), request_id = id, error = %self, "request refused");
+                tracing::warn!(path, request_id = id, error = %self, "request refused");
             }
             Self::MissingConfig
             | Self::Misconfigured(_)
             | Self::Background(_)
             | Self::NoLock
             | Self::NoFencingToken => {
-                tracing::error!(path = req.path(), request_id = id, error = %self, "lock misconfigured: request refused");
+                tracing::error!(path, request_id = id, error = %self, "lock misconfigured: request refused");
             }
         }
     }

@@ -168,3 +168,9 @@ pub use middleware::{LockMiddleware, LockMiddlewareService};
 pub use redlock_core::{self, LockHandle, Redlock, Released, RetryPolicy};
 pub use redlock_http::{BadKey, Hold, MissingToken, RejectionKind};
 pub use token::{FencingToken, TokenFuture};
+
+// The README's examples, compiled (and run unless `no_run`) as doctests so that they
+// stay true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -221,7 +221,10 @@ where
             req.extensions_mut().insert(guard.handle());
             let abort = config.aborts_on_loss();
             let response = if abort {
-                let request = req.request().clone();
+                // The request cannot be kept (actix routes it further by `Rc::get_mut`):
+                // what the answer needs is taken now.
+                let path = req.path().to_owned();
+                let id = crate::error::request_id(req.request());
                 let lost = Box::pin(guard.cancellation_token().cancelled_owned());
                 let handler = Box::pin(service.call(req));
                 match select(handler, lost).await {
@@ -230,12 +233,14 @@ where
                         // The handler's future is dropped where it stands, then the lock.
                         drop(handler);
                         drop(guard);
-                        let err = config.reject(
+                        // Answered as the error of this service (the request went with the
+                        // handler): actix renders it with the response built here.
+                        return Err(config.reject_request(
                             DistributedLockError::Lost(resource.clone()),
                             Some(&resource),
-                            &request,
-                        );
-                        return Ok(ServiceResponse::from_err(err, request).map_into_right_body());
+                            &path,
+                            id,
+                        ));
                     }
                 }
             } else {

@@ -98,6 +98,25 @@ async fn start_axum(redlock: Redlock, cluster: Arc<Cluster>) -> SocketAddr {
         .route(
             "/nolock",
             post(|FencingToken(token): FencingToken| async move { token.to_string() }),
+        )
+        // Options beyond the defaults, set alike on both servers.
+        .route(
+            "/open/{id}",
+            post(
+                |lock: Option<axum::Extension<redlock_tower::LockHandle>>| async move {
+                    if lock.is_some() { "locked" } else { "unlocked" }
+                },
+            )
+            .route_layer(
+                layer(PathParam::new("id"))
+                    .fail_open(true)
+                    .busy_status(axum::http::StatusCode::LOCKED),
+            ),
+        )
+        .route(
+            "/fo/{id}",
+            post(|FencingToken(token): FencingToken| async move { token.to_string() })
+                .route_layer(layer(PathParam::new("id")).fencing(true).fail_open(true)),
         );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -123,6 +142,11 @@ fn start_actix(
         cluster: web::Data<Arc<Cluster>>,
     ) -> HttpResponse {
         show(cluster).await
+    }
+    async fn open(lock: Option<web::ReqData<redlock_actix::LockHandle>>) -> HttpResponse {
+        HttpResponse::Ok()
+            .content_type("text/plain; charset=utf-8")
+            .body(if lock.is_some() { "locked" } else { "unlocked" })
     }
     async fn fenced(token: FencingToken) -> HttpResponse {
         HttpResponse::Ok()
@@ -156,6 +180,23 @@ fn start_actix(
                     .route("", web::post().to(fenced)),
             )
             .route("/nolock", web::post().to(fenced))
+            .service(
+                web::scope("/open/{id}")
+                    .app_data(
+                        config
+                            .clone()
+                            .fail_open(true)
+                            .busy_status(actix_web::http::StatusCode::LOCKED),
+                    )
+                    .wrap(LockMiddleware::path_param("id"))
+                    .route("", web::post().to(open)),
+            )
+            .service(
+                web::scope("/fo/{id}")
+                    .app_data(config.clone().fencing(true).fail_open(true))
+                    .wrap(LockMiddleware::path_param("id"))
+                    .route("", web::post().to(fenced)),
+            )
     })
     .workers(1)
     .disable_signals()
@@ -378,6 +419,20 @@ async fn tower_and_actix_lock_the_same_keys_and_answer_alike() {
     assert_eq!(normalize(&tower_busy), normalize(&actix_busy));
     held.release().await.unwrap();
     settle(&cluster).await;
+    // `busy_status`, set alike: 423 instead of 409.
+    let held = holder
+        .lock(format!("{PREFIX}b"))
+        .ttl(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let tower_locked = send(servers.0, "/open/b", &[]).await;
+    let actix_locked = send(servers.1, "/open/b", &[]).await;
+    assert_eq!((tower_locked.status, actix_locked.status), (423, 423));
+    assert_eq!(normalize(&tower_locked), normalize(&actix_locked));
+    held.release().await.unwrap();
+    settle(&cluster).await;
+    let open = both(servers, &cluster, "/open/b", &[]).await;
+    assert_eq!(open.body, "locked");
 
     // Fencing tokens: a header from the handler, strictly greater for each new holder.
     let tower_fenced = send(servers.0, "/f/7", &[]).await;
@@ -420,6 +475,17 @@ async fn tower_and_actix_lock_the_same_keys_and_answer_alike() {
     assert_eq!(down.retry_after, Some(1));
     let down = both(servers, &cluster, "/o/down", &[]).await;
     assert_eq!(down.status, 503, "{down:?}");
+    // `fail_open`, set alike: served without a lock; a handler that needs the lock's
+    // fencing token is answered 503 instead.
+    let open = both(servers, &cluster, "/open/down", &[]).await;
+    assert_eq!((open.status, open.body.as_str()), (200, "unlocked"));
+    let fenced = both(servers, &cluster, "/fo/down", &[]).await;
+    assert_eq!(
+        (fenced.status, &fenced.content_type),
+        (503, &problem),
+        "{fenced:?}"
+    );
+    assert_eq!(fenced.retry_after, Some(1));
     cluster.proxy(1).restore();
     cluster.proxy(2).restore();
 
