@@ -199,3 +199,9 @@ pub use error::Error;
 pub use history::History;
 pub use job::{Job, JobContext, Misfire};
 pub use scheduler::{Scheduler, SchedulerBuilder};
+
+// The README's examples, compiled (and run unless `no_run`) as doctests so that they
+// stay true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -190,3 +190,9 @@ pub use redlock_core::{BoxError, LockHandle, Redlock, RetryPolicy};
 pub use redlock_http::{BadKey, Hold, MissingToken, RejectionKind};
 pub use service::LockService;
 pub use token::{FencingToken, FencingTokenRejection};
+
+// The README's examples, compiled (and run unless `no_run`) as doctests so that they
+// stay true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
