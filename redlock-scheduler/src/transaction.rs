@@ -81,7 +81,7 @@ pub enum TransactionError {
     /// past its term). The transaction was rolled back; nothing it wrote is kept. Do not
     /// retry: the leader decides what runs.
     #[error(
-        "job `{job}`, tick {tick}: leadership token {token} is stale (token {highest} took over since); the run's transaction was rolled back"
+        "job `{job}`, tick {tick}: leadership token {token} is stale (token {highest} took over since); the run's transaction was rolled back: do not retry, the current leader runs the job"
     )]
     StaleRun {
         /// The job.
@@ -98,7 +98,9 @@ pub enum TransactionError {
     /// was told to stop (leadership or its run lock lost, timeout, shutdown, an
     /// operator's cancel), or its history row was closed or claimed by another replica.
     /// The transaction was rolled back; nothing it wrote is kept.
-    #[error("job `{job}`, tick {tick}: {reason}; the run's transaction was rolled back")]
+    #[error(
+        "job `{job}`, tick {tick}: {reason}; the run's transaction was rolled back: stop the run, the scheduler records how it ended"
+    )]
     RunEnded {
         /// The job.
         job: String,
@@ -114,7 +116,7 @@ pub enum TransactionError {
     /// effects: the history records the run as its row says (`succeeded` if the commit
     /// went through) once the database answers again.
     #[error(
-        "job `{job}`, tick {tick}: whether the run's transaction committed is not known ({cause}); the run's history row says it once the database answers"
+        "job `{job}`, tick {tick}: whether the run's transaction committed is not known ({cause}); do not redo its effects: the run's history row says it once the database answers"
     )]
     CommitUnknown {
         /// The job.

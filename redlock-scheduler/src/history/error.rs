@@ -66,6 +66,6 @@ pub enum HistoryError {
     },
 
     /// A fence check could not be made (a token beyond the fence table's range).
-    #[error("run history: {0}")]
+    #[error("run history: {0}; the run's transaction was not committed")]
     Fence(redlock_fence::FenceError),
 }
