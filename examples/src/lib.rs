@@ -593,19 +593,10 @@ pub mod docs {
     pub struct Guarantees;
     #[doc = include_str!("../../docs/OPERATIONS.md")]
     pub struct Operations;
-    /// Being rewritten for the renamed APIs: compiled only with the feature
-    /// `doc-snippets-being-rewritten` until they compile.
-    #[cfg(feature = "doc-snippets-being-rewritten")]
     #[doc = include_str!("../../docs/ACTIX.md")]
     pub struct Actix;
-    /// Being rewritten for the renamed APIs: compiled only with the feature
-    /// `doc-snippets-being-rewritten` until they compile.
-    #[cfg(feature = "doc-snippets-being-rewritten")]
     #[doc = include_str!("../../docs/SCHEDULER.md")]
     pub struct Scheduler;
-    /// Being rewritten for the renamed APIs: compiled only with the feature
-    /// `doc-snippets-being-rewritten` until they compile.
-    #[cfg(feature = "doc-snippets-being-rewritten")]
     #[doc = include_str!("../../docs/TOWER.md")]
     pub struct Tower;
 }
