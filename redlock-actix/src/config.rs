@@ -1,4 +1,5 @@
-//! [`DistributedLockConfig`]: the client, TTL, wait policy, prefix and error handler, and
+//! [`DistributedLockConfig`]: the client, TTL, wait policy, resource prefix, the
+//! options shared with redlock-tower's layer, the rejection hook, and
 //! the runtime where the lock's background work runs.
 
 use std::future::Future;
@@ -305,8 +306,9 @@ impl DistributedLockConfig {
             .or_else(|| req.app_data::<web::Data<Self>>().map(|data| &***data))
     }
 
-    /// `err` as an actix error: through the error handler if one is set, else logged
-    /// and answered with a generic problem carrying the request's id.
+    /// `err` as an actix error, logged, carrying the `on_rejection` hook's response if
+    /// one is set, else a generic problem with the request's id (and the configured
+    /// `busy_status` for a busy key).
     pub(crate) fn reject(
         &self,
         err: DistributedLockError,

@@ -22,7 +22,7 @@ use crate::token::Acquiring;
 /// 404, a bad query → 400) are its own responses. Then the lock on
 /// `resource_prefix + key` is
 /// taken by the innermost [`DistributedLockConfig`] (see there: TTL, wait policy,
-/// prefix, error handler), auto-extended while held, and released when the extractor is
+/// prefix, rejection hook), auto-extended while held, and released when the extractor is
 /// dropped, that is when the handler returns (or by [`release`](Self::release)).
 /// Rejections are [`DistributedLockError`]s: busy → 409, no quorum → 503, bad key →
 /// 400, no configuration → 500. Of the configuration's options, `hold`, `fail_open`

@@ -177,7 +177,7 @@ pub trait LockHeaderName {
 /// locks by the value of the header named by `N` (see [`LockHeaderName`]).
 ///
 /// A missing, repeated, empty or not visible ASCII header is a [`BadKey`] (400,
-/// `application/problem+json`, through the configuration's error handler when one is
+/// `application/problem+json`, through the configuration's `on_rejection` hook when one is
 /// registered): the rule of [`redlock_http::header_key`], as in redlock-tower.
 ///
 /// ```

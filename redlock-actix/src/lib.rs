@@ -53,16 +53,27 @@
 //!   [`fencing`](DistributedLockConfig::fencing) on), under the middleware or with a
 //!   `DistributedLock<T>` in the same handler: pass it with the handler's writes so that
 //!   the storage refuses a writer whose lock has expired meanwhile (`redlock-fence`).
-//! - [`DistributedLockConfig`] (the [`Redlock`] client, TTL, wait policy, prefix, error
-//!   handler) is found in `app_data`, innermost first: a resource's or scope's
-//!   configuration overrides the app's. A route without one answers 500 naming the type
-//!   to register; nothing panics.
+//! - [`LockMiddleware`]'s keys come from a [`KeyExtractor`](extract::KeyExtractor)
+//!   ([`extract`]: `Header`, `PathParam`, `PathPrefix`, `Global`, `from_fn`, closures).
+//! - [`DistributedLockConfig`] (the [`Redlock`] client, TTL, wait policy, resource
+//!   prefix, the options shared with `redlock-tower`, the rejection hook) is found in
+//!   `app_data`, innermost first: a resource's or scope's configuration overrides the
+//!   app's. A route without one answers 500 naming the type to register; nothing panics.
 //! - Rejections are [`DistributedLockError`]s, answered as `application/problem+json`
 //!   by [`redlock_http`] (the same answers as `redlock-tower`): busy → 409 with
 //!   `Retry-After` (the holder's remaining TTL), no quorum → 503 with `Retry-After`,
 //!   bad key → 400, misconfiguration (a `FencingToken` without a lock, or without
 //!   fencing, included) → 500. The inner extractor's own errors (a bad path
 //!   segment → 404, a bad query → 400) keep their own responses.
+//!
+//! # One contract with redlock-tower
+//!
+//! Keys, answers, option names and defaults, and type names are those of
+//! `redlock-tower`, decided in [`redlock_http`] (see [its
+//! contract](redlock_http#the-web-crates-contract) for the option table):
+//! `Idempotency-Key: a:b` locks `a%3Ab` in both, so an actix service and a tower service
+//! on one resource exclude each other. `tests/parity.rs` sends the same requests to both
+//! over one set of nodes and compares the keys on the nodes and the answers.
 //!
 //! # Against real nodes
 //!

@@ -1,6 +1,6 @@
 //! redlock-actix's configuration and the rejections that never reach a lock, against
 //! real actix-web servers and redis-server nodes: missing configuration, the inner
-//! extractors' own errors, bad keys, error handlers, scope and resource overrides.
+//! extractors' own errors, bad keys, rejection hooks, scope and resource overrides.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
@@ -43,7 +43,7 @@ async fn by_header(key: DistributedLock<LockHeader<IdempotencyKey>>) -> HttpResp
 /// Missing configuration is a 500 naming the type to register (extractor and
 /// middleware); the inner extractor's own errors keep their responses; a key that is
 /// missing, empty or too long is a 400 problem; the middleware's key functions and own
-/// configuration, and a custom error handler.
+/// configuration, and a rejection hook.
 #[actix_rt::test]
 async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses() {
     let cluster = Cluster::start(1).await;

@@ -1,6 +1,6 @@
 //! What a refused request's client sees, through a real actix-web server: a generic
 //! problem body with the request's id and nothing of the server's insides (node
-//! addresses, Redis error text, the key prefix), `Retry-After` from the holder's
+//! addresses, Redis error text, the resource prefix), `Retry-After` from the holder's
 //! remaining validity or the documented fallback, the same as redlock-tower's; the
 //! details go to the server's log, with the same id.
 

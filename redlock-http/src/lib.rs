@@ -42,7 +42,7 @@
 //! header must look like is decided once, in [`header_key`].
 //!
 //! Bodies say what the client can act on and nothing of the server's insides: no node
-//! addresses, no Redis error text, no key prefix. The full error goes to the server's
+//! addresses, no Redis error text, no resource prefix. The full error goes to the server's
 //! log, with the request's id ([`REQUEST_ID_HEADERS`]) when it has one; the body then
 //! carries the same id (`request_id`), so a client's report can be matched to the log.
 //!

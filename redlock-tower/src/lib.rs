@@ -56,6 +56,14 @@
 //! service's error type is unchanged (axum's `Infallible` works), and its response
 //! body is wrapped in a [`LockBody`].
 //!
+//! # One contract with redlock-actix
+//!
+//! Keys, answers, option names and defaults, and type names are those of
+//! `redlock-actix`, decided in [`redlock_http`] (see [its
+//! contract](redlock_http#the-web-crates-contract) for the option table):
+//! `Idempotency-Key: a:b` locks `a%3Ab` in both (a value's `%` and `:` are escaped), so
+//! a tower service and an actix service on one resource exclude each other.
+//!
 //! # Any tower service, against real nodes
 //!
 //! Here a plain `service_fn`, with the layer applied by `tower::ServiceBuilder`:

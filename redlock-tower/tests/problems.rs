@@ -1,6 +1,6 @@
 //! What a refused request's client sees, through a real axum server: a generic problem
 //! body with the request's id and nothing of the server's insides (node addresses,
-//! Redis error text, the key prefix), `Retry-After` from the holder's remaining validity
+//! Redis error text, the resource prefix), `Retry-After` from the holder's remaining validity
 //! or the documented fallback; the details go to the server's log, with the same id.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
