@@ -15,32 +15,29 @@ use http::header::HeaderName;
 /// `redlock-actix`.
 #[derive(Debug, Clone)]
 pub struct Header {
-    name: HeaderName,
+    /// The name, or the literal that is not a valid one.
+    name: Result<HeaderName, &'static str>,
     required: bool,
 }
 
 impl Header {
     /// The key from header `name` (any case: `"Idempotency-Key"`).
     ///
-    /// `name` is a literal, checked once when the extractor is built; use
-    /// [`from_name`](Self::from_name) for a name known only at run time.
-    ///
-    /// # Panics
-    ///
-    /// If `name` is not a valid header name (a programming error, like an invalid
-    /// literal route in a router).
+    /// `name` is a literal; one that is not a valid header name (a programming error,
+    /// like an invalid literal route in a router) makes every request answered `500`,
+    /// the name in the server's log. Use [`from_name`](Self::from_name) for a name
+    /// checked where it is made.
     pub fn new(name: &'static str) -> Self {
-        // Lowercases a valid name; an invalid one goes to `from_static`, which panics
-        // with the http crate's message.
-        let name = HeaderName::from_bytes(name.as_bytes())
-            .unwrap_or_else(|_| HeaderName::from_static(name));
-        Self::from_name(name)
+        Self {
+            name: HeaderName::from_bytes(name.as_bytes()).map_err(|_| name),
+            required: false,
+        }
     }
 
     /// The key from header `name`.
     pub fn from_name(name: HeaderName) -> Self {
         Self {
-            name,
+            name: Ok(name),
             required: false,
         }
     }
@@ -51,19 +48,28 @@ impl Header {
         self
     }
 
-    /// The header's name.
-    pub fn name(&self) -> &HeaderName {
-        &self.name
+    /// The header's name (`None` for a literal given to [`new`](Self::new) that is not
+    /// a valid one).
+    pub fn name(&self) -> Option<&HeaderName> {
+        self.name.as_ref().ok()
     }
 }
 
 impl<B> KeyExtractor<B> for Header {
     fn extract(&self, request: &Request<B>) -> Key {
+        let name = match &self.name {
+            Ok(name) => name,
+            Err(literal) => {
+                return Key::Reject(redlock_http::Problem::misconfigured(format!(
+                    "`{literal}` given to `redlock_tower::extract::Header::new` is not a valid header name"
+                )));
+            }
+        };
         let values = request
             .headers()
-            .get_all(&self.name)
+            .get_all(name)
             .iter()
             .map(http::HeaderValue::as_bytes);
-        redlock_http::header_lock_key(self.name.as_str(), values, self.required)
+        redlock_http::header_lock_key(name.as_str(), values, self.required)
     }
 }

@@ -91,3 +91,39 @@ fn global_and_closures() {
     let reject = from_fn(|_: &Request<()>| Key::Reject(Problem::bad_key("no".into())));
     assert!(reject.extract(&req("/")).rejection().is_some());
 }
+
+#[test]
+fn an_invalid_header_name_is_the_servers_mistake_not_a_panic() {
+    let invalid = Header::new("not a header");
+    assert!(invalid.name().is_none());
+    let got = invalid.extract(&req("/"));
+    assert_eq!(got.rejection().map(|p| p.status), Some(500));
+}
+
+#[test]
+fn values_are_escaped_by_the_rule_of_both_web_crates() {
+    let with = |v: &'static str| {
+        Request::get("/")
+            .header("idempotency-key", v)
+            .body(())
+            .unwrap()
+    };
+    let header = Header::new("Idempotency-Key");
+    assert_eq!(header.extract(&with("a:b")), Key::Lock("a%3Ab".into()));
+    assert_eq!(header.extract(&with("100%")), Key::Lock("100%25".into()));
+    assert_eq!(
+        Global::new("jobs:import").extract(&req("/")),
+        Key::Lock("jobs%3Aimport".into())
+    );
+    let closure = |_: &Request<()>| Some("a:b".to_owned());
+    assert_eq!(closure.extract(&req("/")), Key::Lock("a%3Ab".into()));
+    let empty = |_: &Request<()>| Some(String::new());
+    assert_eq!(
+        empty.extract(&req("/")).rejection().map(|p| p.status),
+        Some(400)
+    );
+    assert_eq!(
+        PathPrefix::new("/o").extract(&req("/o/a:b/pay")),
+        Key::Lock("/o/a%3Ab".into())
+    );
+}
