@@ -145,14 +145,19 @@ impl KeyExtractor for PathParam {
 #[derive(Debug, Clone)]
 pub struct Header {
     name: &'static str,
+    // Whether `name` is a valid header name (else every request is answered 500).
+    valid: bool,
     required: bool,
 }
 
 impl Header {
-    /// The key from header `name` (any case).
+    /// The key from header `name` (any case). A `name` that is not a valid header name
+    /// (a programming error) makes every request answered `500`, the name in the
+    /// server's log, as in `redlock-tower`.
     pub fn new(name: &'static str) -> Self {
         Self {
             name,
+            valid: actix_web::http::header::HeaderName::from_bytes(name.as_bytes()).is_ok(),
             required: false,
         }
     }
@@ -171,6 +176,12 @@ impl Header {
 
 impl KeyExtractor for Header {
     fn extract(&self, req: &ServiceRequest) -> Key {
+        if !self.valid {
+            return Key::Reject(redlock_http::Problem::misconfigured(format!(
+                "`{}` given to `redlock_actix::extract::Header::new` is not a valid header name",
+                self.name
+            )));
+        }
         let values = req
             .headers()
             .get_all(self.name)
