@@ -32,6 +32,7 @@
 //! | feature | default | enables |
 //! | --- | --- | --- |
 //! | `tls` | on | `rediss://` node URLs, through rustls with the platform's root certificates |
+//! | `serde` | off | `Serialize` for the inspection reports ([`inspect`]), for admin endpoints and tools |
 //!
 //! # How it works
 //!
