@@ -196,6 +196,8 @@ pub use future::ResponseFuture;
 pub use layer::LockLayer;
 pub use redlock_core::{BoxError, LockHandle, Redlock, RetryPolicy};
 pub use redlock_http::{BadKey, Hold, MissingToken, RejectionKind};
+// At the root too, where redlock-actix has them.
+pub use response::{Rejection, problem_response};
 pub use service::LockService;
 pub use token::{FencingToken, FencingTokenRejection};
 
