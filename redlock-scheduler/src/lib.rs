@@ -168,7 +168,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// Modules in dependency order: each uses only those above it.
+// The `mod` lines are alphabetical (as `cargo fmt` keeps them); docs/ARCHITECTURE.md
+// gives the order in which the modules use one another, none using one that uses it.
 mod build_error;
 mod control;
 mod error;
