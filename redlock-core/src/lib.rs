@@ -112,8 +112,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// The layers (docs/ARCHITECTURE.md has them bottom up): each module uses only those
-// below it.
+// The `mod` lines are alphabetical (as `cargo fmt` keeps them); docs/ARCHITECTURE.md
+// gives the layers bottom up, each module using only those of its layer or below.
 mod acquire;
 mod attempt;
 mod builder;
