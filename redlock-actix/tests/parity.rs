@@ -53,9 +53,7 @@ async fn settle(cluster: &Cluster) {
 }
 
 fn client(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false) // the test nodes were started a moment ago
+    redlock_testkit::builder(cluster)
         .node_timeout(Duration::from_millis(250))
         .ttl(Duration::from_secs(10))
         .build()

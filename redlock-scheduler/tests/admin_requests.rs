@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
-use redlock_core::Redlock;
 use redlock_scheduler::admin::{
     Dispatched, JobInfo, Request, RequestAction, RequestError, RequestState, SchedulerAdmin,
 };
@@ -511,9 +510,7 @@ async fn step_down_hands_leadership_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_elector_steps_down_and_keeps_out_for_the_back_off() {
     let cluster = Cluster::start(3).await;
-    let redlock = Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false)
+    let redlock = redlock_testkit::builder(&cluster)
         .ttl(LEADER_TTL)
         .build()
         .unwrap();

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
-use redlock_core::Redlock;
 use redlock_scheduler::history::{Outcome, Run};
 use redlock_scheduler::time::{BoxFuture, Clock, ManualClock};
 use redlock_scheduler::{
@@ -430,8 +429,7 @@ async fn dst_fall_back_does_not_run_a_fixed_time_job_twice() {
 /// Every invalid job definition is refused at build time, naming the input.
 #[test]
 fn invalid_definitions_are_build_errors() {
-    let redlock = Redlock::builder()
-        .node("redis://127.0.0.1:1")
+    let redlock = redlock_testkit::builder_for(["redis://127.0.0.1:1"])
         .build()
         .unwrap();
     let ok = |name: &str, expr: &str| {

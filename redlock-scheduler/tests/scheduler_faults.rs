@@ -488,9 +488,7 @@ async fn prefixes_pools_retention_and_manual_ticks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_without_timeout_outlives_the_clients_max_hold() {
     let cluster = Cluster::start(3).await;
-    let redlock = redlock_core::Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false) // fresh nodes: see common/mod.rs
+    let redlock = redlock_testkit::builder(&cluster)
         .ttl(Duration::from_secs(1))
         .max_hold(Duration::from_secs(2))
         .build()

@@ -21,9 +21,7 @@ use redlock_tower::{Hold, LockBody, LockHandle, LockLayer, LockLost, Redlock};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 fn redlock(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false) // fresh nodes
+    redlock_testkit::builder(cluster)
         .node_timeout(Duration::from_millis(50))
         .ttl(Duration::from_secs(5))
         .build()
@@ -183,16 +181,14 @@ async fn poll_ready_is_forwarded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_nodes_fail_closed_or_open() {
     // Nothing listens on these ports: every connection is refused at once.
-    let redlock = Redlock::builder()
-        .nodes([
-            "redis://127.0.0.1:1",
-            "redis://127.0.0.1:2",
-            "redis://127.0.0.1:3",
-        ])
-        .restart_quarantine(false)
-        .node_timeout(Duration::from_millis(100))
-        .build()
-        .unwrap();
+    let redlock = redlock_testkit::builder_for([
+        "redis://127.0.0.1:1",
+        "redis://127.0.0.1:2",
+        "redis://127.0.0.1:3",
+    ])
+    .node_timeout(Duration::from_millis(100))
+    .build()
+    .unwrap();
     let closed = LockLayer::new(redlock.clone(), Global::new("g")).layer(service_fn(echo));
     let started = Instant::now();
     let response = closed.oneshot(get("/")).await.unwrap();

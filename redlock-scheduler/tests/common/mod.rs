@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use redlock_core::Redlock;
 use redlock_scheduler::admin::Dispatched;
 use redlock_scheduler::history::{HistoryBuilder, Outcome, Run};
 use redlock_scheduler::{History, Job, JobContext, Scheduler, SchedulerBuilder};
@@ -102,9 +101,7 @@ impl Replica {
         let instance = instance.to_owned();
         let scheduler = sandbox
             .run(async move {
-                let redlock = Redlock::builder()
-                    .nodes(urls)
-                    .restart_quarantine(false) // fresh nodes: see common/mod.rs
+                let redlock = redlock_testkit::builder_for(urls)
                     .ttl(LEADER_TTL)
                     .node_timeout(Duration::from_millis(100))
                     .build()
