@@ -48,9 +48,7 @@ async fn by_header(key: DistributedLock<LockHeader<IdempotencyKey>>) -> HttpResp
 async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses() {
     let cluster = Cluster::start(1).await;
     // Resource names (prefix included) of at most 10 bytes: keys of at most 8.
-    let short_names = Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false)
+    let short_names = redlock_testkit::builder(&cluster)
         .max_resource_len(10)
         .build()
         .unwrap();

@@ -33,9 +33,7 @@ where
 #[actix_rt::test]
 async fn a_lock_lost_while_the_handler_runs_stops_it_with_503() {
     let cluster = Arc::new(Cluster::start_proxied(3).await);
-    let redlock = Redlock::builder()
-        .nodes(cluster.urls())
-        .restart_quarantine(false)
+    let redlock = redlock_testkit::builder(&cluster)
         .node_timeout(Duration::from_millis(100))
         .ttl(Duration::from_secs(1))
         .build()
