@@ -9,6 +9,10 @@
 //! # }
 //! ```
 
+// The README's and docs/' snippets compile without warnings, as the code does (a
+// snippet may define what it does not call).
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
 /// Redis nodes for an example: the URLs in `REDLOCK_NODES` (comma-separated), or `n`
 /// local `redis-server` processes started for the run (stopped when the value drops).
 pub enum Nodes {

@@ -160,6 +160,9 @@
 //! lost before its request finished (the client's watchdog also warns at the loss).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Examples in the docs compile without warnings, as the code does (a snippet may define
+// what it does not call).
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod config;
 mod distributed_lock;

@@ -75,6 +75,9 @@
 //! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Examples in the docs compile without warnings, as the code does (a snippet may define
+// what it does not call).
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 #[cfg(feature = "actix")]
 mod actix;

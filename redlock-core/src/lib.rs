@@ -111,6 +111,9 @@
 //! `docs/GUARANTEES.md` and `docs/OPERATIONS.md` give the details.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Examples in the docs compile without warnings, as the code does (a snippet may define
+// what it does not call).
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 // The `mod` lines are alphabetical (as `cargo fmt` keeps them); docs/ARCHITECTURE.md
 // gives the layers bottom up, each module using only those of its layer or below.

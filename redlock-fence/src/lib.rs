@@ -73,6 +73,9 @@
     doc = "[`RedisFence`]: https://docs.rs/redlock-fence/latest/redlock_fence/struct.RedisFence.html"
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Examples in the docs compile without warnings, as the code does (a snippet may define
+// what it does not call).
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod error;
 #[cfg(feature = "redis")]

@@ -86,6 +86,9 @@
 //! [`MissingToken`], `LockHandle`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Examples in the docs compile without warnings, as the code does (a snippet may define
+// what it does not call).
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 use std::fmt::Write as _;
 use std::time::Duration;

@@ -167,6 +167,9 @@
 //! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Examples in the docs compile without warnings, as the code does (a snippet may define
+// what it does not call).
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 // The `mod` lines are alphabetical (as `cargo fmt` keeps them); docs/ARCHITECTURE.md
 // gives the order in which the modules use one another, none using one that uses it.

@@ -85,6 +85,9 @@
 
 #![allow(clippy::expect_used, clippy::panic)] // a kit that cannot start Redis must fail the test
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Examples in the docs compile without warnings, as the code does (a snippet may define
+// what it does not call).
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 pub mod checker;
 #[cfg(feature = "redlock-core")]
