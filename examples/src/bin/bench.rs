@@ -12,9 +12,15 @@
 //! - the lock: `try_lock` on a fresh resource, then `release`, with no metrics recorded;
 //! - the same with a Prometheus recorder recording every metric of the library (a
 //!   recorder switched on and off between slices of one run: off, it drops everything,
-//!   as the facade does with no recorder installed).
+//!   as the facade does with no recorder installed);
+//! - the minimal Redlock: `SET NX PX` with a random value on every node, then a
+//!   compare-and-delete script (no queue, no wake-up, no checks), over the same
+//!   connections.
 //!
-//! Prints cycles/s, p50 and p99 for each, and the ratios the targets are about.
+//! Prints cycles/s, p50 and p99 for each, the CPU time per cycle of this process and of
+//! all the Redis servers, and the ratios the targets are about: among them the cost of a
+//! lock cycle next to the minimal Redlock's, server and client CPU, measured in the same
+//! run (a ratio that holds on any machine).
 //! `BENCH_SECS` sets the duration of each run (default 3).
 
 use std::future::IntoFuture;
@@ -29,11 +35,10 @@ use redlock_examples::measure::{
     closed_loop, fmt_us, process_cpu_secs, quantiles, servers_cpu_secs, verdict,
 };
 
-/// The same compare-and-delete (and release notification) the library runs, for the
-/// raw-commands reference.
+/// The minimal Redlock's release: compare-and-delete, nothing else.
 static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
     redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) redis.call('PUBLISH', KEYS[1], '') return 1 end return 0",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
     )
 });
 
@@ -43,7 +48,8 @@ enum Workload {
     Lock,
     /// The lock, with the metrics recorder on.
     Metered,
-    Raw,
+    /// The minimal Redlock: `SET NX PX` with a random value, then compare-and-delete.
+    Minimal,
 }
 
 struct Stats {
@@ -95,7 +101,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     measure(
-        Workload::Raw,
+        Workload::Minimal,
         4,
         Duration::from_millis(300),
         &conns,
@@ -125,18 +131,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Workload::Floor,
         Workload::Lock,
         Workload::Metered,
-        Workload::Raw,
+        Workload::Minimal,
     ];
     match std::env::var("BENCH_ONLY").as_deref() {
         Ok("contended") => return contended(&urls, Duration::from_secs(secs)).await,
         Ok("watchdog") => return watchdog(&urls, &conns).await,
         _ => {}
     }
-    // BENCH_ONLY=lock (or floor, raw): run one workload at c=32, for profiling.
+    // BENCH_ONLY=lock (or floor, minimal): run one workload at c=32, for profiling.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         let workload = match only.as_str() {
             "floor" => Workload::Floor,
-            "raw" => Workload::Raw,
+            "minimal" => Workload::Minimal,
             _ => Workload::Lock,
         };
         let (mut s, spent) = measure(workload, 32, slice * rounds, &conns, &redlock).await?;
@@ -178,7 +184,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ),
                 Workload::Lock => format!("lock: try_lock + release (c={concurrency})"),
                 Workload::Metered => format!("lock, metrics recorded (c={concurrency})"),
-                Workload::Raw => format!("raw: SET NX PX + release script, all (c={concurrency})"),
+                Workload::Minimal => format!("minimal Redlock: SET NX PX + CAD (c={concurrency})"),
             };
             println!(
                 "{label:<46} {:>10.0} {:>10} {:>10} {:>8.1} {:>8.1}",
@@ -188,18 +194,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 cpu.0,
                 cpu.1
             );
-            results.push(stats);
+            results.push((stats, cpu));
         }
     }
     let [
-        floor1,
-        lock1,
-        metered1,
-        raw1,
-        floor32,
-        lock32,
-        metered32,
-        raw32,
+        (floor1, _),
+        (lock1, lock1_cpu),
+        (metered1, _),
+        (minimal1, minimal1_cpu),
+        (floor32, _),
+        (lock32, lock32_cpu),
+        (metered32, _),
+        (minimal32, minimal32_cpu),
     ] = &results[..]
     else {
         return Err("missing results".into());
@@ -233,10 +239,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .sum::<f64>()
     );
     println!(
-        "(reference: the raw commands alone, waiting for every node: p50 c=1 {:.2}x floor, c=32 {:.2}x floor throughput)",
-        raw1.p50.as_secs_f64() / floor1.p50.as_secs_f64(),
-        raw32.cycles_per_sec / floor32.cycles_per_sec
+        "(reference: the minimal Redlock, waiting for every node: p50 c=1 {:.2}x floor, c=32 {:.2}x floor throughput)",
+        minimal1.p50.as_secs_f64() / floor1.p50.as_secs_f64(),
+        minimal32.cycles_per_sec / floor32.cycles_per_sec
     );
+    // The cost of a cycle, next to the minimal Redlock's in the same run: CPU time is far
+    // steadier than wall time on a shared machine.
+    for (c, lock_cpu, minimal_cpu) in [
+        (1, lock1_cpu, minimal1_cpu),
+        (32, lock32_cpu, minimal32_cpu),
+    ] {
+        let server = lock_cpu.1 / minimal_cpu.1;
+        let client = lock_cpu.0 / minimal_cpu.0;
+        println!(
+            "cost at c={c}: lock / minimal Redlock: server CPU {server:.2} (target <= 1.10: {}), client CPU {client:.2} (target <= 1.10: {})",
+            verdict(server <= 1.10),
+            verdict(client <= 1.10)
+        );
+    }
     drop(nodes);
     Ok(())
 }
@@ -483,15 +503,16 @@ async fn measure(
                         .await?;
                     }
                 }
-                Workload::Raw => {
-                    let key = format!("raw:{worker}:{i}");
+                Workload::Minimal => {
+                    let key = format!("minimal:{worker}:{i}");
+                    let value = random_value();
                     try_join_all(conns.iter().map(|c| {
                         let mut c = c.clone();
-                        let key = key.clone();
+                        let (key, value) = (key.clone(), value.clone());
                         async move {
                             redis::cmd("SET")
                                 .arg(&key)
-                                .arg("v")
+                                .arg(&value)
                                 .arg("NX")
                                 .arg("PX")
                                 .arg(10000)
@@ -502,8 +523,14 @@ async fn measure(
                     .await?;
                     try_join_all(conns.iter().map(|c| {
                         let mut c = c.clone();
-                        let key = key.clone();
-                        async move { RELEASE.key(&key).arg("v").invoke_async::<i64>(&mut c).await }
+                        let (key, value) = (key.clone(), value.clone());
+                        async move {
+                            RELEASE
+                                .key(&key)
+                                .arg(&value)
+                                .invoke_async::<i64>(&mut c)
+                                .await
+                        }
                     }))
                     .await?;
                 }
@@ -517,6 +544,11 @@ async fn measure(
     })
     .await
     .map_err(|e| e as Box<dyn std::error::Error>)
+}
+
+/// A lock value as a minimal Redlock makes one: 128 random bits in hex.
+fn random_value() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 impl Stats {
