@@ -209,7 +209,7 @@ impl Lock {
         let watched = Watched {
             state: Arc::clone(&self.state),
             target: Arc::clone(&self.target),
-            resource: self.resource().to_owned(),
+            prefix_len: self.shared.key_prefix.len(),
             stop_at,
         };
         if !self.shared.watchdog.watch(&self.shared.cluster, watched) {
@@ -464,24 +464,7 @@ impl LockHandle {
 /// Completes when `state` is declared lost or its validity runs out (following the
 /// validity as extensions move it, earlier or later).
 async fn lost(state: &LockState) {
-    let mut validity = state.subscribe();
-    loop {
-        let until = *validity.borrow_and_update();
-        if Instant::now() >= until {
-            return;
-        }
-        tokio::select! {
-            () = state.lost.cancelled() => return,
-            () = tokio::time::sleep_until(until.into()) => {}
-            changed = validity.changed() => {
-                if changed.is_err() {
-                    // The state is gone with its lock: nothing can extend it any more.
-                    tokio::time::sleep_until(until.into()).await;
-                    return;
-                }
-            }
-        }
-    }
+    state.lost_or_expired().await;
 }
 
 /// Starts releasing on every node; on a node where commands of this lock are still on

@@ -6,10 +6,15 @@
 //! majority of nodes accepted it before the lock's validity ran out; its validity then
 //! restarts from the moment the batch was sent. A round's outcome is taken as soon as a
 //! majority decided it: a slow or dead node never delays it (its pipeline goes on in
-//! the background, and the next round skips that node until it is done). A lock that could not be extended is
-//! retried shortly, and declared **lost** once its loss deadline passes: its validity
-//! end minus the drift allowance, never later. A watched lock also stops being extended
-//! at its maximum hold time, and is then declared lost when its validity runs out.
+//! the background, and the next round skips that node until it is done). A lock that
+//! could not be extended is retried shortly, and declared **lost** once its loss
+//! deadline passes: its validity end minus the drift allowance, never later. A watched
+//! lock also stops being extended at its maximum hold time, and is then declared lost
+//! when its validity runs out.
+//!
+//! Cost: the watchdog visits every watched lock once per round to schedule it and once
+//! to apply the outcome; per round it allocates per lock only the pipelines' commands and
+//! a few bytes of votes, never a map, and it keeps no copy of a lock's resource or keys.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,9 +36,22 @@ use crate::quorum::{Cluster, OpKind, Target};
 pub(crate) struct Watched {
     pub(crate) state: Arc<LockState>,
     pub(crate) target: Arc<Target>,
-    pub(crate) resource: String,
+    /// The length of the key prefix: the first key is `<prefix>{<resource>}`, from
+    /// which the resource is read for the logs (rather than keeping a copy per lock).
+    pub(crate) prefix_len: usize,
     /// No extension after this (the maximum hold time).
     pub(crate) stop_at: Instant,
+}
+
+impl Watched {
+    /// The (first) resource, for the logs.
+    fn resource(&self) -> &str {
+        let key = self.target.keys.first().map_or("", String::as_str);
+        key.len()
+            .checked_sub(1)
+            .and_then(|end| key.get(self.prefix_len + 1..end))
+            .unwrap_or(key)
+    }
 }
 
 /// The handle to a `Redlock`'s watchdog task, started on first use.
@@ -97,15 +115,18 @@ struct Entry {
     watched: Watched,
     next_extend: Instant,
     extending: bool,
+    /// The acquisition's commands were seen queued on every node (it stays so).
+    cleared: bool,
 }
 
-/// The outcome of one batch: per lock, how many nodes extended it, and how many
-/// answered that they no longer hold it.
+/// The outcome of one batch: per lock (in the batch's order), its id and the TTL it was
+/// extended to, how many nodes extended it, and how many answered that they no longer
+/// hold it.
 struct Outcome {
     sent_at: Instant,
-    ttl: HashMap<u64, Duration>,
-    votes: HashMap<u64, usize>,
-    refused: HashMap<u64, usize>,
+    locks: Vec<(u64, Duration)>,
+    votes: Vec<u32>,
+    refused: Vec<u32>,
 }
 
 /// The watched locks. If the task holding them is dropped (its runtime shut down), the
@@ -155,9 +176,10 @@ async fn run(
     };
     let mut in_flight: FuturesUnordered<BoxFuture<'static, Outcome>> = FuturesUnordered::new();
     let mut open = true;
-    // When to tick next: recomputed over all entries only after a tick or an outcome
-    // (both visit every entry anyway); a new entry just lowers it. Recomputing it for
-    // every new entry would cost O(locks) per lock taken, which dominates when many
+    // When to tick next (`None`: to be recomputed over all entries). A tick computes it
+    // while it visits every entry anyway; after an outcome it is recomputed (one pass);
+    // a new entry, or one its holder extended, just lowers it. Recomputing it for every
+    // such message would cost O(locks) per lock taken, which dominates when many
     // short-lived locks are watched (one per HTTP request, say).
     let mut wake_at: Option<Option<Instant>> = None;
     loop {
@@ -182,26 +204,25 @@ async fn run(
                         next_extend: Instant::now() + ttl / 3,
                         watched,
                         extending: false,
+                        cleared: false,
                     };
-                    if let (Some(wake), Some(cluster)) = (wake_at.as_mut(), client.upgrade()) {
-                        *wake = [*wake, entry_wake(&cluster, &entry)].into_iter().flatten().min();
-                    }
+                    lower(&client, &mut wake_at, &entry);
                     entries.insert(id, entry);
                 }
                 Some(Message::Extended(id, at)) => {
                     if let Some(entry) = entries.get_mut(&id) {
                         entry.next_extend = at + entry.watched.state.ttl() / 3;
+                        lower(&client, &mut wake_at, entry);
                     }
-                    wake_at = None;
                 }
                 None => open = false,
             },
             () = sleep_until(wake) => {
                 wake_at = None;
-                if let Some(cluster) = client.upgrade()
-                    && let Some(batch) = tick(&cluster, &mut entries, &busy, &rounds)
-                {
-                    in_flight.push(batch);
+                if let Some(cluster) = client.upgrade() {
+                    let (batch, wake) = tick(&cluster, &mut entries, &busy, &rounds);
+                    in_flight.extend(batch);
+                    wake_at = Some(wake);
                 }
             }
             Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
@@ -214,6 +235,17 @@ async fn run(
     }
 }
 
+/// Lowers the next wake-up to `entry`'s, if it is known and later.
+fn lower(client: &Weak<Cluster>, wake_at: &mut Option<Option<Instant>>, entry: &Entry) {
+    if let (Some(wake), Some(cluster)) = (wake_at.as_mut(), client.upgrade()) {
+        let deadline = loss_deadline(&cluster, &entry.watched.state);
+        *wake = [*wake, Some(entry_wake(entry, deadline))]
+            .into_iter()
+            .flatten()
+            .min();
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -223,88 +255,92 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// When the lock is to be declared lost: its validity end minus the drift allowance.
 fn loss_deadline(cluster: &Cluster, state: &LockState) -> Instant {
-    let valid_until = state.valid_until();
+    let (valid_until, ttl) = state.valid_until_and_ttl();
+    deadline_of(cluster, valid_until, ttl)
+}
+
+/// `valid_until` minus the drift allowance for `ttl`.
+fn deadline_of(cluster: &Cluster, valid_until: Instant, ttl: Duration) -> Instant {
     valid_until
-        .checked_sub(cluster.drift(state.ttl()))
+        .checked_sub(cluster.drift(ttl))
         .unwrap_or(valid_until)
 }
 
 fn next_wake(cluster: &Cluster, entries: &HashMap<u64, Entry>) -> Option<Instant> {
     entries
         .values()
-        .filter_map(|entry| entry_wake(cluster, entry))
+        .map(|entry| entry_wake(entry, loss_deadline(cluster, &entry.watched.state)))
         .min()
 }
 
-/// When `entry` needs the watchdog next: its loss deadline, or its next extension.
-fn entry_wake(cluster: &Cluster, entry: &Entry) -> Option<Instant> {
-    let extend = (!entry.extending && entry.next_extend < entry.watched.stop_at)
-        .then_some(entry.next_extend);
-    [Some(loss_deadline(cluster, &entry.watched.state)), extend]
-        .into_iter()
-        .flatten()
-        .min()
+/// When `entry` needs the watchdog next: its loss deadline (`deadline`), or its next
+/// extension.
+fn entry_wake(entry: &Entry, deadline: Instant) -> Instant {
+    if !entry.extending && entry.next_extend < entry.watched.stop_at {
+        deadline.min(entry.next_extend)
+    } else {
+        deadline
+    }
 }
 
-/// Drops ended locks, declares lost ones, and starts a batch for those due.
+/// In one pass over the entries: drops ended locks, declares lost ones, starts a batch
+/// for those due, and returns it with the next wake-up.
 fn tick(
     cluster: &Arc<Cluster>,
     entries: &mut HashMap<u64, Entry>,
     busy: &Arc<[AtomicBool]>,
     rounds: &AtomicU64,
-) -> Option<BoxFuture<'static, Outcome>> {
+) -> (Option<BoxFuture<'static, Outcome>>, Option<Instant>) {
     let now = Instant::now();
-    entries.retain(|_, entry| {
+    let mut wake: Option<Instant> = None;
+    let mut batch: Vec<(u64, Arc<Target>, Duration)> = Vec::new();
+    let mut guards = Vec::new();
+    entries.retain(|id, entry| {
         let state = &entry.watched.state;
         if state.is_ended() {
             return false;
         }
-        if now >= loss_deadline(cluster, state) {
-            tracing::warn!(resource = %entry.watched.resource, "lock lost: not extended on a majority in time");
+        let (valid_until, ttl) = state.valid_until_and_ttl();
+        let deadline = deadline_of(cluster, valid_until, ttl);
+        if now >= deadline {
+            tracing::warn!(resource = %entry.watched.resource(), "lock lost: not extended on a majority in time");
             crate::telemetry::lock_lost();
             state.lost.cancel();
             return false;
         }
-        true
-    });
-    // Extend what is due now, and what would fall due within the next half of its
-    // period: locks taken at different times thus converge on the same rounds, and
-    // share their round trips.
-    let mut batch: Vec<(u64, Arc<Target>, Duration)> = Vec::new();
-    let mut guards = Vec::new();
-    for (id, entry) in entries.iter_mut() {
-        let ttl = entry.watched.state.ttl();
-        if entry.extending || now >= entry.watched.stop_at {
-            continue;
-        }
-        if entry.next_extend <= now + ttl / 6 {
-            let state = &entry.watched.state;
+        // Extend what is due now, and what would fall due within the next half of its
+        // period: locks taken at different times thus converge on the same rounds, and
+        // share their round trips.
+        if !entry.extending && now < entry.watched.stop_at && entry.next_extend <= now + ttl / 6
+        {
             // Not before the acquisition's own commands are queued on every node (an
             // extension that overtook a SET would leave that node at the SET's TTL),
             // nor while the holder extends it: look again shortly.
-            let guard = match state.barrier() {
-                None => state.try_begin_round(),
-                Some(_) => None,
+            entry.cleared = entry.cleared || state.barrier().is_none();
+            let guard = if entry.cleared {
+                state.try_begin_round()
+            } else {
+                None
             };
-            let Some(guard) = guard else {
-                entry.next_extend = now + Duration::from_millis(2);
-                continue;
-            };
-            guards.push(guard);
-            entry.extending = true;
-            batch.push((*id, Arc::clone(&entry.watched.target), ttl));
+            match guard {
+                Some(guard) => {
+                    guards.push(guard);
+                    entry.extending = true;
+                    batch.push((*id, Arc::clone(&entry.watched.target), ttl));
+                }
+                None => entry.next_extend = now + Duration::from_millis(2),
+            }
         }
-    }
+        let at = entry_wake(entry, deadline);
+        wake = Some(wake.map_or(at, |wake| wake.min(at)));
+        true
+    });
     if batch.is_empty() {
-        return None;
+        return (None, wake);
     }
     rounds.fetch_add(1, Ordering::Relaxed);
-    Some(extend_batch(
-        Arc::clone(cluster),
-        batch,
-        guards,
-        Arc::clone(busy),
-    ))
+    let round = extend_batch(Arc::clone(cluster), batch, guards, Arc::clone(busy));
+    (Some(round), wake)
 }
 
 /// Extends every lock of `batch` on every node not still busy with the previous round
@@ -319,15 +355,17 @@ fn extend_batch<G: Send + 'static>(
     busy: Arc<[AtomicBool]>,
 ) -> BoxFuture<'static, Outcome> {
     let sent_at = Instant::now();
-    let ttl: HashMap<u64, Duration> = batch.iter().map(|(id, _, ttl)| (*id, *ttl)).collect();
-    let no_votes: HashMap<u64, usize> = batch.iter().map(|(id, _, _)| (*id, 0)).collect();
+    // A round may take until the next one is due: with thousands of locks a pipeline
+    // takes longer than the per-node timeout (meant for single commands), and a round
+    // cut short would fail every lock in it.
+    let shortest = batch
+        .iter()
+        .map(|(_, _, ttl)| *ttl)
+        .min()
+        .unwrap_or_default();
+    let locks: Vec<(u64, Duration)> = batch.iter().map(|(id, _, ttl)| (*id, *ttl)).collect();
+    let count = locks.len();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let outcome = Outcome {
-        sent_at,
-        ttl: ttl.clone(),
-        votes: no_votes.clone(),
-        refused: HashMap::new(),
-    };
     let round = async move {
         let ops: Vec<Op<'_>> = batch
             .iter()
@@ -336,16 +374,8 @@ fn extend_batch<G: Send + 'static>(
                 target.op(OpKind::Extend { ttl_ms })
             })
             .collect();
-        // A round may take until the next one is due: with thousands of locks a pipeline
-        // takes longer than the per-node timeout (meant for single commands), and a round
-        // cut short would fail every lock in it.
-        let shortest = batch
-            .iter()
-            .map(|(_, _, ttl)| *ttl)
-            .min()
-            .unwrap_or_default();
         let timeout = cluster.node_timeout.max(shortest / 3);
-        let quorum = cluster.quorum();
+        let quorum = u32::try_from(cluster.quorum()).unwrap_or(u32::MAX);
         let free: Vec<usize> = (0..cluster.nodes.len())
             .filter(|&i| busy.get(i).is_some_and(|b| !b.swap(true, Ordering::AcqRel)))
             .collect();
@@ -362,57 +392,60 @@ fn extend_batch<G: Send + 'static>(
                 }
             })
             .collect();
-        let mut votes = no_votes;
-        let mut refused: HashMap<u64, usize> = HashMap::new();
-        let mut pending = calls.len();
+        // Per lock, in the batch's order: the nodes that extended it, and those that
+        // no longer hold it.
+        let mut votes = vec![0u32; count];
+        let mut refused = vec![0u32; count];
+        let mut pending = u32::try_from(calls.len()).unwrap_or(u32::MAX);
         let mut tx = Some(tx);
         while let Some((node, answer)) = calls.next().await {
-            pending -= 1;
+            pending = pending.saturating_sub(1);
             match answer {
                 Ok(answer) => {
-                    for ((id, _, _), answer) in batch.iter().zip(answer) {
+                    for ((yes, no), answer) in votes.iter_mut().zip(&mut refused).zip(answer) {
                         match answer {
-                            Some(0) => *refused.entry(*id).or_default() += 1,
-                            Some(_) => *votes.entry(*id).or_default() += 1,
+                            Some(0) => *no += 1,
+                            Some(_) => *yes += 1,
                             None => {}
                         }
                     }
                 }
                 Err(err) => {
-                    tracing::debug!(node, locks = batch.len(), error = %err, "extension round failed on a node");
+                    tracing::debug!(node, locks = count, error = %err, "extension round failed on a node");
                 }
             }
-            let decided = votes
-                .values()
-                .all(|&yes| yes >= quorum || yes + pending < quorum);
-            if decided && let Some(tx) = tx.take() {
-                let _ = tx.send(Outcome {
-                    sent_at,
-                    ttl: ttl.clone(),
-                    votes: votes.clone(),
-                    refused: refused.clone(),
-                });
+            if tx.is_some()
+                && votes
+                    .iter()
+                    .all(|&yes| yes >= quorum || yes + pending < quorum)
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send((votes.clone(), refused.clone()));
             }
         }
         if let Some(tx) = tx {
-            let _ = tx.send(Outcome {
-                sent_at,
-                ttl,
-                votes,
-                refused,
-            });
+            let _ = tx.send((votes, refused));
         }
         // Done on every node: the holder may extend again.
         drop(guards);
     };
+    let outcome = move |answer: Option<(Vec<u32>, Vec<u32>)>| {
+        let (votes, refused) = answer.unwrap_or_else(|| (vec![0; count], vec![0; count]));
+        Outcome {
+            sent_at,
+            locks,
+            votes,
+            refused,
+        }
+    };
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
             handle.spawn(round);
-            Box::pin(async move { rx.await.unwrap_or(outcome) })
+            Box::pin(async move { outcome(rx.await.ok()) })
         }
         Err(_) => Box::pin(async move {
             round.await;
-            rx.await.unwrap_or(outcome)
+            outcome(rx.await.ok())
         }),
     }
 }
@@ -420,8 +453,9 @@ fn extend_batch<G: Send + 'static>(
 fn apply(cluster: &Cluster, entries: &mut HashMap<u64, Entry>, outcome: Outcome) {
     let now = Instant::now();
     let quorum = cluster.quorum();
-    for (id, yes) in outcome.votes {
-        let refused = outcome.refused.get(&id).copied().unwrap_or(0);
+    let answers = outcome.votes.iter().zip(&outcome.refused);
+    for (&(id, ttl), (&yes, &refused)) in outcome.locks.iter().zip(answers) {
+        let (yes, refused) = (yes as usize, refused as usize);
         if refused > cluster.nodes.len() - quorum {
             // So many nodes answered that they no longer hold our value (it expired
             // there, a node forgot it, or an operator released it by force) that no
@@ -429,7 +463,7 @@ fn apply(cluster: &Cluster, entries: &mut HashMap<u64, Entry>, outcome: Outcome)
             if let Some(entry) = entries.remove(&id) {
                 let state = &entry.watched.state;
                 state.not_extended(now);
-                tracing::warn!(resource = %entry.watched.resource, refused, "lock lost: a majority of nodes no longer hold it");
+                tracing::warn!(resource = %entry.watched.resource(), refused, "lock lost: a majority of nodes no longer hold it");
                 crate::telemetry::extension(false);
                 crate::telemetry::lock_lost();
                 state.lost.cancel();
@@ -441,7 +475,6 @@ fn apply(cluster: &Cluster, entries: &mut HashMap<u64, Entry>, outcome: Outcome)
         };
         entry.extending = false;
         let state = &entry.watched.state;
-        let ttl = outcome.ttl.get(&id).copied().unwrap_or_else(|| state.ttl());
         state.last_votes.store(yes, Ordering::Relaxed);
         let validity = ttl.saturating_sub(cluster.drift(ttl));
         let bound = outcome.sent_at + validity;
@@ -449,14 +482,14 @@ fn apply(cluster: &Cluster, entries: &mut HashMap<u64, Entry>, outcome: Outcome)
             state.extended(bound, ttl);
             entry.next_extend = outcome.sent_at + ttl / 3;
             crate::telemetry::extension(true);
-            tracing::trace!(resource = %entry.watched.resource, votes = yes, "extended");
+            tracing::trace!(resource = %entry.watched.resource(), votes = yes, "extended");
         } else {
             state.not_extended(bound);
             crate::telemetry::extension(false);
             // Try again soon; the loss deadline decides when to give up.
             entry.next_extend = now + (ttl / 20).max(Duration::from_millis(5));
             tracing::debug!(
-                resource = %entry.watched.resource,
+                resource = %entry.watched.resource(),
                 votes = yes,
                 quorum,
                 round_ms = (now - outcome.sent_at).as_millis() as u64,

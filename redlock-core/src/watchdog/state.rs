@@ -1,22 +1,37 @@
 //! [`LockState`]: what a lock guard and the watchdog share (validity, TTL, loss, the
 //! order of extensions).
+//!
+//! One allocation per lock holds all of it but the loss token and the extension lock:
+//! the watchdog visits every watched lock each round, so the state is kept small and in
+//! one place (the validity and TTL under one plain mutex, a single [`Notify`] for those
+//! who wait on the validity).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::quorum::InFlight;
 
+/// The validity end and the TTL last set, changed together.
+#[derive(Debug, Clone, Copy)]
+struct Validity {
+    valid_until: Instant,
+    ttl: Duration,
+}
+
 /// What a lock guard and the watchdog share.
 #[derive(Debug)]
 pub(crate) struct LockState {
-    /// When the validity ends. It moves with every extension, backwards too (an
-    /// extension to a shorter TTL); watchers are told.
-    valid_until: watch::Sender<Instant>,
-    ttl: Mutex<Duration>,
+    /// When the validity ends, and the TTL last set. The validity end moves with every
+    /// extension, backwards too (an extension to a shorter TTL).
+    validity: Mutex<Validity>,
+    /// Woken when the validity end moves earlier: a waiter sleeping until the old end
+    /// must wake sooner. (A later end needs no wake-up: the waiter wakes at the old end,
+    /// reads the new one and sleeps again.)
+    sooner: Notify,
     /// Cancelled when the lock is lost.
     pub(crate) lost: CancellationToken,
     /// Set when the guard released the lock or was dropped: the watchdog lets go.
@@ -39,8 +54,8 @@ pub(crate) struct LockState {
 impl LockState {
     pub(crate) fn new(valid_until: Instant, ttl: Duration, barrier: Option<InFlight>) -> Self {
         Self {
-            valid_until: watch::Sender::new(valid_until),
-            ttl: Mutex::new(ttl),
+            validity: Mutex::new(Validity { valid_until, ttl }),
+            sooner: Notify::new(),
             lost: CancellationToken::new(),
             ended: AtomicBool::new(false),
             last_votes: AtomicUsize::new(0),
@@ -50,17 +65,43 @@ impl LockState {
         }
     }
 
-    pub(crate) fn valid_until(&self) -> Instant {
-        *self.valid_until.borrow()
+    fn validity(&self) -> MutexGuard<'_, Validity> {
+        self.validity.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A receiver that sees every change of the validity end.
-    pub(crate) fn subscribe(&self) -> watch::Receiver<Instant> {
-        self.valid_until.subscribe()
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.validity().valid_until
     }
 
     pub(crate) fn ttl(&self) -> Duration {
-        *self.ttl.lock().unwrap_or_else(PoisonError::into_inner)
+        self.validity().ttl
+    }
+
+    /// The validity end and the TTL, read together.
+    pub(crate) fn valid_until_and_ttl(&self) -> (Instant, Duration) {
+        let validity = *self.validity();
+        (validity.valid_until, validity.ttl)
+    }
+
+    /// Completes when the lock is declared lost or its validity runs out, following the
+    /// validity end as extensions move it, earlier or later.
+    pub(crate) async fn lost_or_expired(&self) {
+        loop {
+            // Registered before the validity end is read: a move to an earlier end
+            // after the read wakes this waiter.
+            let sooner = self.sooner.notified();
+            tokio::pin!(sooner);
+            sooner.as_mut().enable();
+            let until = self.valid_until();
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::select! {
+                () = self.lost.cancelled() => return,
+                () = tokio::time::sleep_until(until.into()) => {}
+                () = &mut sooner => {}
+            }
+        }
     }
 
     /// The commands a new command of this lock must not overtake, if any are left.
@@ -83,28 +124,77 @@ impl LockState {
     /// `sent_at` on a majority, so the validity is `sent_at + ttl - drift`, whatever it
     /// was before (earlier or later).
     pub(crate) fn extended(&self, valid_until: Instant, ttl: Duration) {
-        *self.ttl.lock().unwrap_or_else(PoisonError::into_inner) = ttl;
-        self.valid_until.send_if_modified(|current| {
-            let changed = *current != valid_until;
-            *current = valid_until;
-            changed
-        });
+        let sooner = {
+            let mut validity = self.validity();
+            let sooner = valid_until < validity.valid_until;
+            *validity = Validity { valid_until, ttl };
+            sooner
+        };
+        if sooner {
+            self.sooner.notify_waiters();
+        }
     }
 
     /// Records an extension that did not reach a majority: nodes that did apply it now
     /// let the keys expire at `bound` (plus drift) at the earliest, so the validity
     /// ends there if that is sooner (a failed extension to a shorter TTL).
     pub(crate) fn not_extended(&self, bound: Instant) {
-        self.valid_until.send_if_modified(|current| {
-            let sooner = bound < *current;
+        let sooner = {
+            let mut validity = self.validity();
+            let sooner = bound < validity.valid_until;
             if sooner {
-                *current = bound;
+                validity.valid_until = bound;
             }
             sooner
-        });
+        };
+        if sooner {
+            self.sooner.notify_waiters();
+        }
     }
 
     pub(crate) fn is_ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(state: &Arc<LockState>) -> tokio::task::JoinHandle<Instant> {
+        let state = Arc::clone(state);
+        tokio::spawn(async move {
+            state.lost_or_expired().await;
+            Instant::now()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_waiter_follows_the_validity_end_both_ways() {
+        let ms = Duration::from_millis;
+        let start = Instant::now();
+        let state = Arc::new(LockState::new(start + ms(300), ms(300), None));
+        let waiter = waiting(&state);
+        tokio::time::sleep(ms(50)).await;
+        // Later: the waiter wakes at the old end and keeps waiting.
+        state.extended(start + ms(900), ms(300));
+        tokio::time::sleep(ms(350)).await;
+        assert!(!waiter.is_finished());
+        // Sooner: the waiter wakes at the new, earlier end, not at the later one.
+        state.not_extended(start + ms(500));
+        let woke = waiter.await.map_or(start, |at| at).duration_since(start);
+        assert!(woke >= ms(500) && woke < ms(850), "woke after {woke:?}");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_wakes_when_the_lock_is_lost() {
+        let ms = Duration::from_millis;
+        let start = Instant::now();
+        let state = Arc::new(LockState::new(start + ms(5_000), ms(5_000), None));
+        let waiter = waiting(&state);
+        tokio::time::sleep(ms(100)).await;
+        state.lost.cancel();
+        let woke = waiter.await.map_or(start, |at| at).duration_since(start);
+        assert!(woke >= ms(100) && woke < ms(2_000), "woke after {woke:?}");
     }
 }
