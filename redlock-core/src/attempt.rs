@@ -81,7 +81,7 @@ pub(crate) async fn join_and_look(
     let Some(waiter) = queue.and_then(QueueGuard::waiter) else {
         return false;
     };
-    let queued = std::sync::atomic::AtomicBool::new(false);
+    let queued = crate::node::Queued::new();
     let command = Command::new(Op::JoinQueue { keys, waiter });
     let mut asks: FuturesUnordered<_> = cluster
         .nodes
@@ -106,7 +106,7 @@ pub(crate) async fn join_and_look(
 /// there at the latest, unless extended): asks every node for the keys' remaining TTL.
 /// See [`holder_remaining`]; `None` when no node answered.
 pub(crate) async fn time_until_free(cluster: &Cluster, keys: &[String]) -> Option<Duration> {
-    let queued = std::sync::atomic::AtomicBool::new(false);
+    let queued = crate::node::Queued::new();
     let command = Command::new(Op::Remaining { keys });
     let asks = cluster
         .nodes
@@ -365,7 +365,7 @@ fn release_after(
 
 async fn release_one(cluster: &Cluster, target: &Target, index: usize) {
     if let Some(node) = cluster.nodes.get(index) {
-        let queued = std::sync::atomic::AtomicBool::new(false);
+        let queued = crate::node::Queued::new();
         let command = Command::new(target.op(OpKind::Release {
             mode: ReleaseMode::Quiet,
         }));

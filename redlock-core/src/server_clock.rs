@@ -62,7 +62,7 @@ impl ServerClock {
 /// Asks every node for its time; the median of the first majority of answers, each
 /// moved back by half its round trip, as of the moment the question was sent.
 async fn read(cluster: &Cluster) -> Option<(Instant, u64)> {
-    let queued = std::sync::atomic::AtomicBool::new(false);
+    let queued = crate::node::Queued::new();
     let command = Command::new(Op::ServerTime);
     let asked = Instant::now();
     let mut answers: FuturesUnordered<_> = cluster

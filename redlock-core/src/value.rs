@@ -74,6 +74,12 @@ pub(crate) fn default_holder() -> String {
     format!("{name}:{pid}")
 }
 
+/// A lock key's value without the mark waiters add to it (a trailing `+`: see
+/// `protocol::scripts`): the value its holder set.
+pub(crate) fn unmarked(value: &str) -> &str {
+    value.strip_suffix('+').unwrap_or(value)
+}
+
 /// What a value stored in a lock key says about its holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ValueInfo {
@@ -117,6 +123,18 @@ fn short_id(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_waiters_mark_is_not_part_of_the_value() {
+        let value = lock_value("orders-api-7");
+        assert_eq!(unmarked(&format!("{value}+")), value);
+        assert_eq!(unmarked(&value), value);
+        assert_eq!(
+            describe(unmarked(&format!("{value}+"))),
+            describe(&value),
+            "one acquisition, marked or not"
+        );
+    }
 
     #[test]
     fn values_are_long_hex_and_distinct() {

@@ -18,7 +18,7 @@ use crate::error::{Error, NodeError, NodeFailure};
 use crate::node::Node;
 use crate::protocol::redis_error;
 use crate::shared::Shared;
-use crate::value::describe;
+use crate::value::{describe, unmarked};
 
 /// Keys asked for in one `SCAN` page.
 const SCAN_COUNT: usize = 2000;
@@ -440,8 +440,11 @@ async fn detail(
         let mut replies = replies.into_iter();
         for _ in keys {
             let mut next = || replies.next().and_then(RedisResult::ok);
-            let value =
-                next().and_then(|v| redis::from_redis_value::<Option<String>>(v).ok().flatten());
+            // The holder's value, without the waiters' mark: one acquisition whether
+            // a node's key has waiters or not.
+            let value = next()
+                .and_then(|v| redis::from_redis_value::<Option<String>>(v).ok().flatten())
+                .map(|v| unmarked(&v).to_owned());
             let pttl = next().and_then(|v| redis::from_redis_value::<i64>(v).ok());
             let fence =
                 next().and_then(|v| redis::from_redis_value::<Option<String>>(v).ok().flatten());

@@ -243,6 +243,14 @@ impl State {
             let (Some(queue), Some(deadlines)) = (keys.get(n + i), keys.get(2 * n + i)) else {
                 continue;
             };
+            // The waiters' mark on a held key.
+            if let Some(entry) = keys.get(i).and_then(|k| self.keys.get_mut(*k))
+                && entry.expires.is_none_or(|at| at > Instant::now())
+                && entry.value.first() != Some(&b'~')
+                && entry.value.last() != Some(&b'+')
+            {
+                entry.value.push(b'+');
+            }
             self.zadd(queue, since, id);
             self.zadd(deadlines, now.saturating_add(keep) as f64, id);
             for key in [queue, deadlines] {
@@ -293,13 +301,17 @@ impl State {
         };
         let num = |i: usize| text(i).parse::<u64>().unwrap_or(0);
         Ok(match text(0).to_ascii_uppercase().as_str() {
+            // `SET key value NX PX ttl [GET]`.
             "SET" => {
                 let (key, value) = (args[1], args[2]);
-                if self.live(key).is_some() {
-                    Value::Nil
-                } else {
-                    self.set(key, value, Some(num(5)));
-                    Value::Okay
+                let get = text(6).eq_ignore_ascii_case("GET");
+                match self.live(key) {
+                    Some(entry) if get => Value::BulkString(entry.value.clone()),
+                    Some(_) => Value::Nil,
+                    None => {
+                        self.set(key, value, Some(num(5)));
+                        if get { Value::Nil } else { Value::Okay }
+                    }
                 }
             }
             "PING" => Value::SimpleString("PONG".into()),
@@ -347,8 +359,7 @@ impl State {
             }
             int(1)
         } else if sha == scripts::EXTEND.get_hash() {
-            let ours =
-                |s: &mut Self, k: &[u8]| s.live(k).is_some_and(|e| e.value == arg(0).as_bytes());
+            let ours = |s: &mut Self, k: &[u8]| s.live(k).is_some_and(|e| holds(&e.value, arg(0)));
             if !keys.iter().all(|k| ours(self, k)) {
                 return Ok(int(0));
             }
@@ -379,9 +390,13 @@ impl State {
                 }
             }
             for i in 0..n {
-                self.set(keys[i], arg(0).as_bytes(), Some(ms(1)));
                 self.zrem(keys[n + i], arg(2).as_bytes());
                 self.zrem(keys[2 * n + i], arg(2).as_bytes());
+                let mut value = arg(0).as_bytes().to_vec();
+                if self.zset(keys[n + i]).is_some() {
+                    value.push(b'+');
+                }
+                self.set(keys[i], &value, Some(ms(1)));
             }
             int(token)
         } else if sha == scripts::JOIN_QUEUE.get_hash() {
@@ -408,7 +423,7 @@ impl State {
 
 impl State {
     /// The release script (see `scripts::RELEASE`): `keys` holds the lock keys, then
-    /// their queues, then the queues' deadlines.
+    /// their queues (each queue's deadlines are `<queue>:until`).
     fn release(
         &mut self,
         keys: &[&[u8]],
@@ -417,10 +432,15 @@ impl State {
         handoff_ms: u64,
         dequeue: &str,
     ) -> Value {
-        let n = keys.len() / 3;
+        let n = keys.len() / 2;
+        // A lock's release passes the value alone.
+        let lock_release = mode.is_empty();
+        let mode = if lock_release { "1" } else { mode };
         let (mut released, mut pending) = (0u64, 0u64);
         for i in 0..n {
-            let (key, queue, deadlines) = (keys[i], keys[n + i], keys[2 * n + i]);
+            let (key, queue) = (keys[i], keys[n + i]);
+            let deadlines = [queue, b":until"].concat();
+            let deadlines = deadlines.as_slice();
             if !dequeue.is_empty() {
                 self.zrem(queue, dequeue.as_bytes());
                 self.zrem(deadlines, dequeue.as_bytes());
@@ -435,15 +455,17 @@ impl State {
                     }
                     Some(_) => {}
                 }
-            } else if current.as_deref() == Some(value.as_bytes()) {
+            } else if current.as_deref().is_some_and(|c| holds(c, value)) {
                 released += 1;
                 free = true;
             }
             if !free {
                 continue;
             }
+            // A lock's release of one key without the waiters' mark: nobody waits.
+            let unmarked = n == 1 && lock_release && current.as_deref() == Some(value.as_bytes());
             let mut heir = None;
-            if mode != "0" && self.zset(queue).is_some() {
+            if mode != "0" && !unmarked && self.zset(queue).is_some() {
                 let now = self.now_ms() as f64;
                 while heir.is_none() {
                     let Some(head) = self
@@ -464,7 +486,8 @@ impl State {
                 }
             }
             if let Some(heir) = heir {
-                let hold = hand_over_time(&heir).unwrap_or(handoff_ms);
+                let hold =
+                    hand_over_time(&heir).unwrap_or(if handoff_ms == 0 { 25 } else { handoff_ms });
                 let mut placeholder = b"~".to_vec();
                 placeholder.extend_from_slice(&heir);
                 self.set(key, &placeholder, Some(hold));
@@ -484,6 +507,11 @@ impl ZSet {
         members.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(b.0)));
         members.into_iter().map(|(m, _)| m.clone()).collect()
     }
+}
+
+/// Whether a lock key's value `stored` is `value`, with or without the waiters' mark.
+fn holds(stored: &[u8], value: &str) -> bool {
+    stored.strip_suffix(b"+").unwrap_or(stored) == value.as_bytes() || stored == value.as_bytes()
 }
 
 /// The hand-over time a waiter's id ends with (`...:<ms>`), as the script reads it.

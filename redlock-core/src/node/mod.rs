@@ -12,7 +12,7 @@
 //! whose handshake is slower than the per-node timeout still ends up connected.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -22,8 +22,9 @@ pub use self::connection::CONNECT_TIMEOUT;
 use self::connection::{Backend, Direct, Slot};
 pub(crate) use self::identity::Identities;
 use self::quarantine::{Quarantine, QuarantineState};
+pub(crate) use self::queued::Queued;
 use crate::error::NodeError;
-use crate::protocol::{Command, Op, breaks_connection, build, query_batch, redis_error};
+use crate::protocol::{Command, Op, Step, breaks_connection, build, query_batch, redis_error};
 
 /// What [`Redlock::node_status`](crate::Redlock::node_status) found out about one node.
 #[derive(Debug, Clone)]
@@ -50,6 +51,7 @@ mod connection;
 pub(crate) mod fake;
 mod identity;
 mod quarantine;
+mod queued;
 #[cfg(feature = "tls")]
 mod tls;
 
@@ -330,14 +332,14 @@ impl Node {
     /// Runs `command` with `timeout` covering everything (connecting included). A
     /// non-zero answer is a yes vote.
     ///
-    /// `queued` is set once the command sits in the node's connection queue: from then
-    /// on, a command sent later to this node (by anyone) is executed after it. Never set
-    /// for a pooled node (its connections do not share a queue).
+    /// `queued` is marked once the command sits in the node's connection queue: from
+    /// then on, a command sent later to this node (by anyone) is executed after it. Never
+    /// marked for a pooled node (its connections do not share a queue).
     pub(crate) async fn run(
         &self,
         command: &Command,
         timeout: Duration,
-        queued: &AtomicBool,
+        queued: &Queued,
     ) -> Result<u64, NodeError> {
         let started = Instant::now();
         let result = match tokio::time::timeout(timeout, self.run_untimed(command, queued)).await {
@@ -349,7 +351,7 @@ impl Node {
         result
     }
 
-    async fn run_untimed(&self, command: &Command, queued: &AtomicBool) -> Result<u64, NodeError> {
+    async fn run_untimed(&self, command: &Command, queued: &Queued) -> Result<u64, NodeError> {
         let direct = match &self.backend {
             Backend::Direct(direct) => direct,
             // Boxed: the pool's future is large, and the direct path is the hot one.
@@ -365,16 +367,25 @@ impl Node {
         };
         let (generation, mut conn) = direct.connection().await?;
         self.check_quarantine(command.votes)?;
-        let mut execution = std::pin::pin!(command.execute(&mut conn));
-        // The first poll puts the command in the connection's queue (deep enough never
-        // to be full; see PIPELINE_BUFFER).
-        let first = std::future::poll_fn(|cx| Poll::Ready(execution.as_mut().poll(cx))).await;
-        let result = match first {
-            Poll::Ready(result) => result,
-            Poll::Pending => {
-                queued.store(true, Ordering::Release);
-                execution.await
+        let step = {
+            let mut execution = std::pin::pin!(command.first_step(&mut conn));
+            // The first poll puts the command in the connection's queue (deep enough
+            // never to be full; see PIPELINE_BUFFER).
+            let first = std::future::poll_fn(|cx| Poll::Ready(execution.as_mut().poll(cx))).await;
+            match first {
+                Poll::Ready(step) => step,
+                Poll::Pending => {
+                    queued.mark();
+                    execution.await
+                }
             }
+        };
+        // A second step may go only if nobody counted on the first being the last.
+        let result = match step {
+            Ok(Step::Answer(answer)) => Ok(answer),
+            Ok(Step::Fallback(_)) if !queued.unmark() => Ok(0),
+            Ok(Step::Fallback(fallback)) => fallback.execute(&mut conn).await,
+            Err(err) => Err(err),
         };
         if let Err(err) = &result
             && breaks_connection(err)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{RedisError, Script, Value};
 
-use super::op::{Op, ReleaseMode, Waiter, waiter_keys, with_queues};
+use super::op::{Op, ReleaseMode, Waiter, release_keys, waiter_keys, with_queues};
 use super::scripts;
 use crate::error::NodeError;
 
@@ -16,6 +16,9 @@ pub(crate) struct Command {
     cmd: redis::Cmd,
     /// The script behind an `EVALSHA`: loaded again if a node answers NOSCRIPT.
     script: Option<&'static Script>,
+    /// For a `SET .. NX GET` (see [`set_nx_get`]): the script to run instead when the
+    /// key is being handed over, or when the node does not know `NX` with `GET`.
+    fallback: Option<Box<Command>>,
     /// The answer is a vote.
     pub(crate) votes: bool,
     /// The keys it works on, for error messages.
@@ -27,12 +30,24 @@ pub(crate) struct Command {
 impl Command {
     pub(crate) fn new(op: Op<'_>) -> Self {
         let (cmd, script) = build(op);
-        Self {
+        let command = Self {
             cmd,
             script,
+            fallback: None,
             votes: op.votes(),
             keys: op.keys().join(", ").into_boxed_str(),
             name: op.name(),
+        };
+        match set_nx_get(op) {
+            Some(cmd) => Self {
+                cmd,
+                script: None,
+                votes: command.votes,
+                keys: command.keys.clone(),
+                name: command.name,
+                fallback: Some(Box::new(command)),
+            },
+            None => command,
         }
     }
 
@@ -50,22 +65,52 @@ impl Command {
     /// Sends the command on `conn` and reads the answer: `SET`'s OK or nil as 1 or 0,
     /// a script's number as it is (a negative or unexpected answer is 0, a no). A node
     /// that lost its scripts (`SCRIPT FLUSH`) gets the script loaded again, then the
-    /// command once more.
+    /// command once more. A `SET .. NX GET` that needs its script (see
+    /// [`first_step`](Self::first_step)) runs it next.
     pub(crate) async fn execute<C: Send1>(&self, conn: &mut C) -> Result<u64, RedisError> {
+        match self.first_step(conn).await? {
+            Step::Answer(answer) => Ok(answer),
+            // Boxed: rare, and it would make every call's future bigger.
+            Step::Fallback(fallback) => Box::pin(fallback.execute(conn)).await,
+        }
+    }
+
+    /// [`execute`](Self::execute), except that a `SET .. NX GET` whose key is being
+    /// handed over (`~<waiter>`), or sent to a node that refuses `NX` with `GET` (before
+    /// Redis 7.0), answers the script that decides instead: the caller sends it, once no
+    /// later command to the node counts on this one having been the last (see
+    /// `node::Queued`). Otherwise its nil (the key was free and is now ours) is 1, a
+    /// value 0.
+    pub(crate) async fn first_step<C: Send1>(&self, conn: &mut C) -> Result<Step<'_>, RedisError> {
         let reply = match conn.send1(&self.cmd).await.and_then(Value::extract_error) {
             Err(err) if is_no_script(&err) => match self.script {
                 // Boxed: rare, and it would make every call's future bigger.
                 Some(script) => Box::pin(self.reload(script, conn)).await?,
                 None => return Err(err),
             },
+            Err(err) if is_syntax_error(&err) => match &self.fallback {
+                Some(fallback) => return Ok(Step::Fallback(fallback)),
+                None => return Err(err),
+            },
             reply => reply?,
         };
-        Ok(match reply {
-            Value::Int(n) => u64::try_from(n).unwrap_or(0),
-            Value::Okay => 1,
+        Ok(Step::Answer(match (reply, &self.fallback) {
+            (Value::Int(n), _) => u64::try_from(n).unwrap_or(0),
+            (Value::Okay, _) | (Value::Nil, Some(_)) => 1,
+            (Value::BulkString(old), Some(fallback)) if old.first() == Some(&b'~') => {
+                return Ok(Step::Fallback(fallback));
+            }
             _ => 0,
-        })
+        }))
     }
+}
+
+/// What the first round trip of a [`Command`] says.
+pub(crate) enum Step<'a> {
+    /// The node's answer.
+    Answer(u64),
+    /// The command's script must decide: send it.
+    Fallback(&'a Command),
 }
 
 impl Command {
@@ -87,6 +132,41 @@ impl std::fmt::Debug for Command {
 
 fn is_no_script(err: &RedisError) -> bool {
     err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// `ERR syntax error`: what a node before Redis 7.0 answers to `SET .. NX .. GET`.
+fn is_syntax_error(err: &RedisError) -> bool {
+    err.code() == Some("ERR") && err.detail().is_some_and(|d| d.contains("syntax"))
+}
+
+/// The one-shot acquisition of one key without fencing (`try_lock`'s), as one plain
+/// command: `SET key value NX PX ttl GET`. Such an attempt may take a key that a
+/// release is handing over to a queued waiter (`~<waiter>`); with `GET`, the node's
+/// answer says whether the key held one, and only then does the script
+/// ([`scripts::ACQUIRE_MANY`]) run, in a second round trip. Every other acquisition of
+/// one key without fencing is a plain `SET NX PX` (see [`build`]).
+fn set_nx_get(op: Op<'_>) -> Option<redis::Cmd> {
+    let Op::Acquire {
+        keys: [key],
+        fence_keys: [],
+        value,
+        ttl_ms,
+        waiter: None,
+        barge: true,
+        fence_step_us: _,
+    } = op
+    else {
+        return None;
+    };
+    let mut cmd = redis::Cmd::with_capacity(7, key.len() + value.len() + 3 + 2 + 2 + 20 + 3);
+    cmd.arg("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .arg("GET");
+    Some(cmd)
 }
 
 /// Sends one command: directly on a multiplexed connection (its `ConnectionLike` method
@@ -209,7 +289,7 @@ pub(crate) fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             handoff_ms,
             dequeue,
         } => {
-            let all = with_queues(keys);
+            let all = release_keys(keys);
             evalsha(
                 &scripts::RELEASE,
                 &all.iter().collect::<Vec<_>>(),
@@ -244,13 +324,18 @@ pub(crate) fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
     }
 }
 
+/// The release script's `ARGV`: a lock's release (a hand-over, dequeueing nobody) only
+/// the value, since every argument costs the node time; the rest as needed.
 fn release_args(
     value: &str,
     mode: ReleaseMode,
     handoff_ms: u64,
     dequeue: Option<&str>,
-) -> [String; 4] {
-    [
+) -> Vec<String> {
+    if mode == ReleaseMode::HandOver && dequeue.is_none() {
+        return vec![value.to_owned()];
+    }
+    let mut args = vec![
         value.to_owned(),
         match mode {
             ReleaseMode::Quiet => "0",
@@ -259,8 +344,9 @@ fn release_args(
         }
         .to_owned(),
         handoff_ms.to_string(),
-        dequeue.unwrap_or_default().to_owned(),
-    ]
+    ];
+    args.extend(dequeue.map(str::to_owned));
+    args
 }
 
 fn waiter_args(

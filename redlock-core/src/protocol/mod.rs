@@ -11,7 +11,7 @@ pub(crate) mod scripts;
 #[cfg(test)]
 pub(crate) use command::Send1;
 pub(crate) use command::{
-    Command, breaks_connection, build, load_scripts, query_batch, redis_error,
+    Command, Step, breaks_connection, build, load_scripts, query_batch, redis_error,
 };
 pub(crate) use info::info_field;
 pub use op::MAX_TTL;

@@ -170,6 +170,14 @@ pub(crate) fn with_queues(keys: &[String]) -> Vec<String> {
     all
 }
 
+/// The lock keys, then their queues (the release script's `KEYS`: it finds each queue's
+/// deadlines by name, see [`deadlines_key`]).
+pub(crate) fn release_keys(keys: &[String]) -> Vec<String> {
+    let mut all = keys.to_vec();
+    all.extend(keys.iter().map(|k| queue_key(k)));
+    all
+}
+
 /// A queued attempt's `KEYS`: the lock keys, their queues, their queues' deadlines, the
 /// fence counters (if any).
 pub(crate) fn waiter_keys(keys: &[String], fence_keys: &[String]) -> Vec<String> {
@@ -185,6 +193,7 @@ fn queue_key(key: &str) -> String {
 }
 
 /// When each waiter's place in the queue expires (a sorted set: waiter id by deadline).
+/// Its queue's name and `:until`: the release script builds it so.
 fn deadlines_key(key: &str) -> String {
-    format!("{key}:queue:until")
+    format!("{}:until", queue_key(key))
 }

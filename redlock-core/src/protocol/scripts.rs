@@ -4,46 +4,80 @@
 //! only ever release or extend its own lock. Every new connection loads them first (one
 //! pipelined round trip); they then run with `EVALSHA`, falling back to loading them
 //! when a node answers `NOSCRIPT` (its script cache was flushed); see [`redis::Script`].
+//!
+//! A lock key holds its holder's value, or `~<waiter>` while a release hands it over to
+//! a queued waiter. A waiter that joins a key's queue while someone holds the key marks
+//! the key: it appends `+` to the holder's value (keeping its TTL). So the release of an
+//! unmarked key knows without looking further that nobody waits: it deletes the key and
+//! is done, as cheap as a bare compare-and-delete. Everything that compares a holder's
+//! value takes the value with or without the mark.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Releases: for each lock key of `KEYS` (the first third; then as many wait queues,
-/// then as many queue deadlines) that still holds `ARGV[1]`:
+/// Releases: for each lock key of `KEYS` (the first half; then as many wait queues; a
+/// queue's deadlines are the sorted set named after it, `<queue>:until`) that still
+/// holds `ARGV[1]`:
 ///
-/// - with `ARGV[2] == '1'` (a lock's release, or a waiter passing on a hand-over it did
-///   not take), hands the lock over to the first live waiter of its queue, or deletes it
-///   and publishes an empty message on the key's channel (see `wake.rs`). A hand-over
-///   stores `~<waiter>` in the key for the time the waiter's id ends with
-///   (`<random>:<ms>`; `ARGV[3]` ms if none): only that waiter may take it, nobody
-///   else's SET NX succeeds; and publishes the waiter's id on its client's channel
-///   (`redlock-wake:<client>`, the part of the id before the `.`);
+/// - with `ARGV[2] == '1'` or no `ARGV[2]` (a lock's release, or a waiter passing on a
+///   hand-over it did not take), hands the lock over to the first live waiter of its
+///   queue, or deletes it; if it had a queue (whose waiters all left or died), it also
+///   publishes an empty message on the key's channel (see `wake.rs`). With no queue,
+///   nobody waits for the key on this node (every waiter queues), and the release is a
+///   compare-and-delete that looks at one more key. A hand-over stores `~<waiter>` in
+///   the key for the time the waiter's id ends with (`<random>:<ms>`; `ARGV[3]` ms if
+///   none): only that waiter may take it, nobody else's SET NX succeeds; and publishes
+///   the waiter's id on its client's channel (`redlock-wake:<client>`, the part of the
+///   id before the `.`);
 /// - with `ARGV[2] == '0'` (the cleanup of an attempt that lost), deletes it and tells
 ///   nobody: a lost attempt must not make anyone retry before their retry delay;
 /// - with `ARGV[2] == '2'` (a follow-up to a hand-over, see `queue.rs`), touches no key
 ///   that holds a value: a key that is gone (its hand-over expired untaken: the heir is
 ///   dead) is handed over to the next live waiter, as a release would.
 ///
-/// With `ARGV[4]` not empty, first removes that waiter from the queues (a waiter
-/// leaving: with `ARGV[1] = '~' .. ARGV[4]` it also passes on a hand-over it did not
-/// take). Returns how many keys it released, plus 65536 times the longest hand-over it
-/// left pending (ms: one it made, or, in follow-up mode, one it found).
+/// With `ARGV[4]` given and not empty, first removes that waiter from the queues (a
+/// waiter leaving: with `ARGV[1] = '~' .. ARGV[4]` it also passes on a hand-over it did
+/// not take). Returns how many keys it released, plus 65536 times the longest hand-over
+/// it left pending (ms: one it made, or, in follow-up mode, one it found).
+///
+/// A lock's release, the common case, passes the value alone: every argument and every
+/// key costs the node time, and the deadlines are needed only when there is a queue.
+/// Such a release of one key that no waiter marked (see the module's doc), the most
+/// common of all, comes first: a compare-and-delete, looking at nothing else. (A queue
+/// whose waiters did not mark the key, because it was taken by someone who did not
+/// queue, is then not handed the lock: its waiters take it at their next attempt,
+/// which marks a key it finds held.)
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 const RELEASE_SOURCE: &str = r"
-local n = #KEYS / 3
+if #KEYS == 2 and not ARGV[2] then
+  local current = redis.call('GET', KEYS[1])
+  if current == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    return 1
+  elseif current ~= ARGV[1] .. '+' then
+    return 0
+  end
+end
+local n = #KEYS / 2
+local mode = ARGV[2] or '1'
 local released = 0
 local pending = 0
 local now = nil
+local dequeue = ARGV[4]
+if dequeue == '' then
+  dequeue = nil
+end
 for i = 1, n do
-  local key, queue, deadlines = KEYS[i], KEYS[n + i], KEYS[2 * n + i]
-  if ARGV[4] ~= '' then
-    redis.call('ZREM', queue, ARGV[4])
-    redis.call('ZREM', deadlines, ARGV[4])
+  local key, queue = KEYS[i], KEYS[n + i]
+  local deadlines = queue .. ':until'
+  if dequeue then
+    redis.call('ZREM', queue, dequeue)
+    redis.call('ZREM', deadlines, dequeue)
   end
   local current = redis.call('GET', key)
   local free = false
-  if ARGV[2] == '2' then
+  if mode == '2' then
     if not current then
       free = true
     elseif string.sub(current, 1, 1) == '~' then
@@ -52,13 +86,15 @@ for i = 1, n do
         pending = left
       end
     end
-  elseif current == ARGV[1] then
+  elseif current == ARGV[1] or current == ARGV[1] .. '+' then
     released = released + 1
     free = true
   end
   if free then
     local heir = nil
-    if ARGV[2] ~= '0' and redis.call('EXISTS', queue) == 1 then
+    local queued = false
+    if mode ~= '0' and redis.call('EXISTS', queue) == 1 then
+      queued = true
       if now == nil then
         local t = redis.call('TIME')
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -77,7 +113,7 @@ for i = 1, n do
       end
     end
     if heir then
-      local hold = tonumber(string.match(heir, ':(%d+)$') or ARGV[3])
+      local hold = tonumber(string.match(heir, ':(%d+)$') or ARGV[3] or '25')
       redis.call('SET', key, '~' .. heir, 'PX', hold)
       if hold > pending then
         pending = hold
@@ -90,7 +126,7 @@ for i = 1, n do
       end
     elseif current then
       redis.call('DEL', key)
-      if ARGV[2] == '1' then
+      if queued and mode == '1' then
         redis.call('PUBLISH', key, '')
       end
     end
@@ -126,14 +162,19 @@ end
 
 /// Lua that puts waiter `id` (waiting `since`, a number) in the wait queues of the `n`
 /// lock keys of `KEYS` (then their queues, then the queues' deadlines), its place kept
-/// `keep` ms past now; the queues live at least that long. Shared by the scripts that
-/// queue a waiter.
+/// `keep` ms past now; the queues live at least that long. A key held by a value without
+/// the waiters' mark gets it (`+` appended: see the module's doc). Shared by the scripts
+/// that queue a waiter.
 macro_rules! take_places {
     () => {
         r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i = 1, n do
+  local held = redis.call('GET', KEYS[i])
+  if held and string.sub(held, 1, 1) ~= '~' and string.sub(held, -1) ~= '+' then
+    redis.call('APPEND', KEYS[i], '+')
+  end
   redis.call('ZADD', KEYS[n + i], since, id)
   redis.call('ZADD', KEYS[2 * n + i], now + keep, id)
   for _, key in ipairs({KEYS[n + i], KEYS[2 * n + i]}) do
@@ -153,8 +194,9 @@ end
 /// sets every counter to the token, one above the highest of them but not below the
 /// node's clock floor (`clock_floor!`, its step `ARGV[7]`; so every resource's counter
 /// reaches every token issued for it, also through a multi-resource lock),
-/// leaves the queues, and returns the token (1 without fencing). Otherwise joins or
-/// refreshes its places and returns 0.
+/// leaves the queues (a key whose queue still has waiters gets their mark), and returns
+/// the token (1 without fencing). Otherwise joins or refreshes its places (marking the
+/// keys it finds held) and returns 0.
 pub(crate) static ACQUIRE_QUEUED: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_QUEUED_SOURCE));
 const ACQUIRE_QUEUED_SOURCE: &str = concat!(
@@ -186,9 +228,13 @@ if free then
     end
   end
   for i = 1, n do
-    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
     redis.call('ZREM', KEYS[n + i], ARGV[3])
     redis.call('ZREM', KEYS[2 * n + i], ARGV[3])
+    local value = ARGV[1]
+    if redis.call('EXISTS', KEYS[n + i]) == 1 then
+      value = value .. '+'
+    end
+    redis.call('SET', KEYS[i], value, 'PX', ARGV[2])
   end
   return token
 end
@@ -231,13 +277,14 @@ local t = redis.call('TIME')
 return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ";
 
-/// Sets a new TTL (`ARGV[2]` ms) on all of `KEYS` if every one still holds `ARGV[1]`;
-/// all or nothing. `PEXPIRE` on a missing key is a no-op, so an expired lock is never
-/// re-created. Returns 1 if extended, 0 if not.
+/// Sets a new TTL (`ARGV[2]` ms) on all of `KEYS` if every one still holds `ARGV[1]`
+/// (marked by waiters or not); all or nothing. `PEXPIRE` on a missing key is a no-op, so
+/// an expired lock is never re-created. Returns 1 if extended, 0 if not.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SOURCE));
 const EXTEND_SOURCE: &str = r"
 for _, key in ipairs(KEYS) do
-  if redis.call('GET', key) ~= ARGV[1] then
+  local current = redis.call('GET', key)
+  if current ~= ARGV[1] and current ~= ARGV[1] .. '+' then
     return 0
   end
 end

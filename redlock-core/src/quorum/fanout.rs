@@ -3,7 +3,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use futures_util::StreamExt;
@@ -12,6 +11,7 @@ use super::in_flight::InFlight;
 use super::target::{OpKind, Target};
 use super::{Cluster, Tally};
 use crate::error::{Error, NodeError, NodeFailure};
+use crate::node::Queued;
 use crate::protocol::Command;
 
 /// Each node's answer to a fan-out, once it came.
@@ -70,7 +70,7 @@ pub(crate) struct Fanout {
     cluster: Arc<Cluster>,
     pending: Pending,
     /// Per node: the command is in the node's connection queue (see `Node::run`).
-    queued: Arc<[AtomicBool]>,
+    queued: Arc<[Queued]>,
     /// Each node's answer, once it came.
     pub(crate) answers: Answers,
     pub(crate) tally: Tally,
@@ -99,7 +99,7 @@ impl Fanout {
     ) -> Self {
         let n = cluster.nodes.len();
         let mut pending = Vec::with_capacity(which.map_or(n, <[usize]>::len));
-        let queued: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(false)).collect();
+        let queued: Arc<[Queued]> = (0..n).map(|_| Queued::new()).collect();
         // Built once, sent to every node.
         let command = Arc::new(Command::new(target.op(kind)));
         let mut push = |index: usize| {
@@ -270,12 +270,7 @@ impl Fanout {
     fn unqueued(&self) -> Vec<usize> {
         (0..self.answers.len())
             .filter(|&i| self.answers.get(i).is_some_and(Option::is_none))
-            .filter(|&i| {
-                !self
-                    .queued
-                    .get(i)
-                    .is_some_and(|q| q.load(Ordering::Acquire))
-            })
+            .filter(|&i| !self.queued.get(i).is_some_and(Queued::rely))
             .collect()
     }
 

@@ -1,0 +1,165 @@
+//! What a lock cycle asks of each node, counted by real redis-server nodes
+//! (`INFO commandstats`): an uncontended cycle is one `SET` and one compare-and-delete,
+//! as in the bare Redlock algorithm; the queue costs only when someone waits.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use redlock_core::{Redlock, RetryPolicy};
+use redlock_testkit::Cluster;
+
+/// Calls of each command node `i` ran since its last `CONFIG RESETSTAT`, by name (the
+/// commands scripts call count too, under their own names).
+async fn calls(cluster: &Cluster, i: usize) -> BTreeMap<String, u64> {
+    let info: String = cluster
+        .node(i)
+        .query(redis::cmd("INFO").arg("commandstats"))
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .split(',')
+                .find_map(|field| field.strip_prefix("calls="))?
+                .parse::<u64>()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+async fn reset_stats(cluster: &Cluster) {
+    for i in 0..cluster.len() {
+        let () = cluster
+            .node(i)
+            .query(redis::cmd("CONFIG").arg("RESETSTAT"))
+            .await
+            .unwrap();
+    }
+}
+
+/// `try_lock` and `lock` on free resources, then `release`, with the defaults (wake on
+/// release, the queue, the restart checks): each node runs, per cycle, one `SET` and one
+/// script that reads the key and deletes it. No `EXISTS` of a queue, no `PUBLISH`, no
+/// read of anything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_cycle_is_a_set_and_a_compare_and_delete() {
+    const CYCLES: u64 = 20;
+    let cluster = Cluster::start(3).await;
+    // The defaults, but a short maximum TTL: the restart quarantine of nodes seen for
+    // the first time lasts that long.
+    let redlock = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(1))
+        .max_ttl(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !redlock.ready().await {
+        assert!(
+            Instant::now() < deadline,
+            "the nodes never came out of quarantine"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Connections, their checks and the scripts' loading, before counting.
+    redlock
+        .try_lock("warm-up")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for one_shot in [true, false] {
+        reset_stats(&cluster).await;
+        for i in 0..CYCLES {
+            let resource = format!("cycle:{one_shot}:{i}");
+            let lock = if one_shot {
+                redlock.try_lock(resource).await.unwrap()
+            } else {
+                redlock.lock(resource).await.unwrap()
+            };
+            lock.release().await.unwrap();
+        }
+        // A release completes once a majority answered: let the last reach every node.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for node in 0..cluster.len() {
+            let mut calls = calls(&cluster, node).await;
+            // This test's own `INFO` and `CONFIG RESETSTAT`.
+            calls.retain(|name, _| !name.starts_with("info") && !name.starts_with("config"));
+            let expected: BTreeMap<String, u64> = ["set", "evalsha", "get", "del"]
+                .into_iter()
+                .map(|name| (name.to_owned(), CYCLES))
+                .collect();
+            assert_eq!(
+                calls,
+                expected,
+                "node {node}, {}: the commands of {CYCLES} uncontended cycles",
+                if one_shot { "try_lock" } else { "lock" }
+            );
+        }
+    }
+}
+
+/// A waiter marks the key it queues for; the holder still extends its lock and, on its
+/// release, hands it over to the waiter, which gets it at once rather than at its retry
+/// delay (1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_marks_the_key_and_gets_the_lock_on_release() {
+    let cluster = Cluster::start(3).await;
+    let client = || {
+        redlock_testkit::builder(&cluster)
+            .ttl(Duration::from_secs(5))
+            .retry(
+                RetryPolicy::deadline(Duration::from_secs(20))
+                    .with_delay(Duration::from_secs(1), Duration::ZERO),
+            )
+            .build()
+            .unwrap()
+    };
+    let (holder, waiter) = (client(), client());
+    let mut lock = holder.lock("marked").await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let lock = waiter.lock("marked").await.unwrap();
+        let at = Instant::now();
+        lock.release().await.unwrap();
+        at
+    });
+    // The waiter queues (and marks the key) on its first attempt's refusal.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let value: Option<String> = cluster
+            .node(0)
+            .query(redis::cmd("GET").arg("redlock:{marked}"))
+            .await
+            .unwrap();
+        if value.as_deref().is_some_and(|v| v.ends_with('+')) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never marked the key: {value:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    lock.extend(Duration::from_secs(5))
+        .await
+        .expect("a marked key is still the holder's");
+    let listed = holder.locks("marked").await.unwrap().locks;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        listed[0].holding,
+        cluster.len(),
+        "one acquisition on every node, marked or not: {listed:?}"
+    );
+    let released = Instant::now();
+    lock.release().await.unwrap();
+    let took = waiting.await.unwrap() - released;
+    assert!(
+        took < Duration::from_millis(500),
+        "the waiter got the lock {took:?} after the release"
+    );
+}
