@@ -136,6 +136,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match std::env::var("BENCH_ONLY").as_deref() {
         Ok("contended") => return contended(&urls, Duration::from_secs(secs)).await,
         Ok("watchdog") => return watchdog(&urls, &conns).await,
+        Ok("cost") => return cost(&conns, &redlock, slice).await,
         _ => {}
     }
     // BENCH_ONLY=lock (or floor, minimal): run one workload at c=32, for profiling.
@@ -145,10 +146,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "minimal" => Workload::Minimal,
             _ => Workload::Lock,
         };
+        let (c0, s0) = (process_cpu_secs(), servers_cpu_secs(&conns).await);
         let (mut s, spent) = measure(workload, 32, slice * rounds, &conns, &redlock).await?;
+        let cycles = s.len().max(1) as f64;
+        let (client, server) = (
+            (process_cpu_secs() - c0) / cycles * 1e6,
+            (servers_cpu_secs(&conns).await - s0) / cycles * 1e6,
+        );
         let stats = Stats::from(&mut s, spent);
         println!(
-            "{only}: {:.0} cycles/s, p50 {}",
+            "{only}: {:.0} cycles/s, p50 {}, CPU per cycle: client {client:.1} us, servers {server:.1} us",
             stats.cycles_per_sec,
             fmt_us(stats.p50)
         );
@@ -261,15 +268,78 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Watchdog scale: 10,000 watched locks held by one client with a 3 s TTL for
-/// `BENCH_WATCH_SECS` (default 60): client CPU time, peak memory, and round trips per
-/// node per extension round (the servers' read events).
+/// The largest server CPU per lock cycle `BENCH_ONLY=cost` accepts, as a multiple of the
+/// minimal Redlock's in the same run.
+const COST_LIMIT: f64 = 1.2;
+
+/// `BENCH_ONLY=cost`, the check CI runs: the servers' CPU time per cycle of the lock
+/// (`try_lock` + `release`) next to the minimal Redlock's, at concurrency 32, the two
+/// interleaved in 6 rounds of `slice` each. Fails when the lock costs the servers more
+/// than [`COST_LIMIT`] times as much: a ratio of CPU times in one run, which holds on any
+/// machine, however loaded.
+async fn cost(
+    conns: &Arc<Vec<MultiplexedConnection>>,
+    redlock: &Redlock,
+    slice: Duration,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let workloads = [Workload::Minimal, Workload::Lock];
+    let (mut cycles, mut server, mut client) = ([0usize; 2], [0f64; 2], [0f64; 2]);
+    for _ in 0..6 {
+        for (w, workload) in workloads.iter().enumerate() {
+            let (c0, s0) = (process_cpu_secs(), servers_cpu_secs(conns).await);
+            let (samples, _) = measure(*workload, 32, slice, conns, redlock).await?;
+            client[w] += process_cpu_secs() - c0;
+            server[w] += servers_cpu_secs(conns).await - s0;
+            cycles[w] += samples.len();
+        }
+    }
+    let per_cycle = |w: usize| {
+        let n = cycles[w].max(1) as f64;
+        (server[w] / n * 1e6, client[w] / n * 1e6)
+    };
+    let (minimal, lock) = (per_cycle(0), per_cycle(1));
+    let ratio = lock.0 / minimal.0;
+    println!(
+        "CPU per cycle at c=32 (server, client): minimal Redlock {:.1} us, {:.1} us ({} cycles); lock {:.1} us, {:.1} us ({} cycles)",
+        minimal.0, minimal.1, cycles[0], lock.0, lock.1, cycles[1]
+    );
+    println!(
+        "cost: lock / minimal Redlock: server CPU {ratio:.2} (limit {COST_LIMIT:.2}: {}), client CPU {:.2}",
+        verdict(ratio <= COST_LIMIT),
+        lock.1 / minimal.1
+    );
+    if ratio > COST_LIMIT {
+        return Err(format!(
+            "a lock cycle costs the Redis servers {ratio:.2} times the minimal Redlock's CPU (limit {COST_LIMIT:.2})"
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Watchdog scale: 10,000 watched locks held by one client with a 3 s TTL.
+///
+/// Reports what the targets are about:
+/// - memory: the growth of this process's resident set (`VmRSS`) per watched lock,
+///   from before the locks are taken (nodes, connections and the watchdog up, after a
+///   warm-up that takes, watches and releases a batch of locks) to when all of them are
+///   held and the watchdog has extended them for two periods, and again at the end of
+///   the watch (target <= 2 KiB per lock);
+/// - CPU: this process's CPU time (user + system, as `getrusage` counts it) during the
+///   steady watch of `BENCH_WATCH_SECS` seconds (default 60) only, acquisition excluded,
+///   as a share of one core (target <= 3 %);
+/// - round trips per node per extension period (ttl/3), and the servers' read events.
+///
+/// The allocator is the program's (glibc malloc here); run with `MALLOC_ARENA_MAX=2`
+/// to see how much of the resident set its per-thread arenas account for.
 async fn watchdog(
     urls: &[String],
     conns: &[MultiplexedConnection],
 ) -> Result<(), Box<dyn std::error::Error>> {
     const LOCKS: usize = 10_000;
+    const CHUNK: usize = 500;
     let ttl = Duration::from_secs(3);
+    let period = ttl / 3;
     let secs: u64 = std::env::var("BENCH_WATCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -280,20 +350,45 @@ async fn watchdog(
         .node_timeout(Duration::from_millis(500))
         .build()?;
     redlock_examples::wait_until_ready(&redlock).await;
-    let mut locks = Vec::with_capacity(LOCKS);
-    for chunk in 0..(LOCKS / 500) {
-        let batch = futures_util::future::join_all((0..500).map(|i| {
-            redlock
-                .try_lock(format!("bench:watch:{}", chunk * 500 + i))
-                .into_future()
-        }))
-        .await;
-        for lock in batch {
-            let mut lock = lock?;
-            lock.auto_extend();
-            locks.push(lock);
+    // Takes `count` locks from `first` on, `CHUNK` at a time, each watched.
+    let take = |first: usize, count: usize| {
+        let redlock = redlock.clone();
+        async move {
+            let mut locks = Vec::with_capacity(count);
+            for chunk in (first..first + count).step_by(CHUNK) {
+                let batch = futures_util::future::join_all(
+                    (chunk..(chunk + CHUNK).min(first + count))
+                        .map(|i| redlock.try_lock(format!("bench:watch:{i}")).into_future()),
+                )
+                .await;
+                for lock in batch {
+                    let mut lock = lock?;
+                    lock.auto_extend();
+                    locks.push(lock);
+                }
+            }
+            Ok::<_, redlock_core::Error>(locks)
         }
+    };
+    // Warm-up: the runtime's threads, the connections, the scripts, the watchdog task and
+    // the allocator's arenas are in use before the baseline is read; one chunk's
+    // acquisition, a watchdog round over it, and its release.
+    let warm = take(LOCKS, CHUNK).await?;
+    tokio::time::sleep(period + period / 2).await;
+    for lock in warm {
+        lock.release().await?;
     }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss_before = proc_status_kib("VmRSS");
+
+    let acquiring = Instant::now();
+    let locks = take(0, LOCKS).await?;
+    let acquired_in = acquiring.elapsed();
+    // Two extension periods for the watchdog to extend all of them (and settle on shared
+    // rounds), then the resident set with all of them held.
+    tokio::time::sleep(period * 2 + period / 4).await;
+    let rss_held = proc_status_kib("VmRSS");
+
     let reads_before = servers_stat(conns, "total_reads_processed").await;
     let rounds_before = redlock.watchdog_rounds();
     let cpu_before = process_cpu_secs();
@@ -301,29 +396,45 @@ async fn watchdog(
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let elapsed = started.elapsed();
     let cpu = process_cpu_secs() - cpu_before;
-    let reads = servers_stat(conns, "total_reads_processed").await;
-    let held = locks.iter().filter(|l| l.is_held()).count();
     let sent = redlock.watchdog_rounds() - rounds_before;
-    let rounds = elapsed.as_secs_f64() / (ttl.as_secs_f64() / 3.0);
+    let reads = servers_stat(conns, "total_reads_processed").await;
+    let rss_end = proc_status_kib("VmRSS");
+    let held = locks.iter().filter(|l| l.is_held()).count();
+
+    let periods = elapsed.as_secs_f64() / period.as_secs_f64();
     let per_node: Vec<f64> = reads
         .iter()
         .zip(&reads_before)
-        .map(|(a, b)| (a - b) as f64 / rounds)
+        .map(|(a, b)| (a - b) as f64 / periods)
         .collect();
+    let per_lock = |after: u64| (after as f64 - rss_before as f64) / LOCKS as f64;
+    let (held_kib, end_kib) = (per_lock(rss_held), per_lock(rss_end));
+    let cpu_share = cpu / elapsed.as_secs_f64() * 100.0;
     println!(
-        "\nwatchdog: {LOCKS} watched locks, TTL {} s, {:.0} s: {held} still held",
+        "\nwatchdog: {LOCKS} watched locks, TTL {} s (acquired in {:.1} s), watched {:.0} s: {held} still held",
         ttl.as_secs(),
+        acquired_in.as_secs_f64(),
         elapsed.as_secs_f64()
     );
     println!(
-        "client CPU: {:.2} s ({:.1}% of one core); peak memory (VmHWM): {} MiB",
-        cpu,
-        cpu / elapsed.as_secs_f64() * 100.0,
-        peak_rss_kib() / 1024
+        "memory (VmRSS): {} KiB before the locks, {} KiB with all held after 2 periods, {} KiB at the end (peak VmHWM {} KiB)",
+        rss_before,
+        rss_held,
+        rss_end,
+        proc_status_kib("VmHWM")
     );
     println!(
-        "round trips per node per extension period (ttl/3): {:.2} ({sent} pipelines per node in {rounds:.0} periods; target: 1)",
-        sent as f64 / rounds
+        "memory per watched lock: {held_kib:.2} KiB after 2 periods, {end_kib:.2} KiB at the end (target <= 2 KiB: {})",
+        verdict(held_kib.max(end_kib) <= 2.0)
+    );
+    println!(
+        "watchdog CPU while watching: {cpu:.2} s in {:.0} s = {cpu_share:.2}% of one core (target <= 3%: {})",
+        elapsed.as_secs_f64(),
+        verdict(cpu_share <= 3.0)
+    );
+    println!(
+        "round trips per node per extension period (ttl/3): {:.2} ({sent} pipelines per node in {periods:.1} periods; target: 1)",
+        sent as f64 / periods
     );
     println!(
         "(servers' read events per node per period: {}; a pipeline of 10,000 extensions arrives in several reads)",
@@ -359,13 +470,13 @@ async fn servers_stat(conns: &[MultiplexedConnection], field: &str) -> Vec<u64> 
     out
 }
 
-/// Peak resident memory of this process, from /proc (0 where unavailable).
-fn peak_rss_kib() -> u64 {
+/// A memory field of /proc/self/status (`VmRSS`, `VmHWM`) in KiB (0 where unavailable).
+fn proc_status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
