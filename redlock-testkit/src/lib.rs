@@ -53,7 +53,7 @@
 //!
 //! | feature | default | enables |
 //! | --- | --- | --- |
-//! | `redlock-core` | off | `builder`, `builder_for`, `client`, `client_for`, `cycle`: lock clients over the kit's clusters; `refusals`: the web crates' refusal scenario |
+//! | `redlock-core` | off | `builder`, `builder_for`, `client`, `client_for`, `cycle`: lock clients over the kit's clusters; `refusals`: the web crates' refusal scenario; `measure::lock_cycle`, `measure::ready_client`; the `cost` program |
 //!
 //! # What it holds
 //!
@@ -71,6 +71,10 @@
 //!   tokens), and [`run_faults`]: a random fault schedule on a minority of nodes.
 //! - [`ServerOptions`]: a password, an ACL user, TLS with a CA of the server's own.
 //! - [`Intervals`]: hold intervals from many holders, and their overlaps.
+//! - [`measure`]: what the benchmarks measure with: the round-trip floor and the minimal
+//!   Redlock as cycles, closed loops interleaved in slices, CPU time per cycle of the
+//!   client and of the servers. The `cost` program (feature `redlock-core`) runs CI's
+//!   check that a lock cycle costs the servers at most 1.2 times the minimal Redlock's.
 //! - With the `redlock-core` feature: `builder` / `builder_for` (a
 //!   `redlock_core::RedlockBuilder` for a cluster's nodes, the restart quarantine off,
 //!   the library's defaults otherwise: a test sets what it depends on on top of it),
@@ -94,6 +98,7 @@ pub mod checker;
 mod client;
 pub mod faults;
 pub mod logs;
+pub mod measure;
 pub mod metrics;
 mod proxy;
 #[cfg(feature = "redlock-core")]

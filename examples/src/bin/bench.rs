@@ -27,20 +27,13 @@ use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::try_join_all;
 use redis::aio::MultiplexedConnection;
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
 use redlock_examples::measure::{
-    closed_loop, fmt_us, process_cpu_secs, quantiles, servers_cpu_secs, verdict,
+    self, OpError, closed_loop, floor_cycle, fmt_us, lock_cycle, minimal_cycle, process_cpu_secs,
+    quantiles, verdict,
 };
-
-/// The minimal Redlock's release: compare-and-delete, nothing else.
-static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    )
-});
 
 #[derive(Debug, Clone, Copy)]
 enum Workload {
@@ -79,54 +72,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ttl(Duration::from_secs(2))
         .build()?;
     redlock_examples::wait_until_ready(&redlock).await;
-    let mut conns = Vec::new();
-    for url in &urls {
-        conns.push(
-            redis::Client::open(url.as_str())?
-                .get_multiplexed_async_connection()
-                .await?,
-        );
-    }
-    let conns = Arc::new(conns);
+    let conns = Arc::new(measure::connect(&urls).await?);
     let rounds: u32 = 6;
     let slice = Duration::from_secs(secs) / rounds;
 
-    // Warm up both paths (connections, script cache).
-    measure(
-        Workload::Floor,
-        4,
-        Duration::from_millis(300),
-        &conns,
-        &redlock,
-    )
-    .await?;
-    measure(
-        Workload::Minimal,
-        4,
-        Duration::from_millis(300),
-        &conns,
-        &redlock,
-    )
-    .await?;
-    measure(
-        Workload::Lock,
-        4,
-        Duration::from_millis(300),
-        &conns,
-        &redlock,
-    )
-    .await?;
+    // Warm up every path (connections, script cache).
+    let warm_up = Duration::from_millis(300);
+    for workload in [Workload::Floor, Workload::Minimal, Workload::Lock] {
+        slice_of(workload, 4, warm_up, &conns, &redlock)
+            .await
+            .map_err(unsend)?;
+    }
 
     println!(
-        "{:<46} {:>10} {:>10} {:>10} {:>8} {:>8}",
-        format!("workload (interleaved, {rounds} rounds)"),
-        "cycles/s",
-        "p50",
-        "p99",
-        "cli us",
-        "srv us"
+        "{}",
+        measure::header(&format!("workload (interleaved, {rounds} rounds)"))
     );
-    println!("(cli us / srv us: CPU time per cycle of this process / of all the Redis servers)");
     let workloads = [
         Workload::Floor,
         Workload::Lock,
@@ -136,7 +97,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match std::env::var("BENCH_ONLY").as_deref() {
         Ok("contended") => return contended(&urls, Duration::from_secs(secs)).await,
         Ok("watchdog") => return watchdog(&urls, &conns).await,
-        Ok("cost") => return cost(&conns, &redlock, slice).await,
         _ => {}
     }
     // BENCH_ONLY=lock (or floor, minimal): run one workload at c=32, for profiling.
@@ -146,44 +106,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "minimal" => Workload::Minimal,
             _ => Workload::Lock,
         };
-        let (c0, s0) = (process_cpu_secs(), servers_cpu_secs(&conns).await);
-        let (mut s, spent) = measure(workload, 32, slice * rounds, &conns, &redlock).await?;
-        let cycles = s.len().max(1) as f64;
-        let (client, server) = (
-            (process_cpu_secs() - c0) / cycles * 1e6,
-            (servers_cpu_secs(&conns).await - s0) / cycles * 1e6,
-        );
-        let stats = Stats::from(&mut s, spent);
-        println!(
-            "{only}: {:.0} cycles/s, p50 {}, CPU per cycle: client {client:.1} us, servers {server:.1} us",
-            stats.cycles_per_sec,
-            fmt_us(stats.p50)
-        );
+        let run = slice * rounds;
+        let tallies = measure::interleave(&[workload], 1, &conns, async |w| {
+            slice_of(w, 32, run, &conns, &redlock).await
+        })
+        .await
+        .map_err(unsend)?;
+        for mut tally in tallies {
+            println!("{}", tally.row(&format!("{only} (c=32)")));
+        }
         return Ok(());
     }
     let mut results = Vec::new();
     for concurrency in [1usize, 32] {
         // Alternate the workloads in short slices so that machine noise hits all alike.
-        let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); workloads.len()];
-        let mut spent = vec![Duration::ZERO; workloads.len()];
-        let mut client_cpu = vec![0.0f64; workloads.len()];
-        let mut server_cpu = vec![0.0f64; workloads.len()];
-        for _ in 0..rounds {
-            for (w, workload) in workloads.iter().enumerate() {
-                let (c0, s0) = (process_cpu_secs(), servers_cpu_secs(&conns).await);
-                recorder.set(matches!(workload, Workload::Metered));
-                let (s, elapsed) = measure(*workload, concurrency, slice, &conns, &redlock).await?;
-                recorder.set(false);
-                client_cpu[w] += process_cpu_secs() - c0;
-                server_cpu[w] += servers_cpu_secs(&conns).await - s0;
-                samples[w].extend(s);
-                spent[w] += elapsed;
-            }
-        }
-        for (w, workload) in workloads.iter().enumerate() {
-            let cycles = samples[w].len().max(1) as f64;
-            let cpu = (client_cpu[w] / cycles * 1e6, server_cpu[w] / cycles * 1e6);
-            let stats = Stats::from(&mut samples[w], spent[w]);
+        let tallies = measure::interleave(&workloads, rounds, &conns, async |w| {
+            recorder.set(matches!(w, Workload::Metered));
+            let result = slice_of(w, concurrency, slice, &conns, &redlock).await;
+            recorder.set(false);
+            result
+        })
+        .await
+        .map_err(unsend)?;
+        for (workload, mut tally) in workloads.iter().zip(tallies) {
             let label = match workload {
                 Workload::Floor => format!(
                     "floor: 2 rounds of PING to all {} (c={concurrency})",
@@ -193,32 +138,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Workload::Metered => format!("lock, metrics recorded (c={concurrency})"),
                 Workload::Minimal => format!("minimal Redlock: SET NX PX + CAD (c={concurrency})"),
             };
-            println!(
-                "{label:<46} {:>10.0} {:>10} {:>10} {:>8.1} {:>8.1}",
-                stats.cycles_per_sec,
-                fmt_us(stats.p50),
-                fmt_us(stats.p99),
-                cpu.0,
-                cpu.1
-            );
-            results.push((stats, cpu));
+            println!("{}", tally.row(&label));
+            results.push(tally);
         }
     }
     let [
-        (floor1, _),
-        (lock1, lock1_cpu),
-        (metered1, _),
-        (minimal1, minimal1_cpu),
-        (floor32, _),
-        (lock32, lock32_cpu),
-        (metered32, _),
-        (minimal32, minimal32_cpu),
-    ] = &results[..]
+        floor1,
+        lock1,
+        metered1,
+        minimal1,
+        floor32,
+        lock32,
+        metered32,
+        minimal32,
+    ] = &mut results[..]
     else {
         return Err("missing results".into());
     };
-    let p50_ratio = lock1.p50.as_secs_f64() / floor1.p50.as_secs_f64();
-    let tput_ratio = lock32.cycles_per_sec / floor32.cycles_per_sec;
+    let p50 = |tally: &mut measure::Tally| tally.p50_p99().0;
+    let p50_ratio = p50(lock1).as_secs_f64() / p50(floor1).as_secs_f64();
+    let tput_ratio = lock32.cycles_per_sec() / floor32.cycles_per_sec();
     println!();
     println!(
         "p50 at c=1: lock / floor = {p50_ratio:.2} (target <= 1.00: {})",
@@ -228,13 +167,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "throughput at c=32: lock / floor = {tput_ratio:.2} (target >= 0.75: {})",
         verdict(tput_ratio >= 0.75)
     );
-    let metrics_cost = 1.0 - metered32.cycles_per_sec / lock32.cycles_per_sec;
+    let metrics_cost = 1.0 - metered32.cycles_per_sec() / lock32.cycles_per_sec();
     println!(
         "metrics cost at c=32: 1 - metered / lock = {:.1}% (target < 2%: {}); at c=1 p50 {} vs {}",
         metrics_cost * 100.0,
         verdict(metrics_cost < 0.02),
-        fmt_us(metered1.p50),
-        fmt_us(lock1.p50)
+        fmt_us(p50(metered1)),
+        fmt_us(p50(lock1))
     );
     let recorded = recorder.render();
     println!(
@@ -247,17 +186,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!(
         "(reference: the minimal Redlock, waiting for every node: p50 c=1 {:.2}x floor, c=32 {:.2}x floor throughput)",
-        minimal1.p50.as_secs_f64() / floor1.p50.as_secs_f64(),
-        minimal32.cycles_per_sec / floor32.cycles_per_sec
+        p50(minimal1).as_secs_f64() / p50(floor1).as_secs_f64(),
+        minimal32.cycles_per_sec() / floor32.cycles_per_sec()
     );
     // The cost of a cycle, next to the minimal Redlock's in the same run: CPU time is far
-    // steadier than wall time on a shared machine.
-    for (c, lock_cpu, minimal_cpu) in [
-        (1, lock1_cpu, minimal1_cpu),
-        (32, lock32_cpu, minimal32_cpu),
-    ] {
-        let server = lock_cpu.1 / minimal_cpu.1;
-        let client = lock_cpu.0 / minimal_cpu.0;
+    // steadier than wall time on a shared machine. (CI checks the servers' share with
+    // redlock-testkit's `cost` program.)
+    for (c, lock, minimal) in [(1, lock1, minimal1), (32, lock32, minimal32)] {
+        let server = lock.server_us() / minimal.server_us();
+        let client = lock.client_us() / minimal.client_us();
         println!(
             "cost at c={c}: lock / minimal Redlock: server CPU {server:.2} (target <= 1.10: {}), client CPU {client:.2} (target <= 1.10: {})",
             verdict(server <= 1.10),
@@ -265,55 +202,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     drop(nodes);
-    Ok(())
-}
-
-/// The largest server CPU per lock cycle `BENCH_ONLY=cost` accepts, as a multiple of the
-/// minimal Redlock's in the same run.
-const COST_LIMIT: f64 = 1.2;
-
-/// `BENCH_ONLY=cost`, the check CI runs: the servers' CPU time per cycle of the lock
-/// (`try_lock` + `release`) next to the minimal Redlock's, at concurrency 32, the two
-/// interleaved in 6 rounds of `slice` each. Fails when the lock costs the servers more
-/// than [`COST_LIMIT`] times as much: a ratio of CPU times in one run, which holds on any
-/// machine, however loaded.
-async fn cost(
-    conns: &Arc<Vec<MultiplexedConnection>>,
-    redlock: &Redlock,
-    slice: Duration,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let workloads = [Workload::Minimal, Workload::Lock];
-    let (mut cycles, mut server, mut client) = ([0usize; 2], [0f64; 2], [0f64; 2]);
-    for _ in 0..6 {
-        for (w, workload) in workloads.iter().enumerate() {
-            let (c0, s0) = (process_cpu_secs(), servers_cpu_secs(conns).await);
-            let (samples, _) = measure(*workload, 32, slice, conns, redlock).await?;
-            client[w] += process_cpu_secs() - c0;
-            server[w] += servers_cpu_secs(conns).await - s0;
-            cycles[w] += samples.len();
-        }
-    }
-    let per_cycle = |w: usize| {
-        let n = cycles[w].max(1) as f64;
-        (server[w] / n * 1e6, client[w] / n * 1e6)
-    };
-    let (minimal, lock) = (per_cycle(0), per_cycle(1));
-    let ratio = lock.0 / minimal.0;
-    println!(
-        "CPU per cycle at c=32 (server, client): minimal Redlock {:.1} us, {:.1} us ({} cycles); lock {:.1} us, {:.1} us ({} cycles)",
-        minimal.0, minimal.1, cycles[0], lock.0, lock.1, cycles[1]
-    );
-    println!(
-        "cost: lock / minimal Redlock: server CPU {ratio:.2} (limit {COST_LIMIT:.2}: {}), client CPU {:.2}",
-        verdict(ratio <= COST_LIMIT),
-        lock.1 / minimal.1
-    );
-    if ratio > COST_LIMIT {
-        return Err(format!(
-            "a lock cycle costs the Redis servers {ratio:.2} times the minimal Redlock's CPU (limit {COST_LIMIT:.2})"
-        )
-        .into());
-    }
     Ok(())
 }
 
@@ -593,73 +481,34 @@ async fn contend(
     Ok((stats, attempts as f64 / sections.max(1) as f64))
 }
 
-async fn measure(
+/// One slice of `workload`: a closed loop of `concurrency` clients for `run`, each cycle
+/// on a fresh key.
+async fn slice_of(
     workload: Workload,
     concurrency: usize,
     run: Duration,
     conns: &Arc<Vec<MultiplexedConnection>>,
     redlock: &Redlock,
-) -> Result<(Vec<Duration>, Duration), Box<dyn std::error::Error>> {
+) -> Result<(Vec<Duration>, Duration), OpError> {
     let (conns, redlock) = (Arc::clone(conns), redlock.clone());
     closed_loop(concurrency, run, move |worker, i| {
         let (conns, redlock) = (Arc::clone(&conns), redlock.clone());
         async move {
             match workload {
-                Workload::Floor => {
-                    for _ in 0..2 {
-                        try_join_all(conns.iter().map(|c| {
-                            let mut c = c.clone();
-                            async move { redis::cmd("PING").query_async::<String>(&mut c).await }
-                        }))
-                        .await?;
-                    }
-                }
-                Workload::Minimal => {
-                    let key = format!("minimal:{worker}:{i}");
-                    let value = random_value();
-                    try_join_all(conns.iter().map(|c| {
-                        let mut c = c.clone();
-                        let (key, value) = (key.clone(), value.clone());
-                        async move {
-                            redis::cmd("SET")
-                                .arg(&key)
-                                .arg(&value)
-                                .arg("NX")
-                                .arg("PX")
-                                .arg(10000)
-                                .query_async::<Option<String>>(&mut c)
-                                .await
-                        }
-                    }))
-                    .await?;
-                    try_join_all(conns.iter().map(|c| {
-                        let mut c = c.clone();
-                        let (key, value) = (key.clone(), value.clone());
-                        async move {
-                            RELEASE
-                                .key(&key)
-                                .arg(&value)
-                                .invoke_async::<i64>(&mut c)
-                                .await
-                        }
-                    }))
-                    .await?;
-                }
+                Workload::Floor => floor_cycle(&conns).await,
+                Workload::Minimal => minimal_cycle(&conns, &format!("minimal:{worker}:{i}")).await,
                 Workload::Lock | Workload::Metered => {
-                    let lock = redlock.try_lock(format!("bench:{worker}:{i}")).await?;
-                    lock.release().await?;
+                    lock_cycle(&redlock, format!("bench:{worker}:{i}")).await
                 }
             }
-            Ok(())
         }
     })
     .await
-    .map_err(|e| e as Box<dyn std::error::Error>)
 }
 
-/// A lock value as a minimal Redlock makes one: 128 random bits in hex.
-fn random_value() -> String {
-    format!("{:032x}", rand::random::<u128>())
+/// A measurement's error as `main` returns it.
+fn unsend(err: OpError) -> Box<dyn std::error::Error> {
+    err
 }
 
 impl Stats {
