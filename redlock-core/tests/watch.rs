@@ -307,3 +307,50 @@ async fn a_dead_node_does_not_delay_extensions() {
     );
     lock.release().await.unwrap();
 }
+
+/// Locks released while an extension round is on its way are not reported lost: the
+/// nodes' refusals in that round are their own release's doing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_during_an_extension_round_is_not_a_loss() {
+    redlock_testkit::logs::capture("redlock_core=warn");
+    let cluster = Cluster::start(3).await;
+    let redlock = client(
+        &cluster,
+        Duration::from_millis(900),
+        Duration::from_millis(500),
+    );
+    let locks = futures_util::future::join_all(
+        (0..500).map(|i| redlock.try_lock(format!("in-round:{i}")).into_future()),
+    )
+    .await;
+    let mut held = Vec::new();
+    for lock in locks {
+        let mut lock = lock.unwrap();
+        lock.auto_extend();
+        held.push(lock);
+    }
+    // Right after a round is sent: the releases reach the nodes before its commands.
+    let rounds = redlock.watchdog_rounds();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while redlock.watchdog_rounds() == rounds {
+        assert!(Instant::now() < deadline, "no extension round");
+        tokio::task::yield_now().await;
+    }
+    for released in
+        futures_util::future::join_all(held.into_iter().map(redlock_core::Lock::release)).await
+    {
+        released.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let logs = redlock_testkit::logs::text();
+    let lost: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("lock lost") && line.contains("in-round:"))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} released locks reported lost, e.g. {:?}",
+        lost.len(),
+        lost.first()
+    );
+}

@@ -359,16 +359,28 @@ impl State {
             }
             int(1)
         } else if sha == scripts::EXTEND.get_hash() {
-            let ours = |s: &mut Self, k: &[u8]| s.live(k).is_some_and(|e| holds(&e.value, arg(0)));
-            if !keys.iter().all(|k| ours(self, k)) {
-                return Ok(int(0));
-            }
-            for key in keys {
-                if let Some(entry) = self.keys.get_mut(*key) {
-                    entry.expires = Some(Instant::now() + Duration::from_millis(ms(1)));
+            // Per lock: its key count, value and TTL; its keys next in `keys`.
+            let mut answers = Vec::new();
+            let mut next = 0;
+            for lock in argv.chunks(3) {
+                let [n, value, ttl] = lock else { break };
+                let n = n.parse::<usize>().unwrap_or(0);
+                let ttl = ttl.parse::<u64>().unwrap_or(0);
+                let lock_keys = keys.get(next..next + n).unwrap_or_default();
+                next += n;
+                let held = lock_keys
+                    .iter()
+                    .all(|k| self.live(k).is_some_and(|e| holds(&e.value, value)));
+                if held {
+                    for key in lock_keys {
+                        if let Some(entry) = self.keys.get_mut(*key) {
+                            entry.expires = Some(Instant::now() + Duration::from_millis(ttl));
+                        }
+                    }
                 }
+                answers.push(int(u64::from(held)));
             }
-            int(1)
+            Value::Array(answers)
         } else if sha == scripts::RELEASE.get_hash() {
             self.release(keys, arg(0), arg(1), ms(2), arg(3))
         } else if sha == scripts::ACQUIRE_QUEUED.get_hash() {

@@ -24,7 +24,7 @@ pub(crate) use self::identity::Identities;
 use self::quarantine::{Quarantine, QuarantineState};
 pub(crate) use self::queued::Queued;
 use crate::error::NodeError;
-use crate::protocol::{Command, Op, Step, breaks_connection, build, query_batch, redis_error};
+use crate::protocol::{Command, Extensions, Step, breaks_connection, query_batch, redis_error};
 
 /// What [`Redlock::node_status`](crate::Redlock::node_status) found out about one node.
 #[derive(Debug, Clone)]
@@ -168,30 +168,44 @@ impl Node {
         left
     }
 
-    /// Runs several operations in one pipeline (one round trip), `timeout` covering it
-    /// all. Returns each operation's answer: `Some(0)` a no, `None` an operation the
-    /// node failed (an error reply).
-    pub(crate) async fn run_batch(
+    /// Extends the locks of `extensions` (a watchdog round), `timeout` covering it all.
+    /// Returns each lock's answer in order: `Some(false)` a no, `None` where the node
+    /// failed (an error reply). On a node's own connection the commands go out back to back,
+    /// one round trip; on a pooled one, as one pipeline.
+    pub(crate) async fn extend_all(
         &self,
-        ops: &[Op<'_>],
+        extensions: &Extensions,
         timeout: Duration,
-    ) -> Result<Vec<Option<u64>>, NodeError> {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for op in ops {
-            pipe.add_command(build(*op).0);
-        }
-        let votes = ops.iter().any(Op::votes);
-        let replies = self.pipeline(&pipe, votes, "batch", timeout).await?;
-        Ok(replies
-            .into_iter()
-            .map(|reply| match reply {
-                Ok(redis::Value::Int(n)) => Some(u64::try_from(n).unwrap_or(0)),
-                Ok(redis::Value::Okay) => Some(1),
-                Ok(_) => Some(0),
-                Err(_) => None,
-            })
-            .collect())
+    ) -> Result<Vec<Option<bool>>, NodeError> {
+        let direct = match &self.backend {
+            Backend::Direct(direct) => direct,
+            _ => {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for cmd in extensions.commands() {
+                    pipe.add_command(cmd.clone());
+                }
+                let replies = self.pipeline(&pipe, true, "batch", timeout).await?;
+                return Ok(extensions.answers(replies));
+            }
+        };
+        self.check_quarantine(true)?;
+        let run = async {
+            let (generation, conn) = direct.connection().await?;
+            self.check_quarantine(true)?;
+            let (answers, broken) = extensions.send_all(&conn).await;
+            if broken {
+                direct.forget(generation);
+            }
+            Ok(answers)
+        };
+        let started = Instant::now();
+        let result = match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result,
+            Err(_) => Err(NodeError::Timeout(timeout)),
+        };
+        self.metrics.command("batch", started.elapsed(), &result);
+        result
     }
 
     /// Sends `pipe` (built with `ignore_errors`, so each reply comes back on its own) in

@@ -96,6 +96,11 @@ impl Command {
         };
         Ok(Step::Answer(match (reply, &self.fallback) {
             (Value::Int(n), _) => u64::try_from(n).unwrap_or(0),
+            // The extension script's answer for one lock.
+            (Value::Array(answers), _) => match answers.as_slice() {
+                [Value::Int(n)] => u64::try_from(*n).unwrap_or(0),
+                _ => 0,
+            },
             (Value::Okay, _) | (Value::Nil, Some(_)) => 1,
             (Value::BulkString(old), Some(fallback)) if old.first() == Some(&b'~') => {
                 return Ok(Step::Fallback(fallback));
@@ -130,7 +135,7 @@ impl std::fmt::Debug for Command {
     }
 }
 
-fn is_no_script(err: &RedisError) -> bool {
+pub(super) fn is_no_script(err: &RedisError) -> bool {
     err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
@@ -198,7 +203,7 @@ impl Send1 for deadpool_redis::Connection {
 
 /// One operation as a command (scripts by `EVALSHA`: the connection loaded them), with
 /// the script it runs, if any.
-pub(crate) fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
+fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
     // Sized up front: one allocation per buffer instead of a few growths.
     let evalsha = |script: &'static Script, keys: &[&String], args: &[String]| {
         let data = keys.iter().map(|k| k.len()).sum::<usize>()
@@ -303,7 +308,7 @@ pub(crate) fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
         } => evalsha(
             &scripts::EXTEND,
             &keys.iter().collect::<Vec<_>>(),
-            &[value.to_owned(), ttl_ms.to_string()],
+            &[keys.len().to_string(), value.to_owned(), ttl_ms.to_string()],
         ),
         Op::Remaining { keys } => {
             evalsha(&scripts::REMAINING, &keys.iter().collect::<Vec<_>>(), &[])

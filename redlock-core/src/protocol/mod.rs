@@ -1,9 +1,11 @@
 //! What is said to a node: the operations of the algorithm (`op`), how each becomes a
-//! Redis command (`command`: `SET NX PX`, or a script by `EVALSHA`), and the Lua
-//! scripts themselves (`scripts`). The bottom layer: it knows nothing of nodes,
+//! Redis command (`command`: `SET NX PX`, or a script by `EVALSHA`), a watchdog round's
+//! extensions as a few commands (`extensions`), and the Lua scripts themselves
+//! (`scripts`). The bottom layer: it knows nothing of nodes,
 //! connections or quorums.
 
 mod command;
+mod extensions;
 mod info;
 mod op;
 pub(crate) mod scripts;
@@ -11,8 +13,9 @@ pub(crate) mod scripts;
 #[cfg(test)]
 pub(crate) use command::Send1;
 pub(crate) use command::{
-    Command, Step, breaks_connection, build, load_scripts, query_batch, redis_error,
+    Command, Step, breaks_connection, load_scripts, query_batch, redis_error,
 };
+pub(crate) use extensions::Extensions;
 pub(crate) use info::info_field;
 pub use op::MAX_TTL;
 #[cfg(test)]

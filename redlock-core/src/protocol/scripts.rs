@@ -277,21 +277,35 @@ local t = redis.call('TIME')
 return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ";
 
-/// Sets a new TTL (`ARGV[2]` ms) on all of `KEYS` if every one still holds `ARGV[1]`
-/// (marked by waiters or not); all or nothing. `PEXPIRE` on a missing key is a no-op, so
-/// an expired lock is never re-created. Returns 1 if extended, 0 if not.
+/// Extends locks: `ARGV` holds, for each lock in turn, how many keys it has (the next
+/// ones of `KEYS`), its value and its new TTL (ms). A lock is extended only if every one
+/// of its keys still holds its value (marked by waiters or not), all or nothing; its
+/// answer is 1 if extended, 0 if not, in an array in `ARGV`'s order. `PEXPIRE` on a
+/// missing key is a no-op, so an expired lock is never re-created. One lock's
+/// extension, or a whole watchdog round's in a few commands (see `extensions.rs`).
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SOURCE));
 const EXTEND_SOURCE: &str = r"
-for _, key in ipairs(KEYS) do
-  local current = redis.call('GET', key)
-  if current ~= ARGV[1] and current ~= ARGV[1] .. '+' then
-    return 0
+local answers = {}
+local k = 0
+for i = 1, #ARGV, 3 do
+  local n, value = tonumber(ARGV[i]), ARGV[i + 1]
+  local held = 1
+  for j = k + 1, k + n do
+    local current = redis.call('GET', KEYS[j])
+    if current ~= value and current ~= value .. '+' then
+      held = 0
+      break
+    end
   end
+  if held == 1 then
+    for j = k + 1, k + n do
+      redis.call('PEXPIRE', KEYS[j], ARGV[i + 2])
+    end
+  end
+  answers[#answers + 1] = held
+  k = k + n
 end
-for _, key in ipairs(KEYS) do
-  redis.call('PEXPIRE', key, ARGV[2])
-end
-return 1
+return answers
 ";
 
 /// Sets all of `KEYS` to `ARGV[1]` with a TTL of `ARGV[2]` ms if none of them is held

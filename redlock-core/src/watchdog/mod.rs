@@ -29,8 +29,8 @@ use tokio::sync::mpsc;
 mod state;
 
 pub(crate) use self::state::LockState;
-use crate::protocol::Op;
-use crate::quorum::{Cluster, OpKind, Target};
+use crate::protocol::Extensions;
+use crate::quorum::{Cluster, Target};
 
 /// A lock handed to the watchdog.
 pub(crate) struct Watched {
@@ -367,13 +367,12 @@ fn extend_batch<G: Send + 'static>(
     let count = locks.len();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let round = async move {
-        let ops: Vec<Op<'_>> = batch
-            .iter()
-            .map(|(_, target, ttl)| {
-                let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-                target.op(OpKind::Extend { ttl_ms })
-            })
-            .collect();
+        // Built once, sent to every node.
+        let extensions = Extensions::new(batch.iter().map(|(_, target, ttl)| {
+            let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+            (target.keys.as_slice(), target.value.as_str(), ttl_ms)
+        }));
+        drop(batch);
         let timeout = cluster.node_timeout.max(shortest / 3);
         let quorum = u32::try_from(cluster.quorum()).unwrap_or(u32::MAX);
         let free: Vec<usize> = (0..cluster.nodes.len())
@@ -382,9 +381,9 @@ fn extend_batch<G: Send + 'static>(
         let mut calls: FuturesUnordered<_> = free
             .iter()
             .map(|&i| {
-                let (node, ops, busy) = (&cluster.nodes[i], &ops, &busy);
+                let (node, extensions, busy) = (&cluster.nodes[i], &extensions, &busy);
                 async move {
-                    let answer = node.run_batch(ops, timeout).await;
+                    let answer = node.extend_all(extensions, timeout).await;
                     if let Some(flag) = busy.get(i) {
                         flag.store(false, Ordering::Release);
                     }
@@ -404,8 +403,8 @@ fn extend_batch<G: Send + 'static>(
                 Ok(answer) => {
                     for ((yes, no), answer) in votes.iter_mut().zip(&mut refused).zip(answer) {
                         match answer {
-                            Some(0) => *no += 1,
-                            Some(_) => *yes += 1,
+                            Some(false) => *no += 1,
+                            Some(true) => *yes += 1,
                             None => {}
                         }
                     }
@@ -462,6 +461,10 @@ fn apply(cluster: &Cluster, entries: &mut HashMap<u64, Entry>, outcome: Outcome)
             // extension can ever reach a majority again: lost now, not at its deadline.
             if let Some(entry) = entries.remove(&id) {
                 let state = &entry.watched.state;
+                // Released (or lost) meanwhile: the refusals were its own release's.
+                if state.is_ended() {
+                    continue;
+                }
                 state.not_extended(now);
                 tracing::warn!(resource = %entry.watched.resource(), refused, "lock lost: a majority of nodes no longer hold it");
                 crate::telemetry::extension(false);
