@@ -118,7 +118,7 @@ impl Redlock {
         self.lock(resource).ttl(ttl).with_lock(work).await
     }
 
-    /// Extension rounds the watchdog has sent so far: each is one pipeline per node,
+    /// Extension rounds the watchdog has sent so far: each is one round trip per node,
     /// carrying every watched lock that was due (for monitoring and benchmarks).
     pub fn watchdog_rounds(&self) -> u64 {
         self.shared

@@ -83,7 +83,7 @@
 //! # Long work, loss, fencing, restarts, waiting
 //!
 //! - [`Lock::auto_extend`] hands the lock to the client's watchdog (one task for all
-//!   locks; locks due together are extended in one pipeline per node). If it cannot be
+//!   locks; locks due together are extended in one round trip per node). If it cannot be
 //!   extended on a majority in time, the lock is lost and the holder learns it at once:
 //!   [`Lock::lost`], [`Lock::is_held`], [`Lock::cancellation_token`].
 //!   [`Redlock::with_lock`] runs a future under a watched lock and drops it the moment
