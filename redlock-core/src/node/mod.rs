@@ -12,7 +12,7 @@
 //! whose handshake is slower than the per-node timeout still ends up connected.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -360,6 +360,30 @@ impl Node {
             Ok(result) => result,
             Err(_) => Err(NodeError::Timeout(timeout)),
         };
+        self.metrics
+            .command(command.name, started.elapsed(), &result);
+        result
+    }
+
+    /// [`run`](Self::run), its timeout kept by the caller: once `expired` is set, the
+    /// command answers a timeout (`timeout`) the next time it is polled while still
+    /// waiting. One timer then serves every node of a fan-out.
+    pub(crate) async fn run_until(
+        &self,
+        command: &Command,
+        timeout: Duration,
+        expired: &AtomicBool,
+        queued: &Queued,
+    ) -> Result<u64, NodeError> {
+        let started = Instant::now();
+        let mut call = std::pin::pin!(self.run_untimed(command, queued));
+        let result = std::future::poll_fn(|cx| match call.as_mut().poll(cx) {
+            Poll::Pending if expired.load(Ordering::Acquire) => {
+                Poll::Ready(Err(NodeError::Timeout(timeout)))
+            }
+            poll => poll,
+        })
+        .await;
         self.metrics
             .command(command.name, started.elapsed(), &result);
         result

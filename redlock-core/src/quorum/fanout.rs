@@ -3,7 +3,9 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
@@ -22,12 +24,31 @@ pub(crate) type NodeFuture = Pin<Box<dyn Future<Output = (usize, Result<u64, Nod
 /// The node calls of a fan-out still in flight, answered in any order. At most one per
 /// node, so each wake-up simply polls them all: no allocation per call beyond its own
 /// future (a `FuturesUnordered` would add a task per call and one per set).
+///
+/// The calls share one timeout, the node timeout from the fan-out's start: one timer for
+/// the whole fan-out rather than one per node (a timer's registration costs more than
+/// the rest of a call's bookkeeping). When it fires, every call still in flight answers
+/// a timeout at its next poll (see `Node::run_until`). A call that first waits for
+/// earlier commands on its node has a timer of its own, started when it is sent.
 #[derive(Default)]
-pub(crate) struct Pending(Vec<NodeFuture>);
+pub(crate) struct Pending {
+    /// Each call, and whether it keeps to the shared deadline.
+    calls: Vec<(NodeFuture, bool)>,
+    deadline: Option<SharedDeadline>,
+}
+
+/// The end of a fan-out's calls: when it is, and, once passed, the flag the calls read.
+struct SharedDeadline {
+    at: Instant,
+    timeout: Duration,
+    expired: Arc<AtomicBool>,
+    /// Started at the first poll that finds every call waiting.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
 
 impl Pending {
     pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.calls.is_empty()
     }
 }
 
@@ -35,23 +56,39 @@ impl futures_util::Stream for Pending {
     type Item = (usize, Result<u64, NodeError>);
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.0.is_empty() {
-            return Poll::Ready(None);
-        }
-        let answered =
-            self.0
+        let this = &mut *self;
+        loop {
+            if this.calls.is_empty() {
+                return Poll::Ready(None);
+            }
+            let answered = this
+                .calls
                 .iter_mut()
                 .enumerate()
-                .find_map(|(i, call)| match call.as_mut().poll(cx) {
+                .find_map(|(i, (call, _))| match call.as_mut().poll(cx) {
                     Poll::Ready(answer) => Some((i, answer)),
                     Poll::Pending => None,
                 });
-        match answered {
-            Some((i, answer)) => {
-                drop(self.0.swap_remove(i));
-                Poll::Ready(Some(answer))
+            if let Some((i, answer)) = answered {
+                drop(this.calls.swap_remove(i));
+                return Poll::Ready(Some(answer));
             }
-            None => Poll::Pending,
+            let Some(deadline) = this.deadline.as_mut() else {
+                return Poll::Pending;
+            };
+            if deadline.expired.load(Ordering::Acquire) {
+                return Poll::Pending;
+            }
+            let at = deadline.at;
+            let timer = deadline
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at.into())));
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // Passed: the calls still waiting now answer their timeout.
+            deadline.expired.store(true, Ordering::Release);
+            deadline.timer = None;
         }
     }
 }
@@ -60,8 +97,30 @@ impl IntoIterator for Pending {
     type Item = NodeFuture;
     type IntoIter = std::vec::IntoIter<NodeFuture>;
 
+    /// The calls one by one, each bounded by the shared deadline on its own.
     fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
+        let deadline = self.deadline.map(|d| (d.at, d.timeout, d.expired));
+        self.calls
+            .into_iter()
+            .map(|(call, shared)| match (&deadline, shared) {
+                (Some((at, _, expired)), true) => {
+                    let (at, expired) = (*at, Arc::clone(expired));
+                    Box::pin(async move {
+                        let mut call = call;
+                        match tokio::time::timeout_at(at.into(), &mut call).await {
+                            Ok(answer) => answer,
+                            Err(_) => {
+                                // Its next poll answers the timeout.
+                                expired.store(true, Ordering::Release);
+                                call.await
+                            }
+                        }
+                    }) as NodeFuture
+                }
+                _ => call,
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
     }
 }
 
@@ -100,6 +159,8 @@ impl Fanout {
         let n = cluster.nodes.len();
         let mut pending = Vec::with_capacity(which.map_or(n, <[usize]>::len));
         let queued: Arc<[Queued]> = (0..n).map(|_| Queued::new()).collect();
+        let timeout = cluster.node_timeout;
+        let expired = Arc::new(AtomicBool::new(false));
         // Built once, sent to every node.
         let command = Arc::new(Command::new(target.op(kind)));
         let mut push = |index: usize| {
@@ -107,19 +168,23 @@ impl Fanout {
             let command = Arc::clone(&command);
             let queued = Arc::clone(&queued);
             let after = after.filter(|a| a.covers(index)).cloned();
+            let shared = after.is_none();
+            let expired = Arc::clone(&expired);
             let fut: NodeFuture = Box::pin(async move {
-                if let Some(after) = after {
-                    after.wait().await;
-                }
-                let result = match (cluster.nodes.get(index), queued.get(index)) {
-                    (Some(node), Some(queued)) => {
-                        node.run(&command, cluster.node_timeout, queued).await
+                let result = match (cluster.nodes.get(index), queued.get(index), after) {
+                    // Sent once the earlier commands there completed: its own timer.
+                    (Some(node), Some(queued), Some(after)) => {
+                        after.wait().await;
+                        node.run(&command, timeout, queued).await
+                    }
+                    (Some(node), Some(queued), None) => {
+                        node.run_until(&command, timeout, &expired, queued).await
                     }
                     _ => Ok(0),
                 };
                 (index, result)
             });
-            pending.push(fut);
+            pending.push((fut, shared));
         };
         match which {
             Some(indices) => indices.iter().copied().for_each(&mut push),
@@ -127,7 +192,15 @@ impl Fanout {
         }
         Self {
             cluster: Arc::clone(cluster),
-            pending: Pending(pending),
+            pending: Pending {
+                calls: pending,
+                deadline: Some(SharedDeadline {
+                    at: Instant::now() + timeout,
+                    timeout,
+                    expired,
+                    timer: None,
+                }),
+            },
             queued,
             answers: vec![None; n],
             tally: Tally::new(n),
