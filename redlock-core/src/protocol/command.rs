@@ -6,7 +6,7 @@ use std::sync::Arc;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{RedisError, Script, Value};
 
-use super::op::{Op, ReleaseMode, Waiter, release_keys, waiter_keys, with_queues};
+use super::op::{Op, QueueKey, ReleaseMode, Waiter, waiter_keys, with_queues};
 use super::scripts;
 use crate::error::NodeError;
 
@@ -18,7 +18,9 @@ pub(crate) struct Command {
     script: Option<&'static Script>,
     /// For a `SET .. NX GET` (see [`set_nx_get`]): the script to run instead when the
     /// key is being handed over, or when the node does not know `NX` with `GET`.
-    fallback: Option<Box<Command>>,
+    /// Built from this command's own arguments the first time it is needed: most
+    /// `SET .. NX GET` never need it.
+    fallback: Option<std::sync::OnceLock<Box<Command>>>,
     /// The answer is a vote.
     pub(crate) votes: bool,
     /// The keys it works on, for error messages.
@@ -29,26 +31,57 @@ pub(crate) struct Command {
 
 impl Command {
     pub(crate) fn new(op: Op<'_>) -> Self {
-        let (cmd, script) = build(op);
-        let command = Self {
+        let (cmd, script, fallback) = match set_nx_get(op) {
+            Some(cmd) => (cmd, None, Some(std::sync::OnceLock::new())),
+            None => {
+                let (cmd, script) = build(op);
+                (cmd, script, None)
+            }
+        };
+        Self {
             cmd,
             script,
-            fallback: None,
+            fallback,
             votes: op.votes(),
             keys: op.keys().join(", ").into_boxed_str(),
             name: op.name(),
-        };
-        match set_nx_get(op) {
-            Some(cmd) => Self {
-                cmd,
-                script: None,
-                votes: command.votes,
-                keys: command.keys.clone(),
-                name: command.name,
-                fallback: Some(Box::new(command)),
-            },
-            None => command,
         }
+    }
+
+    /// The script to run instead of a `SET .. NX GET` (see [`set_nx_get`]): the
+    /// all-or-nothing acquisition of [`scripts::ACQUIRE_MANY`], taking a key being handed
+    /// over, made from the `SET`'s own key, value and TTL.
+    fn fallback(&self) -> Option<&Command> {
+        let cell = self.fallback.as_ref()?;
+        Some(cell.get_or_init(|| {
+            let args: Vec<&[u8]> = self
+                .cmd
+                .args_iter()
+                .filter_map(|arg| match arg {
+                    redis::Arg::Simple(bytes) => Some(bytes),
+                    _ => None,
+                })
+                .collect();
+            // SET key value NX PX ttl GET
+            let arg = |i: usize| args.get(i).copied().unwrap_or_default();
+            let mut cmd = redis::Cmd::new();
+            cmd.arg("EVALSHA")
+                .arg(scripts::ACQUIRE_MANY.get_hash())
+                .arg(1)
+                .arg(arg(1))
+                .arg(arg(2))
+                .arg(arg(5))
+                .arg(1)
+                .arg(0);
+            Box::new(Self {
+                cmd,
+                script: Some(&*scripts::ACQUIRE_MANY),
+                fallback: None,
+                votes: self.votes,
+                keys: self.keys.clone(),
+                name: self.name,
+            })
+        }))
     }
 
     /// The node's error for this command: [`redis_error`], naming the command's keys
@@ -88,23 +121,24 @@ impl Command {
                 Some(script) => Box::pin(self.reload(script, conn)).await?,
                 None => return Err(err),
             },
-            Err(err) if is_syntax_error(&err) => match &self.fallback {
+            Err(err) if is_syntax_error(&err) => match self.fallback() {
                 Some(fallback) => return Ok(Step::Fallback(fallback)),
                 None => return Err(err),
             },
             reply => reply?,
         };
-        Ok(Step::Answer(match (reply, &self.fallback) {
+        Ok(Step::Answer(match (reply, self.fallback.is_some()) {
             (Value::Int(n), _) => u64::try_from(n).unwrap_or(0),
             // The extension script's answer for one lock.
             (Value::Array(answers), _) => match answers.as_slice() {
                 [Value::Int(n)] => u64::try_from(*n).unwrap_or(0),
                 _ => 0,
             },
-            (Value::Okay, _) | (Value::Nil, Some(_)) => 1,
-            (Value::BulkString(old), Some(fallback)) if old.first() == Some(&b'~') => {
-                return Ok(Step::Fallback(fallback));
-            }
+            (Value::Okay, _) | (Value::Nil, true) => 1,
+            (Value::BulkString(old), true) if old.first() == Some(&b'~') => match self.fallback() {
+                Some(fallback) => return Ok(Step::Fallback(fallback)),
+                None => 0,
+            },
             _ => 0,
         }))
     }
@@ -294,12 +328,38 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             handoff_ms,
             dequeue,
         } => {
-            let all = release_keys(keys);
-            evalsha(
-                &scripts::RELEASE,
-                &all.iter().collect::<Vec<_>>(),
-                &release_args(value, mode, handoff_ms, dequeue),
-            )
+            // Written straight into the command: a release is half of every lock cycle.
+            let data = 2 * keys.iter().map(String::len).sum::<usize>()
+                + 6 * keys.len()
+                + value.len()
+                + dequeue.map_or(0, str::len)
+                + 7 // EVALSHA
+                + 40 // the hash
+                + 2 * 20; // the key count and the hand-over time
+            let mut cmd = redis::Cmd::with_capacity(4 + 2 * keys.len() + 4, data);
+            cmd.arg("EVALSHA")
+                .arg(scripts::RELEASE.get_hash())
+                .arg(2 * keys.len());
+            for key in keys {
+                cmd.arg(key.as_str());
+            }
+            for key in keys {
+                redis::RedisWrite::write_arg_fmt(&mut cmd, QueueKey(key));
+            }
+            cmd.arg(value);
+            // A lock's release (a hand-over, dequeueing nobody) passes the value alone.
+            if mode != ReleaseMode::HandOver || dequeue.is_some() {
+                cmd.arg(match mode {
+                    ReleaseMode::Quiet => "0",
+                    ReleaseMode::HandOver => "1",
+                    ReleaseMode::FollowUp => "2",
+                })
+                .arg(handoff_ms);
+                if let Some(dequeue) = dequeue {
+                    cmd.arg(dequeue);
+                }
+            }
+            (cmd, Some(&*scripts::RELEASE))
         }
         Op::Extend {
             keys,
@@ -327,31 +387,6 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             )
         }
     }
-}
-
-/// The release script's `ARGV`: a lock's release (a hand-over, dequeueing nobody) only
-/// the value, since every argument costs the node time; the rest as needed.
-fn release_args(
-    value: &str,
-    mode: ReleaseMode,
-    handoff_ms: u64,
-    dequeue: Option<&str>,
-) -> Vec<String> {
-    if mode == ReleaseMode::HandOver && dequeue.is_none() {
-        return vec![value.to_owned()];
-    }
-    let mut args = vec![
-        value.to_owned(),
-        match mode {
-            ReleaseMode::Quiet => "0",
-            ReleaseMode::HandOver => "1",
-            ReleaseMode::FollowUp => "2",
-        }
-        .to_owned(),
-        handoff_ms.to_string(),
-    ];
-    args.extend(dequeue.map(str::to_owned));
-    args
 }
 
 fn waiter_args(

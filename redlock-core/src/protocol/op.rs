@@ -170,14 +170,6 @@ pub(crate) fn with_queues(keys: &[String]) -> Vec<String> {
     all
 }
 
-/// The lock keys, then their queues (the release script's `KEYS`: it finds each queue's
-/// deadlines by name, see [`deadlines_key`]).
-pub(crate) fn release_keys(keys: &[String]) -> Vec<String> {
-    let mut all = keys.to_vec();
-    all.extend(keys.iter().map(|k| queue_key(k)));
-    all
-}
-
 /// A queued attempt's `KEYS`: the lock keys, their queues, their queues' deadlines, the
 /// fence counters (if any).
 pub(crate) fn waiter_keys(keys: &[String], fence_keys: &[String]) -> Vec<String> {
@@ -189,7 +181,17 @@ pub(crate) fn waiter_keys(keys: &[String], fence_keys: &[String]) -> Vec<String>
 /// The wait queue of a lock key (a sorted set: waiter id by the time it began waiting).
 /// Same hash tag as the key.
 fn queue_key(key: &str) -> String {
-    format!("{key}:queue")
+    QueueKey(key).to_string()
+}
+
+/// The name of lock key `.0`'s wait queue, written where it is needed (into a command,
+/// with no string of its own).
+pub(crate) struct QueueKey<'a>(pub(crate) &'a str);
+
+impl std::fmt::Display for QueueKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:queue", self.0)
+    }
 }
 
 /// When each waiter's place in the queue expires (a sorted set: waiter id by deadline).
