@@ -249,6 +249,19 @@ impl Fanout {
         let Some((index, result)) = self.pending.next().await else {
             return false;
         };
+        self.record(index, result);
+        true
+    }
+
+    /// Records the answers already in, without waiting for any.
+    fn take_ready(&mut self) {
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        while let Poll::Ready(Some((index, result))) = self.pending.poll_next_unpin(&mut cx) {
+            self.record(index, result);
+        }
+    }
+
+    fn record(&mut self, index: usize, result: Result<u64, NodeError>) {
         match &result {
             Ok(0) => self.tally.no += 1,
             Ok(_) => self.tally.yes += 1,
@@ -257,7 +270,6 @@ impl Fanout {
         if let Some(slot) = self.answers.get_mut(index) {
             *slot = Some(result);
         }
-        true
     }
 
     /// Nodes that answered yes (`true`) or no (`false`).
@@ -324,6 +336,8 @@ impl Fanout {
     /// not yet in their node's connection queue (still connecting, waiting for an
     /// earlier command, or pooled), which a later command could otherwise overtake.
     pub(crate) fn finish_in_background(mut self) -> Option<InFlight> {
+        // Answers already in need no task.
+        self.take_ready();
         let mut pending = self.take_pending();
         if pending.is_empty() {
             return None;
@@ -347,11 +361,11 @@ impl Fanout {
             .collect()
     }
 
-    /// Drives the fan-out in a task of its own until every node answered or timed out,
-    /// and reports the tally once `until` is reached. Dropping the receiver (the caller
-    /// was cancelled) does not stop the commands: a command whose future is dropped
-    /// before the connection sends it is never sent, so awaiting one in place is not
-    /// cancel-safe. Without a runtime, drives it in place instead.
+    /// Drives the fan-out until every node answered or timed out, and reports the tally
+    /// once `until` is reached. It is driven in place until then; whatever is left (the
+    /// nodes still out) goes on in a task of its own, also when the caller is dropped
+    /// half-way: a command whose future is dropped before the connection sends it is
+    /// never sent. Without a runtime, driven in place to the end.
     pub(crate) async fn drive(self, until: Until) -> Decision {
         self.drive_holding(until, ()).await
     }
@@ -363,7 +377,9 @@ impl Fanout {
     }
 
     /// [`drive`](Self::drive), then, once every node answered or timed out, runs `then`
-    /// on the answers (in the same task).
+    /// on the answers (in place if they are all in by the decision and `then` completes
+    /// at once, as it does when it has nothing to do; otherwise in the task that waits
+    /// for the rest).
     pub(crate) async fn drive_then<F, Fut>(mut self, until: Until, then: F) -> Decision
     where
         F: FnOnce(Answers) -> Fut + Send + 'static,
@@ -376,20 +392,20 @@ impl Fanout {
                 failures: self.failures(),
             };
         };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        handle.spawn(async move {
-            let tally = self.run_until(until).await;
-            let _ = tx.send(Decision {
-                tally,
-                failures: self.failures(),
-            });
-            self.until_done().await;
-            then(std::mem::take(&mut self.answers)).await;
-        });
-        rx.await.unwrap_or(Decision {
-            tally: Tally::new(0),
-            failures: Vec::new(),
-        })
+        let mut rest = Rest {
+            fanout: None,
+            then: Some(then),
+            handle,
+        };
+        let fanout = rest.fanout.insert(self);
+        let tally = fanout.run_until(until).await;
+        fanout.take_ready();
+        let decision = Decision {
+            tally,
+            failures: fanout.failures(),
+        };
+        rest.finish();
+        decision
     }
 
     async fn run_until(&mut self, until: Until) -> Tally {
@@ -398,6 +414,53 @@ impl Fanout {
             Until::WonOrDone => self.until_won_or_done().await,
             Until::Done => self.until_done().await,
         }
+    }
+}
+
+/// What a driven fan-out has left to do once it reported: wait for the nodes still out,
+/// then run its `then`. Done by [`finish`](Self::finish), or on drop (the caller was
+/// cancelled half-way) all the same.
+struct Rest<F, Fut>
+where
+    F: FnOnce(Answers) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    fanout: Option<Fanout>,
+    then: Option<F>,
+    handle: tokio::runtime::Handle,
+}
+
+impl<F, Fut> Rest<F, Fut>
+where
+    F: FnOnce(Answers) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    fn finish(&mut self) {
+        let (Some(mut fanout), Some(then)) = (self.fanout.take(), self.then.take()) else {
+            return;
+        };
+        if fanout.pending.is_empty() {
+            let mut then = Box::pin(then(std::mem::take(&mut fanout.answers)));
+            let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+            if then.as_mut().poll(&mut cx).is_pending() {
+                self.handle.spawn(then);
+            }
+            return;
+        }
+        self.handle.spawn(async move {
+            fanout.until_done().await;
+            then(std::mem::take(&mut fanout.answers)).await;
+        });
+    }
+}
+
+impl<F, Fut> Drop for Rest<F, Fut>
+where
+    F: FnOnce(Answers) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
