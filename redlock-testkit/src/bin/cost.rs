@@ -12,7 +12,7 @@
 //! then `release`), interleaved in 6 rounds of short slices. Prints the CPU time per
 //! cycle of the servers and of this process for both, and their ratios; exits with
 //! status 1 when a lock cycle costs the servers more than [`LIMIT`] times the minimal
-//! Redlock's. A ratio of CPU times in one run holds on any machine, however loaded;
+//! Redlock's in each of [`MEASUREMENTS`] measurements. A ratio of CPU times in one run holds on any machine, however loaded;
 //! build it in release: a debug client batches fewer commands per write, which dilutes
 //! the ratio towards 1.
 //!
@@ -38,6 +38,11 @@ const CLIENTS: usize = 32;
 
 /// Rounds of slices: each workload runs once per round.
 const ROUNDS: u32 = 6;
+
+/// Measurements at most: a check above the limit measures again, and fails only if every
+/// measurement is above it (on a shared machine one can be disturbed; a regression shows
+/// in all of them).
+const MEASUREMENTS: u32 = 3;
 
 #[derive(Debug, Clone, Copy)]
 enum Workload {
@@ -86,8 +91,31 @@ async fn run() -> Result<f64, OpError> {
         slice_of(w, warm_up, &conns, &redlock).await
     })
     .await?;
-    let tallies = measure::interleave(&workloads, ROUNDS, &conns, async |w| {
-        slice_of(w, slice, &conns, &redlock).await
+    let mut ratio = f64::INFINITY;
+    for measurement in 1..=MEASUREMENTS {
+        ratio = ratio.min(measure_once(&workloads, slice, &conns, &redlock).await?);
+        if ratio <= LIMIT {
+            break;
+        }
+        if measurement < MEASUREMENTS {
+            println!(
+                "above the limit: measuring again (noise shows in one measurement, a regression in every one)"
+            );
+        }
+    }
+    Ok(ratio)
+}
+
+/// One measurement: the workloads interleaved in [`ROUNDS`] rounds of `slice` each; the
+/// servers' CPU ratio, lock / minimal Redlock.
+async fn measure_once(
+    workloads: &[Workload],
+    slice: Duration,
+    conns: &Arc<Vec<MultiplexedConnection>>,
+    redlock: &Redlock,
+) -> Result<f64, OpError> {
+    let tallies = measure::interleave(workloads, ROUNDS, conns, async |w| {
+        slice_of(w, slice, conns, redlock).await
     })
     .await?;
     let [minimal, lock] = &tallies[..] else {
