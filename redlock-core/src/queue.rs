@@ -25,6 +25,13 @@
 //! the same way (the same start time and id everywhere), so the hand-overs of one release
 //! name the same waiter on every node and the votes do not split.
 //!
+//! A waiter that joins a queue while the key is held marks the key (a `+` after the
+//! holder's value): a release of an unmarked key is then a bare compare-and-delete that
+//! looks at no queue, and only a marked one hands over. A key taken while its queue had
+//! waiters by someone who did not queue (`try_lock`, a first attempt) is unmarked until
+//! the next queued attempt finds it held and marks it; a release before that deletes it,
+//! and the waiters take it at their next attempt.
+//!
 //! This is about speed and fairness only: the lock is still taken by `SET`-if-free (or if
 //! handed to us) on a majority, and a hand-over is never a grant. A waiter that dies
 //! blocks the resource for at most the hand-over time; one that gives up leaves the

@@ -1,17 +1,20 @@
 //! Wake on release: a client waiting for a busy lock retries as soon as it is released.
 //!
 //! The release script publishes on the lock key's channel when a lock's release deletes
-//! its key. Each `Redlock` keeps at most one subscriber connection per node, owned by
-//! one listener task per node (started with the first waiter), and shared by all its
-//! waiters: a waiter only registers its channels and waits for a node to confirm; it
-//! spawns nothing, and a dead or black-holed node costs one task and one connection
-//! attempt at a time (each bounded by a timeout, with backoff), however many waiters
-//! come. A key's channel is subscribed on every node when its first waiter comes, and
-//! stays subscribed for a while after its last waiter leaves (so steady contention costs
-//! no subscription round trips). A node's task alone decides what its connection
-//! subscribes, from the registry of channels waited for: a channel wanted again while
-//! it was being unsubscribed is subscribed again, and a waiter counts as listening only
-//! once a node confirmed every channel registered before it. Every release publishes on every node, so a waiter needs just one node to
+//! a key that had waiters (every waiter queues, and marks the key when it does: see
+//! `queue.rs`; a key without waiters is released without a word). Each `Redlock` keeps
+//! at most one subscriber connection per node, owned by one listener task per node
+//! (started with the first waiter), and shared by all its waiters: a waiter only
+//! registers its channels and waits for a node to confirm; it spawns nothing, and a dead
+//! or black-holed node costs one task and one connection attempt at a time (each bounded
+//! by a timeout, with backoff), however many waiters come. A key's channel is subscribed
+//! on every node when its first waiter comes, and stays subscribed for a while after its
+//! last waiter leaves (so steady contention costs no subscription round trips). A node's
+//! task alone decides what its connection subscribes, from the registry of channels
+//! waited for: a channel wanted again while it was being unsubscribed is subscribed
+//! again, and a waiter counts as listening only once a node confirmed every channel
+//! registered before it. Such a release publishes on every node where the key had
+//! waiters, so a waiter needs just one node to
 //! listen: it waits only until the first node confirms, and slow or dead nodes never
 //! hold it up. A release that hands the lock over to a queued waiter (see `queue.rs`)
 //! publishes that waiter's id on its client's own channel (so no other process even

@@ -1,5 +1,6 @@
 //! A watchdog round's extensions: a few commands, built once and sent to every node.
 
+use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, RedisResult, Value};
 
@@ -11,6 +12,11 @@ use super::scripts;
 /// round of thousands of locks in one command would keep that much per node for good;
 /// and each script run holds its node for well under a millisecond.
 const LOCKS_PER_COMMAND: usize = 128;
+
+/// How many of a round's commands one connection carries at a time: enough to keep it
+/// busy (the next ones go out as the first answers come), few enough that a round's
+/// packed commands never all wait in memory at once.
+const COMMANDS_IN_FLIGHT: usize = 16;
 
 /// The extension of many locks, as commands of the extension script
 /// ([`scripts::EXTEND`]), each for up to [`LOCKS_PER_COMMAND`] locks.
@@ -65,23 +71,29 @@ impl Extensions {
         answers
     }
 
-    /// Sends every command on the multiplexed connection `conn` at once (they go out
-    /// back to back) and returns each lock's answer (see [`answers`](Self::answers)),
+    /// Sends the commands on the multiplexed connection `conn`, [`COMMANDS_IN_FLIGHT`]
+    /// at a time (back to back: a round is about one round trip per that many
+    /// commands), and returns each lock's answer (see [`answers`](Self::answers)),
     /// and whether an error broke the connection. Each reply is read down to a byte
     /// per lock as it comes: a round's replies never pile up as values.
     pub(crate) async fn send_all(&self, conn: &MultiplexedConnection) -> (Vec<Option<bool>>, bool) {
-        let chunks = futures_util::future::join_all(self.commands.iter().map(|(cmd, count)| {
-            let mut conn = conn.clone();
-            async move {
-                let reply = send(cmd, &mut conn).await;
-                let broken = reply.as_ref().is_err_and(breaks_connection);
-                (chunk_answers(reply, *count), broken)
-            }
-        }))
-        .await;
+        // Nothing is packed or sent before a future is polled.
+        let calls: Vec<_> = self
+            .commands
+            .iter()
+            .map(|(cmd, count)| {
+                let mut conn = conn.clone();
+                async move {
+                    let reply = send(cmd, &mut conn).await;
+                    let broken = reply.as_ref().is_err_and(breaks_connection);
+                    (chunk_answers(reply, *count), broken)
+                }
+            })
+            .collect();
+        let mut chunks = futures_util::stream::iter(calls).buffered(COMMANDS_IN_FLIGHT);
         let mut answers = Vec::with_capacity(self.locks);
         let mut broken = false;
-        for (chunk, chunk_broken) in chunks {
+        while let Some((chunk, chunk_broken)) = chunks.next().await {
             answers.extend(chunk);
             broken |= chunk_broken;
         }

@@ -3,7 +3,7 @@
 //! Each watched lock is extended about every `ttl / 3`. Extensions that fall due
 //! together are sent as one batch: one round trip per node, whatever the number of locks
 //! (the batch's commands, built once for every node and each extending up to 128 locks,
-//! go out back to back; see `protocol::Extensions`). An extension counts for a lock if a
+//! go out back to back, 16 at a time; see `protocol::Extensions`). An extension counts for a lock if a
 //! majority of nodes accepted it before the lock's validity ran out; its validity then
 //! restarts from the moment the batch was sent. A round's outcome is taken as soon as a
 //! majority decided it: a slow or dead node never delays it (its commands go on in
@@ -17,7 +17,7 @@
 //! to apply the outcome; per round it allocates per lock only its part of the commands
 //! (its key, value and TTL) and a few bytes of answers and votes, never a map, and it
 //! keeps no copy of a lock's resource or keys. With 10,000 watched locks of a 3 s TTL it
-//! takes about 2 % of a core and 1.5 KiB per lock (`BENCH_ONLY=watchdog`, see
+//! takes about 2 % of a core and 1 KiB per lock (`BENCH_ONLY=watchdog`, see
 //! docs/BENCHMARKS.md).
 
 use std::collections::HashMap;
