@@ -9,36 +9,22 @@ use std::time::{Duration, Instant};
 use redlock_core::{Error, Redlock, RetryPolicy};
 use redlock_testkit::{Cluster, Sandbox};
 
-/// Commands clients sent node `i` since its last `CONFIG RESETSTAT`: `SET` (a first,
-/// unqueued attempt) and `EVALSHA` (every script: queued attempts, releases, leaving the
-/// queue). The commands the scripts call count too, in their own entries: left out.
+/// Scripts clients ran on node `i` since its last statistics reset (`EVALSHA`: queued
+/// attempts, releases, leaving the queue).
 async fn lock_commands(cluster: &Cluster, i: usize) -> u64 {
-    let info: String = cluster
-        .node(i)
-        .query(redis::cmd("INFO").arg("commandstats"))
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            if !["evalsha", "eval"].contains(&name) {
-                return None;
-            }
-            rest.split(',')
-                .find_map(|field| field.strip_prefix("calls="))?
-                .parse::<u64>()
-                .ok()
-        })
+    let calls = cluster.node(i).command_calls().await;
+    ["evalsha", "eval"]
+        .iter()
+        .filter_map(|name| calls.get(*name))
         .sum()
 }
 
 async fn reset_stats(cluster: &Cluster) {
     for i in 0..cluster.len() {
-        let () = cluster
-            .node(i)
-            .query(redis::cmd("CONFIG").arg("RESETSTAT"))
-            .await
-            .unwrap();
+        assert!(
+            cluster.node(i).reset_stats().await,
+            "node {i} did not answer"
+        );
     }
 }
 

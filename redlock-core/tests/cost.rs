@@ -10,34 +10,12 @@ use std::time::{Duration, Instant};
 use redlock_core::{Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
-/// Calls of each command node `i` ran since its last `CONFIG RESETSTAT`, by name (the
-/// commands scripts call count too, under their own names).
-async fn calls(cluster: &Cluster, i: usize) -> BTreeMap<String, u64> {
-    let info: String = cluster
-        .node(i)
-        .query(redis::cmd("INFO").arg("commandstats"))
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .split(',')
-                .find_map(|field| field.strip_prefix("calls="))?
-                .parse::<u64>()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
-
 async fn reset_stats(cluster: &Cluster) {
     for i in 0..cluster.len() {
-        let () = cluster
-            .node(i)
-            .query(redis::cmd("CONFIG").arg("RESETSTAT"))
-            .await
-            .unwrap();
+        assert!(
+            cluster.node(i).reset_stats().await,
+            "node {i} did not answer"
+        );
     }
 }
 
@@ -87,7 +65,7 @@ async fn an_uncontended_cycle_is_a_set_and_a_compare_and_delete() {
         // A release completes once a majority answered: let the last reach every node.
         tokio::time::sleep(Duration::from_millis(100)).await;
         for node in 0..cluster.len() {
-            let mut calls = calls(&cluster, node).await;
+            let mut calls = cluster.node(node).command_calls().await;
             // This test's own `INFO` and `CONFIG RESETSTAT`.
             calls.retain(|name, _| !name.starts_with("info") && !name.starts_with("config"));
             let expected: BTreeMap<String, u64> = ["set", "evalsha", "get", "del"]

@@ -319,6 +319,37 @@ impl RedisServer {
             .flatten()
     }
 
+    /// How many times the server ran each command since it started or since
+    /// [`reset_stats`](Self::reset_stats), by name as `INFO commandstats` names them
+    /// (`set`, `evalsha`, `config|get`; the commands scripts call count too, under their
+    /// own names); empty if the server does not answer.
+    pub async fn command_calls(&self) -> std::collections::BTreeMap<String, u64> {
+        let info: String = self
+            .query(redis::cmd("INFO").arg("commandstats"))
+            .await
+            .unwrap_or_default();
+        info.lines()
+            .filter_map(|line| {
+                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest
+                    .split(',')
+                    .find_map(|field| field.strip_prefix("calls="))?
+                    .parse::<u64>()
+                    .ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .collect()
+    }
+
+    /// Resets the server's statistics (`CONFIG RESETSTAT`): the command counts of
+    /// [`command_calls`](Self::command_calls) start again from zero. False if the
+    /// server did not answer.
+    pub async fn reset_stats(&self) -> bool {
+        self.query::<()>(redis::cmd("CONFIG").arg("RESETSTAT"))
+            .await
+            .is_some()
+    }
+
     fn log_path(&self) -> PathBuf {
         self.dir.path().join("redis.log")
     }
