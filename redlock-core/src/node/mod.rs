@@ -170,8 +170,9 @@ impl Node {
 
     /// Extends the locks of `extensions` (a watchdog round), `timeout` covering it all.
     /// Returns each lock's answer in order: `Some(false)` a no, `None` where the node
-    /// failed (an error reply). On a node's own connection the commands go out back to back,
-    /// one round trip; on a pooled one, as one pipeline.
+    /// failed (an error reply). On a node's own connection the commands go out back to
+    /// back, a few at a time (see `Extensions::send_all`); on a pooled one, as one
+    /// pipeline.
     pub(crate) async fn extend_all(
         &self,
         extensions: &Extensions,
