@@ -131,3 +131,15 @@ impl Refusal {
         )
     }
 }
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.problem.status, self.problem.title, self.problem.detail
+        )
+    }
+}
+
+impl std::error::Error for Refusal {}
