@@ -422,9 +422,19 @@ impl DistributedLockConfig {
 
 /// A task on the background runtime, aborted if the waiter goes away first (the
 /// acquisition is then cancelled, and core releases whatever it had set).
-struct AbortOnDrop<T> {
+pub(crate) struct AbortOnDrop<T> {
     task: Option<tokio::task::JoinHandle<T>>,
     runtime: Handle,
+}
+
+impl<T: Send + 'static> AbortOnDrop<T> {
+    /// `task`, spawned on `runtime`.
+    pub(crate) fn spawn(runtime: &Handle, task: impl Future<Output = T> + Send + 'static) -> Self {
+        Self {
+            task: Some(runtime.spawn(task)),
+            runtime: runtime.clone(),
+        }
+    }
 }
 
 impl<T> Future for AbortOnDrop<T> {
@@ -454,7 +464,7 @@ impl<T> Drop for AbortOnDrop<T> {
 
 /// The crate's own runtime: a current-thread runtime on a thread that runs for the rest
 /// of the process, started on first use.
-fn background() -> Result<&'static Handle, String> {
+pub(crate) fn background() -> Result<&'static Handle, String> {
     static RUNTIME: OnceLock<Result<Handle, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
