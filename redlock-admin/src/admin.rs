@@ -4,14 +4,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redlock_core::Redlock;
+use redlock_idempotency::Store;
 use redlock_scheduler::admin::SchedulerAdmin;
 
 /// The shortest bearer token accepted for the mutating routes.
 pub const MIN_TOKEN_LEN: usize = 16;
 /// Where the service is mounted unless told otherwise.
 pub const DEFAULT_MOUNT_PATH: &str = "/admin";
-/// How many locks the dashboard and `/api/locks` list unless told otherwise.
+/// How many locks the dashboard and `/api/locks` list, and how many records
+/// `/api/idempotency` lists, unless told otherwise.
 pub const DEFAULT_LIST_LIMIT: usize = 200;
+/// The most records `/api/idempotency` lists, whatever its `limit` asks (the listing
+/// limit of `redlock-core`'s lock listing): a larger `limit` is lowered to it.
+pub const MAX_LIST_LIMIT: usize = redlock_core::inspect::DEFAULT_LIST_LIMIT;
 /// How often the dashboard reloads itself, by default.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
 /// How long a trigger, cancel or step-down waits for a replica to carry the request
@@ -19,7 +24,8 @@ pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
 pub const DEFAULT_REQUEST_WAIT: Duration = Duration::from_secs(2);
 
 /// The admin service: held locks and node health from a [`Redlock`], jobs, leader and
-/// runs from a [`SchedulerAdmin`], as JSON and as an HTML dashboard; mount it with
+/// runs from a [`SchedulerAdmin`], idempotency records from a [`Store`], as JSON and
+/// (locks, nodes, scheduler) as an HTML dashboard; mount it with
 /// [`AdminService`](crate::AdminService) (tower: axum, hyper) or
 /// [`Admin::actix_scope`] (actix-web, feature `actix`). Cheap to clone.
 #[derive(Clone, Debug)]
@@ -31,6 +37,8 @@ pub struct Admin {
 pub(crate) struct Inner {
     pub(crate) redlock: Option<Redlock>,
     pub(crate) scheduler: Option<SchedulerAdmin>,
+    /// The idempotency records' store (`/api/idempotency`).
+    pub(crate) idempotency: Option<Arc<dyn Store>>,
     /// The bearer token of the mutating routes; `None`: they are switched off.
     pub(crate) token: Option<String>,
     pub(crate) mount: String,
@@ -43,7 +51,8 @@ pub(crate) struct Inner {
 }
 
 impl Admin {
-    /// A builder: give it a [`Redlock`], a [`SchedulerAdmin`], or both.
+    /// A builder: give it a [`Redlock`], a [`SchedulerAdmin`], an idempotency [`Store`],
+    /// or several of them.
     pub fn builder() -> AdminBuilder {
         AdminBuilder::default()
     }
@@ -68,6 +77,7 @@ impl Admin {
 pub struct AdminBuilder {
     redlock: Option<Redlock>,
     scheduler: Option<SchedulerAdmin>,
+    idempotency: Option<Arc<dyn Store>>,
     token: Option<String>,
     mount: Option<String>,
     resource_prefix: String,
@@ -87,6 +97,14 @@ impl AdminBuilder {
     /// Shows and steers the scheduler behind `scheduler` (its history database).
     pub fn scheduler(mut self, scheduler: SchedulerAdmin) -> Self {
         self.scheduler = Some(scheduler);
+        self
+    }
+
+    /// Lists the idempotency records kept in `store` (`/api/idempotency?prefix=&limit=`,
+    /// read only): the same store the services' idempotency middleware writes to
+    /// (`redlock_idempotency::store::RedisStore`, `SqlStore`, or one of your own).
+    pub fn idempotency(mut self, store: Arc<dyn Store>) -> Self {
+        self.idempotency = Some(store);
         self
     }
 
@@ -152,7 +170,7 @@ impl AdminBuilder {
     /// [`BuildError`]: nothing to show, a token too short, a mount path that is not
     /// an absolute path, a limit or refresh of zero.
     pub fn build(self) -> Result<Admin, BuildError> {
-        if self.redlock.is_none() && self.scheduler.is_none() {
+        if self.redlock.is_none() && self.scheduler.is_none() && self.idempotency.is_none() {
             return Err(BuildError::NothingToShow);
         }
         if let Some(token) = &self.token
@@ -180,6 +198,7 @@ impl AdminBuilder {
             inner: Arc::new(Inner {
                 redlock: self.redlock,
                 scheduler: self.scheduler,
+                idempotency: self.idempotency,
                 token: self.token,
                 mount,
                 resource_prefix: self.resource_prefix,
@@ -196,9 +215,9 @@ impl AdminBuilder {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
-    /// Neither a `Redlock` nor a `SchedulerAdmin` was given.
+    /// Neither a `Redlock`, a `SchedulerAdmin` nor an idempotency store was given.
     #[error(
-        "the admin service has nothing to show: give it `.redlock(..)`, `.scheduler(..)` or both"
+        "the admin service has nothing to show: give it `.redlock(..)`, `.scheduler(..)`, `.idempotency(..)`, or several"
     )]
     NothingToShow,
     /// The mutations' token is too short (or has spaces).

@@ -11,7 +11,7 @@ use redlock_scheduler::history::{HistoryError, Outcome, RunFilter};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::admin::Admin;
+use crate::admin::{Admin, MAX_LIST_LIMIT};
 use crate::route::{JobAction, NoRoute, Route};
 
 /// The largest request body read (a form post from the dashboard is far smaller).
@@ -293,6 +293,7 @@ impl Admin {
                 .await
                 .map(|r| to_value(&r))
                 .map_err(scheduler_failure),
+            Route::Idempotency => self.idempotency_records(params).await,
             _ => Err(Failure::new(StatusCode::NOT_FOUND, "no such admin route")),
         }
     }
@@ -523,6 +524,58 @@ impl Admin {
             "scheduler": scheduler,
             "mutations": inner.token.is_some(),
         })
+    }
+
+    /// `/api/idempotency`: the records whose id starts with `prefix`, in id order, at
+    /// most `limit` (default the list limit, at most [`MAX_LIST_LIMIT`]); `truncated`
+    /// when more were there.
+    async fn idempotency_records(
+        &self,
+        params: &HashMap<String, String>,
+    ) -> Result<Value, Failure> {
+        let store = self.inner.idempotency.as_ref().ok_or_else(|| {
+            Failure::new(
+                StatusCode::NOT_FOUND,
+                "this admin service shows no idempotency records (built without an idempotency store)",
+            )
+        })?;
+        let prefix = params.get("prefix").map(String::as_str).unwrap_or_default();
+        let limit = match params.get("limit") {
+            Some(limit) => limit.parse::<usize>().map_err(|_| {
+                Failure::new(StatusCode::BAD_REQUEST, "`limit` must be a whole number")
+            })?,
+            None => self.inner.list_limit,
+        }
+        .clamp(1, MAX_LIST_LIMIT);
+        // One more than asked: whether the listing was cut.
+        let mut records = store.list(prefix, limit + 1).await.map_err(|err| {
+            // The store's own message can carry addresses and statements: logged, not
+            // sent.
+            tracing::warn!(error = %err, "admin: the idempotency store failed");
+            Failure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the idempotency store did not answer; the details are in the server's log",
+            )
+        })?;
+        let truncated = records.len() > limit;
+        records.truncate(limit);
+        let records: Vec<Value> = records
+            .iter()
+            .map(|record| {
+                json!({
+                    "id": record.id,
+                    "state": record.state.as_str(),
+                    "token": record.token,
+                    "started_ms": record.started_ms,
+                    "status": record.status,
+                    "body_len": record.body_len,
+                    "expires_in_ms": record
+                        .expires_in
+                        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                })
+            })
+            .collect();
+        Ok(json!({"prefix": prefix, "records": records, "truncated": truncated}))
     }
 
     fn redlock(&self) -> Result<&redlock_core::Redlock, Failure> {

@@ -18,6 +18,7 @@
 //! | `/api/jobs/{job}/pause`, `resume`, `trigger`, `cancel` | POST | steer a job (trigger, cancel: see below) |
 //! | `/api/scheduler/step-down` | POST | ask the leader to hand over (see below) |
 //! | `/api/requests/{id}` | GET | where a trigger, cancel or step-down request stands |
+//! | `/api/idempotency?prefix=&limit=` | GET | idempotency records by id prefix, in id order: `{"records": [{"id", "state", "token", "started_ms", "status", "body_len", "expires_in_ms"}], "truncated"}` ([`AdminBuilder::idempotency`]; `limit` at most [`MAX_LIST_LIMIT`]) |
 //!
 //! The routes that change something (POST) are **off** unless the service is built with
 //! [`AdminBuilder::allow_mutations`]`(token)`: then they need the token as
@@ -90,7 +91,7 @@ mod service;
 
 pub use admin::{
     Admin, AdminBuilder, BuildError, DEFAULT_LIST_LIMIT, DEFAULT_MOUNT_PATH, DEFAULT_REFRESH,
-    DEFAULT_REQUEST_WAIT, MIN_TOKEN_LEN,
+    DEFAULT_REQUEST_WAIT, MAX_LIST_LIMIT, MIN_TOKEN_LEN,
 };
 pub use handle::{AdminRequest, MAX_BODY};
 #[cfg(feature = "tower")]

@@ -27,6 +27,8 @@ pub(crate) enum Route {
     StepDown,
     /// A scheduler request's state.
     Request { id: String },
+    /// Idempotency records (`?prefix=&limit=`).
+    Idempotency,
 }
 
 /// What can be done to a job.
@@ -85,6 +87,7 @@ impl Route {
             ["api", "jobs"] => (Self::Jobs, "GET"),
             ["api", "leader"] => (Self::Leader, "GET"),
             ["api", "runs"] => (Self::Runs, "GET"),
+            ["api", "idempotency"] => (Self::Idempotency, "GET"),
             ["api", "scheduler", "step-down"] => (Self::StepDown, "POST"),
             ["api", "requests", id] => (
                 Self::Request {
@@ -150,5 +153,13 @@ mod tests {
                 .mutates()
         );
         assert!(!Route::parse("GET", "/api/runs").unwrap().mutates());
+        assert_eq!(
+            Route::parse("GET", "/api/idempotency"),
+            Ok(Route::Idempotency)
+        );
+        assert_eq!(
+            Route::parse("POST", "/api/idempotency"),
+            Err(NoRoute::Method("GET"))
+        );
     }
 }

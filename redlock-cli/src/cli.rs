@@ -252,6 +252,49 @@ pub(crate) enum Command {
         #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
         wait: Option<Duration>,
     },
+
+    /// The idempotency records the services' idempotency middleware keeps.
+    Idempotency {
+        /// What to do with them.
+        #[command(subcommand)]
+        command: IdempotencyCommand,
+    },
+}
+
+/// The `idempotency` commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum IdempotencyCommand {
+    /// The records whose id starts with --prefix, in id order: state, fencing token,
+    /// start, status, body size, expiry.
+    ///
+    /// Reads the store the services write to (--store): a Redis (`redis://`,
+    /// `rediss://`; keys `idempotency:<id>` unless --redis-prefix) or a SQL database
+    /// (`postgres://`, `postgresql://`, `sqlite:`; the table `redlock_idempotency`
+    /// unless --table). A record's id is its scope and its key. Expired records are
+    /// not listed.
+    List(IdempotencyList),
+}
+
+/// `idempotency list`'s options.
+#[derive(Debug, Args)]
+pub(crate) struct IdempotencyList {
+    /// The idempotency store: redis://HOST:PORT/DB, rediss://...,
+    /// postgres://USER@HOST/DB, postgresql://..., sqlite://PATH.
+    #[arg(long, value_name = "URL")]
+    pub(crate) store: String,
+    /// Only records whose id starts with this (default: all).
+    #[arg(long, value_name = "PREFIX")]
+    pub(crate) prefix: Option<String>,
+    /// List at most this many records (the first by id).
+    #[arg(long, default_value_t = redlock_core::inspect::DEFAULT_LIST_LIMIT, value_name = "N")]
+    pub(crate) limit: usize,
+    /// A SQL store's table, as the services name it (default `redlock_idempotency`).
+    #[arg(long, value_name = "TABLE")]
+    pub(crate) table: Option<String>,
+    /// A Redis store's key prefix, as the services set it (default `idempotency:`).
+    /// Not `--key-prefix`: that one is the lock keys' prefix.
+    #[arg(long, value_name = "PREFIX")]
+    pub(crate) redis_prefix: Option<String>,
 }
 
 /// How a command that makes a request waits for its result.

@@ -9,6 +9,9 @@
 //!   `pause JOB`, `resume JOB`, and the requests a running replica carries out:
 //!   `trigger JOB`, `cancel JOB`, `step-down` (waited for, or `--no-wait`), read back
 //!   with `request ID`.
+//! - On an idempotency store (`--store URL`: Redis, PostgreSQL or SQLite):
+//!   `idempotency list` (the records the services' idempotency middleware keeps, by id
+//!   prefix).
 //!
 //! Every command prints a table, or the same data as JSON with `--json`. Exit codes: 0
 //! done; 1 an error, one line on stderr saying what failed and what to do; 2 a usage
@@ -18,6 +21,7 @@
 
 mod cli;
 mod format;
+mod idempotency;
 mod nodes;
 mod outcome;
 mod scheduler;
@@ -25,15 +29,38 @@ mod scheduler;
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, IdempotencyCommand};
 use crate::outcome::{CliError, EXIT_FAILED, Report};
+
+/// Whether `--key-prefix` was written on the command line (before or after the
+/// command's name).
+fn key_prefix_given(matches: &ArgMatches) -> bool {
+    let mut level = Some(matches);
+    while let Some(m) = level {
+        if m.value_source("key_prefix") == Some(ValueSource::CommandLine) {
+            return true;
+        }
+        level = m.subcommand().map(|(_, sub)| sub);
+    }
+    false
+}
 use crate::scheduler::{Ask, HistoryQuery};
 
 fn main() -> ExitCode {
     // Usage errors exit with 2 here (and --help, --version with 0).
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(err) => err.exit(),
+    };
+    if matches!(cli.command, Command::Idempotency { .. }) && key_prefix_given(&matches) {
+        return finish(Err(CliError::usage(
+            "--key-prefix is the lock keys' prefix: an idempotency store's Redis key prefix is --redis-prefix",
+        )));
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -87,6 +114,9 @@ async fn run(cli: Cli) -> Result<Report, CliError> {
         Command::Cancel { job, wait } => scheduler::request(global, Ask::Cancel(job), wait).await,
         Command::StepDown { wait } => scheduler::request(global, Ask::StepDown, wait).await,
         Command::Request { id, wait } => scheduler::read_request(global, id, *wait).await,
+        Command::Idempotency {
+            command: IdempotencyCommand::List(list),
+        } => idempotency::list(global, list).await,
     }
 }
 
