@@ -650,3 +650,69 @@ async fn the_fencing_token_extractor_sees_the_runs_lock() {
     let handle = send(&app, request("/handle", Some("f:2"), "", &[]).to_request()).await;
     assert_eq!(handle.text(), "idempotency:f%3A2");
 }
+
+/// `POST url` with `key` over HTTP: status, whether replayed, body.
+async fn post_keyed(client: &awc::Client, url: String, key: &str) -> (u16, bool, String) {
+    let mut response = client
+        .post(url)
+        .insert_header(("idempotency-key", key))
+        .send_body("x")
+        .await
+        .expect("send");
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    let body = response.body().await.expect("body");
+    (
+        response.status().as_u16(),
+        replayed,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// A two-worker server: concurrent requests with one key (over several connections,
+/// on both workers) run the handler once; then the server stops (its workers' runtimes
+/// end) and a new one with the same middleware replays the stored response and runs a
+/// new key (its lock and store calls never ran on the old workers' runtimes).
+#[actix_rt::test]
+async fn a_real_server_runs_a_key_once_and_a_restarted_one_replays_it() {
+    let backends = Backends::start().await;
+    let idempotency = backends.idempotency().await;
+    let calls = calls();
+    let configure = {
+        let calls = calls.clone();
+        move |cfg: &mut web::ServiceConfig| {
+            cfg.app_data(calls.clone()).service(
+                web::resource("/refunds")
+                    .wrap(idempotency.clone())
+                    .route(web::post().to(create)),
+            );
+        }
+    };
+    let client = http();
+
+    let first = Server::start(2, configure.clone()).await;
+    let url = first.url("/refunds?ms=300");
+    let replies =
+        futures_util::future::join_all((0..6).map(|_| post_keyed(&client, url.clone(), "r-1")))
+            .await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "{replies:#?}");
+    let ran: Vec<_> = replies.iter().filter(|r| r.0 == 201 && !r.1).collect();
+    assert_eq!(ran.len(), 1, "{replies:#?}");
+    let stored = ran[0].2.clone();
+    assert!(
+        replies
+            .iter()
+            .all(|r| r.0 == 409 || (r.0 == 201 && r.2 == stored)),
+        "{replies:#?}"
+    );
+    first.stop().await;
+
+    let second = Server::start(2, configure).await;
+    let replay = post_keyed(&client, second.url("/refunds?ms=300"), "r-1").await;
+    assert_eq!(replay, (201, true, stored), "after the restart");
+    let fresh = post_keyed(&client, second.url("/refunds?ms=0"), "r-2").await;
+    assert_eq!(fresh, (201, false, r#"{"run":2,"body":"x"}"#.to_owned()));
+    second.stop().await;
+}
