@@ -137,7 +137,9 @@ impl Run {
         self.inner.options.max_body
     }
 
-    /// Records the handler's response, then releases the lock (in the background).
+    /// Records the handler's response, then releases the lock: in the background, or,
+    /// for a response not stored by its status (the next request runs again), before
+    /// it returns.
     /// `body` is `None` when it was larger than [`max_body`](Self::max_body) (not
     /// collected). Headers are stored without hop-by-hop ones (see
     /// [`is_hop_by_hop`]) and `content-length`.
@@ -214,8 +216,24 @@ impl Run {
             ran_ms = self.started.elapsed().as_millis() as u64,
             "idempotent request finished"
         );
-        self.release();
+        if finished == Finished::StatusNotStored {
+            // The next request runs again: let it find the key free, not `409` for the
+            // moment a background release takes.
+            self.release_now().await;
+        } else {
+            self.release();
+        }
         finished
+    }
+
+    /// Releases the lock and waits for it (bounded by the client's node timeout).
+    async fn release_now(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            let key = lock.resource().to_owned();
+            if let Err(error) = lock.release().await {
+                tracing::warn!(key = %key, %error, "idempotency lock release failed: it ends at its TTL");
+            }
+        }
     }
 
     /// Releases the lock in the background (on the runtime the run began on).
