@@ -124,6 +124,14 @@
 //! # }
 //! ```
 //!
+//! # Idempotent requests
+//!
+//! [`IdempotencyLayer`] (module [`idempotency`], built on `redlock-idempotency`) runs
+//! each request with an `Idempotency-Key` once across the replicas and replays its
+//! stored response to retries; concurrent requests with the key get `409` (or, with
+//! `wait`, the replay). Its handlers take the run's [`FencingToken`] as under a
+//! [`LockLayer`].
+//!
 //! # Fencing tokens
 //!
 //! A lock cannot stop a handler that was paused past its lock's validity (a long GC
@@ -189,6 +197,7 @@ mod config;
 pub mod extract;
 mod future;
 mod guard;
+pub mod idempotency;
 mod layer;
 pub mod response;
 mod service;
@@ -196,6 +205,7 @@ mod token;
 
 pub use body::{LockBody, LockLost};
 pub use future::ResponseFuture;
+pub use idempotency::IdempotencyLayer;
 pub use layer::LockLayer;
 pub use redlock_core::{BoxError, LockHandle, Redlock, RetryPolicy};
 pub use redlock_http::{BadKey, Hold, MissingToken, RejectionKind};
