@@ -489,6 +489,12 @@ pub mod docs {
     pub struct Development;
     #[doc = include_str!("../../docs/FENCING.md")]
     pub struct Fencing;
+    #[doc = include_str!("../../docs/IDEMPOTENCY.md")]
+    pub struct Idempotency;
+    /// The crate README's example needs the tower layer, which the crate itself cannot
+    /// depend on: compiled here.
+    #[doc = include_str!("../../redlock-idempotency/README.md")]
+    pub struct IdempotencyReadme;
     #[doc = include_str!("../../docs/GUARANTEES.md")]
     pub struct Guarantees;
     #[doc = include_str!("../../docs/OPERATIONS.md")]

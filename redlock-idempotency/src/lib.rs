@@ -158,6 +158,15 @@ pub fn default_store_if(status: u16) -> bool {
 
 type StoreIf = Arc<dyn Fn(u16) -> bool + Send + Sync>;
 
+/// Fail fast, as a burst of first requests needs it: first requests that arrive together
+/// can split the lock's votes so that none of them wins, and one attempt each would
+/// answer them all `409` with nothing running. Two more attempts after 5 to 25 ms
+/// (random) settle such a split; a key that another request really holds is still
+/// answered within about 50 ms.
+fn fail_fast_policy() -> RetryPolicy {
+    RetryPolicy::attempts(3).with_delay(Duration::from_millis(5), Duration::from_millis(20))
+}
+
 /// The options, the same in both web crates.
 #[derive(Clone)]
 pub(crate) struct Options {
@@ -256,7 +265,7 @@ impl Idempotency {
                     required: true,
                     resource_prefix: DEFAULT_RESOURCE_PREFIX.to_owned(),
                     ttl: None,
-                    retry: RetryPolicy::once(),
+                    retry: fail_fast_policy(),
                     max_hold: None,
                     expire_after: DEFAULT_EXPIRE_AFTER,
                     max_body: DEFAULT_MAX_BODY,
@@ -306,9 +315,12 @@ impl Idempotency {
     }
 
     /// A request whose key's first request still runs: `409` at once (the default).
+    /// "At once" is within about 50 ms: simultaneous first requests can split the lock's
+    /// votes so that none wins, and two quick retries (5 to 25 ms apart) settle that, so
+    /// a burst of first requests never ends with none of them running.
     #[must_use]
     pub fn fail_fast(self) -> Self {
-        self.option(|o| o.retry = RetryPolicy::once())
+        self.option(|o| o.retry = fail_fast_policy())
     }
 
     /// A request whose key's first request still runs: wait up to `deadline` for it

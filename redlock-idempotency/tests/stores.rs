@@ -384,3 +384,44 @@ async fn a_frozen_store_is_a_503_not_a_hang() {
         started.elapsed()
     );
 }
+
+/// Many first requests with one key at the same moment, from several replicas (each its
+/// own lock client): exactly one runs; the others are told it is in flight. Simultaneous
+/// attempts can split a lock's votes so that none wins; the default (fail fast) still
+/// retries such a split briefly, so that a burst never ends with nobody running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_first_requests_runs_exactly_one() {
+    let cluster = Cluster::start(3).await;
+    let data = Cluster::start(1).await;
+    let store: Arc<dyn Store> = Arc::new(RedisStore::open(&data.urls()[0]).await.unwrap());
+    let replicas: Vec<Idempotency> = (0..4)
+        .map(|_| {
+            Idempotency::with_store(
+                redlock_testkit::builder(&cluster).build().unwrap(),
+                store.clone(),
+            )
+        })
+        .collect();
+    for round in 0..10 {
+        let k = key(&format!("burst-{round}-{}", unique("k")));
+        let attempts = (0..100).map(|i| {
+            let idempotency = replicas[i % 4].clone();
+            let k = k.clone();
+            async move { idempotency.begin(None, &k, fp("a")).await }
+        });
+        let outcomes = futures_util::future::join_all(attempts).await;
+        let mut runs = Vec::new();
+        for outcome in outcomes {
+            match outcome {
+                Ok(Begin::Run(run)) => runs.push(run),
+                Ok(_) => panic!("nothing was stored yet"),
+                Err(refusal) => assert_eq!(refusal.kind, RefusalKind::InFlight, "{refusal}"),
+            }
+        }
+        assert_eq!(runs.len(), 1, "round {round}: {} runs", runs.len());
+        for run in runs {
+            run.finish(200, vec![], Some(Bytes::from_static(b"ok")))
+                .await;
+        }
+    }
+}
