@@ -53,6 +53,10 @@
 //!   [`fencing`](DistributedLockConfig::fencing) on), under the middleware or with a
 //!   `DistributedLock<T>` in the same handler: pass it with the handler's writes so that
 //!   the storage refuses a writer whose lock has expired meanwhile (`redlock-fence`).
+//! - [`Idempotency`], a middleware, runs each request with an `Idempotency-Key` once
+//!   across the replicas and replays its stored response to retries (built on
+//!   `redlock-idempotency`, with the options of `redlock-tower`'s `IdempotencyLayer`;
+//!   the guide: `docs/IDEMPOTENCY.md`).
 //! - [`LockMiddleware`]'s keys come from a [`KeyExtractor`](extract::KeyExtractor)
 //!   ([`extract`]: `Header`, `PathParam`, `PathPrefix`, `Global`, `from_fn`, closures).
 //! - [`DistributedLockConfig`] (the [`Redlock`] client, TTL, wait policy, resource
