@@ -358,6 +358,22 @@ async fn decisions_with_sqlite() {
     decisions(Arc::new(store)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn decisions_with_postgres() {
+    let url = std::env::var("DATABASE_URL").unwrap();
+    let store = SqlStore::connect(&url)
+        .await
+        .unwrap()
+        .table(unique("idem_decisions"))
+        .unwrap();
+    store.migrate().await.unwrap();
+    decisions(Arc::new(store)).await;
+}
+
 /// A store that does not answer: the request is refused 503 within the store timeout,
 /// not hung.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
