@@ -14,6 +14,8 @@
 //! so that machine noise hits all alike:
 //! - `handler`: `/plain` (the server and client alone);
 //! - `lock layer`: `/locked` with a fresh key per request;
+//! - `lock layer + fencing`: the same with fencing tokens (`/locked-fenced`), the lock
+//!   the idempotency layer takes;
 //! - `idempotency, fresh key`: `/idempotent` with a fresh key per request (the first
 //!   run: read, lock, in-flight write, handler, response write);
 //! - `idempotency, replay`: `/idempotent` with a key already run (one read);
@@ -52,6 +54,7 @@ const BODY: &str = r#"{"order":42,"cents":500}"#;
 enum Workload {
     Handler,
     LockLayer,
+    LockLayerFenced,
     Fresh,
     Replay,
     LockCycle,
@@ -62,6 +65,7 @@ impl Workload {
         match self {
             Self::Handler => "handler (no layer)",
             Self::LockLayer => "lock layer, fresh key",
+            Self::LockLayerFenced => "lock layer + fencing, fresh key",
             Self::Fresh => "idempotency, fresh key",
             Self::Replay => "idempotency, replay",
             Self::LockCycle => "lock cycle (lock + release)",
@@ -82,6 +86,8 @@ struct Ctx {
     client: reqwest::Client,
     redlock: Redlock,
     run: String,
+    /// Numbers fresh keys across every slice (a slice's own counter starts at 0).
+    next: std::sync::atomic::AtomicU64,
 }
 
 #[tokio::main]
@@ -119,6 +125,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ),
         )
         .route(
+            "/locked-fenced",
+            handler().route_layer(
+                LockLayer::new(redlock.clone(), Header::new("Idempotency-Key").required())
+                    .resource_prefix("bench:fenced:")
+                    .fencing(true),
+            ),
+        )
+        .route(
             "/idempotent",
             handler().route_layer(
                 IdempotencyLayer::new(redlock.clone(), store)
@@ -139,6 +153,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         client,
         redlock,
         run,
+        next: std::sync::atomic::AtomicU64::new(0),
     });
     println!(
         "bench_idempotency: {} lock nodes and 1 data Redis, {} concurrent clients, {secs} s per workload in {ROUNDS} interleaved slices, {} cores",
@@ -150,6 +165,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let workloads = [
         Workload::Handler,
         Workload::LockLayer,
+        Workload::LockLayerFenced,
         Workload::Fresh,
         Workload::Replay,
         Workload::LockCycle,
@@ -204,7 +220,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         stats.push(s);
     }
-    let [handler, lock_layer, fresh, replay, lock_cycle] = &stats[..] else {
+    let [handler, lock_layer, fenced, fresh, replay, lock_cycle] = &stats[..] else {
         return Err("missing results".into());
     };
     let fresh_ratio = fresh.p50.as_secs_f64() / lock_layer.p50.as_secs_f64();
@@ -218,6 +234,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "a replay over the handler, at p50: +{} = {replay_ratio:.2} lock cycles (target <= 1: {})",
         fmt_us(Duration::from_secs_f64(added.max(0.0))),
         verdict(replay_ratio <= 1.0)
+    );
+    println!(
+        "idempotency (fresh key) / lock layer with fencing tokens (the lock it takes), at p50: {:.2}",
+        fresh.p50.as_secs_f64() / fenced.p50.as_secs_f64()
     );
     println!(
         "in capacity: fresh / lock layer {:.2}; replay / handler {:.2}",
@@ -240,19 +260,22 @@ async fn measure(
     closed_loop(concurrency(), run, move |worker, i| {
         let ctx = Arc::clone(&ctx);
         async move {
+            let fresh = ctx.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let (route, key, expect) = match workload {
                 Workload::LockCycle => {
-                    let lock = ctx.redlock.lock(format!("bench:raw:{worker}-{i}")).await?;
+                    let lock = ctx
+                        .redlock
+                        .lock(format!("bench:raw:{worker}-{i}-{fresh}"))
+                        .await?;
                     lock.release().await?;
                     return Ok(());
                 }
-                Workload::Handler => ("plain", format!("{}-{worker}-{i}", ctx.run), None),
-                Workload::LockLayer => ("locked", format!("{}-{worker}-{i}", ctx.run), None),
-                Workload::Fresh => (
-                    "idempotent",
-                    format!("{}-{worker}-{i}", ctx.run),
-                    Some(false),
-                ),
+                Workload::Handler => ("plain", format!("{}-{fresh}", ctx.run), None),
+                Workload::LockLayer => ("locked", format!("{}-{fresh}", ctx.run), None),
+                Workload::LockLayerFenced => {
+                    ("locked-fenced", format!("{}-{fresh}", ctx.run), None)
+                }
+                Workload::Fresh => ("idempotent", format!("{}-{fresh}", ctx.run), Some(false)),
                 // One key per worker: run once (in the warm-up), replayed from then on.
                 Workload::Replay => ("idempotent", format!("{}-replay-{worker}", ctx.run), None),
             };
