@@ -309,16 +309,9 @@ impl Idempotency {
     }
 }
 
-/// The value of header `name` as a scope: one value, visible ASCII once trimmed.
+/// The scope in header `name`, by the core's rule (`scope_from_header`).
 fn header_scope(headers: &HeaderMap, name: &str) -> Option<String> {
-    let mut values = headers.get_all(name);
-    let value = values.next()?;
-    if values.next().is_some() {
-        return None;
-    }
-    let value = value.to_str().ok()?.trim();
-    let visible = !value.is_empty() && value.bytes().all(|b| b.is_ascii_graphic());
-    visible.then(|| value.to_owned())
+    redlock_idempotency::scope_from_header(headers.get_all(name).map(|value| value.as_bytes()))
 }
 
 impl<S, B> Transform<S, ServiceRequest> for Idempotency

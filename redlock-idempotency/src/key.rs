@@ -112,3 +112,29 @@ pub fn record_id(scope: Option<&str>, key: &IdempotencyKey) -> String {
         Some(scope) => format!("{}:{key}", lock_key(scope).unwrap_or_default()),
     }
 }
+
+/// The scope named by a request header with these values (the web crates'
+/// `scope_header`): exactly one value, visible ASCII once trimmed (no spaces inside).
+/// `None` otherwise, which the middleware answers `400`: a request whose scope is
+/// missing or ambiguous must not share records with anyone.
+///
+/// ```
+/// use redlock_idempotency::scope_from_header;
+///
+/// assert_eq!(scope_from_header([&b" acme "[..]]).as_deref(), Some("acme"));
+/// assert_eq!(scope_from_header([]), None);
+/// assert_eq!(scope_from_header([&b"  "[..]]), None);
+/// assert_eq!(scope_from_header([&b"a b"[..]]), None);
+/// assert_eq!(scope_from_header([&b"a"[..], &b"b"[..]]), None);
+/// assert_eq!(scope_from_header([&b"caf\xc3\xa9"[..]]), None);
+/// ```
+pub fn scope_from_header<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<String> {
+    let mut values = values.into_iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    let value = std::str::from_utf8(value).ok()?.trim();
+    let visible = !value.is_empty() && value.bytes().all(|b| b.is_ascii_graphic());
+    visible.then(|| value.to_owned())
+}

@@ -129,7 +129,7 @@ pub mod store;
 pub mod telemetry;
 
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
-pub use key::{DEFAULT_HEADER, DEFAULT_MAX_KEY_LEN, IdempotencyKey, record_id};
+pub use key::{DEFAULT_HEADER, DEFAULT_MAX_KEY_LEN, IdempotencyKey, record_id, scope_from_header};
 pub use record::{Corrupt, Record, RecordState, StoredResponse};
 pub use refusal::{Refusal, RefusalKind};
 pub use response::is_hop_by_hop;

@@ -219,16 +219,15 @@ impl<S> Layer<S> for IdempotencyLayer {
     }
 }
 
-/// The scope in header `name`: one value, visible ASCII once trimmed, not empty.
+/// The scope in header `name`, by the core's rule (`scope_from_header`).
 fn header_scope(parts: &Parts, name: &str) -> Option<String> {
-    let mut values = parts.headers.get_all(name).iter();
-    let value = values.next()?;
-    if values.next().is_some() {
-        return None;
-    }
-    let value = value.to_str().ok()?.trim();
-    let visible = !value.is_empty() && value.bytes().all(|b| b.is_ascii_graphic());
-    visible.then(|| value.to_owned())
+    redlock_idempotency::scope_from_header(
+        parts
+            .headers
+            .get_all(name)
+            .iter()
+            .map(http::HeaderValue::as_bytes),
+    )
 }
 
 #[cfg(test)]
