@@ -3,7 +3,8 @@
 //! (`redlock_actix::Idempotency`), each with its own lock client and store connection,
 //! over one lock cluster and one data Redis. A key's request runs once whichever replica
 //! gets it; its retries get the stored bytes; a replica that dies mid-request lets a
-//! retry run once on another, and the dead run's late fenced write is refused.
+//! retry run once on another, and the dead run's late fenced write is refused. The
+//! records in Redis, and in SQL (a SQLite file).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
@@ -15,7 +16,8 @@ use axum::Router;
 use axum::routing::post;
 use redlock_core::Redlock;
 use redlock_fence::{FenceError, RedisFence};
-use redlock_idempotency::store::RedisStore;
+use redlock_idempotency::Store;
+use redlock_idempotency::store::{RedisStore, SqlStore};
 use redlock_testkit::Cluster;
 
 const TTL: Duration = Duration::from_millis(1500);
@@ -35,13 +37,33 @@ async fn work(data_url: String, key: String) -> (u64, String) {
     (run, format!(r#"{{"refund":"{nonce:016x}","run":{run}}}"#))
 }
 
+/// Where the replicas keep their records: each replica opens its own connection.
+#[derive(Clone)]
+enum Records {
+    Redis(String),
+    Sqlite(String),
+}
+
+impl Records {
+    async fn open(&self) -> Arc<dyn Store> {
+        match self {
+            Self::Redis(url) => Arc::new(RedisStore::open(url).await.unwrap()),
+            Self::Sqlite(url) => {
+                let store = SqlStore::connect(url).await.unwrap();
+                store.migrate().await.unwrap();
+                Arc::new(store)
+            }
+        }
+    }
+}
+
 fn client(cluster: &Cluster) -> Redlock {
     redlock_testkit::builder(cluster).ttl(TTL).build().unwrap()
 }
 
 /// An axum replica on this runtime: its base URL.
-async fn axum_replica(cluster: &Cluster, data_url: &str) -> String {
-    let store = RedisStore::open(data_url).await.unwrap();
+async fn axum_replica(cluster: &Cluster, data_url: &str, records: &Records) -> String {
+    let store = records.open().await;
     let data = data_url.to_owned();
     let app = Router::new().route(
         "/refunds",
@@ -61,8 +83,10 @@ async fn axum_replica(cluster: &Cluster, data_url: &str) -> String {
             }
         })
         .route_layer(
-            redlock_tower::IdempotencyLayer::new(client(cluster), store)
-                .scope_header("x-tenant-id"),
+            redlock_tower::IdempotencyLayer::from_core(
+                redlock_idempotency::Idempotency::with_store(client(cluster), store),
+            )
+            .scope_header("x-tenant-id"),
         ),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -72,15 +96,18 @@ async fn axum_replica(cluster: &Cluster, data_url: &str) -> String {
 }
 
 /// An actix-web replica in a thread of its own (its own actix system): its base URL.
-fn actix_replica(cluster: &Cluster, data_url: &str) -> String {
+fn actix_replica(cluster: &Cluster, data_url: &str, records: &Records) -> String {
     let redlock = client(cluster);
     let data_url = data_url.to_owned();
+    let records = records.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         actix_web::rt::System::new().block_on(async move {
-            let store = RedisStore::open(&data_url).await.unwrap();
-            let idempotency =
-                redlock_actix::Idempotency::new(redlock, store).scope_header("x-tenant-id");
+            let store = records.open().await;
+            let idempotency = redlock_actix::Idempotency::from_core(
+                redlock_idempotency::Idempotency::with_store(redlock, store),
+            )
+            .scope_header("x-tenant-id");
             let server = actix_web::HttpServer::new(move || {
                 let data = data_url.clone();
                 actix_web::App::new().service(
@@ -164,15 +191,41 @@ async fn runs(data: &Cluster, key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_runs_once_across_axum_and_actix_replicas() {
-    let cluster = Cluster::start(3).await;
     let data = Cluster::start(1).await;
+    let records = Records::Redis(data.urls()[0].clone());
+    runs_once_across_replicas(&data, &records).await;
+}
+
+/// The same over records in SQL: one SQLite file, a connection pool per replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_runs_once_across_axum_and_actix_replicas_with_sql_records() {
+    let data = Cluster::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("records.db").display()
+    );
+    // Created once before the replicas start (each would migrate it again).
+    SqlStore::connect(&url)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    runs_once_across_replicas(&data, &Records::Sqlite(url)).await;
+}
+
+/// Two axum and two actix replicas over one lock cluster and `records`; the handlers
+/// count their runs in `data`.
+async fn runs_once_across_replicas(data: &Cluster, records: &Records) {
+    let cluster = Cluster::start(3).await;
     let data_url = data.urls()[0].clone();
     let mut bases = vec![
-        axum_replica(&cluster, &data_url).await,
-        axum_replica(&cluster, &data_url).await,
+        axum_replica(&cluster, &data_url, records).await,
+        axum_replica(&cluster, &data_url, records).await,
     ];
-    bases.push(actix_replica(&cluster, &data_url));
-    bases.push(actix_replica(&cluster, &data_url));
+    bases.push(actix_replica(&cluster, &data_url, records));
+    bases.push(actix_replica(&cluster, &data_url, records));
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let key = format!("refund-{}", std::process::id());
 
@@ -184,7 +237,7 @@ async fn a_key_runs_once_across_axum_and_actix_replicas() {
         async move { send(&http, &base, &key, "tenant-1").await }
     });
     let answers = futures_util::future::join_all(requests).await;
-    assert_eq!(runs(&data, &key).await, 1, "the handler ran more than once");
+    assert_eq!(runs(data, &key).await, 1, "the handler ran more than once");
 
     let created: Vec<&Answer> = answers.iter().filter(|a| a.status == 201).collect();
     let conflicts = answers.iter().filter(|a| a.status == 409).count();
@@ -215,7 +268,7 @@ async fn a_key_runs_once_across_axum_and_actix_replicas() {
     let other = send(&http, &bases[3], &key, "tenant-2").await;
     assert_eq!((other.status, other.replayed), (201, false));
     assert_ne!(other.body, stored);
-    assert_eq!(runs(&data, &key).await, 2);
+    assert_eq!(runs(data, &key).await, 2);
 }
 
 /// A replica's runtime dropped mid-handler: no release, no extension. The retry on
