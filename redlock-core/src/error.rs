@@ -245,6 +245,10 @@ pub enum ConfigError {
     #[error("a retry policy needs at least one attempt")]
     ZeroAttempts,
 
+    /// A semaphore was given zero permits.
+    #[error("a semaphore needs at least one permit")]
+    ZeroPermits,
+
     /// A lock's TTL is longer than the maximum TTL, which the restart quarantine relies on.
     #[error(
         "the TTL {ttl:?} is above the maximum TTL {max:?}: raise `max_ttl` (the restart quarantine lasts that long)"

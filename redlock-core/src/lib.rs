@@ -129,6 +129,7 @@ mod protocol;
 mod queue;
 mod quorum;
 mod retry;
+pub mod semaphore;
 mod server_clock;
 mod shared;
 pub mod telemetry;
@@ -154,6 +155,7 @@ pub use lock::{Finished, Lock, LockHandle, Released};
 pub use node::{CONNECT_TIMEOUT, NodeStatus};
 pub use protocol::MAX_TTL;
 pub use retry::RetryPolicy;
+pub use semaphore::{Permit, Semaphore};
 pub use shared::check_resource_name;
 pub use tokio_util::sync::CancellationToken;
 

@@ -110,6 +110,16 @@ impl RetryPolicy {
     }
 
     /// The jitter after a wake-up.
+    /// The fixed part of the sleep between two attempts.
+    pub(crate) fn base_delay(&self) -> Duration {
+        self.base_delay
+    }
+
+    /// The random part's maximum.
+    pub(crate) fn jitter(&self) -> Duration {
+        self.jitter
+    }
+
     /// The longest sleep between two attempts.
     pub(crate) fn max_delay(&self) -> Duration {
         self.base_delay.saturating_add(self.jitter)

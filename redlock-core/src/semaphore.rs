@@ -1,0 +1,292 @@
+//! [`Semaphore`]: at most `permits` holders at once, cluster-wide.
+//!
+//! A semaphore of `k` permits is `k` slots, each an ordinary Redlock lock on its own
+//! resource (`<name>/permit/<i>`); a permit is one held slot. This is what makes it
+//! correct over N nodes: a majority quorum does not bound a counter (with N nodes each
+//! refusing past `k` grants, `k + 1` holders each granted by a majority fit whenever
+//! `(k + 1) * q <= k * N`, e.g. three holders of a 2-permit semaphore on 3 nodes, each
+//! granted by two), but each slot is a mutex, and `k` mutexes have at most `k` holders,
+//! under the lock's own assumptions (docs/GUARANTEES.md). Every feature of a lock comes
+//! with it: the watchdog, loss notification, a fencing token per slot (strictly greater
+//! for every new holder of that slot), release on drop, and the listing shows each held
+//! slot as a lock.
+//!
+//! ```no_run
+//! # async fn run(redlock: redlock_core::Redlock) -> Result<(), redlock_core::Error> {
+//! // At most 3 calls to the partner's API at once, across every replica.
+//! let partner = redlock.semaphore("partner-api", 3)?;
+//! let mut permit = partner.acquire().await?;
+//! permit.auto_extend(); // for a call that may outlast the TTL
+//! // ... call the API, passing permit.fencing_token() to a fenced store if it writes ...
+//! permit.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Acquiring
+//!
+//! An acquisition tries the slots one after another from a random one, with one attempt
+//! each (a free slot is taken at once: an uncontended permit costs one lock cycle).
+//! When every slot is busy, it waits as the retry policy says (the client's, or
+//! [`retry`](Semaphore::retry)): instead of sleeping between two scans, it queues on one
+//! slot, picked at random, and is woken when that slot is released (and handed it, in
+//! the slot's queue order); at the end of the policy's delay it scans every slot again.
+//! A release therefore wakes a waiter at once when one queued on its slot, and else is
+//! found by the next scan.
+
+use std::time::{Duration, Instant};
+
+use rand::RngExt;
+
+use crate::client::Redlock;
+use crate::error::{ConfigError, Error, ErrorClass};
+use crate::lock::{Lock, LockHandle, Released};
+use crate::retry::RetryPolicy;
+
+/// At most [`permits`](Self::permits) holders at once, across every client of the
+/// nodes: see the [module docs](crate::semaphore). Made by
+/// [`Redlock::semaphore`]; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    redlock: Redlock,
+    name: String,
+    permits: u32,
+    ttl: Option<Duration>,
+    retry: Option<RetryPolicy>,
+    fencing: Option<bool>,
+}
+
+/// One held permit: a held slot of a [`Semaphore`], with every feature of a [`Lock`].
+/// Dropped, it is released in the background (as a lock is).
+#[derive(Debug)]
+pub struct Permit {
+    lock: Lock,
+    slot: u32,
+}
+
+impl Redlock {
+    /// A semaphore of `permits` permits named `name`: at most `permits` holders at once,
+    /// cluster-wide. Its slots are the resources `<name>/permit/0` to
+    /// `<name>/permit/<permits - 1>`; lock no such resource directly.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::ZeroPermits`] for `permits == 0`, [`ConfigError::EmptyResource`]
+    /// for an empty name.
+    pub fn semaphore(
+        &self,
+        name: impl Into<String>,
+        permits: u32,
+    ) -> Result<Semaphore, ConfigError> {
+        let name = name.into();
+        if permits == 0 {
+            return Err(ConfigError::ZeroPermits);
+        }
+        if name.is_empty() {
+            return Err(ConfigError::EmptyResource);
+        }
+        Ok(Semaphore {
+            redlock: self.clone(),
+            name,
+            permits,
+            ttl: None,
+            retry: None,
+            fencing: None,
+        })
+    }
+}
+
+impl Semaphore {
+    /// The permits' TTL (default: the client's): how long a dead holder's permit stays
+    /// taken.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long and how often [`acquire`](Self::acquire) waits for a permit (default:
+    /// the client's retry policy).
+    #[must_use]
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = Some(retry);
+        self
+    }
+
+    /// Whether permits come with a fencing token (default: the client's setting).
+    #[must_use]
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = Some(on);
+        self
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many permits it has.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// The resource of slot `slot`: `<name>/permit/<slot>`.
+    pub fn slot_resource(&self, slot: u32) -> String {
+        format!("{}/permit/{slot}", self.name)
+    }
+
+    /// Takes a permit, waiting by the retry policy when all are taken.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Taken`] when every permit stayed taken for as long as the policy waits;
+    /// the errors of [`Redlock::lock`] otherwise (no quorum, an invalid TTL).
+    pub async fn acquire(&self) -> Result<Permit, Error> {
+        let policy = self.retry.unwrap_or(self.redlock.shared().retry);
+        policy.validate()?;
+        let started = Instant::now();
+        let mut attempts: u32 = 0;
+        loop {
+            attempts = attempts.saturating_add(1);
+            let busy = match self.scan().await {
+                Ok(permit) => return Ok(permit),
+                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => error,
+                Err(error) => return Err(error),
+            };
+            let Some(wait) = policy.next_delay(attempts, started.elapsed()) else {
+                return Err(busy);
+            };
+            // Queue on one slot for the delay: woken (and handed the slot) when it is
+            // released, else scan them all again.
+            let slot = rand::rng().random_range(0..self.permits);
+            match self
+                .request(slot)
+                .retry(RetryPolicy::deadline(wait).with_delay(policy.base_delay(), policy.jitter()))
+                .await
+            {
+                Ok(lock) => return Ok(Permit { lock, slot }),
+                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Takes a permit if one is free now: one attempt per slot, no waiting.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Taken`] when every permit is taken; the errors of [`Redlock::lock`].
+    pub async fn try_acquire(&self) -> Result<Permit, Error> {
+        self.scan().await
+    }
+
+    /// The acquisition of slot `slot`, with this semaphore's options.
+    fn request(&self, slot: u32) -> crate::Acquire<'_> {
+        let mut acquire = self.redlock.lock(self.slot_resource(slot));
+        if let Some(ttl) = self.ttl {
+            acquire = acquire.ttl(ttl);
+        }
+        if let Some(on) = self.fencing {
+            acquire = acquire.fencing(on);
+        }
+        acquire
+    }
+
+    /// One attempt on each slot, from a random one, until one is taken.
+    async fn scan(&self) -> Result<Permit, Error> {
+        let first = rand::rng().random_range(0..self.permits);
+        let mut busy = None;
+        for i in 0..self.permits {
+            let slot = (first + i) % self.permits;
+            match self.request(slot).retry(RetryPolicy::once()).await {
+                Ok(lock) => return Ok(Permit { lock, slot }),
+                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {
+                    // Keep the one whose holder frees it soonest: its `Retry-After`.
+                    busy = Some(match busy {
+                        Some(kept) if retry_after(&kept) <= retry_after(&error) => kept,
+                        _ => error,
+                    });
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(busy.unwrap_or_else(|| Error::Taken {
+            resource: self.name.clone(),
+            nodes: Vec::new(),
+            total: self.redlock.node_count(),
+            attempts: 1,
+            retry_after: None,
+        }))
+    }
+}
+
+fn retry_after(error: &Error) -> Duration {
+    match error.class() {
+        ErrorClass::Contended {
+            retry_after: Some(after),
+        } => after,
+        _ => Duration::MAX,
+    }
+}
+
+impl Permit {
+    /// Which slot it holds (0 to `permits - 1`).
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The slot's lock.
+    pub fn lock(&self) -> &Lock {
+        &self.lock
+    }
+
+    /// The slot's fencing token, if taken with one: strictly greater for every new
+    /// holder of this slot (tokens of different slots are unrelated).
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.lock.fencing_token()
+    }
+
+    /// How long it is still valid for.
+    pub fn validity(&self) -> Duration {
+        self.lock.validity()
+    }
+
+    /// A handle for the protected work: validity, loss, fencing token.
+    pub fn handle(&self) -> LockHandle {
+        self.lock.handle()
+    }
+
+    /// Completes when the permit is lost (the watchdog could not extend it in time).
+    pub async fn lost(&self) {
+        self.lock.lost().await;
+    }
+
+    /// Lets the watchdog extend the permit while it is held (see [`Lock::auto_extend`]).
+    pub fn auto_extend(&mut self) {
+        self.lock.auto_extend();
+    }
+
+    /// As [`auto_extend`](Self::auto_extend), for at most `max_hold` after the
+    /// acquisition.
+    pub fn auto_extend_for(&mut self, max_hold: Duration) {
+        self.lock.auto_extend_for(max_hold);
+    }
+
+    /// Extends it to `ttl` from now (see [`Lock::extend`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::extend`].
+    pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        self.lock.extend(ttl).await
+    }
+
+    /// Gives the permit back (and hands it to a waiter queued on its slot).
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::release`].
+    pub async fn release(self) -> Result<Released, Error> {
+        self.lock.release().await
+    }
+}

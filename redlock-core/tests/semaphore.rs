@@ -1,0 +1,215 @@
+//! Semaphores against real redis-server nodes: never more than `k` holders, counted
+//! outside the library; permits of a dead holder come back at their TTL; a release
+//! wakes a waiter; fencing tokens per slot only go up.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use redlock_core::{ConfigError, Error, RetryPolicy};
+use redlock_testkit::Cluster;
+
+/// Eight clients (each its own connections, as replicas) share a 2-permit semaphore on
+/// 3 nodes for 40 acquisitions: an observer outside the library never sees more than
+/// 2 holders, and sees 2 at some point (both slots are used).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_k_holders() {
+    let cluster = Cluster::start(3).await;
+    let holders = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let redlock = redlock_testkit::builder(&cluster).build().unwrap();
+        let (holders, most) = (holders.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let semaphore = redlock
+                .semaphore("exports", 2)
+                .unwrap()
+                .retry(RetryPolicy::deadline(Duration::from_secs(30)));
+            for _ in 0..5 {
+                let permit = semaphore.acquire().await.unwrap();
+                let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(15)).await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                permit.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        2,
+        "at most 2, and both permits used"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_semaphore_refuses_try_acquire_until_a_permit_comes_back() {
+    let cluster = Cluster::start(3).await;
+    let redlock = redlock_testkit::builder(&cluster).build().unwrap();
+    let semaphore = redlock.semaphore("partner", 2).unwrap();
+    let a = semaphore.try_acquire().await.unwrap();
+    let b = semaphore.try_acquire().await.unwrap();
+    assert_ne!(a.slot(), b.slot());
+    match semaphore.try_acquire().await {
+        Err(Error::Taken { retry_after, .. }) => assert!(retry_after.is_some()),
+        other => panic!("a third permit: {other:?}"),
+    }
+    let freed = a.slot();
+    a.release().await.unwrap();
+    let c = semaphore.try_acquire().await.unwrap();
+    assert_eq!(c.slot(), freed);
+    // The slots are ordinary locks: the listing shows them.
+    let held = redlock.locks("partner/permit/").await.unwrap();
+    assert_eq!(held.locks.len(), 2, "{held:?}");
+    drop((b, c));
+}
+
+/// A holder that dies (its permit neither released nor extended) gives the permit back
+/// at its TTL: a waiter gets it then, not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_permit_comes_back_at_its_ttl() {
+    let cluster = Cluster::start(3).await;
+    let dead = redlock_testkit::builder(&cluster).build().unwrap();
+    let permit = dead
+        .semaphore("jobs", 1)
+        .unwrap()
+        .ttl(Duration::from_millis(1500))
+        .try_acquire()
+        .await
+        .unwrap();
+    let taken = Instant::now();
+    std::mem::forget(permit); // the process died: no release, no watchdog
+    let waiter = redlock_testkit::builder(&cluster).build().unwrap();
+    let permit = waiter
+        .semaphore("jobs", 1)
+        .unwrap()
+        .retry(RetryPolicy::deadline(Duration::from_secs(10)))
+        .acquire()
+        .await
+        .unwrap();
+    let waited = taken.elapsed();
+    assert!(waited >= Duration::from_millis(1300), "{waited:?}");
+    assert!(waited < Duration::from_secs(4), "{waited:?}");
+    permit.release().await.unwrap();
+}
+
+/// A waiter queued on a full one-permit semaphore is woken by the release, well before
+/// its policy's next scan (1 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter() {
+    let cluster = Cluster::start(3).await;
+    let holder = redlock_testkit::builder(&cluster).build().unwrap();
+    let permit = holder
+        .semaphore("one", 1)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiter = redlock_testkit::builder(&cluster).build().unwrap();
+    let waiting = tokio::spawn(async move {
+        let permit = waiter
+            .semaphore("one", 1)
+            .unwrap()
+            .retry(
+                RetryPolicy::deadline(Duration::from_secs(20))
+                    .with_delay(Duration::from_secs(1), Duration::ZERO),
+            )
+            .acquire()
+            .await
+            .unwrap();
+        let got = Instant::now();
+        permit.release().await.unwrap();
+        got
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    permit.release().await.unwrap();
+    let got = waiting.await.unwrap();
+    let after = got.duration_since(released);
+    assert!(
+        after < Duration::from_millis(500),
+        "woken {after:?} after the release"
+    );
+}
+
+/// Each slot's fencing tokens only go up, holder after holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_of_a_slot_go_up() {
+    let cluster = Cluster::start(3).await;
+    let redlock = redlock_testkit::builder(&cluster).build().unwrap();
+    let semaphore = redlock.semaphore("fenced", 1).unwrap().fencing(true);
+    let mut last = 0;
+    for _ in 0..5 {
+        let permit = semaphore.try_acquire().await.unwrap();
+        let token = permit.fencing_token().unwrap();
+        assert!(token > last, "{token} after {last}");
+        last = token;
+        permit.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn bad_semaphores_are_refused() {
+    let cluster = Cluster::start(1).await;
+    let redlock = redlock_testkit::builder(&cluster).build().unwrap();
+    assert!(matches!(
+        redlock.semaphore("s", 0),
+        Err(ConfigError::ZeroPermits)
+    ));
+    assert!(matches!(
+        redlock.semaphore("", 2),
+        Err(ConfigError::EmptyResource)
+    ));
+}
+
+/// The negative control of the design: a semaphore that counts holders on each node and
+/// grants by majority admits more than `k` holders. Three contenders of a 2-permit
+/// semaphore on 3 nodes, their requests reaching the nodes in this order (as a network
+/// may deliver them): node 0 grants A and B, node 1 grants B and C, node 2 grants C and
+/// A; each node stays within 2, and each contender has a majority (2 of 3): 3 holders.
+/// The same three contenders on the slot semaphore: at most 2 hold a permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_counter_semaphore_admits_more_than_k_the_slots_do_not() {
+    let cluster = Cluster::start(3).await;
+    let grant = redis::Script::new(
+        "if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) then \
+           return redis.call('SADD', KEYS[1], ARGV[1]) end return 0",
+    );
+    let mut conns = Vec::new();
+    for url in cluster.urls() {
+        let client = redis::Client::open(url).unwrap();
+        conns.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    let order = [(0, "A"), (0, "B"), (1, "B"), (1, "C"), (2, "C"), (2, "A")];
+    let mut votes = std::collections::BTreeMap::<&str, usize>::new();
+    for (node, contender) in order {
+        let granted: i64 = grant
+            .key("counter-semaphore")
+            .arg(contender)
+            .arg(2)
+            .invoke_async(&mut conns[node])
+            .await
+            .unwrap();
+        *votes.entry(contender).or_default() += granted as usize;
+    }
+    let holders = votes.values().filter(|&&v| v >= 2).count();
+    assert_eq!(
+        holders, 3,
+        "the counter design admits 3 holders of 2 permits: {votes:?}"
+    );
+
+    let mut permits = Vec::new();
+    for _ in 0..3 {
+        let redlock = redlock_testkit::builder(&cluster).build().unwrap();
+        if let Ok(permit) = redlock.semaphore("slots", 2).unwrap().try_acquire().await {
+            permits.push(permit);
+        }
+    }
+    assert_eq!(permits.len(), 2);
+}
