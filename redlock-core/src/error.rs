@@ -249,6 +249,15 @@ pub enum ConfigError {
     #[error("a semaphore needs at least one permit")]
     ZeroPermits,
 
+    /// More permits (or zero) were asked of a semaphore at once than it has.
+    #[error("{asked} permits asked at once of a semaphore of {permits}: ask for 1 to {permits}")]
+    TooManyPermits {
+        /// Permits asked for.
+        asked: u32,
+        /// Permits the semaphore has.
+        permits: u32,
+    },
+
     /// A lock's TTL is longer than the maximum TTL, which the restart quarantine relies on.
     #[error(
         "the TTL {ttl:?} is above the maximum TTL {max:?}: raise `max_ttl` (the restart quarantine lasts that long)"

@@ -171,6 +171,83 @@ impl Semaphore {
         }
     }
 
+    /// Takes `n` permits together, waiting by the retry policy until `n` are free at
+    /// once. A scan that finds fewer gives back what it took before it waits (it never
+    /// holds some while waiting for more, so two callers cannot block each other), so a
+    /// caller asking for many permits can wait longer than callers asking for one.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::TooManyPermits`] (as [`Error::Config`]) for `n` above
+    /// [`permits`](Self::permits) or `n == 0`; [`Error::Taken`] when `n` permits were
+    /// never free at once for as long as the policy waits; the errors of
+    /// [`Redlock::lock`].
+    pub async fn acquire_many(&self, n: u32) -> Result<Vec<Permit>, Error> {
+        if n == 0 || n > self.permits {
+            return Err(Error::Config(ConfigError::TooManyPermits {
+                asked: n,
+                permits: self.permits,
+            }));
+        }
+        let policy = self.retry.unwrap_or(self.redlock.shared().retry);
+        policy.validate()?;
+        let started = Instant::now();
+        let mut attempts: u32 = 0;
+        loop {
+            attempts = attempts.saturating_add(1);
+            let busy = match self.scan_many(n).await {
+                Ok(permits) => return Ok(permits),
+                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => error,
+                Err(error) => return Err(error),
+            };
+            let Some(wait) = policy.next_delay(attempts, started.elapsed()) else {
+                return Err(busy);
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One attempt on each slot, from a random one, until `n` are taken; on fewer, gives
+    /// them back (awaited) and answers the busy error.
+    async fn scan_many(&self, n: u32) -> Result<Vec<Permit>, Error> {
+        let first = rand::rng().random_range(0..self.permits);
+        let mut held = Vec::with_capacity(n as usize);
+        let mut busy = None;
+        for i in 0..self.permits {
+            if held.len() == n as usize {
+                break;
+            }
+            let slot = (first + i) % self.permits;
+            match self.request(slot).retry(RetryPolicy::once()).await {
+                Ok(lock) => held.push(Permit { lock, slot }),
+                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {
+                    busy = Some(error);
+                }
+                Err(error) => {
+                    give_back(held).await;
+                    return Err(error);
+                }
+            }
+        }
+        if held.len() == n as usize {
+            return Ok(held);
+        }
+        give_back(held).await;
+        Err(busy.unwrap_or_else(|| self.all_taken()))
+    }
+
+    /// The error of a semaphore none of whose slots answered busy (not reached: a scan
+    /// that takes nothing saw every slot busy).
+    fn all_taken(&self) -> Error {
+        Error::Taken {
+            resource: self.name.clone(),
+            nodes: Vec::new(),
+            total: self.redlock.node_count(),
+            attempts: 1,
+            retry_after: None,
+        }
+    }
+
     /// Takes a permit if one is free now: one attempt per slot, no waiting.
     ///
     /// # Errors
@@ -210,13 +287,17 @@ impl Semaphore {
                 Err(error) => return Err(error),
             }
         }
-        Err(busy.unwrap_or_else(|| Error::Taken {
-            resource: self.name.clone(),
-            nodes: Vec::new(),
-            total: self.redlock.node_count(),
-            attempts: 1,
-            retry_after: None,
-        }))
+        Err(busy.unwrap_or_else(|| self.all_taken()))
+    }
+}
+
+/// Releases `permits`, each in turn (a failed release ends at the permit's TTL).
+async fn give_back(permits: Vec<Permit>) {
+    for permit in permits {
+        let slot = permit.slot;
+        if let Err(error) = permit.release().await {
+            tracing::debug!(slot, %error, "a permit given back after a partial acquisition failed to release: it ends at its TTL");
+        }
     }
 }
 

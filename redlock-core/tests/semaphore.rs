@@ -213,3 +213,31 @@ async fn a_majority_counter_semaphore_admits_more_than_k_the_slots_do_not() {
     }
     assert_eq!(permits.len(), 2);
 }
+
+/// `acquire_many` takes `n` distinct slots at once, or none: a caller that cannot get all
+/// of them holds none meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_many_takes_all_or_none() {
+    let cluster = Cluster::start(3).await;
+    let redlock = redlock_testkit::builder(&cluster).build().unwrap();
+    let semaphore = redlock
+        .semaphore("batch", 3)
+        .unwrap()
+        .retry(RetryPolicy::once());
+    let two = semaphore.acquire_many(2).await.unwrap();
+    assert_eq!(two.len(), 2);
+    assert_ne!(two[0].slot(), two[1].slot());
+    // Two more are not free: refused, and the one it could take is given back.
+    assert!(matches!(
+        semaphore.acquire_many(2).await,
+        Err(Error::Taken { .. })
+    ));
+    let one = semaphore.try_acquire().await.unwrap();
+    assert!(!two.iter().any(|p| p.slot() == one.slot()));
+    for bad in [0, 4] {
+        assert!(matches!(
+            semaphore.acquire_many(bad).await,
+            Err(Error::Config(ConfigError::TooManyPermits { .. }))
+        ));
+    }
+}
