@@ -281,3 +281,101 @@ async fn fencing_tokens_increase_across_aof_restarts() {
     assert!(report.counts[FaultKind::Restart as usize] > 0);
     assert_safe(&log, "fencing");
 }
+
+/// (d) A semaphore under the mixed fault schedule: 8 tasks on 4 clients share 2
+/// permits. Per slot: no two holders at once and tokens strictly increasing (the slot's
+/// own log); over all holds, counted by an observer that ignores slots: never more than
+/// 2 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_under_faults_never_exceeds_its_permits() {
+    const PERMITS: u32 = 2;
+    let target = scaled(4_000);
+    let cluster = Arc::new(tokio::sync::Mutex::new(Cluster::start_proxied(5).await));
+    let urls = cluster.lock().await.urls();
+    let setup = Setup {
+        ttl: Duration::from_millis(400),
+        node_timeout: Duration::from_millis(40),
+        fencing: true,
+        quarantine: true,
+    };
+    let slots: Arc<Vec<SafetyLog>> = Arc::new((0..PERMITS).map(|_| SafetyLog::new()).collect());
+    let all: Arc<std::sync::Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let faults = tokio::spawn(run_faults(
+        cluster.clone(),
+        &[
+            FaultKind::Pause,
+            FaultKind::Restart,
+            FaultKind::Cut,
+            FaultKind::Delay,
+        ],
+        2,
+        Duration::from_millis(300),
+        setup.ttl + Duration::from_secs(1),
+        stop.clone(),
+        11,
+    ));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for c in 0..4 {
+        let redlock = client_waking(urls.clone(), &setup, c % 2 == 0);
+        while !redlock.ready().await {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for _ in 0..2 {
+            let semaphore = redlock.semaphore("pool", PERMITS).unwrap();
+            let (slots, all, failures) = (slots.clone(), all.clone(), failures.clone());
+            handles.push(tokio::spawn(async move {
+                while all.lock().unwrap().len() < target {
+                    let Ok(permit) = semaphore.acquire().await else {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    let start = Instant::now();
+                    tokio::task::yield_now().await;
+                    let end = Instant::now().min(permit.lock().valid_until());
+                    slots[permit.slot() as usize].record(Hold {
+                        client: c,
+                        start,
+                        end,
+                        token: permit.fencing_token(),
+                    });
+                    all.lock().unwrap().push((start, end));
+                    let _ = permit.release().await;
+                }
+            }));
+        }
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let report = faults.await.unwrap();
+    let holds = all.lock().unwrap().clone();
+    eprintln!(
+        "semaphore under faults: {} holds, {} acquisitions failed, faults = {:?}",
+        holds.len(),
+        failures.load(Ordering::Relaxed),
+        report.counts
+    );
+    for (slot, log) in slots.iter().enumerate() {
+        assert_safe(log, &format!("slot {slot}"));
+    }
+    // The observer: at any instant, how many claims are open (an end at the same instant
+    // as a start closes first).
+    let mut events: Vec<(Instant, i32)> = holds
+        .iter()
+        .flat_map(|&(start, end)| [(start, 1), (end, -1)])
+        .collect();
+    events.sort();
+    let (mut open, mut most) = (0, 0);
+    for (_, step) in events {
+        open += step;
+        most = most.max(open);
+    }
+    assert!(
+        most <= PERMITS as i32,
+        "{most} holders of {PERMITS} permits at once"
+    );
+    assert!(holds.len() >= target);
+}
