@@ -57,6 +57,10 @@
 //!   across the replicas and replays its stored response to retries (built on
 //!   `redlock-idempotency`, with the options of `redlock-tower`'s `IdempotencyLayer`;
 //!   the guide: `docs/IDEMPOTENCY.md`).
+//! - [`ConcurrencyLimit`], a middleware, lets at most `k` requests per key (per
+//!   tenant, per route) run at once across every replica, on a cluster-wide semaphore
+//!   ([`redlock_core::Semaphore`]); a full limit answers `429` with `Retry-After` (the
+//!   counterpart of `redlock-tower`'s `ConcurrencyLimitLayer`).
 //! - [`LockMiddleware`]'s keys come from a [`KeyExtractor`](extract::KeyExtractor)
 //!   ([`extract`]: `Header`, `PathParam`, `PathPrefix`, `Global`, `from_fn`, closures).
 //! - [`DistributedLockConfig`] (the [`Redlock`] client, TTL, wait policy, resource
@@ -175,6 +179,7 @@ pub mod extract;
 mod guard;
 mod idempotency;
 mod key;
+mod limit;
 mod middleware;
 mod token;
 
@@ -184,6 +189,7 @@ pub use error::{DistributedLockError, Rejection, problem_response};
 pub use guard::{LockBody, LockGuard, LockLost};
 pub use idempotency::{Idempotency, IdempotencyService};
 pub use key::{LockHeader, LockHeaderName, LockKey};
+pub use limit::{ConcurrencyLimit, ConcurrencyLimitService};
 pub use middleware::{LockMiddleware, LockMiddlewareService};
 pub use redlock_core::{self, LockHandle, Redlock, Released, RetryPolicy};
 pub use redlock_http::{BadKey, Hold, MissingToken, RejectionKind};
