@@ -9,17 +9,18 @@ use std::time::Instant;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use redlock_core::{Error, ErrorClass, Lock, Redlock};
+use redlock_core::{Error, ErrorClass, Redlock};
 use redlock_http::Problem;
 use tower_service::Service;
 
 use crate::body::LockBody;
 use crate::config::{Config, Hold};
-use crate::guard::Guard;
+use crate::guard::{Guard, Held};
 use crate::response::{Rejection, RejectionKind, RejectionResponse};
 use crate::token::FailedOpen;
 
-type AcquireFuture = Pin<Box<dyn Future<Output = Result<Lock, Error>> + Send>>;
+/// Takes what a request holds while it runs: a lock, or a semaphore permit.
+pub(crate) type AcquireFuture = Pin<Box<dyn Future<Output = Result<Held, Error>> + Send>>;
 
 pin_project! {
     /// The response future of [`LockService`](crate::LockService): acquiring the lock,
@@ -50,6 +51,9 @@ pin_project! {
             inner: S,
             request: Request<ReqBody>,
             started: Instant,
+            // Whether the handler is told about the lock (a `LockHandle`, or the
+            // fail-open marker); a concurrency limit's permit is not a lock on the key.
+            expose: bool,
         },
         Running {
             #[pin]
@@ -131,7 +135,23 @@ where
                 Some(on) => acquire.fencing(on).await,
                 None => acquire.await,
             }
+            .map(Held::Lock)
         });
+        Self::holding(acquire, resource, inner, request, request_id, config, true)
+    }
+
+    /// Run `acquire` (what the request is to hold, named `resource` in the log and in
+    /// rejections), then call `inner` (already polled ready). `expose`: whether the
+    /// handler finds a `LockHandle` for it in the request's extensions.
+    pub(crate) fn holding(
+        acquire: AcquireFuture,
+        resource: String,
+        inner: S,
+        request: Request<ReqBody>,
+        request_id: Option<String>,
+        config: Arc<Config>,
+        expose: bool,
+    ) -> Self {
         Self {
             state: State::Acquiring {
                 acquire,
@@ -139,6 +159,7 @@ where
                 inner,
                 request,
                 started: Instant::now(),
+                expose,
             },
             config,
             request_id,
@@ -166,6 +187,7 @@ where
                         mut inner,
                         mut request,
                         started,
+                        expose,
                         ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
@@ -173,10 +195,7 @@ where
                     };
                     let next = match acquired {
                         Ok(mut lock) => {
-                            match this.config.max_hold {
-                                Some(max_hold) => lock.auto_extend_for(max_hold),
-                                None => lock.auto_extend(),
-                            }
+                            lock.auto_extend(this.config.max_hold);
                             tracing::debug!(
                                 key = %resource,
                                 waited_ms = started.elapsed().as_millis() as u64,
@@ -184,7 +203,9 @@ where
                                 validity_ms = lock.validity().as_millis() as u64,
                                 "lock acquired"
                             );
-                            request.extensions_mut().insert(lock.handle());
+                            if expose {
+                                request.extensions_mut().insert(lock.handle());
+                            }
                             let guard = Guard::new(lock, Instant::now(), this.config.abort_on_loss);
                             State::Running {
                                 future: inner.call(request),
@@ -210,7 +231,9 @@ where
                             // Fail-open: through without a lock (and without a handle);
                             // the marker tells `FencingToken` why.
                             None => {
-                                request.extensions_mut().insert(FailedOpen);
+                                if expose {
+                                    request.extensions_mut().insert(FailedOpen);
+                                }
                                 State::Running {
                                     future: inner.call(request),
                                     guard: None,

@@ -1,16 +1,68 @@
-//! [`Guard`]: a held lock while a request (and its response body) is served.
+//! [`Guard`]: a held lock (or a semaphore permit) while a request (and its response
+//! body) is served.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use redlock_core::Lock;
+use redlock_core::{Error, Lock, LockHandle, Permit, Released};
+
+/// What a request holds: the lock of a [`LockLayer`](crate::LockLayer), or the permit
+/// of a [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) (a held slot lock).
+#[derive(Debug)]
+pub(crate) enum Held {
+    Lock(Lock),
+    Permit(Permit),
+}
+
+impl Held {
+    fn lock(&self) -> &Lock {
+        match self {
+            Self::Lock(lock) => lock,
+            Self::Permit(permit) => permit.lock(),
+        }
+    }
+
+    /// The held lock's resource (a permit's: its slot's).
+    pub(crate) fn resource(&self) -> &str {
+        self.lock().resource()
+    }
+
+    pub(crate) fn attempts(&self) -> u32 {
+        self.lock().attempts()
+    }
+
+    pub(crate) fn validity(&self) -> Duration {
+        self.lock().validity()
+    }
+
+    pub(crate) fn handle(&self) -> LockHandle {
+        self.lock().handle()
+    }
+
+    /// Lets the watchdog extend it, for at most `max_hold` when given.
+    pub(crate) fn auto_extend(&mut self, max_hold: Option<Duration>) {
+        match (self, max_hold) {
+            (Self::Lock(lock), Some(max)) => lock.auto_extend_for(max),
+            (Self::Lock(lock), None) => lock.auto_extend(),
+            (Self::Permit(permit), Some(max)) => permit.auto_extend_for(max),
+            (Self::Permit(permit), None) => permit.auto_extend(),
+        }
+    }
+
+    async fn release(self) -> Result<Released, Error> {
+        match self {
+            Self::Lock(lock) => lock.release().await,
+            Self::Permit(permit) => permit.release().await,
+        }
+    }
+}
 
 /// Owns the lock of one request: watches for its loss, and releases it when dropped
 /// (in the background, on the current runtime: `Drop` never blocks).
 pub(crate) struct Guard {
-    lock: Option<Lock>,
+    lock: Option<Held>,
     acquired: Instant,
     /// Completes when the watchdog declares the lock lost.
     lost: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
@@ -29,8 +81,8 @@ impl std::fmt::Debug for Guard {
 
 impl Guard {
     /// Takes over `lock`, which the watchdog keeps alive (`auto_extend` was called).
-    pub(crate) fn new(lock: Lock, acquired: Instant, abort_on_loss: bool) -> Self {
-        let token = lock.cancellation_token();
+    pub(crate) fn new(lock: Held, acquired: Instant, abort_on_loss: bool) -> Self {
+        let token = lock.lock().cancellation_token();
         Self {
             lock: Some(lock),
             acquired,
@@ -46,7 +98,7 @@ impl Guard {
     }
 
     pub(crate) fn key(&self) -> &str {
-        self.lock.as_ref().map_or("", Lock::resource)
+        self.lock.as_ref().map_or("", Held::resource)
     }
 
     /// `Ready` once the lock is lost (and from then on); logs the loss once. Registers

@@ -132,6 +132,13 @@
 //! `wait`, the replay). Its handlers take the run's [`FencingToken`] as under a
 //! [`LockLayer`].
 //!
+//! # Concurrency limits
+//!
+//! [`ConcurrencyLimitLayer`] (module [`limit`]) lets at most `k` requests per key run at
+//! once across the replicas (per tenant, per route), with a cluster-wide semaphore of
+//! `k` permits; past the limit: `429 Too Many Requests` with `Retry-After`. It takes
+//! the same key extractors and answers the same way as a [`LockLayer`].
+//!
 //! # Fencing tokens
 //!
 //! A lock cannot stop a handler that was paused past its lock's validity (a long GC
@@ -199,6 +206,7 @@ mod future;
 mod guard;
 pub mod idempotency;
 mod layer;
+pub mod limit;
 pub mod response;
 mod service;
 mod token;
@@ -207,6 +215,7 @@ pub use body::{LockBody, LockLost};
 pub use future::ResponseFuture;
 pub use idempotency::IdempotencyLayer;
 pub use layer::LockLayer;
+pub use limit::ConcurrencyLimitLayer;
 pub use redlock_core::{BoxError, LockHandle, Redlock, RetryPolicy};
 pub use redlock_http::{BadKey, Hold, MissingToken, RejectionKind};
 // At the root too, where redlock-actix has them.

@@ -1,0 +1,105 @@
+//! A cluster-wide concurrency limit: at most `k` requests per key (per tenant, per
+//! route) at once, across every replica of a service.
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use redlock_tower::{ConcurrencyLimitLayer, Redlock, extract::PathParam};
+//!
+//! async fn export() -> &'static str {
+//!     "exported" // at most 3 exports of this tenant run at once, cluster-wide
+//! }
+//!
+//! let redlock = Redlock::builder()
+//!     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+//!     .build()?; // checks the options; contacts no node
+//! // A fourth concurrent export of one tenant: 429 Too Many Requests at once.
+//! let per_tenant = ConcurrencyLimitLayer::new(redlock, PathParam::new("tenant"), 3)
+//!     .resource_prefix("export:");
+//! let app: Router = Router::new().route("/export/{tenant}", post(export).route_layer(per_tenant));
+//! # Ok::<(), redlock_tower::BoxError>(())
+//! ```
+//!
+//! # How it works
+//!
+//! 1. a [`KeyExtractor`](crate::extract::KeyExtractor) names the request's key (the
+//!    same extractors as [`LockLayer`](crate::LockLayer)'s), or lets it through
+//!    unlimited, or refuses it (`400`);
+//! 2. the layer takes a permit of the key's semaphore,
+//!    [`redlock.semaphore(resource, limit)`](redlock_core::Redlock::semaphore), whose
+//!    name is the [resource prefix](ConcurrencyLimitLayer::resource_prefix) and the key
+//!    ([`redlock_http::resource_name`]). A semaphore of `k` permits is `k` slot locks,
+//!    so at most `k` requests hold one, whichever replica they run on (see
+//!    [`redlock_core::semaphore`]);
+//! 3. the inner service runs while the permit is held and auto-extended by the
+//!    watchdog;
+//! 4. the permit is released when the response body has been sent, or dropped (by
+//!    default), or as soon as the response head is ready
+//!    ([`hold`](ConcurrencyLimitLayer::hold)), as a [`LockLayer`](crate::LockLayer)
+//!    releases its lock: the response body is a [`LockBody`](crate::LockBody) that
+//!    holds the permit.
+//!
+//! Every permit taken: **429 Too Many Requests** (or
+//! [`busy_status`](ConcurrencyLimitLayer::busy_status)) with `Retry-After` (the
+//! soonest a held permit expires if not extended, or
+//! [`FALLBACK_RETRY_AFTER`](redlock_http::FALLBACK_RETRY_AFTER)), at once by default or
+//! after [`wait`](ConcurrencyLimitLayer::wait). No quorum of Redis nodes: **503** with
+//! `Retry-After` (fail-closed; [`fail_open`](ConcurrencyLimitLayer::fail_open) is an
+//! explicit opt-in). A limit of `0` is a misconfiguration: **500**, at request time
+//! (see [`ConcurrencyLimitLayer::new`]). Bodies are `application/problem+json`, as
+//! [`crate::response`] renders them.
+//!
+//! The handler finds no [`LockHandle`](crate::LockHandle) from this layer (a permit is
+//! no lock on the key, and would hide the handle of a [`LockLayer`](crate::LockLayer)
+//! on the same route), and permits carry no fencing token.
+//!
+//! # Any tower service, against real nodes
+//!
+//! ```
+//! use std::convert::Infallible;
+//!
+//! use http::{Request, Response, StatusCode};
+//! use redlock_tower::{ConcurrencyLimitLayer, Redlock, extract::Header};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), redlock_tower::BoxError> {
+//! # let cluster = redlock_testkit::Cluster::start(3).await;
+//! # let urls = cluster.urls();
+//! let redlock = Redlock::builder()
+//!     .nodes(urls)
+//! #   .restart_quarantine(false) // the test nodes were started a moment ago
+//!     .build()?;
+//!
+//! // Two requests per tenant at once.
+//! let layer = ConcurrencyLimitLayer::new(redlock.clone(), Header::new("x-tenant").required(), 2)
+//!     .resource_prefix("report:");
+//! let service = ServiceBuilder::new().layer(layer).service(service_fn(
+//!     |_: Request<String>| async { Ok::<_, Infallible>(Response::new("report".to_owned())) },
+//! ));
+//! let report = |tenant: &str| {
+//!     Request::get("/report").header("x-tenant", tenant).body(String::new()).unwrap()
+//! };
+//! assert_eq!(service.clone().oneshot(report("acme")).await?.status(), StatusCode::OK);
+//!
+//! // Elsewhere, two requests of tenant acme hold both permits.
+//! let acme = redlock.semaphore("report:acme", 2)?;
+//! let (first, second) = (acme.acquire().await?, acme.acquire().await?);
+//! let busy = service.clone().oneshot(report("acme")).await?;
+//! assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert!(busy.headers().contains_key("retry-after"));
+//! assert_eq!(busy.headers()["content-type"], "application/problem+json");
+//! // Other tenants have their own permits.
+//! assert_eq!(service.clone().oneshot(report("globex")).await?.status(), StatusCode::OK);
+//! first.release().await?;
+//! second.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod future;
+mod layer;
+mod service;
+
+pub use future::ResponseFuture;
+pub use layer::ConcurrencyLimitLayer;
+pub use service::ConcurrencyLimitService;
