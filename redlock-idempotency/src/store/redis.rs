@@ -141,6 +141,36 @@ impl RedisStore {
     fn key(&self, id: &str) -> String {
         format!("{}{id}", self.prefix)
     }
+
+    /// Runs a fenced write script (`start`, `finish`) on `record`: its answer's parts,
+    /// or [`StoreError::Stale`] when the script refused a lower token (`{0, token}`).
+    async fn write(
+        &self,
+        script: &Script,
+        what: &str,
+        id: &str,
+        record: &Record,
+        ttl: Duration,
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut conn = self.conn.clone();
+        let answer: Value = script
+            .key(self.key(id))
+            .arg(record.encode())
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        match answer {
+            Value::Array(parts) if matches!(parts.first(), Some(Value::Int(0))) => {
+                Err(StoreError::Stale {
+                    token: record.token,
+                    highest: token_of(parts.get(1)),
+                })
+            }
+            Value::Array(parts) => Ok(parts),
+            other => Err(unexpected(what, &other)),
+        }
+    }
 }
 
 fn backend(error: redis::RedisError) -> StoreError {
@@ -183,52 +213,23 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> StoreFuture<'a, Started> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let answer: Value = START
-                .key(self.key(id))
-                .arg(record.encode())
-                .arg(ttl_ms(ttl))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(backend)?;
-            let Value::Array(parts) = &answer else {
-                return Err(unexpected("start", &answer));
-            };
-            match parts.first() {
-                Some(Value::Int(2)) => Ok(Started::Started),
-                Some(Value::Int(1)) => match parts.get(1) {
-                    Some(Value::BulkString(bytes)) => Ok(Started::Found(Record::decode(bytes)?)),
-                    _ => Err(unexpected("start", &answer)),
-                },
-                Some(Value::Int(0)) => Err(StoreError::Stale {
-                    token: record.token,
-                    highest: token_of(parts.get(1)),
-                }),
-                _ => Err(unexpected("start", &answer)),
+            let parts = self.write(&START, "start", id, record, ttl).await?;
+            match parts.as_slice() {
+                [Value::Int(2)] => Ok(Started::Started),
+                [Value::Int(1), Value::BulkString(bytes)] => {
+                    Ok(Started::Found(Record::decode(bytes)?))
+                }
+                _ => Err(unexpected("start", &Value::Array(parts))),
             }
         })
     }
 
     fn finish<'a>(&'a self, id: &'a str, record: &'a Record, ttl: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let answer: Value = FINISH
-                .key(self.key(id))
-                .arg(record.encode())
-                .arg(ttl_ms(ttl))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(backend)?;
-            let Value::Array(parts) = &answer else {
-                return Err(unexpected("finish", &answer));
-            };
-            match parts.first() {
-                Some(Value::Int(1)) => Ok(()),
-                Some(Value::Int(0)) => Err(StoreError::Stale {
-                    token: record.token,
-                    highest: token_of(parts.get(1)),
-                }),
-                _ => Err(unexpected("finish", &answer)),
+            let parts = self.write(&FINISH, "finish", id, record, ttl).await?;
+            match parts.as_slice() {
+                [Value::Int(1)] => Ok(()),
+                _ => Err(unexpected("finish", &Value::Array(parts))),
             }
         })
     }
