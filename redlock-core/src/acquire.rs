@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::lock::{Finished, Lock, LockHandle};
 use crate::protocol::Waiter;
 use crate::queue::QueueGuard;
-use crate::quorum::Target;
+use crate::quorum::{Mode, Target};
 use crate::retry::RetryPolicy;
 use crate::shared::Shared;
 use crate::value::lock_value;
@@ -196,6 +196,7 @@ impl<'a> Acquire<'a> {
                 waiter: queue.as_ref().and_then(QueueGuard::waiter).cloned(),
                 barge: one_shot,
                 fence_step_us: shared.fence_step_us,
+                mode: Mode::Exclusive,
             });
             let failure = match attempt(&shared.cluster, target, ttl).await {
                 Ok((granted, refused)) => {

@@ -44,6 +44,10 @@ impl Redlock {
         &self.shared
     }
 
+    pub(crate) fn shared_arc(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// Locks `resource`, retrying by the configured policy; `.await` it, optionally after
     /// setting [`ttl`](Acquire::ttl) or [`retry`](Acquire::retry).
     ///

@@ -36,6 +36,8 @@ pub struct Lock {
     token: Option<u64>,
     /// Set once released (or handed to a background release).
     done: bool,
+    /// The maximum hold the watchdog keeps it for, once watched.
+    watched_for: Option<Duration>,
 }
 
 impl std::fmt::Debug for Lock {
@@ -115,7 +117,18 @@ impl Lock {
             attempts,
             token: granted.token,
             done: false,
+            watched_for: None,
         }
+    }
+
+    /// The lock's value on the nodes.
+    pub(crate) fn value(&self) -> &str {
+        &self.target.value
+    }
+
+    /// The client it was taken with.
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     /// The locked resource (the first one, for a multi-resource lock).
@@ -202,6 +215,7 @@ impl Lock {
     /// [`auto_extend`](Self::auto_extend), with its own maximum hold time (counted from
     /// the acquisition).
     pub fn auto_extend_for(&mut self, max_hold: Duration) {
+        self.watched_for = Some(max_hold);
         let stop_at = self
             .acquired_at
             .checked_add(max_hold)
@@ -348,6 +362,68 @@ impl Lock {
         self.done = true;
         self.state.ended.store(true, Ordering::Release);
         self.valid_until()
+    }
+
+    /// Moves the lock to `target` (same value, other keys) on each node in one step,
+    /// keeping its validity, TTL and watchdog: a write lock becoming a read lock (see
+    /// `rwlock.rs`). It counts if a majority moved it before the validity ran out; the
+    /// old keys are released where they were not moved, and on failure the new ones
+    /// too (in the background).
+    pub(crate) async fn convert(self, target: Arc<Target>) -> Result<Lock, Error> {
+        // No extension meanwhile: it would look for the old keys.
+        let guard = self.state.begin_extension().await;
+        if !self.is_held() {
+            drop(guard);
+            return Err(self.expired("its validity ran out before the conversion"));
+        }
+        let mut fanout = Fanout::start_after(
+            &self.shared.cluster,
+            &target,
+            OpKind::Convert,
+            None,
+            self.state.barrier(),
+        );
+        let tally = fanout.until_decided().await;
+        let failures = fanout.failures();
+        let in_flight = fanout.finish_in_background();
+        drop(guard);
+        let mut converted = Lock {
+            shared: Arc::clone(&self.shared),
+            resources: self.resources.clone(),
+            target,
+            state: Arc::new(LockState::new(self.valid_until(), self.ttl(), in_flight)),
+            acquired_at: self.acquired_at,
+            attempts: self.attempts,
+            token: None,
+            done: false,
+            watched_for: None,
+        };
+        if tally.won() && converted.is_valid() {
+            if let Some(max_hold) = self.watched_for {
+                converted.auto_extend_for(max_hold);
+            }
+            // Dropping the old lock stops its watchdog and releases the old keys where
+            // they were not moved.
+            return Ok(converted);
+        }
+        tracing::debug!(
+            yes = tally.yes,
+            no = tally.no,
+            failed = tally.failed,
+            "conversion refused"
+        );
+        if !converted.is_valid() {
+            return Err(self.expired("its validity ran out during the conversion"));
+        }
+        if tally.failed > tally.nodes - tally.quorum {
+            return Err(crate::quorum::Decision { tally, failures }.no_quorum(self.resource()));
+        }
+        Err(Error::Lost {
+            resource: self.resource().to_owned(),
+            held: tally.yes,
+            needed: tally.quorum,
+            total: tally.nodes,
+        })
     }
 
     /// Releases the lock on every node (compare-and-delete: only our own value is

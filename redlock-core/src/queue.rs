@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::protocol::{ReleaseMode, Waiter, release_answer};
-use crate::quorum::{Answers, Cluster, Fanout, OpKind, Target};
+use crate::quorum::{Answers, Cluster, Fanout, Mode, OpKind, Target};
 
 /// How long a released lock stays reserved for the waiter it was handed to: long
 /// enough for the release message to reach it and its attempt to come back, short
@@ -76,6 +76,7 @@ impl QueueGuard {
             barge: false,
             // A waiter's place holds no fence keys.
             fence_step_us: 1,
+            mode: Mode::Exclusive,
         };
         crate::telemetry::queue_waiters(1.0);
         Self {

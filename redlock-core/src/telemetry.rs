@@ -16,12 +16,23 @@
 //! | `redlock_extensions_total` | counter | `outcome`: `extended`, `failed` | the watchdog's extensions, per lock per round |
 //! | `redlock_locks_lost_total` | counter | | watched locks declared lost (not extended on a majority in time) |
 //! | `redlock_queue_waiters` | gauge | | this process's requests waiting in a lock's queue |
+//! | `redlock_permit_acquisitions_total` | counter | `outcome` | semaphore permit requests ([`Semaphore`](crate::Semaphore)), by how they ended |
+//! | `redlock_permit_acquire_duration_seconds` | histogram | `outcome` | how long a permit request took, waiting included |
+//! | `redlock_permits_held` | gauge | | permits this process holds |
+//! | `redlock_rw_acquisitions_total` | counter | `side`: `read`, `write`; `outcome` | read-write lock requests ([`RwLock`](crate::RwLock)), by how they ended |
+//! | `redlock_rw_acquire_duration_seconds` | histogram | `side`, `outcome` | how long a read or write request took, waiting included |
+//! | `redlock_rw_locks_held` | gauge | `side` | read and write locks this process holds |
 //! | `redlock_node_duration_seconds` | histogram | `node`, `op` | one command to one node, answered or failed |
 //! | `redlock_node_errors_total` | counter | `node`, `kind`: `timeout`, `connection`, `quarantined`, `refused`, `redis` | failed node commands |
 //! | `redlock_node_quarantined` | gauge | `node` | 1 while the node sits in restart quarantine, else 0 |
 //!
+//! A permit is a semaphore's slot lock, so its attempts also count as lock requests
+//! (one per slot tried), and its releases and extensions as a lock's.
+//!
 //! `op` is one of `acquire`, `release`, `extend`, `raise_fence`, `remaining`,
-//! `server_time`, `join_queue`, `batch` (the watchdog's pipelined extensions), and for
+//! `server_time`, `join_queue`, `batch` (the watchdog's pipelined extensions), for
+//! read-write locks `acquire_read`, `acquire_write`, `release_read`, `release_write`,
+//! `downgrade`, `leave_writers`, and for
 //! the operator's tools (see [`inspect`](crate::inspect)) `scan`, `inspect`, `health`,
 //! `force_release`. Call [`describe`] once after installing a recorder to give
 //! exporters the descriptions and units.
@@ -57,6 +68,18 @@ pub const EXTENSIONS: &str = "redlock_extensions_total";
 pub const LOCKS_LOST: &str = "redlock_locks_lost_total";
 /// This process's requests waiting in a lock's queue.
 pub const QUEUE_WAITERS: &str = "redlock_queue_waiters";
+/// Semaphore permit requests, by outcome.
+pub const PERMIT_ACQUISITIONS: &str = "redlock_permit_acquisitions_total";
+/// How long a permit request took, by outcome.
+pub const PERMIT_ACQUIRE_DURATION: &str = "redlock_permit_acquire_duration_seconds";
+/// Permits this process holds.
+pub const PERMITS_HELD: &str = "redlock_permits_held";
+/// Read-write lock requests, by side and outcome.
+pub const RW_ACQUISITIONS: &str = "redlock_rw_acquisitions_total";
+/// How long a read-write lock request took, by side and outcome.
+pub const RW_ACQUIRE_DURATION: &str = "redlock_rw_acquire_duration_seconds";
+/// Read and write locks this process holds, by side.
+pub const RW_LOCKS_HELD: &str = "redlock_rw_locks_held";
 /// One command to one node, by node and operation.
 pub const NODE_DURATION: &str = "redlock_node_duration_seconds";
 /// Failed node commands, by node and kind.
@@ -91,6 +114,26 @@ pub fn describe() {
         QUEUE_WAITERS,
         "This process's requests waiting in a lock's queue."
     );
+    describe_counter!(
+        PERMIT_ACQUISITIONS,
+        "Semaphore permit requests, by how they ended."
+    );
+    describe_histogram!(
+        PERMIT_ACQUIRE_DURATION,
+        Unit::Seconds,
+        "How long a permit request took, waiting included."
+    );
+    describe_gauge!(PERMITS_HELD, "Semaphore permits this process holds.");
+    describe_counter!(
+        RW_ACQUISITIONS,
+        "Read-write lock requests, by side and how they ended."
+    );
+    describe_histogram!(
+        RW_ACQUIRE_DURATION,
+        Unit::Seconds,
+        "How long a read or write request took, waiting included."
+    );
+    describe_gauge!(RW_LOCKS_HELD, "Read and write locks this process holds.");
     describe_histogram!(
         NODE_DURATION,
         Unit::Seconds,
@@ -146,14 +189,7 @@ static EXTENSION_COUNTS: [Cached<Counter>; 2] = [const { Cached::new() }; 2];
 
 /// A lock request ended after `attempts` attempts and `elapsed`.
 pub(crate) fn acquisition(result: Result<(), &Error>, attempts: u32, elapsed: Duration) {
-    let index = match result {
-        Ok(()) => 0,
-        Err(err) => match err.class() {
-            ErrorClass::Contended { .. } => 1,
-            ErrorClass::InvalidInput | ErrorClass::InvalidResource => 3,
-            _ => 2,
-        },
-    };
+    let index = outcome_index(result);
     let outcome = OUTCOMES[index];
     ACQUISITION_COUNTS[index].with(
         || counter!(ACQUISITIONS, "outcome" => outcome),
@@ -167,6 +203,76 @@ pub(crate) fn acquisition(result: Result<(), &Error>, attempts: u32, elapsed: Du
         || histogram!(ACQUIRE_ATTEMPTS, "outcome" => outcome),
         |h| h.record(f64::from(attempts)),
     );
+}
+
+/// The index of a request's outcome in [`OUTCOMES`].
+fn outcome_index(result: Result<(), &Error>) -> usize {
+    match result {
+        Ok(()) => 0,
+        Err(err) => match err.class() {
+            ErrorClass::Contended { .. } => 1,
+            ErrorClass::InvalidInput | ErrorClass::InvalidResource => 3,
+            _ => 2,
+        },
+    }
+}
+
+/// A semaphore permit request ended after `elapsed`.
+pub(crate) fn permit_acquisition(result: Result<(), &Error>, elapsed: Duration) {
+    let outcome = OUTCOMES[outcome_index(result)];
+    counter!(PERMIT_ACQUISITIONS, "outcome" => outcome).increment(1);
+    histogram!(PERMIT_ACQUIRE_DURATION, "outcome" => outcome).record(elapsed.as_secs_f64());
+}
+
+/// A side of a read-write lock, as labelled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RwSide {
+    Read,
+    Write,
+}
+
+impl RwSide {
+    fn label(self) -> &'static str {
+        match self {
+            RwSide::Read => "read",
+            RwSide::Write => "write",
+        }
+    }
+}
+
+/// A read or write request ended after `elapsed`.
+pub(crate) fn rw_acquisition(side: RwSide, result: Result<(), &Error>, elapsed: Duration) {
+    let outcome = OUTCOMES[outcome_index(result)];
+    counter!(RW_ACQUISITIONS, "side" => side.label(), "outcome" => outcome).increment(1);
+    histogram!(RW_ACQUIRE_DURATION, "side" => side.label(), "outcome" => outcome)
+        .record(elapsed.as_secs_f64());
+}
+
+/// Counts one held permit or read-write lock in its gauge while it lives.
+#[derive(Debug)]
+pub(crate) struct Held(Option<RwSide>);
+
+impl Held {
+    /// A permit, held.
+    pub(crate) fn permit() -> Self {
+        gauge!(PERMITS_HELD).increment(1.0);
+        Self(None)
+    }
+
+    /// A read or write lock, held.
+    pub(crate) fn rw(side: RwSide) -> Self {
+        gauge!(RW_LOCKS_HELD, "side" => side.label()).increment(1.0);
+        Self(Some(side))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        match self.0 {
+            None => gauge!(PERMITS_HELD).decrement(1.0),
+            Some(side) => gauge!(RW_LOCKS_HELD, "side" => side.label()).decrement(1.0),
+        }
+    }
 }
 
 /// A release ended: a majority answered (`true`) or not.

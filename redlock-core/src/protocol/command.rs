@@ -238,22 +238,10 @@ impl Send1 for deadpool_redis::Connection {
 /// One operation as a command (scripts by `EVALSHA`: the connection loaded them), with
 /// the script it runs, if any.
 fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
-    // Sized up front: one allocation per buffer instead of a few growths.
     let evalsha = |script: &'static Script, keys: &[&String], args: &[String]| {
-        let data = keys.iter().map(|k| k.len()).sum::<usize>()
-            + args.iter().map(String::len).sum::<usize>()
-            + 7 // EVALSHA
-            + 40 // the hash
-            + 20; // the key count
-        let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
-        for key in keys {
-            cmd.arg(key.as_str());
-        }
-        for arg in args {
-            cmd.arg(arg);
-        }
-        (cmd, Some(script))
+        let keys: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        evalsha_strs(script, &keys, &args)
     };
     match op {
         Op::Acquire {
@@ -374,6 +362,69 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             evalsha(&scripts::REMAINING, &keys.iter().collect::<Vec<_>>(), &[])
         }
         Op::ServerTime => evalsha(&scripts::SERVER_TIME, &[], &[]),
+        Op::AcquireRead {
+            key,
+            rw,
+            value,
+            ttl_ms,
+        } => evalsha_strs(
+            &scripts::ACQUIRE_READ,
+            &[&rw.write, &rw.writer_deadlines, &rw.readers, key],
+            &[value, &ttl_ms.to_string()],
+        ),
+        Op::AcquireWrite {
+            rw,
+            fence_keys,
+            value,
+            ttl_ms,
+            writer,
+            fence_step_us,
+        } => {
+            let mut keys = vec![
+                rw.write.as_str(),
+                &rw.readers,
+                &rw.writers,
+                &rw.writer_deadlines,
+            ];
+            keys.extend(fence_keys.iter().map(String::as_str));
+            evalsha_strs(
+                &scripts::ACQUIRE_WRITE,
+                &keys,
+                &[
+                    value,
+                    &ttl_ms.to_string(),
+                    &writer.id,
+                    &writer.since_ms.to_string(),
+                    &writer.keep_ms.to_string(),
+                    &fence_step_us.to_string(),
+                ],
+            )
+        }
+        Op::ReleaseRead {
+            key,
+            rw,
+            value,
+            wake,
+        } => evalsha_strs(
+            &scripts::RELEASE_READ,
+            &[key, &rw.readers, &rw.writer_deadlines, &rw.write],
+            &[value, if wake { "1" } else { "0" }],
+        ),
+        Op::ReleaseWrite { rw, value, wake } => evalsha_strs(
+            &scripts::RELEASE_WRITE,
+            &[&rw.write],
+            &[value, if wake { "1" } else { "0" }],
+        ),
+        Op::Downgrade { key, rw, value } => evalsha_strs(
+            &scripts::DOWNGRADE,
+            &[&rw.write, &rw.readers, key],
+            &[value],
+        ),
+        Op::LeaveWriters { rw, writer } => evalsha_strs(
+            &scripts::LEAVE_WRITERS,
+            &[&rw.writers, &rw.writer_deadlines, &rw.write],
+            &[&writer.id],
+        ),
         Op::JoinQueue { keys, waiter } => {
             let all = with_queues(keys);
             evalsha(
@@ -387,6 +438,22 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             )
         }
     }
+}
+
+/// `EVALSHA` of `script` with these keys and arguments (the connection loaded the
+/// script), sized up front: one allocation per buffer instead of a few growths.
+fn evalsha_strs(
+    script: &'static Script,
+    keys: &[&str],
+    args: &[&str],
+) -> (redis::Cmd, Option<&'static Script>) {
+    let data = keys.iter().chain(args).map(|s| s.len()).sum::<usize>() + 7 + 40 + 20;
+    let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), data);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+    for part in keys.iter().chain(args) {
+        cmd.arg(*part);
+    }
+    (cmd, Some(script))
 }
 
 fn waiter_args(

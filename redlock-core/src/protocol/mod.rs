@@ -20,4 +20,4 @@ pub(crate) use info::info_field;
 pub use op::MAX_TTL;
 #[cfg(test)]
 pub(crate) use op::with_queues;
-pub(crate) use op::{Op, ReleaseMode, Waiter, release_answer};
+pub(crate) use op::{Op, ReleaseMode, RwKeys, Waiter, WaitingWriter, release_answer};

@@ -58,6 +58,91 @@ pub(crate) enum Op<'a> {
         keys: &'a [String],
         waiter: &'a Waiter,
     },
+    /// A read lock of a read-write lock (see `rwlock.rs`): set the reader's own key
+    /// `key` unless the writer's key is held or a writer waits.
+    AcquireRead {
+        key: &'a str,
+        rw: &'a RwKeys,
+        value: &'a str,
+        ttl_ms: u64,
+    },
+    /// The write lock of a read-write lock: set the writer's key unless it is held,
+    /// a reader holds the lock or an older writer waits; if refused, wait in the
+    /// writers' queue (which stops new readers).
+    AcquireWrite {
+        rw: &'a RwKeys,
+        fence_keys: &'a [String],
+        value: &'a str,
+        ttl_ms: u64,
+        writer: &'a WaitingWriter,
+        fence_step_us: u64,
+    },
+    /// Compare-and-delete a reader's key; with `wake`, tell waiting writers.
+    ReleaseRead {
+        key: &'a str,
+        rw: &'a RwKeys,
+        value: &'a str,
+        wake: bool,
+    },
+    /// Compare-and-delete the writer's key; with `wake`, tell the waiters.
+    ReleaseWrite {
+        rw: &'a RwKeys,
+        value: &'a str,
+        wake: bool,
+    },
+    /// A write lock becomes a read lock of the same value, keeping its TTL.
+    Downgrade {
+        key: &'a str,
+        rw: &'a RwKeys,
+        value: &'a str,
+    },
+    /// A writer leaves the writers' queue (it gave up, or took the lock elsewhere).
+    LeaveWriters {
+        rw: &'a RwKeys,
+        writer: &'a WaitingWriter,
+    },
+}
+
+/// The keys of one read-write lock on a node. Every name starts with the writer's key
+/// (one hash tag).
+#[derive(Debug, Clone)]
+pub(crate) struct RwKeys {
+    /// The writer's key: an ordinary lock key, and the channel of its wake-ups.
+    pub(crate) write: String,
+    /// The set of the reader keys (`<write>:reader:<value>`), alive or not.
+    pub(crate) readers: String,
+    /// The waiting writers (sorted set: writer id by the time it began waiting).
+    pub(crate) writers: String,
+    /// Their deadlines (sorted set: writer id by the time its place expires).
+    pub(crate) writer_deadlines: String,
+}
+
+impl RwKeys {
+    /// The keys of the read-write lock whose writer's key is `write`.
+    pub(crate) fn new(write: String) -> Self {
+        Self {
+            readers: format!("{write}:readers"),
+            writers: format!("{write}:writer-waiting"),
+            writer_deadlines: format!("{write}:writer-waiting:until"),
+            write,
+        }
+    }
+
+    /// The key of the reader holding `value`.
+    pub(crate) fn reader(&self, value: &str) -> String {
+        format!("{}:reader:{value}", self.write)
+    }
+}
+
+/// A writer's place in the writers' queue of a read-write lock.
+#[derive(Debug, Clone)]
+pub(crate) struct WaitingWriter {
+    /// Random, unique per write request.
+    pub(crate) id: String,
+    /// When it began waiting (ms since the Unix epoch, by the nodes' clock): its place.
+    pub(crate) since_ms: u64,
+    /// How long a node keeps its place after its last attempt (ms).
+    pub(crate) keep_ms: u64,
 }
 
 impl<'a> Op<'a> {
@@ -73,7 +158,13 @@ impl<'a> Op<'a> {
             | Op::Remaining { keys }
             | Op::JoinQueue { keys, .. } => keys,
             Op::RaiseFence { fence_keys, .. } => fence_keys,
-            _ => &[],
+            Op::AcquireRead { rw, .. }
+            | Op::AcquireWrite { rw, .. }
+            | Op::ReleaseRead { rw, .. }
+            | Op::ReleaseWrite { rw, .. }
+            | Op::Downgrade { rw, .. }
+            | Op::LeaveWriters { rw, .. } => std::slice::from_ref(&rw.write),
+            Op::ServerTime => &[],
         }
     }
 
@@ -87,13 +178,25 @@ impl<'a> Op<'a> {
             Op::Remaining { .. } => "remaining",
             Op::ServerTime => "server_time",
             Op::JoinQueue { .. } => "join_queue",
+            Op::AcquireRead { .. } => "acquire_read",
+            Op::AcquireWrite { .. } => "acquire_write",
+            Op::ReleaseRead { .. } => "release_read",
+            Op::ReleaseWrite { .. } => "release_write",
+            Op::Downgrade { .. } => "downgrade",
+            Op::LeaveWriters { .. } => "leave_writers",
         }
     }
 
     pub(crate) fn votes(&self) -> bool {
         !matches!(
             self,
-            Op::Release { .. } | Op::Remaining { .. } | Op::JoinQueue { .. } | Op::ServerTime
+            Op::Release { .. }
+                | Op::Remaining { .. }
+                | Op::JoinQueue { .. }
+                | Op::ServerTime
+                | Op::ReleaseRead { .. }
+                | Op::ReleaseWrite { .. }
+                | Op::LeaveWriters { .. }
         )
     }
 }

@@ -389,8 +389,179 @@ end
 return longest
 ";
 
+/// Lua defining `now_ms()`: the node's clock in ms since the Unix epoch.
+macro_rules! now_ms {
+    () => {
+        r"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"
+    };
+}
+
+/// A read lock of a read-write lock. `KEYS`: the writer's key, the writers' queue
+/// deadlines, the set of reader keys, this reader's key. `ARGV`: value, TTL (ms). Unless
+/// the writer's key is held or a writer waits (a live deadline: a waiting writer stops
+/// new readers, so writers are not starved), sets the reader's key to the value with
+/// the TTL, adds it to the set, and drops one random dead reader from the set (so that
+/// the set stays about as large as the readers alive, with no writer to prune it).
+/// Returns 1 if set, 0 if refused.
+pub(crate) static ACQUIRE_READ: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_READ_SOURCE));
+const ACQUIRE_READ_SOURCE: &str = concat!(
+    now_ms!(),
+    r"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('ZCOUNT', KEYS[2], '(' .. now_ms(), '+inf') > 0 then
+  return 0
+end
+redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
+local other = redis.call('SRANDMEMBER', KEYS[3])
+if other and redis.call('EXISTS', other) == 0 then
+  redis.call('SREM', KEYS[3], other)
+end
+redis.call('SADD', KEYS[3], KEYS[4])
+return 1
+"
+);
+
+/// The write lock of a read-write lock. `KEYS`: the writer's key, the set of reader
+/// keys, the writers' queue and its deadlines, then (with fencing) the counter. `ARGV`:
+/// value, TTL (ms), writer id, the time it began waiting (its place), how long its
+/// place is kept (ms), the fencing clock floor's step (µs). Drops expired writers from
+/// the queue and dead readers from the set; then, if the writer's key is free, no
+/// reader's key is alive and no older writer waits: leaves the queue, sets the counter
+/// to the token (as [`ACQUIRE_FENCED`]) and the writer's key to the value with the TTL,
+/// and returns the token (1 without fencing). Otherwise takes (or refreshes) its place
+/// in the queue, which refuses new readers, and returns 0.
+pub(crate) static ACQUIRE_WRITE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_WRITE_SOURCE));
+const ACQUIRE_WRITE_SOURCE: &str = concat!(
+    clock_floor!(),
+    now_ms!(),
+    r"
+local now = now_ms()
+local id = ARGV[3]
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
+  redis.call('ZREM', KEYS[3], gone)
+  redis.call('ZREM', KEYS[4], gone)
+end
+local free = redis.call('EXISTS', KEYS[1]) == 0
+if free then
+  for _, reader in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    if redis.call('EXISTS', reader) == 1 then
+      free = false
+    else
+      redis.call('SREM', KEYS[2], reader)
+    end
+  end
+end
+if free then
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if head and head ~= id then
+    free = false
+  end
+end
+if not free then
+  local keep = tonumber(ARGV[5])
+  redis.call('ZADD', KEYS[3], ARGV[4], id)
+  redis.call('ZADD', KEYS[4], now + keep, id)
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < keep then
+      redis.call('PEXPIRE', KEYS[i], keep)
+    end
+  end
+  return 0
+end
+redis.call('ZREM', KEYS[3], id)
+redis.call('ZREM', KEYS[4], id)
+local token = 1
+if #KEYS == 5 then
+  local highest = tonumber(redis.call('GET', KEYS[5]) or '0')
+  token = math.max(highest + 1, clock_floor(tonumber(ARGV[6])))
+  redis.call('SET', KEYS[5], string.format('%d', token))
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return token
+"
+);
+
+/// Releases a read lock. `KEYS`: the reader's key, the set of reader keys, the writers'
+/// queue deadlines, the writer's key (its channel). `ARGV`: value, `'1'` to wake. If the
+/// reader's key holds the value: deletes it, leaves the set, and with `ARGV[2] == '1'`
+/// publishes an empty message on the writer's channel when a writer waits (it may be
+/// the last reader it waits for). Returns 1 if released, 0 if not.
+pub(crate) static RELEASE_READ: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RELEASE_READ_SOURCE));
+const RELEASE_READ_SOURCE: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], KEYS[1])
+if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('PUBLISH', KEYS[4], '')
+end
+return 1
+";
+
+/// Releases a write lock. `KEYS`: the writer's key. `ARGV`: value, `'1'` to wake. If
+/// the key holds the value: deletes it and with `ARGV[2] == '1'` publishes an empty
+/// message on its channel (waiting readers and writers retry). Returns 1 if released.
+pub(crate) static RELEASE_WRITE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RELEASE_WRITE_SOURCE));
+const RELEASE_WRITE_SOURCE: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+if ARGV[2] == '1' then
+  redis.call('PUBLISH', KEYS[1], '')
+end
+return 1
+";
+
+/// Turns a write lock into a read lock of the same value. `KEYS`: the writer's key, the
+/// set of reader keys, the reader's key. `ARGV`: value. If the writer's key holds the
+/// value: moves it to the reader's key with the TTL it had left, joins the set, and
+/// publishes an empty message on the writer's channel (waiting readers may come in).
+/// Returns 1 if done, 0 if not.
+pub(crate) static DOWNGRADE: LazyLock<Script> = LazyLock::new(|| Script::new(DOWNGRADE_SOURCE));
+const DOWNGRADE_SOURCE: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl <= 0 then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[3], ARGV[1], 'PX', ttl)
+redis.call('SADD', KEYS[2], KEYS[3])
+redis.call('PUBLISH', KEYS[1], '')
+return 1
+";
+
+/// A writer leaves the writers' queue. `KEYS`: the queue, its deadlines, the writer's
+/// key (its channel). `ARGV`: writer id. If that empties the queue, publishes an empty
+/// message on the writer's channel: readers it held back may come in. Returns 1.
+pub(crate) static LEAVE_WRITERS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(LEAVE_WRITERS_SOURCE));
+const LEAVE_WRITERS_SOURCE: &str = r"
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if removed == 1 and redis.call('ZCARD', KEYS[1]) == 0 then
+  redis.call('PUBLISH', KEYS[3], '')
+end
+return 1
+";
+
 /// Every script's source, to load on a new connection.
-pub(crate) const ALL_SOURCES: [&str; 9] = [
+pub(crate) const ALL_SOURCES: [&str; 15] = [
     ACQUIRE_QUEUED_SOURCE,
     SERVER_TIME_SOURCE,
     JOIN_QUEUE_SOURCE,
@@ -400,4 +571,10 @@ pub(crate) const ALL_SOURCES: [&str; 9] = [
     ACQUIRE_MANY_SOURCE,
     ACQUIRE_FENCED_SOURCE,
     RAISE_FENCE_SOURCE,
+    ACQUIRE_READ_SOURCE,
+    ACQUIRE_WRITE_SOURCE,
+    RELEASE_READ_SOURCE,
+    RELEASE_WRITE_SOURCE,
+    DOWNGRADE_SOURCE,
+    LEAVE_WRITERS_SOURCE,
 ];

@@ -13,9 +13,9 @@ mod target;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use self::fanout::{Answers, Fanout, Pending, Until};
+pub(crate) use self::fanout::{Answers, Decision, Fanout, Pending, Until};
 pub(crate) use self::in_flight::InFlight;
-pub(crate) use self::target::{OpKind, Target, fence_step_us};
+pub(crate) use self::target::{Mode, OpKind, Target, fence_step_us};
 use crate::node::{Identities, Node};
 
 /// The fixed part of the clock-drift allowance (the reference algorithm's 2 ms).

@@ -1,6 +1,8 @@
 //! What a fan-out sends: one lock's keys and value, and which operation.
 
-use crate::protocol::{Op, ReleaseMode, Waiter};
+use std::sync::Arc;
+
+use crate::protocol::{Op, ReleaseMode, RwKeys, Waiter, WaitingWriter};
 
 /// Which operation to send, with owned data so node futures can outlive the caller.
 #[derive(Debug, Clone, Copy)]
@@ -20,6 +22,8 @@ pub(crate) enum OpKind {
     },
     /// Leave the keys' wait queues, passing on a hand-over not taken (see `queue.rs`).
     Dequeue,
+    /// Become this target: a write lock becoming this read lock (see `rwlock.rs`).
+    Convert,
 }
 
 /// The keys and the random value of one lock.
@@ -38,6 +42,23 @@ pub(crate) struct Target {
     pub(crate) barge: bool,
     /// The step of the clock floor of fencing tokens, in µs (see [`fence_step_us`]).
     pub(crate) fence_step_us: u64,
+    /// An ordinary lock, or one side of a read-write lock.
+    pub(crate) mode: Mode,
+}
+
+/// What kind of lock a [`Target`] is: which scripts take and release it (an extension is
+/// the same for all: a compare-and-`PEXPIRE` of the target's keys).
+#[derive(Debug)]
+pub(crate) enum Mode {
+    /// An ordinary lock (a mutex, a semaphore's slot).
+    Exclusive,
+    /// A read lock of a read-write lock; the target's key is the reader's own.
+    Read(Arc<RwKeys>),
+    /// The write lock of a read-write lock; the target's key is the writer's.
+    Write {
+        rw: Arc<RwKeys>,
+        writer: WaitingWriter,
+    },
 }
 
 /// The step of the clock floor of fencing tokens (µs) for a client whose restart
@@ -56,6 +77,66 @@ pub(crate) fn fence_step_us(quarantine: std::time::Duration) -> u64 {
 
 impl Target {
     pub(crate) fn op(&self, kind: OpKind) -> Op<'_> {
+        let key = self.keys.first().map_or("", String::as_str);
+        match (&self.mode, kind) {
+            (Mode::Exclusive, _) | (_, OpKind::Extend { .. } | OpKind::RaiseFence { .. }) => {}
+            (Mode::Read(rw), OpKind::Acquire { ttl_ms }) => {
+                return Op::AcquireRead {
+                    key,
+                    rw,
+                    value: &self.value,
+                    ttl_ms,
+                };
+            }
+            (Mode::Write { rw, writer }, OpKind::Acquire { ttl_ms }) => {
+                return Op::AcquireWrite {
+                    rw,
+                    fence_keys: &self.fence_keys,
+                    value: &self.value,
+                    ttl_ms,
+                    writer,
+                    fence_step_us: self.fence_step_us,
+                };
+            }
+            (Mode::Read(rw), OpKind::Release { mode }) => {
+                return Op::ReleaseRead {
+                    key,
+                    rw,
+                    value: &self.value,
+                    wake: mode == ReleaseMode::HandOver,
+                };
+            }
+            (Mode::Read(rw), OpKind::Dequeue) => {
+                return Op::ReleaseRead {
+                    key,
+                    rw,
+                    value: &self.value,
+                    wake: true,
+                };
+            }
+            (Mode::Write { rw, .. }, OpKind::Release { mode }) => {
+                return Op::ReleaseWrite {
+                    rw,
+                    value: &self.value,
+                    wake: mode == ReleaseMode::HandOver,
+                };
+            }
+            (Mode::Write { rw, .. }, OpKind::Dequeue) => {
+                return Op::ReleaseWrite {
+                    rw,
+                    value: &self.value,
+                    wake: true,
+                };
+            }
+            (Mode::Read(rw), OpKind::Convert) => {
+                return Op::Downgrade {
+                    key,
+                    rw,
+                    value: &self.value,
+                };
+            }
+            (Mode::Write { .. }, OpKind::Convert) => {}
+        }
         match kind {
             OpKind::Acquire { ttl_ms } => Op::Acquire {
                 keys: &self.keys,
@@ -89,6 +170,9 @@ impl Target {
                 value: &self.value,
                 ttl_ms,
             },
+            // Only a read lock's target is converted to; anything else asks, harmlessly,
+            // how long its keys live.
+            OpKind::Convert => Op::Remaining { keys: &self.keys },
         }
     }
 }
