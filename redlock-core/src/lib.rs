@@ -150,7 +150,8 @@ pub use builder::{
 pub use client::Redlock;
 pub use error::{BoxError, ConfigError, Error, ErrorClass, NodeError, NodeFailure, Result};
 pub use inspect::{
-    Agreement, ForceReleased, HeldLock, ListLocks, LockListing, NodeHealth, NodeLock,
+    Agreement, ForceReleased, HeldLock, HeldReader, HeldRwLock, HeldSemaphore, HeldSlot, ListLocks,
+    LockListing, NodeHealth, NodeLock, RwReleased, SemaphoreReleased, SlotReleased,
 };
 pub use lock::{Finished, Lock, LockHandle, Released};
 pub use node::{CONNECT_TIMEOUT, NodeStatus};

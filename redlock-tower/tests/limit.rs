@@ -249,3 +249,396 @@ async fn a_limit_of_zero_answers_500_without_calling_the_handler() {
     assert!(body.contains("\"status\":500"), "{body}");
     assert_eq!(gauges.0.calls.load(Ordering::SeqCst), 0);
 }
+
+// ---------------------------------------------------------------------------------
+// The options shared with redlock-actix's `ConcurrencyLimit`.
+
+use redlock_tower::RetryPolicy;
+use redlock_tower::response::RejectionKind;
+
+/// Every option of the layer, with the same arguments as redlock-actix's test gives
+/// its `ConcurrencyLimit` (its tests/limit.rs, `every_option_has_the_same_name...`,
+/// which also compares the two crates' names and defaults): an option renamed or
+/// removed on one side no longer compiles there.
+macro_rules! every_option {
+    ($limit:expr) => {
+        $limit
+            .resource_prefix("every:")
+            .ttl(Duration::from_secs(7))
+            .wait(Duration::from_secs(2))
+            .fail_fast()
+            .retry(RetryPolicy::deadline(Duration::from_secs(3)))
+            .hold(Hold::UntilHead)
+            .max_hold(Duration::from_secs(60))
+            .fail_open(true)
+            .busy_status(StatusCode::SERVICE_UNAVAILABLE)
+            .abort_on_loss(true)
+            .on_rejection(|rejection| rejection.to_response())
+    };
+}
+
+/// The options' names compile, and their defaults are redlock-actix's (the table of
+/// `ConcurrencyLimitLayer`).
+#[test]
+fn every_option_has_the_name_and_default_of_actix() {
+    let redlock = Redlock::builder()
+        .node("redis://127.0.0.1:1")
+        .build()
+        .unwrap();
+    let layer = ConcurrencyLimitLayer::new(redlock, PathParam::new("tenant"), 3);
+    let defaults = format!("{layer:?}");
+    for default in [
+        "resource_prefix: \"\"",
+        "hold: UntilBodyEnd",
+        "max_hold: None",
+        "fail_open: false",
+        "busy_status: 429",
+        "abort_on_loss: false",
+        "on_rejection: None",
+    ] {
+        assert!(defaults.contains(default), "{default} in {defaults}");
+    }
+    let set = format!("{:?}", every_option!(layer));
+    for option in [
+        "resource_prefix: \"every:\"",
+        "ttl: 7s",
+        "hold: UntilHead",
+        "max_hold: Some(60s)",
+        "fail_open: true",
+        "busy_status: 503",
+        "abort_on_loss: true",
+        "on_rejection: Some(\"custom\")",
+    ] {
+        assert!(set.contains(option), "{option} in {set}");
+    }
+}
+
+/// A handler for the option tests: `POST /slow/{tenant}/{ms}` runs for `ms` in the
+/// gauge of its tenant, setting `dropped` if its future is dropped before it ends.
+fn slow_app(
+    layer: ConcurrencyLimitLayer<PathParam>,
+    gauge: Arc<Gauge>,
+    dropped: Arc<AtomicBool>,
+) -> Router {
+    Router::new()
+        .route(
+            "/slow/{tenant}/{ms}",
+            post(
+                move |axum::extract::Path((_, ms)): axum::extract::Path<(String, u64)>| async move {
+                    let finished = Arc::new(AtomicBool::new(false));
+                    let _drop = DropUnlessFinished(Arc::clone(&finished), dropped);
+                    gauge.calls.fetch_add(1, Ordering::SeqCst);
+                    let now = gauge.now.fetch_add(1, Ordering::SeqCst) + 1;
+                    gauge.max.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    gauge.now.fetch_sub(1, Ordering::SeqCst);
+                    finished.store(true, Ordering::SeqCst);
+                    "finished"
+                },
+            ),
+        )
+        .route_layer(layer)
+}
+
+/// Sets its second flag when dropped before its first was set: a handler cancelled.
+struct DropUnlessFinished(Arc<AtomicBool>, Arc<AtomicBool>);
+
+impl Drop for DropUnlessFinished {
+    fn drop(&mut self) {
+        if !self.0.load(Ordering::SeqCst) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+fn slow_layer(cluster: &Cluster, limit: u32, ttl: Duration) -> ConcurrencyLimitLayer<PathParam> {
+    ConcurrencyLimitLayer::new(
+        replica(cluster, Duration::from_millis(50)),
+        PathParam::new("tenant"),
+        limit,
+    )
+    .resource_prefix("slow:")
+    .ttl(ttl)
+}
+
+/// [`post_status`] in a task of its own.
+fn spawn_post(
+    client: &reqwest::Client,
+    url: String,
+) -> tokio::task::JoinHandle<(StatusCode, String)> {
+    let client = client.clone();
+    tokio::spawn(async move { post_status(&client, url).await })
+}
+
+async fn post_status(client: &reqwest::Client, url: String) -> (StatusCode, String) {
+    let response = client.post(url).send().await.unwrap();
+    (response.status(), response.text().await.unwrap())
+}
+
+/// `on_rejection` is called once per rejected request, with the busy kind and the
+/// semaphore's name, and its response is the answer; a served request does not call
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rejection_is_called_once_per_429() {
+    let cluster = Cluster::start(3).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&calls);
+    let layer = slow_layer(&cluster, 1, Duration::from_secs(2)).on_rejection(move |rejection| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(rejection.kind, RejectionKind::Busy);
+        assert_eq!(rejection.key, Some("slow:a"));
+        http::Response::builder()
+            .status(rejection.status())
+            .body(Bytes::from("custom busy"))
+            .unwrap()
+    });
+    let gauge = Arc::new(Gauge::default());
+    let base = serve(slow_app(layer, gauge, Arc::default())).await;
+    let client = http();
+
+    // Elsewhere, the only permit of tenant a is held.
+    let semaphore = replica(&cluster, Duration::from_millis(50))
+        .semaphore("slow:a", 1)
+        .unwrap();
+    let held = semaphore.try_acquire().await.unwrap();
+    for i in 1..=5 {
+        let (status, body) = post_status(&client, format!("{base}/slow/a/0")).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(body, "custom busy");
+        assert_eq!(calls.load(Ordering::SeqCst), i);
+    }
+    held.release().await.unwrap();
+    let (status, _) = post_status(&client, format!("{base}/slow/a/0")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+}
+
+/// A handler running 5x the permits' TTL keeps its permit all along (the watchdog
+/// extends it): with both permits held by such handlers on two replicas, every other
+/// request is refused the whole time, and never more than 2 handlers run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_longer_than_the_ttl_keeps_its_permit() {
+    let cluster = Cluster::start(3).await;
+    let ttl = Duration::from_millis(300);
+    let gauge = Arc::new(Gauge::default());
+    let mut bases = Vec::new();
+    for _ in 0..2 {
+        let layer = slow_layer(&cluster, 2, ttl);
+        bases.push(serve(slow_app(layer, Arc::clone(&gauge), Arc::default())).await);
+    }
+    let client = http();
+    // One after another (each once the previous one runs): two requests racing for
+    // the same free slot may both lose it, and fail fast.
+    let started = Instant::now();
+    let mut long = Vec::new();
+    for (i, base) in bases.iter().enumerate() {
+        long.push(spawn_post(&client, format!("{base}/slow/a/1500")));
+        while gauge.now.load(Ordering::SeqCst) <= i {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{i} not started"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let mut refused = 0;
+    while started.elapsed() < Duration::from_millis(1300) {
+        for base in &bases {
+            let (status, _) = post_status(&client, format!("{base}/slow/a/0")).await;
+            assert_eq!(
+                status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "a third request got in after {:?}",
+                started.elapsed()
+            );
+            refused += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for request in long {
+        assert_eq!(request.await.unwrap(), (StatusCode::OK, "finished".into()));
+    }
+    assert!(refused >= 10, "{refused}");
+    assert_eq!(gauge.max.load(Ordering::SeqCst), 2);
+    // Given back with the bodies: served again.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _) = post_status(&client, format!("{}/slow/a/0", bases[0])).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+/// By default (`Hold::UntilBodyEnd`) the permit is kept while the body streams;
+/// with `Hold::UntilHead` it is given back once the head is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_keeps_the_permit_until_the_body_ends_or_only_until_the_head() {
+    let cluster = Cluster::start(3).await;
+    let outside = replica(&cluster, Duration::from_millis(50));
+    for (prefix, hold, held_while_streaming) in [
+        ("body:", Hold::UntilBodyEnd, true),
+        ("head:", Hold::UntilHead, false),
+    ] {
+        let layer = slow_layer(&cluster, 1, Duration::from_secs(2))
+            .resource_prefix(prefix)
+            .hold(hold);
+        let body_may_end = Arc::new(tokio::sync::Notify::new());
+        let signal = Arc::clone(&body_may_end);
+        let app = Router::new()
+            .route(
+                "/stream/{tenant}",
+                post(move || {
+                    let signal = Arc::clone(&signal);
+                    async move {
+                        let rows = futures_util::stream::once(async move {
+                            signal.notified().await;
+                            Ok::<_, std::convert::Infallible>(Bytes::from("rows"))
+                        });
+                        Body::from_stream(rows)
+                    }
+                }),
+            )
+            .route_layer(layer);
+        let base = serve(app).await;
+        let response = http()
+            .post(format!("{base}/stream/a"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        // The head is here, the body is not.
+        let semaphore = outside.semaphore(format!("{prefix}a"), 1).unwrap();
+        let mut free = false;
+        for _ in 0..25 {
+            if let Ok(permit) = semaphore.try_acquire().await {
+                permit.release().await.unwrap();
+                free = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(free, !held_while_streaming, "{hold:?}");
+        body_may_end.notify_one();
+        assert_eq!(response.text().await.unwrap(), "rows");
+    }
+}
+
+/// `max_hold` ends a permit however long the handler runs: past it (and the TTL)
+/// another request gets in while the first still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_ends_the_permit() {
+    let cluster = Cluster::start(3).await;
+    let ttl = Duration::from_millis(300);
+    let gauge = Arc::new(Gauge::default());
+    let layer = slow_layer(&cluster, 1, ttl).max_hold(Duration::from_millis(400));
+    let base = serve(slow_app(layer, Arc::clone(&gauge), Arc::default())).await;
+    let client = http();
+    let long = spawn_post(&client, format!("{base}/slow/a/3000"));
+    let started = Instant::now();
+    while gauge.now.load(Ordering::SeqCst) < 1 {
+        assert!(started.elapsed() < Duration::from_secs(5), "not started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, _) = post_status(&client, format!("{base}/slow/a/0")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    loop {
+        let (status, _) = post_status(&client, format!("{base}/slow/a/0")).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            started.elapsed() < Duration::from_millis(2000),
+            "still held after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got_in = started.elapsed();
+    assert!(got_in >= Duration::from_millis(400), "{got_in:?}");
+    assert_eq!(
+        gauge.now.load(Ordering::SeqCst),
+        1,
+        "the first one still runs"
+    );
+    // Without `abort_on_loss` the first request carries on to its end.
+    assert_eq!(long.await.unwrap(), (StatusCode::OK, "finished".into()));
+}
+
+/// A majority of the nodes paused while two handlers run loses their permits: by
+/// default the handler carries on and answers; with `abort_on_loss` it is dropped and
+/// the client gets a 503 problem (through `on_rejection`, once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_on_loss_answers_503_when_the_nodes_are_paused() {
+    let cluster = Cluster::start(3).await;
+    let ttl = Duration::from_millis(600);
+    let (carry_gauge, abort_gauge) = (Arc::new(Gauge::default()), Arc::new(Gauge::default()));
+    let (carry_dropped, abort_dropped) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let lost = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&lost);
+    let carry = serve(slow_app(
+        slow_layer(&cluster, 2, ttl).resource_prefix("carry:"),
+        Arc::clone(&carry_gauge),
+        Arc::clone(&carry_dropped),
+    ))
+    .await;
+    let abort = serve(slow_app(
+        slow_layer(&cluster, 2, ttl)
+            .resource_prefix("abort:")
+            .abort_on_loss(true)
+            .on_rejection(move |rejection| {
+                if rejection.kind == RejectionKind::Lost {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+                rejection.to_response()
+            }),
+        Arc::clone(&abort_gauge),
+        Arc::clone(&abort_dropped),
+    ))
+    .await;
+    let client = http();
+    let carried = spawn_post(&client, format!("{carry}/slow/a/3000"));
+    let aborted = {
+        let (client, url) = (client.clone(), format!("{abort}/slow/a/3000"));
+        tokio::spawn(async move {
+            let response = client.post(url).send().await.unwrap();
+            let retry_after = response.headers().get("retry-after").cloned();
+            (
+                response.status(),
+                retry_after,
+                response.text().await.unwrap(),
+                Instant::now(),
+            )
+        })
+    };
+    let started = Instant::now();
+    while carry_gauge.now.load(Ordering::SeqCst) + abort_gauge.now.load(Ordering::SeqCst) < 2 {
+        assert!(started.elapsed() < Duration::from_secs(5), "not started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(ttl).await; // extended once or more
+    cluster.node(0).pause();
+    cluster.node(1).pause();
+    let paused_at = Instant::now();
+    let (status, retry_after, body, at) = aborted.await.unwrap();
+    let carried = carried.await.unwrap();
+    cluster.node(0).resume();
+    cluster.node(1).resume();
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(retry_after.is_some());
+    assert!(body.contains("was lost"), "{body}");
+    assert!(
+        at - paused_at < Duration::from_secs(2),
+        "{:?}",
+        at - paused_at
+    );
+    assert!(
+        abort_dropped.load(Ordering::SeqCst),
+        "the handler was not dropped"
+    );
+    assert_eq!(lost.load(Ordering::SeqCst), 1);
+
+    assert_eq!(carried, (StatusCode::OK, "finished".into()));
+    assert!(!carry_dropped.load(Ordering::SeqCst));
+}

@@ -17,7 +17,9 @@ use crate::response::{OnRejection, Rejection, RejectionResponse};
 ///
 /// Built with [`new`](Self::new) from a [`Redlock`] client, a
 /// [`KeyExtractor`](crate::extract::KeyExtractor) and the limit; the other settings
-/// have defaults, named as [`LockLayer`](crate::LockLayer)'s:
+/// have defaults, named as [`LockLayer`](crate::LockLayer)'s, and the same names and
+/// defaults as `redlock-actix`'s `ConcurrencyLimit` (which has `runtime` too, for
+/// actix's per-worker runtimes):
 ///
 /// | setting | default |
 /// | --- | --- |
@@ -28,6 +30,7 @@ use crate::response::{OnRejection, Rejection, RejectionResponse};
 /// | [`max_hold`](Self::max_hold) | the client's `max_hold` |
 /// | [`fail_open`](Self::fail_open) | off: `503` when no quorum is reachable |
 /// | [`busy_status`](Self::busy_status) | `429 Too Many Requests` |
+/// | [`abort_on_loss`](Self::abort_on_loss) | off: a lost permit is logged, the request carries on |
 /// | [`on_rejection`](Self::on_rejection) | `application/problem+json` responses |
 ///
 /// Cloning is cheap; every service made by the layer shares the client and the
@@ -147,7 +150,9 @@ impl<E> ConcurrencyLimitLayer<E> {
 
     /// The longest a request may keep its permit, counted from its acquisition
     /// (default: the client's [`max_hold`](redlock_core::RedlockBuilder::max_hold)).
-    /// The permit is not extended past it: it expires, and another request may take it.
+    /// The permit is not extended past it: it expires at its TTL, another request may
+    /// take it, and the request is treated as having lost it (see
+    /// [`abort_on_loss`](Self::abort_on_loss)).
     pub fn max_hold(self, max_hold: Duration) -> Self {
         self.config(|c| c.max_hold = Some(max_hold))
     }
@@ -165,10 +170,29 @@ impl<E> ConcurrencyLimitLayer<E> {
         self.config(|c| c.busy_status = status)
     }
 
+    /// When the permit is lost while the request runs (a majority of Redis nodes could
+    /// not extend it in time, or [`max_hold`](Self::max_hold) ran out), drop the inner
+    /// service's future (cancelling the handler at its current `.await`) and answer
+    /// `503` ([`RejectionKind::Lost`](crate::response::RejectionKind::Lost), through
+    /// [`on_rejection`](Self::on_rejection) if set); while the body streams, end the
+    /// body with a [`LockLost`](crate::LockLost) error so that the client sees an
+    /// incomplete response. As [`LockLayer::abort_on_loss`](crate::LockLayer::abort_on_loss).
+    ///
+    /// Off by default, as the lock's: the loss is logged and the request carries on,
+    /// beyond the limit (another request may take the permit meanwhile). The handler
+    /// finds no handle of a permit to watch: turn this on where running past the limit
+    /// is worse than not finishing.
+    pub fn abort_on_loss(self, on: bool) -> Self {
+        self.config(|c| c.abort_on_loss = on)
+    }
+
     /// Build rejection responses yourself (default: [`Rejection::to_response`], an
     /// `application/problem+json` document); a full limit is
     /// [`RejectionKind::Busy`](crate::response::RejectionKind::Busy), with the busy
-    /// status. As [`LockLayer::on_rejection`](crate::LockLayer::on_rejection).
+    /// status; a permit lost with [`abort_on_loss`](Self::abort_on_loss) is
+    /// [`RejectionKind::Lost`](crate::response::RejectionKind::Lost). The hook is
+    /// called once per rejected request. As
+    /// [`LockLayer::on_rejection`](crate::LockLayer::on_rejection).
     pub fn on_rejection<F>(self, hook: F) -> Self
     where
         F: Fn(&Rejection<'_>) -> RejectionResponse + Send + Sync + 'static,

@@ -31,7 +31,8 @@
 //!    so at most `k` requests hold one, whichever replica they run on (see
 //!    [`redlock_core::semaphore`]);
 //! 3. the inner service runs while the permit is held and auto-extended by the
-//!    watchdog;
+//!    watchdog (a handler may run far longer than the [TTL](ConcurrencyLimitLayer::ttl)),
+//!    up to [`max_hold`](ConcurrencyLimitLayer::max_hold) after its acquisition;
 //! 4. the permit is released when the response body has been sent, or dropped (by
 //!    default), or as soon as the response head is ready
 //!    ([`hold`](ConcurrencyLimitLayer::hold)), as a [`LockLayer`](crate::LockLayer)
@@ -47,6 +48,47 @@
 //! explicit opt-in). A limit of `0` is a misconfiguration: **500**, at request time
 //! (see [`ConcurrencyLimitLayer::new`]). Bodies are `application/problem+json`, as
 //! [`crate::response`] renders them.
+//!
+//! A permit lost while the request runs (a majority of the nodes unreachable past its
+//! validity, or `max_hold` ran out) is logged and the request carries on by default;
+//! with [`abort_on_loss`](ConcurrencyLimitLayer::abort_on_loss) the handler is dropped
+//! and the client gets **503** (or the streaming body is cut off). Every rejection goes
+//! through [`on_rejection`](ConcurrencyLimitLayer::on_rejection) when set, once per
+//! request.
+//!
+//! The options are those of `redlock-actix`'s `ConcurrencyLimit`, with the same names
+//! and defaults: [`resource_prefix`](ConcurrencyLimitLayer::resource_prefix),
+//! [`ttl`](ConcurrencyLimitLayer::ttl), [`wait`](ConcurrencyLimitLayer::wait) /
+//! [`fail_fast`](ConcurrencyLimitLayer::fail_fast) / [`retry`](ConcurrencyLimitLayer::retry),
+//! [`hold`](ConcurrencyLimitLayer::hold), [`max_hold`](ConcurrencyLimitLayer::max_hold),
+//! [`fail_open`](ConcurrencyLimitLayer::fail_open),
+//! [`busy_status`](ConcurrencyLimitLayer::busy_status),
+//! [`abort_on_loss`](ConcurrencyLimitLayer::abort_on_loss),
+//! [`on_rejection`](ConcurrencyLimitLayer::on_rejection) (the table:
+//! [`ConcurrencyLimitLayer`]); actix's has `runtime` too.
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use http::StatusCode;
+//! use redlock_tower::{ConcurrencyLimitLayer, Hold, Redlock, extract::Header};
+//!
+//! let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build()?;
+//! let layer = ConcurrencyLimitLayer::new(redlock, Header::new("x-tenant").required(), 2)
+//!     .resource_prefix("report:")
+//!     .ttl(Duration::from_secs(5)) // extended while the request runs
+//!     .wait(Duration::from_secs(1)) // then 429
+//!     .hold(Hold::UntilHead) // the body is sent without the permit
+//!     .max_hold(Duration::from_secs(60))
+//!     .abort_on_loss(true) // a lost permit: 503, not a request past the limit
+//!     .busy_status(StatusCode::SERVICE_UNAVAILABLE)
+//!     .on_rejection(|rejection| {
+//!         tracing::info!(kind = ?rejection.kind, "report refused");
+//!         rejection.to_response()
+//!     });
+//! # let _ = layer;
+//! # Ok::<(), redlock_tower::BoxError>(())
+//! ```
 //!
 //! The handler finds no [`LockHandle`](crate::LockHandle) from this layer (a permit is
 //! no lock on the key, and would hide the handle of a [`LockLayer`](crate::LockLayer)
