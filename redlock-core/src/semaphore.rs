@@ -8,8 +8,11 @@
 //! granted by two), but each slot is a mutex, and `k` mutexes have at most `k` holders,
 //! under the lock's own assumptions (docs/GUARANTEES.md). Every feature of a lock comes
 //! with it: the watchdog, loss notification, a fencing token per slot (strictly greater
-//! for every new holder of that slot), release on drop, and the listing shows each held
-//! slot as a lock.
+//! for every new holder of that slot), release on drop. The listing
+//! ([`Redlock::locks`]) groups the slots under the semaphore
+//! ([`LockListing::semaphores`](crate::LockListing::semaphores)), with its size as its
+//! clients record it, and
+//! [`Redlock::force_release_semaphore`] frees every permit.
 //!
 //! ```no_run
 //! # async fn run(redlock: redlock_core::Redlock) -> Result<(), redlock_core::Error> {
@@ -34,6 +37,7 @@
 //! A release therefore wakes a waiter at once when one queued on its slot, and else is
 //! found by the next scan.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
@@ -54,6 +58,8 @@ pub struct Semaphore {
     ttl: Option<Duration>,
     retry: Option<RetryPolicy>,
     fencing: Option<bool>,
+    /// When its size record was last written (shared by the clones).
+    size_recorded: Arc<Mutex<Option<Instant>>>,
 }
 
 /// One held permit: a held slot of a [`Semaphore`], with every feature of a [`Lock`].
@@ -92,6 +98,7 @@ impl Redlock {
             ttl: None,
             retry: None,
             fencing: None,
+            size_recorded: Arc::new(Mutex::new(None)),
         })
     }
 }
@@ -142,6 +149,7 @@ impl Semaphore {
     /// [`Error::Taken`] when every permit stayed taken for as long as the policy waits;
     /// the errors of [`Redlock::lock`] otherwise (no quorum, an invalid TTL).
     pub async fn acquire(&self) -> Result<Permit, Error> {
+        self.record_size();
         let policy = self.retry.unwrap_or(self.redlock.shared().retry);
         policy.validate()?;
         let started = Instant::now();
@@ -183,6 +191,7 @@ impl Semaphore {
     /// never free at once for as long as the policy waits; the errors of
     /// [`Redlock::lock`].
     pub async fn acquire_many(&self, n: u32) -> Result<Vec<Permit>, Error> {
+        self.record_size();
         if n == 0 || n > self.permits {
             return Err(Error::Config(ConfigError::TooManyPermits {
                 asked: n,
@@ -254,7 +263,34 @@ impl Semaphore {
     ///
     /// [`Error::Taken`] when every permit is taken; the errors of [`Redlock::lock`].
     pub async fn try_acquire(&self) -> Result<Permit, Error> {
+        self.record_size();
         self.scan().await
+    }
+
+    /// Records the number of permits on the nodes for operators
+    /// (`<prefix>{<name>/permit}:size`, read by [`Redlock::locks`]), on the first
+    /// acquisition and at most once a day after that per semaphore (its clones
+    /// included): in a background task, best effort, never delaying or failing an
+    /// acquisition (without a tokio runtime, not at all).
+    fn record_size(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        {
+            let mut last = self
+                .size_recorded
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|at| at.elapsed() < crate::inspect::SIZE_REFRESH) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        runtime.spawn(crate::inspect::record_size(
+            self.redlock.clone(),
+            self.name.clone(),
+            self.permits,
+        ));
     }
 
     /// The acquisition of slot `slot`, with this semaphore's options.

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use redis::RedisResult;
 
+use super::groups::{self, HeldRwLock, HeldSemaphore};
 use super::{INSPECT_TIMEOUT, only_reply};
 use crate::client::Redlock;
 use crate::error::{Error, NodeError, NodeFailure};
@@ -44,7 +45,10 @@ impl Redlock {
     /// of this client's key prefix): per lock its holder, how each node sees it, the
     /// remaining validity, the fencing counter and whether the nodes agree. Sorted by
     /// resource name; at most [`DEFAULT_LIST_LIMIT`] locks unless
-    /// [`limit`](ListLocks::limit) says otherwise.
+    /// [`limit`](ListLocks::limit) says otherwise. Semaphores and read-write locks
+    /// whose names start with `prefix` are grouped: their slot and writer keys are
+    /// listed in [`LockListing::semaphores`] and [`LockListing::rw_locks`], not as
+    /// locks.
     ///
     /// A read-only operator's tool: the listing is a snapshot taken over a few round
     /// trips, not an atomic view (a lock may be taken or released meanwhile).
@@ -95,9 +99,20 @@ impl<'a> IntoFuture for ListLocks<'a> {
 pub struct LockListing {
     /// The resource-name prefix listed.
     pub prefix: String,
-    /// The locks, sorted by resource name.
+    /// The locks, sorted by resource name: every lock key found, except the slots of
+    /// the semaphores and the writers of the read-write locks whose names start with
+    /// the prefix, which are listed in [`semaphores`](Self::semaphores) and
+    /// [`rw_locks`](Self::rw_locks) instead (each key is listed once).
     pub locks: Vec<HeldLock>,
-    /// More locks were found than the limit let through.
+    /// The semaphores ([`Redlock::semaphore`]) whose names start with the prefix and
+    /// with a slot held on some node, sorted by name: permits in use and in all, and
+    /// each slot's lock.
+    pub semaphores: Vec<HeldSemaphore>,
+    /// The read-write locks whose names start with the prefix and with a writer, a
+    /// live reader or a waiting writer, sorted by name.
+    pub rw_locks: Vec<HeldRwLock>,
+    /// More locks (lock keys, slots and writers included) or more read-write locks
+    /// were found than the limit let through.
     pub truncated: bool,
     /// Nodes that did not answer (their view is missing from every lock).
     #[cfg_attr(feature = "serde", serde(serialize_with = "super::json::failures"))]
@@ -208,25 +223,41 @@ async fn list(request: ListLocks<'_>) -> Result<LockListing, Error> {
     let cluster = &shared.cluster;
     let timeout = request.timeout;
     let key_start = format!("{}{{", shared.key_prefix);
-    let pattern = format!(
-        "{}{}*}}",
-        glob_escape(&key_start),
-        glob_escape(&request.prefix)
-    );
-    let scans = futures_util::future::join_all(
-        cluster
-            .nodes
-            .iter()
-            .map(|node| scan(node, &pattern, request.limit, request.timeout)),
-    )
+    let escaped_prefix = glob_escape(&request.prefix);
+    let pattern = format!("{}{escaped_prefix}*}}", glob_escape(&key_start));
+    // The read-write locks' readers' sets and waiting writers' marks: a lock with only
+    // readers has no writer key for the first scan to find.
+    let rw_pattern = groups::rw_pattern(&key_start, &escaped_prefix);
+    let side = |key: &str| groups::rw_side_name(&key_start, key).is_some();
+    let scans = futures_util::future::join_all(cluster.nodes.iter().map(|node| async {
+        let (keys, rw) = futures_util::future::join(
+            scan(
+                node,
+                &pattern,
+                Some("string"),
+                request.limit,
+                timeout,
+                |_| true,
+            ),
+            scan(node, &rw_pattern, None, request.limit, timeout, side),
+        )
+        .await;
+        Ok::<_, NodeError>((keys?, rw?))
+    }))
     .await;
     let mut failures = Vec::new();
     let mut found = BTreeSet::new();
+    let mut rw_found = BTreeSet::new();
     let mut scanned = Vec::with_capacity(scans.len());
     for (node, scan) in cluster.nodes.iter().zip(scans) {
         match scan {
-            Ok(keys) => {
+            Ok((keys, rw)) => {
                 found.extend(keys);
+                rw_found.extend(
+                    rw.iter()
+                        .filter_map(|k| groups::rw_side_name(&key_start, k))
+                        .map(str::to_owned),
+                );
                 scanned.push(true);
             }
             Err(cause) => {
@@ -249,7 +280,7 @@ async fn list(request: ListLocks<'_>) -> Result<LockListing, Error> {
         return Err(no_quorum(failures));
     }
     // Keys are sorted by the BTreeSet; so are resources (same prefix and braces).
-    let truncated = found.len() > request.limit;
+    let mut truncated = found.len() > request.limit;
     let keys: Vec<String> = found.into_iter().take(request.limit).collect();
     let fence_keys: Vec<String> = keys.iter().map(|k| format!("{k}:fence")).collect();
     let (keys_ref, fences_ref) = (&keys, &fence_keys);
@@ -281,7 +312,7 @@ async fn list(request: ListLocks<'_>) -> Result<LockListing, Error> {
         return Err(no_quorum(failures));
     }
     let names: Vec<&str> = cluster.nodes.iter().map(Node::name).collect();
-    let locks = keys
+    let all = keys
         .iter()
         .enumerate()
         .filter_map(|(i, key)| {
@@ -293,9 +324,52 @@ async fn list(request: ListLocks<'_>) -> Result<LockListing, Error> {
             summarize(resource, &names, &seen, quorum)
         })
         .collect();
+
+    // Semaphores and read-write locks: their slots and writers out of the locks, then
+    // what the nodes hold of the rest of their keys.
+    let split = groups::split(all, &request.prefix);
+    let semaphore_names: Vec<String> = split.slots.keys().cloned().collect();
+    let (rw_names, rw_truncated) = groups::names_within(
+        split.writers.keys().cloned(),
+        rw_found
+            .into_iter()
+            .filter(|n| n.starts_with(&request.prefix)),
+        request.limit,
+    );
+    truncated |= rw_truncated;
+    let (semaphores_ref, rw_ref) = (&semaphore_names, &rw_names);
+    let group_details = futures_util::future::join_all(cluster.nodes.iter().zip(&views).map(
+        |(node, view)| async move {
+            if view.is_some() && !(semaphores_ref.is_empty() && rw_ref.is_empty()) {
+                Some(groups::detail(node, shared, semaphores_ref, rw_ref, timeout).await)
+            } else {
+                None
+            }
+        },
+    ))
+    .await;
+    let mut group_views = Vec::with_capacity(group_details.len());
+    for (node, detail) in cluster.nodes.iter().zip(group_details) {
+        match detail {
+            Some(Ok(view)) => group_views.push(Some(view)),
+            Some(Err(cause)) => {
+                failures.push(NodeFailure {
+                    node: node.name().to_owned(),
+                    cause,
+                });
+                group_views.push(None);
+            }
+            None => group_views.push(None),
+        }
+    }
+    if failures.len() > cluster.nodes.len() - quorum {
+        return Err(no_quorum(failures));
+    }
     Ok(LockListing {
         prefix: request.prefix,
-        locks,
+        locks: split.locks,
+        semaphores: groups::semaphores(split.slots, &group_views, quorum),
+        rw_locks: groups::rw_locks(&rw_names, split.writers, &group_views, quorum),
         truncated,
         failures,
         nodes: cluster.nodes.len(),
@@ -333,20 +407,13 @@ fn summarize(
     } else {
         Agreement::Minority
     };
-    let validity = (holding >= quorum)
-        .then(|| {
-            let mut left: Vec<Duration> = seen
-                .iter()
-                .flatten()
-                .filter(|s| s.value.as_deref() == Some(leading))
-                .map(|s| s.remaining.unwrap_or(Duration::MAX))
-                .collect();
-            // The quorum-th longest: until then a majority still holds the value.
-            left.sort_unstable_by(|a, b| b.cmp(a));
-            left.get(quorum - 1).copied()
-        })
-        .flatten()
-        .filter(|d| *d != Duration::MAX);
+    let validity = quorum_validity(
+        seen.iter()
+            .flatten()
+            .filter(|s| s.value.as_deref() == Some(leading))
+            .map(|s| s.remaining),
+        quorum,
+    );
     let info = describe(leading);
     let nodes = names
         .iter()
@@ -379,13 +446,34 @@ fn summarize(
     })
 }
 
-/// Scans `node` for keys matching `pattern` (string keys only) to the end; keeps the
-/// first `limit + 1` by name (one more than the limit tells that there are more).
-async fn scan(
+/// How long a majority still holds a value, from the remaining TTL of each node holding
+/// it (`None`: no TTL): the quorum-th longest; `None` unless a majority holds it (or
+/// when that many have no TTL).
+pub(super) fn quorum_validity(
+    remaining: impl IntoIterator<Item = Option<Duration>>,
+    quorum: usize,
+) -> Option<Duration> {
+    let mut left: Vec<Duration> = remaining
+        .into_iter()
+        .map(|r| r.unwrap_or(Duration::MAX))
+        .collect();
+    // The quorum-th longest: until then a majority still holds the value.
+    left.sort_unstable_by(|a, b| b.cmp(a));
+    left.get(quorum.checked_sub(1)?)
+        .copied()
+        .filter(|d| *d != Duration::MAX)
+}
+
+/// Scans `node` for keys matching `pattern` (of type `kind`, if given) to the end;
+/// keeps the first `limit + 1` by name (one more than the limit tells that there are
+/// more) among those `keep` accepts.
+pub(super) async fn scan(
     node: &Node,
     pattern: &str,
+    kind: Option<&str>,
     limit: usize,
     timeout: Duration,
+    keep: impl Fn(&str) -> bool,
 ) -> Result<BTreeSet<String>, NodeError> {
     let mut keys = BTreeSet::new();
     let mut cursor: u64 = 0;
@@ -397,14 +485,19 @@ async fn scan(
             .arg("MATCH")
             .arg(pattern)
             .arg("COUNT")
-            .arg(SCAN_COUNT)
-            .arg("TYPE")
-            .arg("string");
+            .arg(SCAN_COUNT);
+        if let Some(kind) = kind {
+            pipe.arg("TYPE").arg(kind);
+        }
         let reply = only_reply(node.pipeline(&pipe, false, "scan", timeout).await?)?;
         let (next, page): (u64, Vec<Vec<u8>>) =
             redis::from_redis_value(reply).map_err(|e| redis_error(e.into()))?;
         // Keys that are not UTF-8 were not written by this library.
-        keys.extend(page.into_iter().filter_map(|k| String::from_utf8(k).ok()));
+        keys.extend(
+            page.into_iter()
+                .filter_map(|k| String::from_utf8(k).ok())
+                .filter(|k| keep(k)),
+        );
         while keys.len() > limit.saturating_add(1) {
             keys.pop_last();
         }
@@ -468,7 +561,7 @@ async fn detail(
 }
 
 /// `s` with Redis glob's special characters escaped.
-fn glob_escape(s: &str) -> String {
+pub(super) fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

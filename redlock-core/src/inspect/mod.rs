@@ -1,7 +1,10 @@
 //! What an operator asks of the nodes: the locks held under a prefix
-//! ([`Redlock::locks`](crate::Redlock::locks)), each node's health
+//! ([`Redlock::locks`](crate::Redlock::locks)), semaphores and read-write locks grouped
+//! ([`HeldSemaphore`], [`HeldRwLock`]), each node's health
 //! ([`Redlock::node_health`](crate::Redlock::node_health)), and a forced release that
-//! raises the resource's fence ([`Redlock::force_release`](crate::Redlock::force_release)).
+//! raises the resource's fence ([`Redlock::force_release`](crate::Redlock::force_release),
+//! [`force_release_semaphore`](crate::Redlock::force_release_semaphore),
+//! [`force_release_rw`](crate::Redlock::force_release_rw)).
 //!
 //! None of these take part in the algorithm: they read what the nodes hold (`SCAN`,
 //! then one pipeline per node for the keys found), or, for a forced release, overrule
@@ -39,10 +42,13 @@
 //! ```
 
 mod force;
+mod groups;
 mod health;
 mod listing;
 
-pub use self::force::ForceReleased;
+pub use self::force::{ForceReleased, RwReleased, SemaphoreReleased, SlotReleased};
+pub use self::groups::{HeldReader, HeldRwLock, HeldSemaphore, HeldSlot, SIZE_TTL};
+pub(crate) use self::groups::{SIZE_REFRESH, record_size};
 pub use self::health::NodeHealth;
 pub use self::listing::{
     Agreement, DEFAULT_LIST_LIMIT, HeldLock, ListLocks, LockListing, NodeLock,
