@@ -379,3 +379,116 @@ async fn semaphore_under_faults_never_exceeds_its_permits() {
     );
     assert!(holds.len() >= target);
 }
+
+/// (e) A read-write lock under the mixed fault schedule: 8 tasks on 4 clients, each
+/// taking a write lock one time in three and a read lock otherwise. The writers' log:
+/// no two at once and tokens strictly increasing; an observer over every hold: no read
+/// overlaps a write (reads together are fine, and must happen).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_lock_under_faults_never_lets_a_writer_share() {
+    let target = scaled(1_200);
+    let cluster = Arc::new(tokio::sync::Mutex::new(Cluster::start_proxied(5).await));
+    let urls = cluster.lock().await.urls();
+    let setup = Setup {
+        ttl: Duration::from_millis(400),
+        node_timeout: Duration::from_millis(40),
+        fencing: true,
+        quarantine: true,
+    };
+    let writes = Arc::new(SafetyLog::new());
+    // (start, end, is a write)
+    let all: Arc<std::sync::Mutex<Vec<(Instant, Instant, bool)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let faults = tokio::spawn(run_faults(
+        cluster.clone(),
+        &[
+            FaultKind::Pause,
+            FaultKind::Restart,
+            FaultKind::Cut,
+            FaultKind::Delay,
+        ],
+        2,
+        Duration::from_millis(300),
+        setup.ttl + Duration::from_secs(1),
+        stop.clone(),
+        13,
+    ));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for c in 0..4 {
+        let redlock = client_waking(urls.clone(), &setup, c % 2 == 0);
+        while !redlock.ready().await {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for t in 0..2 {
+            let rw = redlock.rw_lock("books").unwrap();
+            let (writes, all, failures) = (writes.clone(), all.clone(), failures.clone());
+            handles.push(tokio::spawn(async move {
+                let mut round = c + t;
+                while all.lock().unwrap().len() < target {
+                    round += 1;
+                    let write = round % 3 == 0;
+                    let lock = if write {
+                        rw.write().await.map(redlock_core::WriteLock::into_lock)
+                    } else {
+                        rw.read().await.map(redlock_core::ReadLock::into_lock)
+                    };
+                    let Ok(lock) = lock else {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    let start = Instant::now();
+                    tokio::task::yield_now().await;
+                    if !write {
+                        // Readers stay a little, so that they meet.
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    let end = Instant::now().min(lock.valid_until());
+                    if write {
+                        writes.record(Hold {
+                            client: c,
+                            start,
+                            end,
+                            token: lock.fencing_token(),
+                        });
+                    }
+                    all.lock().unwrap().push((start, end, write));
+                    let _ = lock.release().await;
+                }
+            }));
+        }
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let report = faults.await.unwrap();
+    let mut holds = all.lock().unwrap().clone();
+    eprintln!(
+        "read-write lock under faults: {} holds ({} writes), {} requests failed, faults = {:?}",
+        holds.len(),
+        writes.len(),
+        failures.load(Ordering::Relaxed),
+        report.counts
+    );
+    assert_safe(&writes, "writers");
+    // The observer: sweep the holds by start; a write must not overlap any other hold.
+    holds.sort_by_key(|&(start, _, _)| start);
+    let (mut overlapping_writes, mut shared_reads) = (0, 0);
+    for (i, &(start, end, write)) in holds.iter().enumerate() {
+        for &(other_start, _, other_write) in holds[i + 1..].iter() {
+            if other_start >= end {
+                break;
+            }
+            if write || other_write {
+                overlapping_writes += 1;
+            } else {
+                shared_reads += 1;
+            }
+        }
+        let _ = start;
+    }
+    assert_eq!(overlapping_writes, 0, "a write overlapped another hold");
+    assert!(shared_reads > 0, "readers never held it together");
+    assert!(holds.len() >= target);
+}
