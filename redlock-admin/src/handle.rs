@@ -317,6 +317,22 @@ impl Admin {
                     .map(|r| Mutated::done(to_value(&r)))
                     .map_err(lock_failure)
             }
+            Route::ForceReleaseSemaphore => {
+                let name = group_name(params, "semaphore")?;
+                let released = self.redlock()?.force_release_semaphore(name).await;
+                tracing::warn!(semaphore = %name, ok = released.is_ok(), "admin: semaphore released by force");
+                released
+                    .map(|r| Mutated::done(to_value(&r)))
+                    .map_err(lock_failure)
+            }
+            Route::ForceReleaseRw => {
+                let name = group_name(params, "read-write lock")?;
+                let released = self.redlock()?.force_release_rw(name).await;
+                tracing::warn!(rw_lock = %name, ok = released.is_ok(), "admin: read-write lock released by force");
+                released
+                    .map(|r| Mutated::done(to_value(&r)))
+                    .map_err(lock_failure)
+            }
             Route::JobAction { job, action } => {
                 let scheduler = self.scheduler()?;
                 tracing::info!(job = %job, action = action.name(), "admin: job action");
@@ -648,6 +664,20 @@ fn what(request: &Request) -> String {
         RequestAction::StepDown => "step down".to_owned(),
         other => other.as_str().to_owned(),
     }
+}
+
+/// The `name` of the semaphore or read-write lock (`what`) to release: 400 without one.
+fn group_name<'p>(params: &'p HashMap<String, String>, what: &str) -> Result<&'p str, Failure> {
+    params
+        .get("name")
+        .map(String::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            Failure::new(
+                StatusCode::BAD_REQUEST,
+                format!("name the {what} to release: `name=<name>` in the query or the form"),
+            )
+        })
 }
 
 fn lock_failure(err: redlock_core::Error) -> Failure {

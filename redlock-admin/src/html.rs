@@ -77,6 +77,10 @@ pub(crate) fn render(
     }
     if let Some(locks) = overview.get("locks").filter(|l| !l.is_null()) {
         locks_section(&mut page, locks, mount, mutations);
+        if locks.get("error").is_none() {
+            semaphores_section(&mut page, locks, mount, mutations);
+            rw_locks_section(&mut page, locks, mount, mutations);
+        }
     }
     if let Some(scheduler) = overview.get("scheduler").filter(|s| !s.is_null()) {
         scheduler_section(&mut page, scheduler, mount, mutations);
@@ -194,6 +198,167 @@ fn locks_section(page: &mut String, locks: &Value, mount: &str, mutations: bool)
     if locks.get("truncated").and_then(Value::as_bool) == Some(true) {
         page.push_str("<p class=\"meta\">More locks are held than shown.</p>");
     }
+}
+
+/// The semaphores held (only when some are): permits used of their size, each slot's
+/// holder, and a button releasing every permit.
+fn semaphores_section(page: &mut String, locks: &Value, mount: &str, mutations: bool) {
+    let Some(list) = locks
+        .get("semaphores")
+        .and_then(Value::as_array)
+        .filter(|l| !l.is_empty())
+    else {
+        return;
+    };
+    page.push_str("<h2>Semaphores</h2><table id=\"semaphores\"><tr><th>semaphore</th><th>permits used</th><th>slots held (holder, validity, fencing token)</th>");
+    if mutations {
+        page.push_str("<th></th>");
+    }
+    page.push_str("</tr>");
+    let quorum = locks.get("quorum").and_then(Value::as_u64).unwrap_or(1);
+    for semaphore in list {
+        let name = text(semaphore, "name");
+        let total = semaphore
+            .get("permits")
+            .and_then(Value::as_u64)
+            .map_or_else(|| "?".to_owned(), |p| p.to_string());
+        let slots: Vec<String> = semaphore
+            .get("slots")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|slot| {
+                let held = slot.get("holding").and_then(Value::as_u64).unwrap_or(0) >= quorum;
+                format!(
+                    "<span class=\"slot{}\">#{}: {}, {}, {}{}</span>",
+                    if held { "" } else { " warn" },
+                    slot.get("slot").and_then(Value::as_u64).unwrap_or(0),
+                    esc(&holder(slot)),
+                    validity(slot),
+                    fencing(slot),
+                    if held { "" } else { " (not on a majority)" },
+                )
+            })
+            .collect();
+        let _ = write!(
+            page,
+            "<tr class=\"semaphore\"><td class=\"name\">{}</td><td class=\"used\">{}/{total}</td><td>{}</td>",
+            esc(&name),
+            semaphore.get("used").and_then(Value::as_u64).unwrap_or(0),
+            slots.join("<br>"),
+        );
+        if mutations {
+            release_button(
+                page,
+                mount,
+                "semaphores",
+                &name,
+                "Force release all permits",
+            );
+        }
+        page.push_str("</tr>");
+    }
+    page.push_str("</table>");
+}
+
+/// The read-write locks in use (only when some are): writer, readers, a waiting
+/// writer, and a button releasing the writer and every reader.
+fn rw_locks_section(page: &mut String, locks: &Value, mount: &str, mutations: bool) {
+    let Some(list) = locks
+        .get("rw_locks")
+        .and_then(Value::as_array)
+        .filter(|l| !l.is_empty())
+    else {
+        return;
+    };
+    page.push_str("<h2>Read-write locks</h2><table id=\"rw-locks\"><tr><th>lock</th><th>writer</th><th>readers (holder, validity)</th><th>writer waiting</th><th>fencing token</th>");
+    if mutations {
+        page.push_str("<th></th>");
+    }
+    page.push_str("</tr>");
+    for lock in list {
+        let name = text(lock, "name");
+        let writer = match lock.get("writer") {
+            Some(writer @ Value::Object(_)) => format!(
+                "{} ({}, {})",
+                esc(&holder(writer)),
+                esc(&text(writer, "agreement")),
+                validity(writer)
+            ),
+            _ => "-".to_owned(),
+        };
+        let readers: Vec<String> = lock
+            .get("readers")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|reader| format!("{}, {}", esc(&holder(reader)), validity(reader)))
+            .collect();
+        let waiting = lock.get("writer_waiting").and_then(Value::as_bool) == Some(true);
+        let _ = write!(
+            page,
+            "<tr class=\"rw-lock\"><td class=\"name\">{}</td><td class=\"writer\">{writer}</td><td class=\"readers\">{}</td><td class=\"waiting\">{}</td><td>{}</td>",
+            esc(&name),
+            if readers.is_empty() {
+                "-".to_owned()
+            } else {
+                readers.join("<br>")
+            },
+            if waiting {
+                "<span class=\"warn\">yes</span>"
+            } else {
+                "no"
+            },
+            lock.get("fencing_token")
+                .and_then(Value::as_u64)
+                .map_or_else(|| "-".to_owned(), |t| t.to_string()),
+        );
+        if mutations {
+            release_button(page, mount, "rw-locks", &name, "Force release");
+        }
+        page.push_str("</tr>");
+    }
+    page.push_str("</table>");
+}
+
+/// A cell with a button posting to `<mount>/api/<what>/release?name=<name>`.
+fn release_button(page: &mut String, mount: &str, what: &str, name: &str, label: &str) {
+    let query: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("name", name)
+        .finish();
+    let _ = write!(
+        page,
+        "<td><button formaction=\"{}/api/{what}/release?{}\">{label}</button></td>",
+        esc(mount),
+        esc(&query)
+    );
+}
+
+/// The holder of a lock, slot or reader as the JSON has it.
+fn holder(lock: &Value) -> String {
+    if lock.get("handed_over").and_then(Value::as_bool) == Some(true) {
+        "(handed over)".to_owned()
+    } else {
+        match text(lock, "holder") {
+            h if h.is_empty() => "?".to_owned(),
+            h => h,
+        }
+    }
+}
+
+/// The `validity_ms` of a lock, slot or reader, in seconds.
+fn validity(lock: &Value) -> String {
+    lock.get("validity_ms").and_then(Value::as_u64).map_or_else(
+        || "-".to_owned(),
+        |ms| format!("{:.1} s", ms as f64 / 1000.0),
+    )
+}
+
+/// The `fencing_token` of a slot.
+fn fencing(lock: &Value) -> String {
+    lock.get("fencing_token")
+        .and_then(Value::as_u64)
+        .map_or_else(|| "-".to_owned(), |t| format!("token {t}"))
 }
 
 fn scheduler_section(page: &mut String, scheduler: &Value, mount: &str, mutations: bool) {

@@ -7,11 +7,13 @@
 //!
 //! | route | method | what |
 //! | --- | --- | --- |
-//! | `/` | GET | the HTML dashboard: nodes, held locks, leader, jobs, recent runs, with buttons; reloads itself (`?refresh=off` stops it) |
+//! | `/` | GET | the HTML dashboard: nodes, held locks, semaphores, read-write locks, leader, jobs, recent runs, with buttons; reloads itself (`?refresh=off` stops it) |
 //! | `/api/overview` | GET | everything the dashboard shows, as JSON |
 //! | `/api/nodes` | GET | node health ([`Redlock::node_health`](redlock_core::Redlock::node_health)) |
-//! | `/api/locks?prefix=&limit=` | GET | held locks ([`Redlock::locks`](redlock_core::Redlock::locks)) |
+//! | `/api/locks?prefix=&limit=` | GET | held locks, semaphores (`semaphores`: permits used of their size, each slot's holder) and read-write locks (`rw_locks`: writer, readers, writer waiting) ([`Redlock::locks`](redlock_core::Redlock::locks)) |
 //! | `/api/locks/release?resource=` | POST | force release ([`Redlock::force_release`](redlock_core::Redlock::force_release)) |
+//! | `/api/semaphores/release?name=` | POST | force release of every permit of a semaphore ([`Redlock::force_release_semaphore`](redlock_core::Redlock::force_release_semaphore)) |
+//! | `/api/rw-locks/release?name=` | POST | force release of a read-write lock, writer and readers ([`Redlock::force_release_rw`](redlock_core::Redlock::force_release_rw)) |
 //! | `/api/jobs` | GET | jobs, next ticks, last runs ([`SchedulerAdmin::jobs`](redlock_scheduler::admin::SchedulerAdmin::jobs)) |
 //! | `/api/leader` | GET | the leader now and its epoch (`null` when none leads: the last one ended its leadership or stopped renewing its record) |
 //! | `/api/runs?job=&outcome=&limit=` | GET | run history, newest first |

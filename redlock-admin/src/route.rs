@@ -15,6 +15,11 @@ pub(crate) enum Route {
     Locks,
     /// Force-release a lock (`resource` in the query or the form).
     ForceRelease,
+    /// Force-release every permit of a semaphore (`name` in the query or the form).
+    ForceReleaseSemaphore,
+    /// Force-release a read-write lock: writer and readers (`name` in the query or the
+    /// form).
+    ForceReleaseRw,
     /// The scheduler's jobs.
     Jobs,
     /// The scheduler's leader.
@@ -65,7 +70,11 @@ impl Route {
     pub(crate) fn mutates(&self) -> bool {
         matches!(
             self,
-            Self::ForceRelease | Self::JobAction { .. } | Self::StepDown
+            Self::ForceRelease
+                | Self::ForceReleaseSemaphore
+                | Self::ForceReleaseRw
+                | Self::JobAction { .. }
+                | Self::StepDown
         )
     }
 
@@ -84,6 +93,8 @@ impl Route {
             ["api", "nodes"] => (Self::Nodes, "GET"),
             ["api", "locks"] => (Self::Locks, "GET"),
             ["api", "locks", "release"] => (Self::ForceRelease, "POST"),
+            ["api", "semaphores", "release"] => (Self::ForceReleaseSemaphore, "POST"),
+            ["api", "rw-locks", "release"] => (Self::ForceReleaseRw, "POST"),
             ["api", "jobs"] => (Self::Jobs, "GET"),
             ["api", "leader"] => (Self::Leader, "GET"),
             ["api", "runs"] => (Self::Runs, "GET"),
@@ -153,6 +164,10 @@ mod tests {
                 .mutates()
         );
         assert!(!Route::parse("GET", "/api/runs").unwrap().mutates());
+        for path in ["/api/semaphores/release", "/api/rw-locks/release"] {
+            assert!(Route::parse("POST", path).unwrap().mutates());
+            assert_eq!(Route::parse("GET", path), Err(NoRoute::Method("POST")));
+        }
         assert_eq!(
             Route::parse("GET", "/api/idempotency"),
             Ok(Route::Idempotency)
