@@ -131,13 +131,17 @@ pub(crate) enum Command {
     /// (the table is printed in both cases).
     Nodes,
 
-    /// The locks held: holder, agreement, validity, fencing token, waiters.
+    /// The locks held: holder, agreement, validity, fencing token, waiters; and the
+    /// semaphores and read-write locks in use.
     ///
     /// Lists the locks on resources starting with PREFIX (all by default), sorted by
     /// name: who holds each, how many nodes hold it and whether they agree, the
-    /// validity a majority still holds, the fencing counter, the waiters queued. Exit
-    /// code 3 when some node did not answer but a majority did; 1 when fewer than a
-    /// majority answered.
+    /// validity a majority still holds, the fencing counter, the waiters queued. Then
+    /// the semaphores whose names start with PREFIX (permits used of their size, and
+    /// each held slot's holder, validity and fencing token) and the read-write locks
+    /// (writer, readers, whether a writer waits); their keys are not listed as locks.
+    /// Exit code 3 when some node did not answer but a majority did; 1 when fewer than
+    /// a majority answered.
     Locks {
         /// Only resources whose name starts with this (default: all).
         prefix: Option<String>,
@@ -146,16 +150,30 @@ pub(crate) enum Command {
         limit: usize,
     },
 
-    /// Releases the lock of KEY by force, making its holder's token stale.
+    /// Releases the lock of KEY (or a semaphore's permits, or a read-write lock) by
+    /// force, making its holder's token stale.
     ///
     /// Deletes the lock on every node whoever holds it and raises the resource's
     /// fencing counter above every token handed out, so that storage checking tokens
     /// rejects the old holder's writes. The holder is not told: it learns at its next
-    /// extension. Refused (exit code 2) without --force. Exit code 3 when a majority but
-    /// not every node was reached.
+    /// extension. With --semaphore NAME, every permit of the semaphore is released so
+    /// (each slot's counter raised); with --rw NAME, the read-write lock's writer and
+    /// every reader, and the waiting writers' queue (the writer's counter raised).
+    /// Refused (exit code 2) without --force. Exit code 3 when a majority but not every
+    /// node was reached.
     Release {
         /// The resource (as `locks` lists it, without the key prefix).
-        key: String,
+        #[arg(
+            required_unless_present_any = ["semaphore", "rw"],
+            conflicts_with_all = ["semaphore", "rw"]
+        )]
+        key: Option<String>,
+        /// Release every permit of the semaphore NAME instead (as `locks` lists it).
+        #[arg(long, value_name = "NAME", conflicts_with = "rw")]
+        semaphore: Option<String>,
+        /// Release the read-write lock NAME instead: its writer and every reader.
+        #[arg(long, value_name = "NAME")]
+        rw: Option<String>,
         /// Do it.
         #[arg(long)]
         force: bool,

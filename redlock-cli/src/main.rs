@@ -2,8 +2,11 @@
 //! and the `redlock-scheduler` scheduler.
 //!
 //! - On the Redis nodes (`--nodes` / `REDLOCK_NODES`): `nodes` (each node's health),
-//!   `locks [PREFIX]` (the locks held, their holders, validity and fencing tokens),
-//!   `release KEY --force` (a forced release that makes the holder's token stale).
+//!   `locks [PREFIX]` (the locks held, their holders, validity and fencing tokens; the
+//!   semaphores' permits and the read-write locks' writers and readers),
+//!   `release KEY --force` (a forced release that makes the holder's token stale;
+//!   `release --semaphore NAME --force`, `release --rw NAME --force` for every permit
+//!   of a semaphore, for a read-write lock's writer and readers).
 //! - On the scheduler's history database (`--database` / `DATABASE_URL`, scheduler
 //!   `--scheduler` / `REDLOCK_SCHEDULER`): `jobs`, `history JOB`, `leader`,
 //!   `pause JOB`, `resume JOB`, and the requests a running replica carries out:
@@ -86,7 +89,19 @@ async fn run(cli: Cli) -> Result<Report, CliError> {
         Command::Locks { prefix, limit } => {
             nodes::locks(global, prefix.as_deref().unwrap_or_default(), *limit).await
         }
-        Command::Release { key, force } => nodes::release(global, key, *force).await,
+        Command::Release {
+            key,
+            semaphore,
+            rw,
+            force,
+        } => match (key, semaphore, rw) {
+            (_, Some(name), _) => nodes::release_semaphore(global, name, *force).await,
+            (_, _, Some(name)) => nodes::release_rw(global, name, *force).await,
+            (Some(key), None, None) => nodes::release(global, key, *force).await,
+            (None, None, None) => Err(CliError::usage(
+                "name what to release: a KEY, --semaphore NAME or --rw NAME",
+            )),
+        },
         Command::Jobs { ticks } => scheduler::jobs(global, *ticks).await,
         Command::History {
             job,

@@ -1,12 +1,13 @@
-//! The commands that talk to the Redis nodes: `nodes`, `locks`, `release`.
+//! The commands that talk to the Redis nodes: `nodes`, `locks`, `release` (of a lock,
+//! a semaphore's permits or a read-write lock).
 //!
 //! They go through a [`Redlock`] client that takes no lock and casts no vote: node
 //! health, the lock listing and a forced release are read-or-overrule operations the
 //! algorithm is not part of.
 
 use redlock_core::{
-    Agreement, DEFAULT_TTL_LIMIT, Error, ForceReleased, HeldLock, LockListing, NodeFailure,
-    NodeHealth, Redlock,
+    Agreement, DEFAULT_TTL_LIMIT, Error, ForceReleased, HeldLock, HeldRwLock, HeldSemaphore,
+    LockListing, NodeFailure, NodeHealth, Redlock, RwReleased, SemaphoreReleased,
 };
 use serde::Serialize;
 
@@ -274,7 +275,7 @@ fn holder(lock: &HeldLock) -> String {
 }
 
 fn render_locks(listing: &LockListing) -> String {
-    if listing.locks.is_empty() {
+    if listing.locks.is_empty() && listing.semaphores.is_empty() && listing.rw_locks.is_empty() {
         return if listing.prefix.is_empty() {
             "no locks held\n".to_owned()
         } else {
@@ -284,33 +285,153 @@ fn render_locks(listing: &LockListing) -> String {
             )
         };
     }
+    let mut out = String::new();
+    if !listing.locks.is_empty() {
+        let mut table = Table::new(&[
+            "RESOURCE",
+            "HOLDER",
+            "AGREEMENT",
+            "HOLDING",
+            "VALIDITY",
+            "FENCING TOKEN",
+            "WAITERS",
+        ]);
+        for lock in &listing.locks {
+            table.row(vec![
+                lock.resource.clone(),
+                holder(lock),
+                agreement(lock.agreement).to_owned(),
+                format!("{}/{}", lock.holding, listing.nodes),
+                lock.validity.map_or("-".to_owned(), format::duration),
+                or_dash(lock.fencing_token),
+                lock.waiters.to_string(),
+            ]);
+        }
+        out.push_str(&table.render());
+    }
+    if !listing.semaphores.is_empty() {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&render_semaphores(&listing.semaphores, listing.quorum));
+    }
+    if !listing.rw_locks.is_empty() {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&render_rw_locks(&listing.rw_locks));
+    }
+    let plural =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let mut counts = vec![plural(listing.locks.len(), "lock", "locks")];
+    if !listing.semaphores.is_empty() {
+        counts.push(plural(listing.semaphores.len(), "semaphore", "semaphores"));
+    }
+    if !listing.rw_locks.is_empty() {
+        counts.push(plural(
+            listing.rw_locks.len(),
+            "read-write lock",
+            "read-write locks",
+        ));
+    }
+    line(&mut out, format!("\n{}", counts.join(", ")));
+    out
+}
+
+/// One row per semaphore slot held on some node: `name`, permits used of its size (on
+/// the semaphore's first row), the slot, holder, validity and fencing token.
+fn render_semaphores(semaphores: &[HeldSemaphore], quorum: usize) -> String {
     let mut table = Table::new(&[
-        "RESOURCE",
+        "SEMAPHORE",
+        "PERMITS USED",
+        "SLOT",
         "HOLDER",
-        "AGREEMENT",
-        "HOLDING",
         "VALIDITY",
         "FENCING TOKEN",
-        "WAITERS",
     ]);
-    for lock in &listing.locks {
+    for semaphore in semaphores {
+        let used = format!(
+            "{}/{}",
+            semaphore.used,
+            semaphore
+                .permits
+                .map_or_else(|| "?".to_owned(), |p| p.to_string())
+        );
+        if semaphore.slots.is_empty() {
+            table.row(vec![
+                semaphore.name.clone(),
+                used.clone(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]);
+        }
+        for (i, slot) in semaphore.slots.iter().enumerate() {
+            let mut who = holder(&slot.lock);
+            if !slot.is_held(quorum) {
+                who.push_str(" (not on a majority)");
+            }
+            table.row(vec![
+                if i == 0 {
+                    semaphore.name.clone()
+                } else {
+                    String::new()
+                },
+                if i == 0 { used.clone() } else { String::new() },
+                slot.slot.to_string(),
+                who,
+                slot.lock.validity.map_or("-".to_owned(), format::duration),
+                or_dash(slot.lock.fencing_token),
+            ]);
+        }
+    }
+    table.render()
+}
+
+/// One row per read-write lock: writer, readers, a waiting writer, fencing counter.
+fn render_rw_locks(locks: &[HeldRwLock]) -> String {
+    let mut table = Table::new(&[
+        "RW LOCK",
+        "WRITER",
+        "READERS",
+        "WRITER WAITING",
+        "VALIDITY",
+        "FENCING TOKEN",
+    ]);
+    for lock in locks {
+        let writer = lock.writer.as_ref().map_or_else(
+            || "-".to_owned(),
+            |w| match w.agreement {
+                Agreement::Majority => holder(w),
+                other => format!("{} ({})", holder(w), agreement(other)),
+            },
+        );
+        let readers: Vec<String> = lock
+            .readers
+            .iter()
+            .map(|r| r.holder.clone().unwrap_or_else(|| "?".to_owned()))
+            .collect();
+        // The writer's validity, or the readers' (the soonest to end).
+        let validity = lock
+            .writer
+            .as_ref()
+            .and_then(|w| w.validity)
+            .or_else(|| lock.readers.iter().filter_map(|r| r.validity).min());
         table.row(vec![
-            lock.resource.clone(),
-            holder(lock),
-            agreement(lock.agreement).to_owned(),
-            format!("{}/{}", lock.holding, listing.nodes),
-            lock.validity.map_or("-".to_owned(), format::duration),
+            lock.name.clone(),
+            writer,
+            if readers.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{}: {}", readers.len(), readers.join(", "))
+            },
+            format::yes_no(lock.writer_waiting),
+            validity.map_or("-".to_owned(), format::duration),
             or_dash(lock.fencing_token),
-            lock.waiters.to_string(),
         ]);
     }
-    let mut out = table.render();
-    let n = listing.locks.len();
-    line(
-        &mut out,
-        format!("\n{n} lock{}", if n == 1 { "" } else { "s" }),
-    );
-    out
+    table.render()
 }
 
 /// What `release --json` prints: the core's report and the number of nodes.
@@ -375,6 +496,157 @@ pub(crate) async fn release(global: &Global, key: &str, force: bool) -> Result<R
         ));
         report.code = EXIT_PARTIAL;
     }
+    Ok(report)
+}
+
+/// What `release --semaphore --json` and `release --rw --json` print: the core's
+/// report and the number of nodes.
+#[derive(Serialize)]
+struct GroupReleased<'a, T: Serialize> {
+    #[serde(flatten)]
+    released: &'a T,
+    /// Nodes configured.
+    nodes: usize,
+}
+
+/// The usage error of a forced release without `--force`.
+fn without_force(what: &str, does: &str, again: &str) -> CliError {
+    CliError::usage(format!(
+        "refusing to release {what} without --force: {does} (the holders are not told, and learn it at their next extension); nothing was done; run `redlock release {again} --force` to do it"
+    ))
+}
+
+/// The error of a forced release that failed.
+fn release_failed(what: &str, err: Error) -> CliError {
+    match err {
+        Error::Config(err) => CliError::failed(format!("cannot release {what}: {err}")),
+        other => CliError::failed(format!(
+            "cannot release {what}: {other}; check that the nodes are up and that --nodes / {NODES_ENV} names them"
+        )),
+    }
+}
+
+/// Exit code 3 and a warning when some nodes were not reached.
+fn partial(report: &mut Report, failures: &[NodeFailure], nodes: usize) {
+    if !failures.is_empty() {
+        report.warnings.push(format!(
+            "{} of {nodes} nodes could not be reached: {}; their keys expire by their TTLs",
+            failures.len(),
+            named_failures(failures)
+        ));
+        report.code = EXIT_PARTIAL;
+    }
+}
+
+/// `redlock release --semaphore NAME --force`.
+pub(crate) async fn release_semaphore(
+    global: &Global,
+    name: &str,
+    force: bool,
+) -> Result<Report, CliError> {
+    if !force {
+        return Err(without_force(
+            &format!("the permits of semaphore `{name}`"),
+            "it deletes every permit of the semaphore on every node whoever holds it and raises each slot's fencing counter so that the holders' tokens are stale",
+            &format!("--semaphore {name}"),
+        ));
+    }
+    let (redlock, nodes) = client(global)?;
+    let released: SemaphoreReleased = redlock
+        .force_release_semaphore(name)
+        .await
+        .map_err(|err| release_failed(&format!("semaphore `{name}`"), err))?;
+    let output = if global.json {
+        format::json(&GroupReleased {
+            released: &released,
+            nodes,
+        })?
+    } else {
+        let mut out = String::new();
+        let size = released.permits.map_or_else(
+            || "size not recorded".to_owned(),
+            |p| format!("{p} permits"),
+        );
+        line(
+            &mut out,
+            format!(
+                "released semaphore `{name}` ({size}) by force: {} of {} slots were held",
+                released.released(),
+                released.slots.len()
+            ),
+        );
+        if !released.slots.is_empty() {
+            let mut table = Table::new(&["SLOT", "DELETED ON", "FENCING TOKEN NOW"]);
+            for slot in &released.slots {
+                table.row(vec![
+                    slot.slot.to_string(),
+                    format!("{}/{nodes}", slot.deleted),
+                    slot.fencing_token.to_string(),
+                ]);
+            }
+            out.push_str(&table.render());
+            line(
+                &mut out,
+                "tokens handed out before are stale; each slot's next holder's is above its counter",
+            );
+        }
+        out
+    };
+    let mut report = Report::ok(output);
+    partial(&mut report, &released.failures, nodes);
+    Ok(report)
+}
+
+/// `redlock release --rw NAME --force`.
+pub(crate) async fn release_rw(
+    global: &Global,
+    name: &str,
+    force: bool,
+) -> Result<Report, CliError> {
+    if !force {
+        return Err(without_force(
+            &format!("read-write lock `{name}`"),
+            "it deletes its writer, every reader and the waiting writers' queue on every node and raises the writer's fencing counter so that the writer's token is stale",
+            &format!("--rw {name}"),
+        ));
+    }
+    let (redlock, nodes) = client(global)?;
+    let released: RwReleased = redlock
+        .force_release_rw(name)
+        .await
+        .map_err(|err| release_failed(&format!("read-write lock `{name}`"), err))?;
+    let output = if global.json {
+        format::json(&GroupReleased {
+            released: &released,
+            nodes,
+        })?
+    } else {
+        let mut out = String::new();
+        line(
+            &mut out,
+            format!(
+                "released read-write lock `{name}` by force: writer deleted on {} of {nodes} nodes, {} reader{} deleted, waiting writers' queue deleted on {} nodes",
+                released.writer_deleted,
+                released.readers_deleted,
+                if released.readers_deleted == 1 {
+                    ""
+                } else {
+                    "s"
+                },
+                released.writer_waiting_deleted,
+            ),
+        );
+        line(
+            &mut out,
+            format!(
+                "fencing token now {}: writers' tokens handed out before are stale, the next writer's is above it",
+                released.fencing_token
+            ),
+        );
+        out
+    };
+    let mut report = Report::ok(output);
+    partial(&mut report, &released.failures, nodes);
     Ok(report)
 }
 
