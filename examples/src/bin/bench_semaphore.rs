@@ -1,5 +1,5 @@
-//! Benchmark: an uncontended semaphore permit cycle against a mutex cycle, on the same
-//! nodes in one run.
+//! Benchmark: an uncontended semaphore permit cycle and read-write lock cycles against a
+//! mutex cycle, on the same nodes in one run.
 //!
 //! ```text
 //! cargo run --release -p redlock-examples --bin bench_semaphore
@@ -11,16 +11,19 @@
 //! - `mutex`: `redlock.lock(key)` + `release()`, a distinct key per cycle;
 //! - `permit`: `semaphore.acquire()` + `release()` on a semaphore of 64 permits per
 //!   client (uncontended: a free slot is found at the first attempt), a distinct
-//!   semaphore per client.
+//!   semaphore per client;
+//! - `read`: `rw.read()` + `release()` on a read-write lock that every client reads at
+//!   once (readers share: uncontended);
+//! - `write`: `rw.write()` + `release()`, a read-write lock per client.
 //!
-//! Prints cycles/s, p50, p99 and CPU per cycle (this process; the Redis servers), and the
-//! permit cycle over the mutex cycle at p50 (target <= 1.5). `BENCH_SECS` sets each
-//! workload's duration (default 3).
+//! Prints cycles/s, p50, p99 and CPU per cycle (this process; the Redis servers), and
+//! each cycle over the mutex cycle at p50 (target for a permit: <= 1.5). `BENCH_SECS`
+//! sets each workload's duration (default 3).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlock_core::{Redlock, Semaphore};
+use redlock_core::{Redlock, RwLock, Semaphore};
 use redlock_examples::Nodes;
 use redlock_examples::measure::{closed_loop, header, interleave, verdict};
 
@@ -35,6 +38,8 @@ fn concurrency() -> usize {
 enum Workload {
     Mutex,
     Permit,
+    Read,
+    Write,
 }
 
 #[tokio::main]
@@ -61,16 +66,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|c| redlock.semaphore(format!("bench:sem:{c}"), 64))
             .collect::<Result<_, _>>()?,
     );
+    let shared_rw = redlock.rw_lock("bench:rw:shared")?;
+    let own_rw: Arc<Vec<RwLock>> = Arc::new(
+        (0..clients)
+            .map(|c| redlock.rw_lock(format!("bench:rw:{c}")))
+            .collect::<Result<_, _>>()?,
+    );
     println!(
         "bench_semaphore: {}, {clients} concurrent clients, {secs} s per workload in 6 interleaved slices",
         nodes.describe()
     );
-    let workloads = [Workload::Mutex, Workload::Permit];
+    let workloads = [
+        Workload::Mutex,
+        Workload::Permit,
+        Workload::Read,
+        Workload::Write,
+    ];
     let slice = Duration::from_secs_f64(secs / 6.0);
     let run = |workload: Workload| {
         let (redlock, semaphores) = (redlock.clone(), Arc::clone(&semaphores));
+        let (shared_rw, own_rw) = (shared_rw.clone(), Arc::clone(&own_rw));
         closed_loop(clients, slice, move |client, i| {
             let (redlock, semaphores) = (redlock.clone(), Arc::clone(&semaphores));
+            let (shared_rw, own_rw) = (shared_rw.clone(), Arc::clone(&own_rw));
             async move {
                 match workload {
                     Workload::Mutex => {
@@ -80,6 +98,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Workload::Permit => {
                         let permit = semaphores[client].acquire().await?;
                         permit.release().await?;
+                    }
+                    Workload::Read => {
+                        let read = shared_rw.read().await?;
+                        read.release().await?;
+                    }
+                    Workload::Write => {
+                        let write = own_rw[client].write().await?;
+                        write.release().await?;
                     }
                 }
                 Ok(())
@@ -96,18 +122,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|e| e as Box<dyn std::error::Error>)?;
     println!("\n{}", header(&format!("workload (c={clients})")));
     let (mutex_p50, _) = tallies[0].p50_p99();
-    let (permit_p50, _) = tallies[1].p50_p99();
-    println!("{}", tallies[0].row("mutex: lock + release"));
-    println!(
-        "{}",
-        tallies[1].row("permit: acquire + release (64 permits)")
-    );
-    let ratio = permit_p50.as_secs_f64() / mutex_p50.as_secs_f64();
-    println!(
-        "\npermit cycle / mutex cycle at p50: {ratio:.2} (target <= 1.5: {}); in servers' CPU: {:.2}",
-        verdict(ratio <= 1.5),
-        tallies[1].server_us() / tallies[0].server_us()
-    );
+    let labels = [
+        "mutex: lock + release",
+        "permit: acquire + release (64 permits)",
+        "read lock: read + release (shared)",
+        "write lock: write + release",
+    ];
+    for (tally, label) in tallies.iter_mut().zip(labels) {
+        println!("{}", tally.row(label));
+    }
+    println!();
+    for (i, what) in [(1, "permit"), (2, "read lock"), (3, "write lock")] {
+        let (p50, _) = tallies[i].p50_p99();
+        let ratio = p50.as_secs_f64() / mutex_p50.as_secs_f64();
+        let target = if i == 1 {
+            format!(" (target <= 1.5: {})", verdict(ratio <= 1.5))
+        } else {
+            String::new()
+        };
+        println!(
+            "{what} cycle / mutex cycle at p50: {ratio:.2}{target}; in servers' CPU: {:.2}",
+            tallies[i].server_us() / tallies[0].server_us()
+        );
+    }
     drop(nodes);
     Ok(())
 }

@@ -405,8 +405,9 @@ end
 /// deadlines, the set of reader keys, this reader's key. `ARGV`: value, TTL (ms). Unless
 /// the writer's key is held or a writer waits (a live deadline: a waiting writer stops
 /// new readers, so writers are not starved), sets the reader's key to the value with
-/// the TTL, adds it to the set, and drops one random dead reader from the set (so that
-/// the set stays about as large as the readers alive, with no writer to prune it).
+/// the TTL and adds it to the set; past 64 names, it also drops dead ones among two
+/// picked at random (readers that died leave their names behind: the set stays about
+/// as large as the readers alive, with no writer to prune it).
 /// Returns 1 if set, 0 if refused.
 pub(crate) static ACQUIRE_READ: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_READ_SOURCE));
@@ -420,11 +421,13 @@ if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('ZCOUNT', KEYS[2], '(' .. n
   return 0
 end
 redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
-local other = redis.call('SRANDMEMBER', KEYS[3])
-if other and redis.call('EXISTS', other) == 0 then
-  redis.call('SREM', KEYS[3], other)
+if redis.call('SADD', KEYS[3], KEYS[4]) == 1 and redis.call('SCARD', KEYS[3]) > 64 then
+  for _, other in ipairs(redis.call('SRANDMEMBER', KEYS[3], 2)) do
+    if redis.call('EXISTS', other) == 0 then
+      redis.call('SREM', KEYS[3], other)
+    end
+  end
 end
-redis.call('SADD', KEYS[3], KEYS[4])
 return 1
 "
 );
@@ -444,11 +447,15 @@ const ACQUIRE_WRITE_SOURCE: &str = concat!(
     clock_floor!(),
     now_ms!(),
     r"
-local now = now_ms()
+local now = nil
 local id = ARGV[3]
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
-  redis.call('ZREM', KEYS[3], gone)
-  redis.call('ZREM', KEYS[4], gone)
+local queued = redis.call('EXISTS', KEYS[4]) == 1
+if queued then
+  now = now_ms()
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
+    redis.call('ZREM', KEYS[3], gone)
+    redis.call('ZREM', KEYS[4], gone)
+  end
 end
 local free = redis.call('EXISTS', KEYS[1]) == 0
 if free then
@@ -460,13 +467,16 @@ if free then
     end
   end
 end
-if free then
+if free and queued then
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if head and head ~= id then
     free = false
   end
 end
 if not free then
+  if not now then
+    now = now_ms()
+  end
   local keep = tonumber(ARGV[5])
   redis.call('ZADD', KEYS[3], ARGV[4], id)
   redis.call('ZADD', KEYS[4], now + keep, id)
@@ -477,8 +487,10 @@ if not free then
   end
   return 0
 end
-redis.call('ZREM', KEYS[3], id)
-redis.call('ZREM', KEYS[4], id)
+if queued then
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+end
 local token = 1
 if #KEYS == 5 then
   local highest = tonumber(redis.call('GET', KEYS[5]) or '0')
