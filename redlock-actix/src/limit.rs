@@ -1,25 +1,29 @@
 //! [`ConcurrencyLimit`]: at most `limit` concurrent requests per key, across every
 //! replica.
 
-use std::future::{Ready, ready};
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use actix_web::HttpRequest;
-use actix_web::body::{EitherBody, MessageBody};
+use actix_web::HttpResponse;
+use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 use actix_web::http::StatusCode;
-use futures_util::future::LocalBoxFuture;
-use redlock_core::Permit;
-use redlock_core::{Redlock, RetryPolicy};
-use redlock_http::{Key, RejectionKind};
+use actix_web::web::Bytes;
+use futures_util::future::{Either, LocalBoxFuture, select};
+use redlock_core::{LockHandle, Permit, Redlock, RetryPolicy};
+use redlock_http::{Hold, Key, RejectionKind};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
 use crate::config::{AbortOnDrop, background};
-use crate::error::{DistributedLockError, problem_response, request_id};
+use crate::error::{DistributedLockError, Rejection, problem_response, request_id};
 use crate::extract::{Header, KeyExtractor, PathParam};
+
+type OnRejection = dyn Fn(&Rejection<'_>) -> HttpResponse + Send + Sync;
 
 /// At most `limit` requests per key at once, across every replica: a cluster-wide
 /// counterpart of a local concurrency limit, and the actix counterpart of
@@ -29,12 +33,29 @@ use crate::extract::{Header, KeyExtractor, PathParam};
 /// from a [`KeyExtractor`] ([`extract`](crate::extract): a path parameter, a header such
 /// as the tenant's, a closure), and a permit of the cluster-wide semaphore
 /// ([`Redlock::semaphore`]) named `resource_prefix + key` with `limit` permits. The
-/// permit is auto-extended while the handler runs and given back as soon as the
-/// handler's response is ready (the response body is sent without it). Requests of
-/// other keys are not limited by it; a request whose key extractor answers
-/// [`Key::Pass`] goes through unlimited.
+/// permit is auto-extended while the handler runs (a handler may run far longer than
+/// the TTL), up to [`max_hold`](Self::max_hold), and kept until the response body has
+/// been sent or dropped ([`hold`](Self::hold)). Requests of other keys are not limited
+/// by it; a request whose key extractor answers [`Key::Pass`] goes through unlimited.
 ///
-/// Answers, as `application/problem+json` ([`DistributedLockError`]'s problems):
+/// The options, with the names and defaults of `redlock-tower`'s
+/// `ConcurrencyLimitLayer`:
+///
+/// | option | default |
+/// | --- | --- |
+/// | [`resource_prefix`](Self::resource_prefix) | none |
+/// | [`ttl`](Self::ttl) | the client's default TTL, auto-extended while the request runs |
+/// | [`wait`](Self::wait) / [`fail_fast`](Self::fail_fast) / [`retry`](Self::retry) | fail fast: one attempt per permit, `429` when all are taken |
+/// | [`hold`](Self::hold) | [`Hold::UntilBodyEnd`] |
+/// | [`max_hold`](Self::max_hold) | the client's `max_hold` |
+/// | [`fail_open`](Self::fail_open) | off: `503` when no quorum is reachable |
+/// | [`busy_status`](Self::busy_status) | `429 Too Many Requests` |
+/// | [`abort_on_loss`](Self::abort_on_loss) | off: a lost permit is logged, the request carries on |
+/// | [`on_rejection`](Self::on_rejection) | `application/problem+json` responses |
+/// | [`runtime`](Self::runtime) | a thread of the crate's (actix only: tower needs none) |
+///
+/// Answers, as `application/problem+json` ([`DistributedLockError`]'s problems, or
+/// [`on_rejection`](Self::on_rejection)'s responses):
 ///
 /// - the limit is reached (every permit held for as long as the wait policy waits):
 ///   [`busy_status`](Self::busy_status) (default `429 Too Many Requests`), with
@@ -42,16 +63,23 @@ use crate::extract::{Header, KeyExtractor, PathParam};
 ///   [`redlock_http::FALLBACK_RETRY_AFTER`]);
 /// - no quorum of Redis nodes: `503` with `Retry-After`, or the request goes through
 ///   unlimited with [`fail_open`](Self::fail_open);
+/// - the permit lost while the handler runs, with [`abort_on_loss`](Self::abort_on_loss):
+///   `503`;
 /// - a bad key: `400`; a limit of 0, or a TTL the client refuses: `500` (at request
 ///   time; nothing panics).
+///
+/// Responses come out boxed ([`BoxBody`]): the body of a request holding a permit
+/// keeps it until it ends.
 ///
 /// As with the crate's other middleware, every call into the client runs on one
 /// long-lived runtime (the crate's own thread, or [`runtime`](Self::runtime)), never on
 /// an actix worker's (see [Runtimes](crate::DistributedLockConfig#runtimes)).
 ///
 /// ```
+/// use std::time::Duration;
+///
 /// use actix_web::{App, HttpResponse, web};
-/// use redlock_actix::{ConcurrencyLimit, Redlock};
+/// use redlock_actix::{ConcurrencyLimit, Hold, Redlock};
 ///
 /// async fn report(tenant: web::Path<String>) -> HttpResponse {
 ///     HttpResponse::Ok().body(format!("report for {tenant}"))
@@ -66,6 +94,20 @@ use crate::extract::{Header, KeyExtractor, PathParam};
 ///         .route("/report", web::get().to(report)),
 /// );
 /// # let _ = app;
+///
+/// // Every option, as redlock-tower's `ConcurrencyLimitLayer` takes them.
+/// let limit = ConcurrencyLimit::header(redlock, "x-tenant", 2)
+///     .resource_prefix("export:")
+///     .ttl(Duration::from_secs(5)) // extended while the request runs
+///     .wait(Duration::from_secs(1)) // then 429
+///     .hold(Hold::UntilHead) // the body is sent without the permit
+///     .max_hold(Duration::from_secs(60))
+///     .abort_on_loss(true) // a lost permit: 503, not a request past the limit
+///     .on_rejection(|rejection| {
+///         tracing::info!(kind = ?rejection.kind, "export refused");
+///         rejection.to_response()
+///     });
+/// # let _ = limit;
 /// # Ok(())
 /// # }
 /// ```
@@ -99,12 +141,18 @@ struct Settings {
     resource_prefix: Arc<str>,
     ttl: Option<Duration>,
     retry: RetryPolicy,
-    busy_status: StatusCode,
+    hold: Hold,
+    max_hold: Option<Duration>,
     fail_open: bool,
+    busy_status: StatusCode,
+    abort_on_loss: bool,
+    on_rejection: Option<Arc<OnRejection>>,
     runtime: Option<Handle>,
 }
 
 impl std::fmt::Debug for Settings {
+    // The options' names as in redlock-tower's layer (its `Config`): the parity test
+    // compares them.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Settings")
             .field("redlock", &self.redlock)
@@ -112,8 +160,15 @@ impl std::fmt::Debug for Settings {
             .field("resource_prefix", &self.resource_prefix)
             .field("ttl", &self.ttl)
             .field("retry", &self.retry)
-            .field("busy_status", &self.busy_status)
+            .field("hold", &self.hold)
+            .field("max_hold", &self.max_hold)
             .field("fail_open", &self.fail_open)
+            .field("busy_status", &self.busy_status)
+            .field("abort_on_loss", &self.abort_on_loss)
+            .field(
+                "on_rejection",
+                &self.on_rejection.as_ref().map(|_| "custom"),
+            )
             .field("runtime", &self.runtime.is_some())
             .finish()
     }
@@ -122,11 +177,18 @@ impl std::fmt::Debug for Settings {
 impl<K: KeyExtractor> ConcurrencyLimit<K> {
     /// At most `limit` concurrent requests per key taken by `key` (typically a closure
     /// `|req: &ServiceRequest| -> Result<impl LockKey, BadKey>`), counted through
-    /// `redlock` across every replica: the client's TTL, fail fast, no resource prefix,
-    /// busy answered `429`, fail-closed.
+    /// `redlock` across every replica, with the options' defaults (the table above):
+    /// the client's TTL, fail fast, no resource prefix, the permit held until the body
+    /// ends, busy answered `429`, fail-closed, no abort on loss.
     ///
-    /// A `limit` of 0 is accepted here and answered `500` at request time.
+    /// A `limit` of 0 is accepted here and answered `500` at request time (with an
+    /// error in the log now), as `redlock-tower`'s `ConcurrencyLimitLayer::new`.
     pub fn new(redlock: Redlock, key: K, limit: u32) -> Self {
+        if limit == 0 {
+            tracing::error!(
+                "concurrency limit of 0: every request with a key will be answered 500"
+            );
+        }
         Self {
             key: Rc::new(key),
             settings: Arc::new(Settings {
@@ -135,8 +197,12 @@ impl<K: KeyExtractor> ConcurrencyLimit<K> {
                 resource_prefix: Arc::from(""),
                 ttl: None,
                 retry: RetryPolicy::once(),
-                busy_status: StatusCode::TOO_MANY_REQUESTS,
+                hold: Hold::default(),
+                max_hold: None,
                 fail_open: false,
+                busy_status: StatusCode::TOO_MANY_REQUESTS,
+                abort_on_loss: false,
+                on_rejection: None,
                 runtime: None,
             }),
         }
@@ -149,38 +215,53 @@ impl<K: KeyExtractor> ConcurrencyLimit<K> {
 
     /// The semaphore's name is `prefix` followed by the key (default: empty;
     /// [`redlock_http::resource_name`]); its permits are the resources
-    /// `<name>/permit/<i>`. Use it to keep different routes' limits apart.
+    /// `<name>/permit/<i>`. Give each limited route its own prefix, and do not lock
+    /// those resources with a [`LockMiddleware`](crate::LockMiddleware).
     pub fn resource_prefix(self, prefix: impl Into<String>) -> Self {
         let prefix: Arc<str> = Arc::from(prefix.into());
         self.with(|s| s.resource_prefix = prefix)
     }
 
-    /// The permits' TTL (default: the client's): how long the permit of a replica that
-    /// died mid-request stays taken. Permits are auto-extended while their request runs.
+    /// The permits' TTL (default: the client's). A permit is extended about every
+    /// `ttl / 3` while the request runs, so this is how long a permit stays taken after
+    /// a replica dies mid-request, not a limit on the request's duration
+    /// ([`max_hold`](Self::max_hold) is).
     pub fn ttl(self, ttl: Duration) -> Self {
         self.with(|s| s.ttl = Some(ttl))
     }
 
-    /// One scan of the permits: a full limit is answered at once (the default).
+    /// Answer at once when every permit is taken (the default).
     pub fn fail_fast(self) -> Self {
-        self.with(|s| s.retry = RetryPolicy::once())
+        self.retry(RetryPolicy::once())
     }
 
-    /// Waits up to `deadline` for a permit when the limit is reached (woken as soon as
-    /// one is given back); past the deadline, the busy status.
+    /// When every permit is taken, wait up to `deadline` for one (woken as soon as a
+    /// holder gives it back), then answer the busy status. The default is to answer at
+    /// once.
     pub fn wait(self, deadline: Duration) -> Self {
-        self.with(|s| s.retry = RetryPolicy::deadline(deadline))
+        self.retry(RetryPolicy::deadline(deadline))
     }
 
-    /// Any retry policy for a full limit (attempts, deadline, delays).
+    /// The full retry policy of a request waiting for a permit (see [`RetryPolicy`]);
+    /// [`wait`](Self::wait) and [`fail_fast`](Self::fail_fast) are shorthands.
     pub fn retry(self, retry: RetryPolicy) -> Self {
         self.with(|s| s.retry = retry)
     }
 
-    /// The status answered when the limit is reached (default `429 Too Many
-    /// Requests`).
-    pub fn busy_status(self, status: StatusCode) -> Self {
-        self.with(|s| s.busy_status = status)
+    /// How long a request keeps its permit (default: [`Hold::UntilBodyEnd`], until its
+    /// response body has been sent or dropped; [`Hold::UntilHead`] gives it back once
+    /// the handler's response is ready, and the body is sent without it).
+    pub fn hold(self, hold: Hold) -> Self {
+        self.with(|s| s.hold = hold)
+    }
+
+    /// The longest a request may keep its permit, counted from its acquisition
+    /// (default: the client's [`max_hold`](redlock_core::RedlockBuilder::max_hold)).
+    /// The permit is not extended past it: it expires at its TTL, another request may
+    /// take it, and the request is treated as having lost it (see
+    /// [`abort_on_loss`](Self::abort_on_loss)).
+    pub fn max_hold(self, max_hold: Duration) -> Self {
+        self.with(|s| s.max_hold = Some(max_hold))
     }
 
     /// When no quorum of Redis nodes can be reached (or another backend failure), let
@@ -188,6 +269,42 @@ impl<K: KeyExtractor> ConcurrencyLimit<K> {
     /// `503` (fail-closed, the default). A full limit is still refused.
     pub fn fail_open(self, on: bool) -> Self {
         self.with(|s| s.fail_open = on)
+    }
+
+    /// The status answered when every permit is taken (default
+    /// `429 Too Many Requests`; `503 Service Unavailable` is another choice).
+    pub fn busy_status(self, status: StatusCode) -> Self {
+        self.with(|s| s.busy_status = status)
+    }
+
+    /// When the permit is lost while the handler runs (a majority of Redis nodes could
+    /// not extend it in time, or [`max_hold`](Self::max_hold) ran out), drop the
+    /// handler's future and answer `503` ([`RejectionKind::Lost`], through
+    /// [`on_rejection`](Self::on_rejection) if set); while the body streams, end the
+    /// body with an error so that the client sees an incomplete response. As
+    /// [`DistributedLockConfig::abort_on_loss`](crate::DistributedLockConfig::abort_on_loss)
+    /// for a lock: the `503` is this middleware's error (an `actix_web::Error` carrying
+    /// the response), since the request went with the handler's future.
+    ///
+    /// Off by default, as the lock's: the loss is logged and the request carries on,
+    /// beyond the limit (another request may take the permit meanwhile). The handler
+    /// finds no handle of a permit to watch: turn this on where running past the limit
+    /// is worse than not finishing.
+    pub fn abort_on_loss(self, on: bool) -> Self {
+        self.with(|s| s.abort_on_loss = on)
+    }
+
+    /// Build rejection responses yourself (default: [`Rejection::to_response`], an
+    /// `application/problem+json` document); a full limit is [`RejectionKind::Busy`],
+    /// with the busy status; a permit lost with [`abort_on_loss`](Self::abort_on_loss)
+    /// is [`RejectionKind::Lost`]. The hook is called once per rejected request. As
+    /// [`DistributedLockConfig::on_rejection`](crate::DistributedLockConfig::on_rejection).
+    pub fn on_rejection<F>(self, hook: F) -> Self
+    where
+        F: Fn(&Rejection<'_>) -> HttpResponse + Send + Sync + 'static,
+    {
+        let hook: Arc<OnRejection> = Arc::new(hook);
+        self.with(|s| s.on_rejection = Some(hook))
     }
 
     /// Runs the client's calls on this runtime instead of the crate's own thread (see
@@ -227,7 +344,7 @@ where
     B: MessageBody + 'static,
     K: KeyExtractor,
 {
-    type Response = ServiceResponse<EitherBody<B>>;
+    type Response = ServiceResponse<BoxBody>;
     type Error = actix_web::Error;
     type Transform = ConcurrencyLimitService<S, K>;
     type InitError = ();
@@ -263,7 +380,7 @@ where
     B: MessageBody + 'static,
     K: KeyExtractor,
 {
-    type Response = ServiceResponse<EitherBody<B>>;
+    type Response = ServiceResponse<BoxBody>;
     type Error = actix_web::Error;
     type Future = LocalBoxFuture<'static, Result<Self::Response, Self::Error>>;
 
@@ -279,31 +396,67 @@ where
             let key = match key {
                 Key::Lock(key) => key,
                 // No key: the request goes through unlimited.
-                Key::Pass => return Ok(service.call(req).await?.map_into_left_body()),
+                Key::Pass => return Ok(service.call(req).await?.map_into_boxed_body()),
                 Key::Reject(problem) => {
                     let err = DistributedLockError::Refused(problem);
-                    return Ok(settings.reject(req, err));
+                    return Ok(settings.reject(req, err, None));
                 }
                 // A decision this version does not know: the server's mistake.
-                _ => return Ok(settings.reject(req, DistributedLockError::MissingConfig)),
+                _ => return Ok(settings.reject(req, DistributedLockError::MissingConfig, None)),
             };
             let resource = match redlock_http::resource_name(&settings.resource_prefix, &key) {
                 Ok(resource) => resource,
-                Err(bad) => return Ok(settings.reject(req, bad.into())),
+                Err(bad) => return Ok(settings.reject(req, bad.into(), None)),
             };
             let permit = match settings.acquire(&resource).await {
                 Ok(permit) => permit,
                 Err(err) if settings.fail_open && err.kind() == RejectionKind::Unavailable => {
                     tracing::warn!(key = %resource, error = %err, "lock service unavailable: fail-open, serving the request WITHOUT a concurrency limit");
-                    return Ok(service.call(req).await?.map_into_left_body());
+                    return Ok(service.call(req).await?.map_into_boxed_body());
                 }
-                Err(err) => return Ok(settings.reject(req, err)),
+                Err(err) => return Ok(settings.reject(req, err, Some(&resource))),
             };
-            // The permit is given back when the handler's response is ready, or when
-            // this future is dropped (the client went away): `HeldPermit`'s drop.
-            let response = service.call(req).await;
-            drop(permit);
-            Ok(response?.map_into_left_body())
+            // The permit is given back when it is dropped (`HeldPermit`'s drop): with
+            // the response body, or before when the client went away.
+            let abort = settings.abort_on_loss;
+            let response = if abort {
+                // The request cannot be kept (actix routes it further by `Rc::get_mut`):
+                // what the answer needs is taken now.
+                let path = req.path().to_owned();
+                let id = request_id(req.request());
+                let lost = Box::pin(permit.handle.cancellation_token().cancelled_owned());
+                let handler = Box::pin(service.call(req));
+                match select(handler, lost).await {
+                    Either::Left((response, _)) => response?,
+                    Either::Right(((), handler)) => {
+                        // The handler's future is dropped where it stands, then the permit.
+                        drop(handler);
+                        let slot = permit.handle.resource().to_owned();
+                        drop(permit);
+                        tracing::warn!(key = %slot, request_id = id.as_deref(), "concurrency permit lost while the request ran (a majority of lock nodes could not extend it in time): request stopped");
+                        // Answered as the error of this service (the request went with
+                        // the handler): actix renders it with the response built here.
+                        let err = DistributedLockError::Lost(slot.clone());
+                        let response = settings.respond(&err, Some(&slot), &path, id);
+                        return Err(
+                            actix_web::error::InternalError::from_response(err, response).into(),
+                        );
+                    }
+                }
+            } else {
+                service.call(req).await?
+            };
+            let permit = match settings.hold {
+                Hold::UntilHead => {
+                    drop(permit);
+                    None
+                }
+                _ => Some(permit),
+            };
+            Ok(
+                response
+                    .map_body(move |_, body| BoxBody::new(PermitBody::new(body, permit, abort))),
+            )
         })
     }
 }
@@ -319,25 +472,31 @@ impl Settings {
         }
     }
 
-    /// A permit of the semaphore `resource` (of `limit` permits), auto-extended; taken
-    /// on the background runtime. Dropping this future cancels the acquisition
-    /// (whatever it had set is released).
+    /// A permit of the semaphore `resource` (of `limit` permits), auto-extended (up to
+    /// `max_hold`); taken on the background runtime. Dropping this future cancels the
+    /// acquisition (whatever it had set is released).
     async fn acquire(&self, resource: &str) -> Result<HeldPermit, DistributedLockError> {
         let runtime = self.handle()?;
         let semaphore = self
             .redlock
             .semaphore(resource, self.limit)
             .map_err(redlock_core::Error::from)?
-            .retry(self.retry);
+            .retry(self.retry)
+            // A permit's fencing token is per slot, not per key: of no use to a handler.
+            .fencing(false);
         let semaphore = match self.ttl {
             Some(ttl) => semaphore.ttl(ttl),
             None => semaphore,
         };
+        let max_hold = self.max_hold;
         let started = Instant::now();
         let task = async move {
             let mut permit = semaphore.acquire().await?;
             // Still on the background runtime: the watchdog task starts there.
-            permit.auto_extend();
+            match max_hold {
+                Some(max_hold) => permit.auto_extend_for(max_hold),
+                None => permit.auto_extend(),
+            }
             Ok::<_, redlock_core::Error>(permit)
         };
         let joined = AbortOnDrop::spawn(&runtime, task.in_current_span()).await;
@@ -346,8 +505,9 @@ impl Settings {
             Ok(Ok(permit)) => {
                 tracing::debug!(key = %resource, slot = permit.slot(), waited_ms, "concurrency permit acquired");
                 Ok(HeldPermit {
+                    handle: permit.handle(),
                     permit: Some(permit),
-                    resource: resource.to_owned(),
+                    acquired: Instant::now(),
                     runtime,
                 })
             }
@@ -360,25 +520,43 @@ impl Settings {
     }
 
     /// The answer to a refused request: logged, then its problem (with the busy status
-    /// for a full limit), carrying the request's id.
-    fn reject<B>(
+    /// for a full limit, carrying the request's id), or the `on_rejection` hook's
+    /// response.
+    fn reject(
         &self,
         req: ServiceRequest,
         err: DistributedLockError,
-    ) -> ServiceResponse<EitherBody<B>> {
+        key: Option<&str>,
+    ) -> ServiceResponse<BoxBody> {
         let (req, _) = req.into_parts();
-        let response = problem_response(&self.problem(&req, &err));
-        ServiceResponse::new(req, response).map_into_right_body()
+        let response = self.respond(&err, key, req.path(), request_id(&req));
+        ServiceResponse::new(req, response)
     }
 
-    fn problem(&self, req: &HttpRequest, err: &DistributedLockError) -> redlock_http::Problem {
-        let id = request_id(req);
-        err.log(req.path(), id.as_deref());
+    /// The response for `err` (logged) to the request at `path` with id `id`.
+    fn respond(
+        &self,
+        err: &DistributedLockError,
+        key: Option<&str>,
+        path: &str,
+        id: Option<String>,
+    ) -> HttpResponse {
+        err.log(path, id.as_deref());
+        let kind = err.kind();
         let mut problem = err.problem().with_request_id(id);
-        if err.kind() == RejectionKind::Busy {
+        if kind == RejectionKind::Busy {
             problem.status = self.busy_status.as_u16();
         }
-        problem
+        let rejection = Rejection {
+            kind,
+            key,
+            problem,
+            error: err.lock_error(),
+        };
+        match &self.on_rejection {
+            Some(hook) => hook(&rejection),
+            None => problem_response(&rejection.problem),
+        }
     }
 }
 
@@ -386,7 +564,9 @@ impl Settings {
 /// worker's, whose tasks may die with it).
 struct HeldPermit {
     permit: Option<Permit>,
-    resource: String,
+    /// Its slot lock's handle: validity, loss.
+    handle: LockHandle,
+    acquired: Instant,
     runtime: Handle,
 }
 
@@ -395,16 +575,109 @@ impl Drop for HeldPermit {
         let Some(permit) = self.permit.take() else {
             return;
         };
-        let resource = std::mem::take(&mut self.resource);
+        let slot = self.handle.resource().to_owned();
+        let held_ms = self.acquired.elapsed().as_millis() as u64;
+        if !self.handle.is_held() {
+            tracing::warn!(key = %slot, held_ms, "concurrency permit lost before the request finished: another request may have run past the limit");
+        }
         self.runtime.spawn(async move {
             match permit.release().await {
                 Ok(released) => {
-                    tracing::debug!(key = %resource, was_held = released.was_held(), "concurrency permit released");
+                    tracing::debug!(key = %slot, held_ms, was_held = released.was_held(), "concurrency permit released");
                 }
                 Err(err) => {
-                    tracing::warn!(key = %resource, error = %err, "concurrency permit release failed: it ends at its TTL");
+                    tracing::warn!(key = %slot, held_ms, error = %err, "concurrency permit release failed: it ends at its TTL");
                 }
             }
         });
+    }
+}
+
+/// The error a response body ends with when its permit is lost while it streams and the
+/// middleware aborts on loss: the server cuts the response off.
+#[derive(Debug)]
+struct PermitLost {
+    slot: String,
+}
+
+impl std::fmt::Display for PermitLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the concurrency permit `{}` was lost while the response body was being sent",
+            self.slot
+        )
+    }
+}
+
+impl std::error::Error for PermitLost {}
+
+type LostFuture = Pin<Box<dyn Future<Output = ()>>>;
+
+pin_project_lite::pin_project! {
+    /// A response body holding the request's permit (if any) until it ends or is
+    /// dropped; cut off when the permit is lost, with abort on loss.
+    struct PermitBody<B> {
+        #[pin]
+        body: B,
+        permit: Option<HeldPermit>,
+        lost: Option<LostFuture>,
+        aborted: bool,
+    }
+}
+
+impl<B> PermitBody<B> {
+    fn new(body: B, permit: Option<HeldPermit>, abort_on_loss: bool) -> Self {
+        let lost = permit
+            .as_ref()
+            .filter(|_| abort_on_loss)
+            .map(|permit| -> LostFuture {
+                Box::pin(permit.handle.cancellation_token().cancelled_owned())
+            });
+        Self {
+            body,
+            permit,
+            lost,
+            aborted: false,
+        }
+    }
+}
+
+impl<B: MessageBody> MessageBody for PermitBody<B> {
+    type Error = Box<dyn std::error::Error>;
+
+    fn size(&self) -> BodySize {
+        self.body.size()
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        let this = self.project();
+        if *this.aborted {
+            return Poll::Ready(None);
+        }
+        if let Some(lost) = this.lost.as_mut()
+            && lost.as_mut().poll(cx).is_ready()
+        {
+            *this.lost = None;
+            *this.aborted = true;
+            let slot = this
+                .permit
+                .take()
+                .map(|permit| permit.handle.resource().to_owned())
+                .unwrap_or_default();
+            tracing::warn!(key = %slot, "concurrency permit lost while the response body was sent: body cut off");
+            return Poll::Ready(Some(Err(Box::new(PermitLost { slot }))));
+        }
+        let next = this.body.poll_next(cx);
+        if matches!(next, Poll::Ready(None | Some(Err(_)))) {
+            // The body is complete (or failed): give the permit back now rather than
+            // when the response is dropped.
+            drop(this.permit.take());
+            *this.lost = None;
+        }
+        next.map(|chunk| chunk.map(|result| result.map_err(Into::into)))
     }
 }

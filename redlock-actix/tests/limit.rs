@@ -18,6 +18,8 @@ struct Gauge {
     now: AtomicUsize,
     max: AtomicUsize,
     ran: AtomicUsize,
+    /// Handlers whose future was dropped before they answered.
+    dropped: AtomicUsize,
 }
 
 impl Gauge {
@@ -34,10 +36,25 @@ impl Gauge {
 async fn work(gauge: web::Data<Gauge>, ms: web::Query<Ms>) -> HttpResponse {
     let now = gauge.now.fetch_add(1, SeqCst) + 1;
     gauge.max.fetch_max(now, SeqCst);
+    let mut running = Running(gauge.clone(), false);
     actix_rt::time::sleep(Duration::from_millis(ms.ms)).await;
+    running.1 = true;
     gauge.now.fetch_sub(1, SeqCst);
     gauge.ran.fetch_add(1, SeqCst);
     HttpResponse::Ok().body("done")
+}
+
+/// A handler in the gauge (and whether it is done): counted as dropped if it goes
+/// before it is done.
+struct Running(web::Data<Gauge>, bool);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.now.fetch_sub(1, SeqCst);
+            self.0.dropped.fetch_add(1, SeqCst);
+        }
+    }
 }
 
 /// `n` replicas, each a server with a lock client of its own, routing
@@ -126,7 +143,9 @@ async fn fifty_requests_over_four_replicas_run_at_most_three_at_once() {
         assert!(!reply.body.contains("limit:a"), "{}", reply.body);
     }
 
-    // The permits were given back: three at once run again.
+    // The permits were given back (in the background, as the bodies ended): three
+    // at once run again.
+    actix_rt::time::sleep(Duration::from_millis(300)).await;
     let replies = all(0..3usize, |i| {
         get(&client, servers[i].url("/work/a/run?ms=50"))
     })
@@ -242,4 +261,442 @@ async fn no_quorum_is_503_unless_failing_open() {
     }
     stop(closed).await;
     stop(open).await;
+}
+
+// ---------------------------------------------------------------------------------
+// The options shared with redlock-tower's `ConcurrencyLimitLayer`.
+
+use std::collections::BTreeMap;
+
+use redlock_actix::extract::PathParam;
+use redlock_actix::{Hold, RejectionKind, RetryPolicy};
+use redlock_tower::ConcurrencyLimitLayer;
+
+/// Every option, given the same arguments on either crate's limit (`$status`: the
+/// crate's own `StatusCode`); redlock-tower's tests/limit.rs has the same list. An
+/// option renamed, removed or taking another argument on one side no longer compiles.
+macro_rules! every_option {
+    ($limit:expr, $status:expr) => {
+        $limit
+            .resource_prefix("every:")
+            .ttl(Duration::from_secs(7))
+            .wait(Duration::from_secs(2))
+            .fail_fast()
+            .retry(RetryPolicy::deadline(Duration::from_secs(3)))
+            .hold(Hold::UntilHead)
+            .max_hold(Duration::from_secs(60))
+            .fail_open(true)
+            .busy_status($status)
+            .abort_on_loss(true)
+            .on_rejection(|rejection| rejection.to_response())
+    };
+}
+
+/// The top-level fields of the struct that opens with `open` in a `Debug` rendering:
+/// name → value.
+fn fields(debug: &str, open: &str) -> BTreeMap<String, String> {
+    let start = debug
+        .find(open)
+        .unwrap_or_else(|| panic!("{open} in {debug}"))
+        + open.len();
+    let mut fields = BTreeMap::new();
+    let mut push = |field: &str| {
+        let (name, value) = field.trim().split_once(": ").unwrap();
+        fields.insert(name.to_owned(), value.to_owned());
+    };
+    let (mut depth, mut quoted, mut escaped) = (0, false, false);
+    let mut field = String::new();
+    for c in debug[start..].chars() {
+        if quoted {
+            field.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                quoted = false;
+            }
+            continue;
+        }
+        match c {
+            '"' => quoted = true,
+            '{' | '(' | '[' => depth += 1,
+            '}' | ')' | ']' if depth == 0 => break,
+            '}' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                push(&field);
+                field.clear();
+                continue;
+            }
+            _ => {}
+        }
+        field.push(c);
+    }
+    push(&field);
+    fields
+}
+
+/// The options of both crates, as their `Debug` shows them: tower's `Config` less the
+/// lock-only `fencing` (fixed off for permits), actix's `Settings` less the client, the
+/// limit and `runtime` (actix only: its workers' runtimes).
+fn both_options(
+    tower: &ConcurrencyLimitLayer<redlock_tower::extract::PathParam>,
+    actix: &ConcurrencyLimit<PathParam>,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let mut tower = fields(&format!("{tower:?}"), "config: Config { ");
+    let mut actix = fields(&format!("{actix:?}"), "settings: Settings { ");
+    tower.remove("fencing");
+    for actix_only in ["redlock", "limit", "runtime"] {
+        actix.remove(actix_only);
+    }
+    (tower, actix)
+}
+
+/// The parity of the two limits: the same option names (every one called on both),
+/// the same defaults, and the same values once set alike. Fails when an option is
+/// added to, removed from or defaulted otherwise in one crate only.
+#[test]
+fn every_option_has_the_same_name_and_default_as_in_tower() {
+    let redlock = Redlock::builder()
+        .node("redis://127.0.0.1:1")
+        .build()
+        .unwrap();
+    let tower = ConcurrencyLimitLayer::new(
+        redlock.clone(),
+        redlock_tower::extract::PathParam::new("tenant"),
+        3,
+    );
+    let actix = ConcurrencyLimit::path_param(redlock.clone(), "tenant", 3);
+
+    let (mut tower_defaults, mut actix_defaults) = both_options(&tower, &actix);
+    assert_eq!(
+        tower_defaults.keys().collect::<Vec<_>>(),
+        actix_defaults.keys().collect::<Vec<_>>(),
+        "the options of the two crates"
+    );
+    // The TTL: the client's in both (actix resolves it per request).
+    assert_eq!(
+        tower_defaults.remove("ttl"),
+        Some(format!("{:?}", redlock.default_ttl()))
+    );
+    assert_eq!(actix_defaults.remove("ttl").as_deref(), Some("None"));
+    assert_eq!(tower_defaults, actix_defaults, "the defaults");
+    assert_eq!(actix_defaults["busy_status"], "429");
+    assert_eq!(actix_defaults["hold"], "UntilBodyEnd");
+    assert_eq!(actix_defaults["abort_on_loss"], "false");
+
+    let tower = every_option!(tower, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+    let actix = every_option!(actix, actix_web::http::StatusCode::SERVICE_UNAVAILABLE);
+    let (mut tower_set, mut actix_set) = both_options(&tower, &actix);
+    assert_eq!(
+        actix_set.remove("ttl"),
+        tower_set.remove("ttl").map(|ttl| format!("Some({ttl})"))
+    );
+    assert_eq!(tower_set, actix_set, "the options set alike");
+    assert_eq!(actix_set["on_rejection"], "Some(\"custom\")");
+}
+
+/// A server of one replica (its own lock client, built by `limit`) routing
+/// `/work/{key}/run?ms=` through the limit to [`work`].
+async fn serve<F>(gauge: &web::Data<Gauge>, limit: F) -> Server
+where
+    F: Fn() -> ConcurrencyLimit<PathParam> + Send + Clone + 'static,
+{
+    let gauge = gauge.clone();
+    Server::start(1, move |cfg| {
+        cfg.app_data(gauge.clone()).service(
+            web::scope("/work/{key}")
+                .wrap(limit())
+                .route("/run", web::get().to(work)),
+        );
+    })
+    .await
+}
+
+fn slow_limit(redlock: Redlock, limit: u32, ttl: Duration) -> ConcurrencyLimit<PathParam> {
+    ConcurrencyLimit::path_param(redlock, "key", limit)
+        .resource_prefix("slow:")
+        .ttl(ttl)
+}
+
+/// Waits (up to 5 s) until `n` handlers run.
+async fn running(gauge: &Gauge, n: usize) {
+    let started = Instant::now();
+    while gauge.now.load(SeqCst) < n {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{n} not running"
+        );
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `on_rejection` is called once per rejected request, with the busy kind and the
+/// semaphore's name, and its response is the answer; a served request does not call
+/// it.
+#[actix_rt::test]
+async fn on_rejection_is_called_once_per_429() {
+    let cluster = Cluster::start(3).await;
+    let gauge = web::Data::new(Gauge::default());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let redlock = redlock(&cluster, Duration::from_millis(250));
+    let (seen, client) = (Arc::clone(&calls), redlock.clone());
+    let server = serve(&gauge, move || {
+        let seen = Arc::clone(&seen);
+        slow_limit(client.clone(), 1, Duration::from_secs(2)).on_rejection(move |rejection| {
+            seen.fetch_add(1, SeqCst);
+            assert_eq!(rejection.kind, RejectionKind::Busy);
+            assert_eq!(rejection.key, Some("slow:a"));
+            HttpResponse::build(rejection.status()).body("custom busy")
+        })
+    })
+    .await;
+    let http = http();
+
+    // Elsewhere, the only permit of key a is held.
+    let held = redlock
+        .semaphore("slow:a", 1)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    for i in 1..=5 {
+        let reply = get(&http, server.url("/work/a/run?ms=0")).await;
+        assert_eq!((reply.status, reply.body.as_str()), (429, "custom busy"));
+        assert_eq!(calls.load(SeqCst), i);
+    }
+    held.release().await.unwrap();
+    let reply = get(&http, server.url("/work/a/run?ms=0")).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(calls.load(SeqCst), 5);
+    server.stop().await;
+}
+
+/// A handler running 5x the permits' TTL keeps its permit all along (the watchdog
+/// extends it): with both permits held by such handlers on two replicas, every other
+/// request is refused the whole time, and never more than 2 handlers run.
+#[actix_rt::test]
+async fn a_handler_longer_than_the_ttl_keeps_its_permit() {
+    let cluster = Cluster::start(3).await;
+    let ttl = Duration::from_millis(500);
+    let gauge = web::Data::new(Gauge::default());
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let redlock = redlock(&cluster, Duration::from_millis(100));
+        servers.push(serve(&gauge, move || slow_limit(redlock.clone(), 2, ttl)).await);
+    }
+    let http = http();
+    // One after another (each once the previous one runs): two requests racing for
+    // the same free slot may both lose it, and fail fast.
+    let started = Instant::now();
+    let mut long = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        let (http, url) = (http.clone(), server.url("/work/a/run?ms=2500"));
+        long.push(actix_rt::spawn(async move { get(&http, url).await }));
+        running(&gauge, i + 1).await;
+    }
+    let mut refused = 0;
+    while started.elapsed() < Duration::from_millis(2200) {
+        for server in &servers {
+            let reply = get(&http, server.url("/work/a/run?ms=0")).await;
+            assert_eq!(
+                reply.status,
+                429,
+                "a third request got in after {:?}",
+                started.elapsed()
+            );
+            refused += 1;
+        }
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    for request in long {
+        let reply = request.await.unwrap();
+        assert_eq!((reply.status, reply.body.as_str()), (200, "done"));
+    }
+    assert!(refused >= 10, "{refused}");
+    assert_eq!(gauge.max(), 2);
+    // Given back with the bodies: served again.
+    actix_rt::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        get(&http, servers[0].url("/work/a/run?ms=0")).await.status,
+        200
+    );
+    stop(servers).await;
+}
+
+/// By default (`Hold::UntilBodyEnd`) the permit is kept while the body streams;
+/// with `Hold::UntilHead` it is given back once the handler's response is ready.
+#[actix_rt::test]
+async fn hold_keeps_the_permit_until_the_body_ends_or_only_until_the_head() {
+    let cluster = Cluster::start(3).await;
+    let outside = redlock(&cluster, Duration::from_millis(250));
+    for (prefix, hold, held_while_streaming) in [
+        ("body:", Hold::UntilBodyEnd, true),
+        ("head:", Hold::UntilHead, false),
+    ] {
+        let body_may_end = Arc::new(tokio::sync::Notify::new());
+        let signal = Arc::clone(&body_may_end);
+        let redlock = redlock(&cluster, Duration::from_millis(250));
+        let server = Server::start(1, move |cfg| {
+            let signal = Arc::clone(&signal);
+            cfg.service(
+                web::scope("/stream/{key}")
+                    .wrap(
+                        ConcurrencyLimit::path_param(redlock.clone(), "key", 1)
+                            .resource_prefix(prefix)
+                            .hold(hold),
+                    )
+                    .route(
+                        "",
+                        web::post().to(move || {
+                            let signal = Arc::clone(&signal);
+                            async move {
+                                let rows = futures_util::stream::once(async move {
+                                    signal.notified().await;
+                                    Ok::<_, std::convert::Infallible>(web::Bytes::from("rows"))
+                                });
+                                HttpResponse::Ok().body(BodyStream::new(rows))
+                            }
+                        }),
+                    ),
+            );
+        })
+        .await;
+        let mut response = http().post(server.url("/stream/a")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        // The head is here, the body is not.
+        let semaphore = outside.semaphore(format!("{prefix}a"), 1).unwrap();
+        let mut free = false;
+        for _ in 0..25 {
+            if let Ok(permit) = semaphore.try_acquire().await {
+                permit.release().await.unwrap();
+                free = true;
+                break;
+            }
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(free, !held_while_streaming, "{hold:?}");
+        body_may_end.notify_one();
+        assert_eq!(response.body().await.unwrap(), "rows");
+        server.stop().await;
+    }
+}
+
+/// `max_hold` ends a permit however long the handler runs: past it (and the TTL)
+/// another request gets in while the first still runs, which carries on (no abort on
+/// loss).
+#[actix_rt::test]
+async fn max_hold_ends_the_permit() {
+    let cluster = Cluster::start(3).await;
+    let gauge = web::Data::new(Gauge::default());
+    let redlock = redlock(&cluster, Duration::from_millis(100));
+    let server = serve(&gauge, move || {
+        slow_limit(redlock.clone(), 1, Duration::from_millis(300))
+            .max_hold(Duration::from_millis(400))
+    })
+    .await;
+    let http = http();
+    let long = {
+        let (http, url) = (http.clone(), server.url("/work/a/run?ms=3000"));
+        actix_rt::spawn(async move { get(&http, url).await })
+    };
+    let started = Instant::now();
+    running(&gauge, 1).await;
+    assert_eq!(get(&http, server.url("/work/a/run?ms=0")).await.status, 429);
+    loop {
+        let reply = get(&http, server.url("/work/a/run?ms=0")).await;
+        if reply.status == 200 {
+            break;
+        }
+        assert_eq!(reply.status, 429, "{reply:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(2000),
+            "still held after {:?}",
+            started.elapsed()
+        );
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got_in = started.elapsed();
+    assert!(got_in >= Duration::from_millis(400), "{got_in:?}");
+    assert_eq!(gauge.now.load(SeqCst), 1, "the first one still runs");
+    let reply = long.await.unwrap();
+    assert_eq!((reply.status, reply.body.as_str()), (200, "done"));
+    server.stop().await;
+}
+
+/// A majority of the nodes paused while two handlers run loses their permits: by
+/// default the handler carries on and answers; with `abort_on_loss` it is dropped and
+/// the client gets a 503 problem (through `on_rejection`, once).
+#[actix_rt::test]
+async fn abort_on_loss_answers_503_when_the_nodes_are_paused() {
+    let cluster = Cluster::start(3).await;
+    let ttl = Duration::from_millis(600);
+    let (carry_gauge, abort_gauge) = (
+        web::Data::new(Gauge::default()),
+        web::Data::new(Gauge::default()),
+    );
+    let lost = Arc::new(AtomicUsize::new(0));
+    let carry = {
+        let redlock = redlock(&cluster, Duration::from_millis(50));
+        serve(&carry_gauge, move || {
+            slow_limit(redlock.clone(), 2, ttl).resource_prefix("carry:")
+        })
+        .await
+    };
+    let abort = {
+        let redlock = redlock(&cluster, Duration::from_millis(50));
+        let seen = Arc::clone(&lost);
+        serve(&abort_gauge, move || {
+            let seen = Arc::clone(&seen);
+            slow_limit(redlock.clone(), 2, ttl)
+                .resource_prefix("abort:")
+                .abort_on_loss(true)
+                .on_rejection(move |rejection| {
+                    if rejection.kind == RejectionKind::Lost {
+                        seen.fetch_add(1, SeqCst);
+                    }
+                    rejection.to_response()
+                })
+        })
+        .await
+    };
+    let http = http();
+    let carried = {
+        let (http, url) = (http.clone(), carry.url("/work/a/run?ms=3000"));
+        actix_rt::spawn(async move { get(&http, url).await })
+    };
+    let aborted = {
+        let (http, url) = (http.clone(), abort.url("/work/a/run?ms=3000"));
+        actix_rt::spawn(async move { get(&http, url).await })
+    };
+    running(&carry_gauge, 1).await;
+    running(&abort_gauge, 1).await;
+    actix_rt::time::sleep(ttl).await; // extended once or more
+    cluster.node(0).pause();
+    cluster.node(1).pause();
+    let paused_at = Instant::now();
+    let aborted = aborted.await.unwrap();
+    let carried = carried.await.unwrap();
+    cluster.node(0).resume();
+    cluster.node(1).resume();
+
+    assert!(aborted.is_problem(503), "{aborted:?}");
+    assert_eq!(aborted.retry_after, Some(1));
+    assert!(aborted.body.contains("lost"), "{aborted:?}");
+    assert!(
+        aborted.at - paused_at < Duration::from_secs(2),
+        "{:?}",
+        aborted.at - paused_at
+    );
+    assert_eq!(
+        abort_gauge.dropped.load(SeqCst),
+        1,
+        "the handler was not dropped"
+    );
+    assert_eq!(abort_gauge.ran(), 0);
+    assert_eq!(lost.load(SeqCst), 1);
+
+    assert_eq!((carried.status, carried.body.as_str()), (200, "done"));
+    assert_eq!(carry_gauge.dropped.load(SeqCst), 0);
+    stop(vec![carry, abort]).await;
 }
