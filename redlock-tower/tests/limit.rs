@@ -353,7 +353,7 @@ impl Drop for DropUnlessFinished {
 
 fn slow_layer(cluster: &Cluster, limit: u32, ttl: Duration) -> ConcurrencyLimitLayer<PathParam> {
     ConcurrencyLimitLayer::new(
-        replica(cluster, Duration::from_millis(50)),
+        replica(cluster, Duration::from_millis(100)),
         PathParam::new("tenant"),
         limit,
     )
@@ -397,7 +397,7 @@ async fn on_rejection_is_called_once_per_429() {
     let client = http();
 
     // Elsewhere, the only permit of tenant a is held.
-    let semaphore = replica(&cluster, Duration::from_millis(50))
+    let semaphore = replica(&cluster, Duration::from_millis(250))
         .semaphore("slow:a", 1)
         .unwrap();
     let held = semaphore.try_acquire().await.unwrap();
@@ -419,7 +419,7 @@ async fn on_rejection_is_called_once_per_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_longer_than_the_ttl_keeps_its_permit() {
     let cluster = Cluster::start(3).await;
-    let ttl = Duration::from_millis(300);
+    let ttl = Duration::from_millis(500);
     let gauge = Arc::new(Gauge::default());
     let mut bases = Vec::new();
     for _ in 0..2 {
@@ -432,7 +432,7 @@ async fn a_handler_longer_than_the_ttl_keeps_its_permit() {
     let started = Instant::now();
     let mut long = Vec::new();
     for (i, base) in bases.iter().enumerate() {
-        long.push(spawn_post(&client, format!("{base}/slow/a/1500")));
+        long.push(spawn_post(&client, format!("{base}/slow/a/2500")));
         while gauge.now.load(Ordering::SeqCst) <= i {
             assert!(
                 started.elapsed() < Duration::from_secs(5),
@@ -442,7 +442,7 @@ async fn a_handler_longer_than_the_ttl_keeps_its_permit() {
         }
     }
     let mut refused = 0;
-    while started.elapsed() < Duration::from_millis(1300) {
+    while started.elapsed() < Duration::from_millis(2200) {
         for base in &bases {
             let (status, _) = post_status(&client, format!("{base}/slow/a/0")).await;
             assert_eq!(
@@ -471,7 +471,7 @@ async fn a_handler_longer_than_the_ttl_keeps_its_permit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hold_keeps_the_permit_until_the_body_ends_or_only_until_the_head() {
     let cluster = Cluster::start(3).await;
-    let outside = replica(&cluster, Duration::from_millis(50));
+    let outside = replica(&cluster, Duration::from_millis(250));
     for (prefix, hold, held_while_streaming) in [
         ("body:", Hold::UntilBodyEnd, true),
         ("head:", Hold::UntilHead, false),
