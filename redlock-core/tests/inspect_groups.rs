@@ -118,6 +118,18 @@ async fn a_semaphore_is_listed_with_its_permits_and_released_by_force() {
     assert!(forced.failures.is_empty());
     let after = api.locks("").await.unwrap();
     assert!(after.semaphores.is_empty(), "{after:?}");
+    // Every slot's counter was raised on every node, to the token reported.
+    for slot in &forced.slots {
+        let key = format!("redlock:{{exports/permit/{}}}:fence", slot.slot);
+        for i in 0..3 {
+            let fence: Option<u64> = cluster
+                .node(i)
+                .query(redis::cmd("GET").arg(&key))
+                .await
+                .unwrap();
+            assert_eq!(fence, Some(slot.fencing_token), "{key} on node {i}");
+        }
+    }
 
     // Three permits at once, each slot's token above its old holder's.
     let started = Instant::now();
