@@ -68,6 +68,7 @@ pub struct Semaphore {
 pub struct Permit {
     lock: Lock,
     slot: u32,
+    _held: crate::telemetry::Held,
 }
 
 impl Redlock {
@@ -149,6 +150,10 @@ impl Semaphore {
     /// [`Error::Taken`] when every permit stayed taken for as long as the policy waits;
     /// the errors of [`Redlock::lock`] otherwise (no quorum, an invalid TTL).
     pub async fn acquire(&self) -> Result<Permit, Error> {
+        measured(self.acquire_inner()).await
+    }
+
+    async fn acquire_inner(&self) -> Result<Permit, Error> {
         self.record_size();
         let policy = self.retry.unwrap_or(self.redlock.shared().retry);
         policy.validate()?;
@@ -172,7 +177,7 @@ impl Semaphore {
                 .retry(RetryPolicy::deadline(wait).with_delay(policy.base_delay(), policy.jitter()))
                 .await
             {
-                Ok(lock) => return Ok(Permit { lock, slot }),
+                Ok(lock) => return Ok(Permit::new(lock, slot)),
                 Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
                 Err(error) => return Err(error),
             }
@@ -191,6 +196,10 @@ impl Semaphore {
     /// never free at once for as long as the policy waits; the errors of
     /// [`Redlock::lock`].
     pub async fn acquire_many(&self, n: u32) -> Result<Vec<Permit>, Error> {
+        measured(self.acquire_many_inner(n)).await
+    }
+
+    async fn acquire_many_inner(&self, n: u32) -> Result<Vec<Permit>, Error> {
         self.record_size();
         if n == 0 || n > self.permits {
             return Err(Error::Config(ConfigError::TooManyPermits {
@@ -228,7 +237,7 @@ impl Semaphore {
             }
             let slot = (first + i) % self.permits;
             match self.request(slot).retry(RetryPolicy::once()).await {
-                Ok(lock) => held.push(Permit { lock, slot }),
+                Ok(lock) => held.push(Permit::new(lock, slot)),
                 Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {
                     busy = Some(error);
                 }
@@ -264,7 +273,7 @@ impl Semaphore {
     /// [`Error::Taken`] when every permit is taken; the errors of [`Redlock::lock`].
     pub async fn try_acquire(&self) -> Result<Permit, Error> {
         self.record_size();
-        self.scan().await
+        measured(self.scan()).await
     }
 
     /// Records the number of permits on the nodes for operators
@@ -312,7 +321,7 @@ impl Semaphore {
         for i in 0..self.permits {
             let slot = (first + i) % self.permits;
             match self.request(slot).retry(RetryPolicy::once()).await {
-                Ok(lock) => return Ok(Permit { lock, slot }),
+                Ok(lock) => return Ok(Permit::new(lock, slot)),
                 Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {
                     // Keep the one whose holder frees it soonest: its `Retry-After`.
                     busy = Some(match busy {
@@ -346,7 +355,25 @@ fn retry_after(error: &Error) -> Duration {
     }
 }
 
+/// A permit request, counted in the metrics.
+async fn measured<T>(
+    request: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let started = Instant::now();
+    let result = request.await;
+    crate::telemetry::permit_acquisition(result.as_ref().map(drop), started.elapsed());
+    result
+}
+
 impl Permit {
+    fn new(lock: Lock, slot: u32) -> Self {
+        Self {
+            lock,
+            slot,
+            _held: crate::telemetry::Held::permit(),
+        }
+    }
+
     /// Which slot it holds (0 to `permits - 1`).
     pub fn slot(&self) -> u32 {
         self.slot

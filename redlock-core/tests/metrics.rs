@@ -140,4 +140,64 @@ async fn lock_activity_is_counted_with_bounded_labels() {
         page = prometheus.render();
     }
     assert!(refusing(&page).len() >= 2, "{page}");
+
+    // Read-write locks and permits: requests by side and outcome, and the gauges of
+    // what this process holds, back to zero once released.
+    let rw = a.rw_lock("metrics:index").unwrap();
+    let reading = rw.try_read().await.unwrap();
+    assert!(rw.try_write().await.is_err());
+    let pool = a.semaphore("metrics:pool", 1).unwrap();
+    let permit = pool.try_acquire().await.unwrap();
+    assert!(pool.try_acquire().await.is_err());
+    let page = prometheus.render();
+    let count = |name: &str, labels: &str| sample(&page, name, labels).unwrap_or(0.0);
+    assert_eq!(
+        count(
+            "redlock_rw_acquisitions_total",
+            r#"side="read",outcome="granted""#
+        ),
+        1.0,
+        "{page}"
+    );
+    assert_eq!(
+        count(
+            "redlock_rw_acquisitions_total",
+            r#"side="write",outcome="contended""#
+        ),
+        1.0,
+        "{page}"
+    );
+    assert_eq!(
+        count("redlock_rw_locks_held", r#"side="read""#),
+        1.0,
+        "{page}"
+    );
+    assert_eq!(
+        count("redlock_permit_acquisitions_total", r#"outcome="granted""#),
+        1.0,
+        "{page}"
+    );
+    assert_eq!(
+        count(
+            "redlock_permit_acquisitions_total",
+            r#"outcome="contended""#
+        ),
+        1.0,
+        "{page}"
+    );
+    assert_eq!(count("redlock_permits_held", ""), 1.0, "{page}");
+    reading.release().await.unwrap();
+    permit.release().await.unwrap();
+    let page = prometheus.render();
+    assert_eq!(
+        sample(&page, "redlock_rw_locks_held", r#"side="read""#),
+        Some(0.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "redlock_permits_held", ""),
+        Some(0.0),
+        "{page}"
+    );
+    assert!(!page.contains("metrics:"), "{page}");
 }
