@@ -117,6 +117,73 @@ pub(crate) async fn time_until_free(cluster: &Cluster, keys: &[String]) -> Optio
     holder_remaining(remaining, cluster.quorum()).map(Duration::from_millis)
 }
 
+/// Which of `keys` are free, and when the held ones end: one pipeline of `PTTL`s per
+/// node (one round trip), a hint for a request choosing among keys (a semaphore's
+/// slots), not a vote. Per key: free if a majority of all nodes hold no such key (a
+/// key being handed over counts as held), else the holder's remaining time as
+/// [`holder_remaining`] reckons it. `None` when fewer than a majority answered.
+pub(crate) async fn look_at(cluster: &Cluster, keys: &[String]) -> Option<Vec<KeyState>> {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("PTTL").arg(key);
+    }
+    let asks = cluster
+        .nodes
+        .iter()
+        .map(|node| node.pipeline(&pipe, false, "scan", cluster.node_timeout));
+    let replies = futures_util::future::join_all(asks).await;
+    let answers: Vec<Vec<i64>> = replies
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|replies| replies.len() == keys.len())
+        .map(|replies| {
+            replies
+                .into_iter()
+                .map(|reply| match reply {
+                    Ok(redis::Value::Int(ttl)) => ttl,
+                    // Unknown: count it as held (the attempt decides).
+                    _ => 1,
+                })
+                .collect()
+        })
+        .collect();
+    let quorum = cluster.quorum();
+    if answers.len() < quorum {
+        return None;
+    }
+    Some(
+        (0..keys.len())
+            .map(|i| {
+                let ttls: Vec<i64> = answers
+                    .iter()
+                    .map(|a| a.get(i).copied().unwrap_or(1))
+                    .collect();
+                // `PTTL` answers -2 for a missing key (and -1 for one without a TTL,
+                // which no lock key is: held).
+                let free = ttls.iter().filter(|&&t| t == -2).count();
+                if free >= quorum {
+                    KeyState::Free
+                } else {
+                    let remaining = ttls
+                        .iter()
+                        .map(|&t| u64::try_from(t).unwrap_or(0))
+                        .collect();
+                    KeyState::Held(holder_remaining(remaining, quorum).map(Duration::from_millis))
+                }
+            })
+            .collect(),
+    )
+}
+
+/// What [`look_at`] saw of one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyState {
+    /// Free on a majority of the nodes.
+    Free,
+    /// Held, and how long until its holder's lock ends (unless extended).
+    Held(Option<Duration>),
+}
+
 /// The holder's remaining validity (ms) from the remaining TTLs the nodes reported
 /// (0 where the key is gone): with at least `quorum` answers, the `quorum`-th longest
 /// (past it, fewer than a majority hold the key, so the lock is over); with fewer, the

@@ -41,7 +41,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
+use rand::seq::SliceRandom;
 
+use crate::attempt::{KeyState, look_at};
 use crate::client::Redlock;
 use crate::error::{ConfigError, Error, ErrorClass};
 use crate::lock::{Lock, LockHandle, Released};
@@ -225,25 +227,24 @@ impl Semaphore {
         }
     }
 
-    /// One attempt on each slot, from a random one, until `n` are taken; on fewer, gives
-    /// them back (awaited) and answers the busy error.
+    /// A look at every slot, then one attempt on each slot that looked free, in random
+    /// order, until `n` are taken; on fewer, gives them back (awaited) and answers the
+    /// busy error. With fewer than `n` free, it answers busy without an attempt.
     async fn scan_many(&self, n: u32) -> Result<Vec<Permit>, Error> {
-        let first = rand::rng().random_range(0..self.permits);
+        let (free, soonest) = self.look().await;
         let mut held = Vec::with_capacity(n as usize);
-        let mut busy = None;
-        for i in 0..self.permits {
-            if held.len() == n as usize {
-                break;
-            }
-            let slot = (first + i) % self.permits;
-            match self.request(slot).retry(RetryPolicy::once()).await {
-                Ok(lock) => held.push(Permit::new(lock, slot)),
-                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {
-                    busy = Some(error);
+        if free.len() >= n as usize {
+            for slot in free {
+                if held.len() == n as usize {
+                    break;
                 }
-                Err(error) => {
-                    give_back(held).await;
-                    return Err(error);
+                match self.request(slot).retry(RetryPolicy::once()).await {
+                    Ok(lock) => held.push(Permit::new(lock, slot)),
+                    Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
+                    Err(error) => {
+                        give_back(held).await;
+                        return Err(error);
+                    }
                 }
             }
         }
@@ -251,18 +252,45 @@ impl Semaphore {
             return Ok(held);
         }
         give_back(held).await;
-        Err(busy.unwrap_or_else(|| self.all_taken()))
+        Err(self.busy(soonest))
     }
 
-    /// The error of a semaphore none of whose slots answered busy (not reached: a scan
-    /// that takes nothing saw every slot busy).
-    fn all_taken(&self) -> Error {
+    /// The slots that look free now (see `attempt::look_at`: one round trip), in random
+    /// order, and the soonest end among the held ones. When too few nodes answer, every
+    /// slot (the attempts will say what is wrong).
+    async fn look(&self) -> (Vec<u32>, Option<Duration>) {
+        let shared = self.redlock.shared();
+        let keys: Vec<String> = (0..self.permits)
+            .map(|slot| shared.key(&self.slot_resource(slot)))
+            .collect();
+        let (mut free, mut soonest) = (Vec::new(), None);
+        match look_at(&shared.cluster, &keys).await {
+            Some(states) => {
+                for (slot, state) in (0..).zip(states) {
+                    match state {
+                        KeyState::Free => free.push(slot),
+                        KeyState::Held(Some(after)) => {
+                            soonest = Some(soonest.map_or(after, |s: Duration| s.min(after)));
+                        }
+                        KeyState::Held(None) => {}
+                    }
+                }
+            }
+            None => free = (0..self.permits).collect(),
+        }
+        free.shuffle(&mut rand::rng());
+        (free, soonest)
+    }
+
+    /// The error of a semaphore whose permits are all taken; `retry_after`: when the
+    /// first of them ends, if known.
+    fn busy(&self, retry_after: Option<Duration>) -> Error {
         Error::Taken {
             resource: self.name.clone(),
             nodes: Vec::new(),
             total: self.redlock.node_count(),
             attempts: 1,
-            retry_after: None,
+            retry_after,
         }
     }
 
@@ -314,25 +342,34 @@ impl Semaphore {
         acquire
     }
 
-    /// One attempt on each slot, from a random one, until one is taken.
+    /// One attempt on a random slot (an uncontended permit: one lock cycle); if it is
+    /// taken, a look at every slot (one round trip), then one attempt on each slot that
+    /// looked free, until one is taken. A full semaphore costs one attempt and one look,
+    /// whatever its size.
     async fn scan(&self) -> Result<Permit, Error> {
         let first = rand::rng().random_range(0..self.permits);
-        let mut busy = None;
-        for i in 0..self.permits {
-            let slot = (first + i) % self.permits;
+        let taken = match self.request(first).retry(RetryPolicy::once()).await {
+            Ok(lock) => return Ok(Permit::new(lock, first)),
+            Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => error,
+            Err(error) => return Err(error),
+        };
+        if self.permits == 1 {
+            return Err(taken);
+        }
+        let (free, soonest) = self.look().await;
+        for slot in free.into_iter().filter(|&slot| slot != first) {
             match self.request(slot).retry(RetryPolicy::once()).await {
                 Ok(lock) => return Ok(Permit::new(lock, slot)),
-                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {
-                    // Keep the one whose holder frees it soonest: its `Retry-After`.
-                    busy = Some(match busy {
-                        Some(kept) if retry_after(&kept) <= retry_after(&error) => kept,
-                        _ => error,
-                    });
-                }
+                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
                 Err(error) => return Err(error),
             }
         }
-        Err(busy.unwrap_or_else(|| self.all_taken()))
+        let soonest = match (soonest, retry_after(&taken)) {
+            (Some(a), b) => Some(a.min(b)),
+            (None, Duration::MAX) => None,
+            (None, b) => Some(b),
+        };
+        Err(self.busy(soonest))
     }
 }
 

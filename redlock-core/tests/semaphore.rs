@@ -241,3 +241,38 @@ async fn acquire_many_takes_all_or_none() {
         ));
     }
 }
+
+/// A full semaphore is not scanned slot by slot: a request costs one attempt on one
+/// slot and one look at all of them (a `PTTL` per slot, in one round trip per node),
+/// whatever the number of permits, and still says when the first permit comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_semaphore_costs_one_attempt_and_one_look() {
+    const PERMITS: u32 = 32;
+    let cluster = Cluster::start(3).await;
+    let redlock = redlock_testkit::builder(&cluster).build().unwrap();
+    let semaphore = redlock.semaphore("wide", PERMITS).unwrap();
+    let held = semaphore.acquire_many(PERMITS).await.unwrap();
+    assert_eq!(held.len(), PERMITS as usize);
+    for i in 0..3 {
+        assert!(cluster.node(i).reset_stats().await);
+    }
+    match semaphore.try_acquire().await {
+        Err(Error::Taken { retry_after, .. }) => assert!(retry_after.is_some()),
+        other => panic!("a permit of a full semaphore: {other:?}"),
+    }
+    let calls = cluster.node(0).command_calls().await;
+    let count = |name: &str| calls.get(name).copied().unwrap_or(0);
+    // The look, and the refused attempt asking when its slot frees.
+    assert_eq!(count("pttl"), u64::from(PERMITS) + 1, "{calls:?}");
+    // One attempt (`SET .. NX GET`); the scripts: that question, and the attempt's
+    // quiet clean-up.
+    assert_eq!(count("set"), 1, "{calls:?}");
+    assert!(count("evalsha") <= 2, "{calls:?}");
+    // One slot given back: the next request finds it by the look, at once.
+    let mut held = held;
+    let freed = held.pop().unwrap();
+    let slot = freed.slot();
+    freed.release().await.unwrap();
+    let permit = semaphore.try_acquire().await.unwrap();
+    assert_eq!(permit.slot(), slot);
+}
