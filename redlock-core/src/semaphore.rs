@@ -28,14 +28,16 @@
 //!
 //! # Acquiring
 //!
-//! An acquisition tries the slots one after another from a random one, with one attempt
-//! each (a free slot is taken at once: an uncontended permit costs one lock cycle).
-//! When every slot is busy, it waits as the retry policy says (the client's, or
+//! An acquisition tries one slot, picked at random (a free slot is taken at once: an
+//! uncontended permit costs one lock cycle). If it is taken, it looks at every slot in
+//! one round trip per node (a `PTTL` each) and tries only those that looked free, so a
+//! full semaphore costs one attempt and one look, whatever its size. When every slot is
+//! busy, it waits as the retry policy says (the client's, or
 //! [`retry`](Semaphore::retry)): instead of sleeping between two scans, it queues on one
 //! slot, picked at random, and is woken when that slot is released (and handed it, in
-//! the slot's queue order); at the end of the policy's delay it scans every slot again.
-//! A release therefore wakes a waiter at once when one queued on its slot, and else is
-//! found by the next scan.
+//! the slot's queue order); at the end of the policy's delay it scans again. A release
+//! therefore wakes a waiter at once when one queued on its slot, and else is found by
+//! the next scan.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
