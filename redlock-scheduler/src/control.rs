@@ -53,7 +53,7 @@ use crate::history::{History, JobDefinition, Run, RunFilter};
 use crate::job::Misfire;
 use crate::request::{Dispatched, Request, RequestAction, RequestError};
 use crate::status::LastRun;
-use crate::time::Schedule;
+use crate::time::{DstPolicy, Schedule};
 
 /// How many next ticks [`SchedulerAdmin::jobs`] lists per job unless told otherwise.
 pub const DEFAULT_NEXT_TICKS: usize = 5;
@@ -89,6 +89,11 @@ pub struct JobInfo {
     /// Its misfire policy (`None` if written by a version of this crate that knows a
     /// policy this one does not).
     pub misfire: Option<Misfire>,
+    /// Its daylight saving policy, which [`next_ticks`](Self::next_ticks) follow (the
+    /// default for a definition published by a version without DST policies; `None`,
+    /// with no next ticks and a [`schedule_error`](Self::schedule_error), if written by
+    /// a version that knows a policy this one does not).
+    pub dst: Option<DstPolicy>,
     /// Its timeout, in milliseconds, if it has one.
     pub timeout_ms: Option<u64>,
     /// Its next ticks after now, computed in its time zone (as many as
@@ -239,24 +244,31 @@ impl SchedulerAdmin {
         running_on: Option<String>,
         last_run: Option<LastRun>,
     ) -> JobInfo {
-        let (next_ticks, schedule_error) =
-            match Schedule::parse(&definition.schedule, &definition.time_zone) {
-                Ok(schedule) => {
-                    let mut ticks = Vec::with_capacity(self.next_ticks);
-                    let mut cursor = now;
-                    while ticks.len() < self.next_ticks {
-                        let Some(next) = schedule.next_after(cursor) else {
-                            break;
-                        };
-                        ticks.push(next);
-                        cursor = next;
-                    }
-                    (ticks, None)
+        // No text: a replica that knows no DST policy, so the default one ran.
+        let dst = match definition.dst.as_deref() {
+            None => Ok(DstPolicy::new()),
+            Some(text) => text.parse::<DstPolicy>(),
+        };
+        let parsed = Schedule::parse(&definition.schedule, &definition.time_zone)
+            .and_then(|schedule| dst.clone().map(|dst| schedule.with_dst(dst)));
+        let (next_ticks, schedule_error) = match parsed {
+            Ok(schedule) => {
+                let mut ticks = Vec::with_capacity(self.next_ticks);
+                let mut cursor = now;
+                while ticks.len() < self.next_ticks {
+                    let Some(next) = schedule.next_after(cursor) else {
+                        break;
+                    };
+                    ticks.push(next);
+                    cursor = next;
                 }
-                Err(reason) => (Vec::new(), Some(reason)),
-            };
+                (ticks, None)
+            }
+            Err(reason) => (Vec::new(), Some(reason)),
+        };
         JobInfo {
             misfire: Misfire::from_text(&definition.misfire),
+            dst: dst.ok(),
             timeout_ms: definition.timeout_ms.and_then(|t| u64::try_from(t).ok()),
             name: definition.job,
             schedule: definition.schedule,
@@ -463,6 +475,65 @@ impl SchedulerAdmin {
                 name: job.to_owned(),
             }
             .into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn definition(dst: Option<&str>) -> JobDefinition {
+        JobDefinition {
+            job: "meter".to_owned(),
+            schedule: "30 1 * * *".to_owned(),
+            time_zone: "America/New_York".to_owned(),
+            misfire: "run_once".to_owned(),
+            dst: dst.map(str::to_owned),
+            timeout_ms: None,
+            updated: Utc::now(),
+            updated_by: "r1".to_owned(),
+        }
+    }
+
+    /// The next ticks an admin lists are those of the published policy: a definition
+    /// without one (an earlier version's) has the default, one this version does not
+    /// know has none.
+    #[tokio::test]
+    async fn next_ticks_follow_the_published_dst_policy() {
+        let history = History::connect("sqlite::memory:").await.unwrap();
+        let admin = SchedulerAdmin::new(history, "s").next_ticks(3);
+        // The evening before New York's 2026 fall back: 01:30 happens at 05:30Z (EDT)
+        // and again at 06:30Z (EST).
+        let now = Utc.with_ymd_and_hms(2026, 11, 1, 0, 0, 0).unwrap();
+        let at = |d, h| Utc.with_ymd_and_hms(2026, 11, d, h, 30, 0).unwrap();
+        let once = vec![at(1, 5), at(2, 6), at(3, 6)];
+        let twice = vec![at(1, 5), at(1, 6), at(2, 6)];
+        for (dst, policy, ticks) in [
+            (None, Some(DstPolicy::new()), once.clone()),
+            (Some("run_at_end/once"), Some(DstPolicy::new()), once),
+            (
+                Some("skip/twice"),
+                Some(
+                    DstPolicy::new()
+                        .gap(crate::time::Gap::Skip)
+                        .fold(crate::time::Fold::Twice),
+                ),
+                twice,
+            ),
+            (Some("run_at_end/thrice"), None, Vec::new()),
+        ] {
+            let info = admin.job_info(definition(dst), now, false, None, None);
+            assert_eq!(info.dst, policy, "{dst:?}");
+            assert_eq!(info.next_ticks, ticks, "{dst:?}");
+            assert_eq!(
+                info.schedule_error
+                    .is_some_and(|e| e.contains("invalid DST policy")),
+                policy.is_none(),
+                "{dst:?}"
+            );
         }
     }
 }

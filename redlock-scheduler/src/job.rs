@@ -24,7 +24,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::{BoxError, CancellationToken};
 
-use crate::time::BoxFuture;
+use crate::time::{BoxFuture, DstPolicy};
 use crate::transaction::{RunRecord, RunScope, RunTransaction, TransactionError};
 
 pub(crate) type Handler =
@@ -161,6 +161,7 @@ pub struct Job {
     pub(crate) misfire: Misfire,
     pub(crate) grace: Duration,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) dst: DstPolicy,
 }
 
 impl fmt::Debug for Job {
@@ -172,6 +173,7 @@ impl fmt::Debug for Job {
             .field("misfire", &self.misfire)
             .field("grace", &self.grace)
             .field("timeout", &self.timeout)
+            .field("dst", &self.dst)
             .finish_non_exhaustive()
     }
 }
@@ -206,13 +208,43 @@ impl Job {
             misfire: Misfire::default(),
             grace: Self::DEFAULT_GRACE,
             timeout: None,
+            dst: DstPolicy::new(),
         }
     }
 
     /// The IANA time zone the expression is read in (default `UTC`); see
-    /// [`Schedule`](crate::time::Schedule) for the DST behaviour.
+    /// [`dst`](Self::dst) for the DST behaviour.
     pub fn time_zone(mut self, zone: impl Into<String>) -> Self {
         self.zone = zone.into();
+        self
+    }
+
+    /// What a fixed-time job (one second, minute and hour: `30 2 * * *`) does when its
+    /// wall time falls in a skipped stretch of local time (spring forward) or in a
+    /// repeated one (fall back): default [`Gap::RunAtEnd`](crate::time::Gap::RunAtEnd)
+    /// (02:30 runs at 03:00 that day) and [`Fold::Once`](crate::time::Fold::Once) (01:30
+    /// runs at its first pass only). Interval jobs (`*/15 * * * *`, `30 * * * *`) keep
+    /// their real-time cadence whatever the policy. See [`DstPolicy`].
+    ///
+    /// Every replica should declare the same policy; the one published to the history
+    /// is what admin tools compute next ticks with.
+    ///
+    /// ```
+    /// use redlock_scheduler::time::{DstPolicy, Fold, Gap};
+    /// use redlock_scheduler::{Job, JobContext};
+    ///
+    /// // A job at 02:30 Berlin time: not run on the day 02:00 jumps to 03:00, run at
+    /// // 02:30 summer time and again at 02:30 winter time on the day 03:00 goes back
+    /// // to 02:00.
+    /// let job = Job::new("meter", "30 2 * * *", |_ctx: JobContext| async {
+    ///     Ok::<_, std::io::Error>(())
+    /// })
+    /// .time_zone("Europe/Berlin")
+    /// .dst(DstPolicy::new().gap(Gap::Skip).fold(Fold::Twice));
+    /// assert_eq!(job.name(), "meter");
+    /// ```
+    pub fn dst(mut self, dst: DstPolicy) -> Self {
+        self.dst = dst;
         self
     }
 

@@ -20,6 +20,9 @@ pub(crate) struct JobDefinition {
     pub(crate) time_zone: String,
     /// As [`Misfire::to_text`](crate::Misfire) writes it.
     pub(crate) misfire: String,
+    /// As [`DstPolicy`](crate::time::DstPolicy)'s `Display` writes it; `None` in a row
+    /// a replica that knows no DST policy wrote (it ran the default one).
+    pub(crate) dst: Option<String>,
     pub(crate) timeout_ms: Option<i64>,
     pub(crate) updated: DateTime<Utc>,
     pub(crate) updated_by: String,
@@ -73,6 +76,7 @@ fn definition_from_row(row: &AnyRow) -> Result<JobDefinition, Error> {
         schedule: row.try_get("schedule")?,
         time_zone: row.try_get("time_zone")?,
         misfire: row.try_get("misfire")?,
+        dst: row.try_get("dst")?,
         timeout_ms: row.try_get("timeout_ms")?,
         updated: from_ms(row.try_get("updated_ms")?),
         updated_by: row.try_get("updated_by")?,
@@ -86,7 +90,7 @@ pub(crate) fn new_request_id() -> String {
 }
 
 const DEFINITION_COLUMNS: &str =
-    "job, schedule, time_zone, misfire, timeout_ms, updated_ms, updated_by";
+    "job, schedule, time_zone, misfire, timeout_ms, updated_ms, updated_by, dst";
 
 impl History {
     /// Publishes `definitions` as `instance`'s jobs of `scheduler` (replacing what was
@@ -99,11 +103,12 @@ impl History {
     ) -> Result<(), Error> {
         let sql = format!(
             "INSERT INTO {} (scheduler, {DEFINITION_COLUMNS})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (scheduler, job) DO UPDATE
              SET schedule = excluded.schedule, time_zone = excluded.time_zone,
                  misfire = excluded.misfire, timeout_ms = excluded.timeout_ms,
-                 updated_ms = excluded.updated_ms, updated_by = excluded.updated_by",
+                 updated_ms = excluded.updated_ms, updated_by = excluded.updated_by,
+                 dst = excluded.dst",
             self.shared.tables.jobs
         );
         let pool = &self.shared.pool;
@@ -119,6 +124,7 @@ impl History {
                     .bind(definition.timeout_ms)
                     .bind(ms(definition.updated))
                     .bind(instance)
+                    .bind(definition.dst.as_deref())
                     .execute(&mut *tx)
                     .await?;
             }
@@ -481,6 +487,7 @@ mod tests {
             schedule: schedule.to_owned(),
             time_zone: "UTC".to_owned(),
             misfire: "run_once".to_owned(),
+            dst: Some("skip/twice".to_owned()),
             timeout_ms: Some(1500),
             updated: Utc::now(),
             updated_by: String::new(),
@@ -500,7 +507,26 @@ mod tests {
             ("0 * * * *", "r2")
         );
         assert_eq!(jobs[0].timeout_ms, Some(1500));
+        assert_eq!(jobs[0].dst.as_deref(), Some("skip/twice"));
         assert!(history.job_definition("s", "b").await.unwrap().is_none());
         assert!(history.job_definitions("t").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_definition_published_without_a_dst_policy_reads_as_none() {
+        let history = History::connect("sqlite::memory:").await.unwrap();
+        // As a replica of a version without DST policies writes it: no `dst` column.
+        sqlx::query(&format!(
+            "INSERT INTO {} (scheduler, job, schedule, time_zone, misfire, timeout_ms,
+                             updated_ms, updated_by)
+             VALUES ('s', 'old', '30 1 * * *', 'America/New_York', 'run_once', NULL, 0, 'r0')",
+            history.shared.tables.jobs
+        ))
+        .execute(history.pool())
+        .await
+        .unwrap();
+        let old = history.job_definition("s", "old").await.unwrap().unwrap();
+        assert_eq!(old.dst, None);
+        assert_eq!(old.schedule, "30 1 * * *");
     }
 }

@@ -230,6 +230,10 @@ impl Tables {
                     format!("ALTER TABLE {leaders} ADD COLUMN ended_ms BIGINT"),
                 ],
             ),
+            // 8: each job's daylight saving policy (`DstPolicy`'s text), published with
+            // its definition so that admin tools compute the same ticks. NULL in rows
+            // written before, or by a replica that knows no policy: the default one.
+            (8, vec![format!("ALTER TABLE {jobs} ADD COLUMN dst TEXT")]),
         ]
     }
 }

@@ -131,13 +131,13 @@ impl SchedulerBuilder {
             if !names.insert(job.name.clone()) {
                 return Err(BuildError::DuplicateJob { name: job.name });
             }
-            let schedule = Schedule::parse(&job.expression, &job.zone).map_err(|reason| {
-                BuildError::InvalidSchedule {
+            let schedule = Schedule::parse(&job.expression, &job.zone)
+                .map_err(|reason| BuildError::InvalidSchedule {
                     job: job.name.clone(),
                     expression: format!("{} in {}", job.expression, job.zone),
                     reason,
-                }
-            })?;
+                })?
+                .with_dst(job.dst);
             if job.timeout.is_some_and(|t| t.is_zero()) {
                 return Err(BuildError::InvalidOption {
                     what: format!("job `{}`: timeout", job.name),

@@ -403,6 +403,7 @@ impl Scheduler {
                 time_zone: state.schedule.zone().name().to_owned(),
                 next_fire: state.schedule.next_after(now),
                 misfire: state.job.misfire,
+                dst: state.schedule.dst(),
                 paused,
                 running: state.running.load(Ordering::Acquire),
                 last_run,

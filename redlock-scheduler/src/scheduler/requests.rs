@@ -211,6 +211,7 @@ impl Inner {
                 schedule: state.schedule.expression().to_owned(),
                 time_zone: state.schedule.zone().name().to_owned(),
                 misfire: state.job.misfire.to_text(),
+                dst: Some(state.schedule.dst().to_string()),
                 timeout_ms: state
                     .job
                     .timeout

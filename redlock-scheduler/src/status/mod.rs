@@ -45,6 +45,9 @@ pub struct JobStatus {
     pub next_fire: Option<DateTime<Utc>>,
     /// Its misfire policy.
     pub misfire: Misfire,
+    /// Its daylight saving policy (for a fixed-time schedule; see
+    /// [`DstPolicy`](crate::time::DstPolicy)).
+    pub dst: crate::time::DstPolicy,
     /// Paused.
     pub paused: bool,
     /// A run is going on this replica.
