@@ -437,6 +437,19 @@ fn scheduler_section(page: &mut String, scheduler: &Value, mount: &str, mutation
                     .filter_map(Value::as_str)
                     .map(esc)
                     .collect();
+                // The DST policy, when not the default (`<gap>/<fold>`).
+                let dst = match job.get("dst").map(|d| (text(d, "gap"), text(d, "fold"))) {
+                    Some((gap, fold))
+                        if !gap.is_empty() && (gap != "run_at_end" || fold != "once") =>
+                    {
+                        format!(
+                            "<br><span class=\"dst\">DST {}/{}</span>",
+                            esc(&gap),
+                            esc(&fold)
+                        )
+                    }
+                    _ => String::new(),
+                };
                 let last = match job.get("last_run") {
                     Some(run @ Value::Object(_)) => format!(
                         "<span class=\"outcome {o}\">{o}</span> {} on {}{}",
@@ -451,7 +464,7 @@ fn scheduler_section(page: &mut String, scheduler: &Value, mount: &str, mutation
                 };
                 let _ = write!(
                     page,
-                    "<tr class=\"job\" data-job=\"{n}\"><td>{n}</td><td><code>{}</code></td><td>{}</td><td class=\"state\">{state}</td><td>{}</td><td class=\"last-run\">{last}</td>",
+                    "<tr class=\"job\" data-job=\"{n}\"><td>{n}</td><td><code>{}</code></td><td>{}{dst}</td><td class=\"state\">{state}</td><td>{}</td><td class=\"last-run\">{last}</td>",
                     esc(&text(job, "schedule")),
                     esc(&text(job, "time_zone")),
                     next.join("<br>"),
@@ -551,5 +564,26 @@ mod tests {
             "&lt;script&gt;&quot;x&quot; &amp; &#39;y&#39;&lt;/script&gt;"
         );
         assert_eq!(segment("a b/c"), "a%20b%2Fc");
+    }
+
+    #[test]
+    fn a_job_shows_its_dst_policy_unless_it_is_the_default() {
+        let scheduler = serde_json::json!({
+            "name": "s",
+            "jobs": [
+                {"name": "twice", "schedule": "30 1 * * *", "time_zone": "America/New_York",
+                 "dst": {"gap": "skip", "fold": "twice"}},
+                {"name": "plain", "schedule": "30 1 * * *", "time_zone": "UTC",
+                 "dst": {"gap": "run_at_end", "fold": "once"}},
+                {"name": "older", "schedule": "30 1 * * *", "time_zone": "UTC", "dst": null},
+            ],
+        });
+        let mut page = String::new();
+        scheduler_section(&mut page, &scheduler, "", false);
+        assert!(
+            page.contains("<td>America/New_York<br><span class=\"dst\">DST skip/twice</span></td>"),
+            "{page}"
+        );
+        assert_eq!(page.matches("DST ").count(), 1, "{page}");
     }
 }

@@ -167,6 +167,7 @@ fn render_jobs(jobs: &[JobInfo], now: chrono::DateTime<Utc>) -> String {
         "JOB",
         "SCHEDULE",
         "ZONE",
+        "DST",
         "PAUSED",
         "RUNNING",
         "NEXT TICK",
@@ -178,6 +179,10 @@ fn render_jobs(jobs: &[JobInfo], now: chrono::DateTime<Utc>) -> String {
             job.name.clone(),
             job.schedule.clone(),
             job.time_zone.clone(),
+            // `<gap>/<fold>` (used by fixed-time schedules only); a policy this version
+            // does not know is `?` (the warning below says its ticks are not computed).
+            job.dst
+                .map_or_else(|| "?".to_owned(), |dst| dst.to_string()),
             yes_no(job.paused),
             match (&job.running_on, job.running) {
                 (Some(on), _) => format!("on {on}"),
