@@ -39,7 +39,8 @@
 //!   follower takes over when the leader dies (within the leadership TTL plus one retry
 //!   interval) or at once when it shuts down.
 //! - [`Scheduler`]: the leader fires each [`Job`] at its ticks (cron with
-//!   optional seconds, in a time zone, with documented DST behaviour: [`time::Schedule`]). Before running, it
+//!   optional seconds, in a time zone, with a per-job DST policy: [`time::Schedule`],
+//!   [`time::DstPolicy`]). Before running, it
 //!   **claims** the tick under the job's name and the tick's scheduled time: a lock that
 //!   outlives the run, and with a [`History`] a row under
 //!   `UNIQUE (scheduler, job, tick_ms)`. A tick claimed once never runs again, even if
@@ -69,7 +70,7 @@
 //! | [`leader`] | [`LeaderElector`](leader::LeaderElector), its builder, [`Leadership`](leader::Leadership), [`LeaderEvent`](leader::LeaderEvent), [`DEFAULT_TERM`](leader::DEFAULT_TERM) |
 //! | [`transaction`] | [`RunTransaction`](transaction::RunTransaction): a job's writes committed with its run's row; [`TransactionError`](transaction::TransactionError) |
 //! | [`status`] | [`SchedulerStatus`](status::SchedulerStatus), [`JobStatus`](status::JobStatus), [`LastRun`](status::LastRun), [`Health`](status::Health) |
-//! | [`time`] | [`Schedule`](time::Schedule), [`Clock`](time::Clock), [`ManualClock`](time::ManualClock) |
+//! | [`time`] | [`Schedule`](time::Schedule), [`DstPolicy`](time::DstPolicy) ([`Gap`](time::Gap), [`Fold`](time::Fold)), [`Clock`](time::Clock), [`ManualClock`](time::ManualClock) |
 //! | [`telemetry`] | metric names, [`describe`](telemetry::describe) |
 //!
 //! Every control (`trigger`, `cancel`, `step_down`) answers a
