@@ -189,8 +189,6 @@ impl std::fmt::Display for LockLost {
 
 impl std::error::Error for LockLost {}
 
-type LostFuture = Pin<Box<dyn Future<Output = ()>>>;
-
 pin_project_lite::pin_project! {
     /// A response body that holds a [`LockGuard`] until it has been produced: the lock is
     /// released when the body ends (its last chunk or an error) or is dropped (the
@@ -215,18 +213,14 @@ pin_project_lite::pin_project! {
     /// ```
     pub struct LockBody<B> {
         #[pin]
-        body: B,
-        guard: Option<LockGuard>,
-        // With abort on loss: completes when the lock is lost.
-        lost: Option<LostFuture>,
-        aborted: bool,
+        inner: HoldingBody<B, LockGuard>,
     }
 }
 
 impl<B> std::fmt::Debug for LockBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockBody")
-            .field("guard", &self.guard)
+            .field("guard", &self.inner.held)
             .finish_non_exhaustive()
     }
 }
@@ -245,26 +239,96 @@ impl<B> LockBody<B> {
     /// `body`, holding `guard` (if any) until it ends; cut off when the lock is lost if
     /// `abort_on_loss`.
     pub(crate) fn held(body: B, guard: Option<LockGuard>, abort_on_loss: bool) -> Self {
-        let lost = guard
-            .as_ref()
-            .filter(|_| abort_on_loss)
-            .map(|guard| -> LostFuture { Box::pin(guard.cancellation_token().cancelled_owned()) });
         Self {
-            body,
-            guard,
-            lost,
-            aborted: false,
+            inner: HoldingBody::new(body, guard, abort_on_loss),
         }
     }
 
     /// Whether this body still holds the request's lock (it is released when the body
     /// ends or is dropped).
     pub fn holds_lock(&self) -> bool {
-        self.guard.is_some()
+        self.inner.held.is_some()
     }
 }
 
 impl<B: MessageBody> MessageBody for LockBody<B> {
+    type Error = Box<dyn std::error::Error>;
+
+    fn size(&self) -> BodySize {
+        self.inner.size()
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        self.project().inner.poll_next(cx)
+    }
+}
+
+/// What a [`HoldingBody`] keeps until its body ends: a [`LockGuard`], or a concurrency
+/// permit. Dropping it releases what it holds.
+pub(crate) trait BodyHold {
+    /// The held resource's name.
+    fn resource(&self) -> &str;
+
+    /// A token cancelled when what it holds is lost.
+    fn cancellation_token(&self) -> CancellationToken;
+
+    /// Logs that the loss of `resource` (already dropped) cut a body off, and gives the
+    /// error the body ends with.
+    fn cut_off(resource: String) -> Box<dyn std::error::Error>;
+}
+
+impl BodyHold for LockGuard {
+    fn resource(&self) -> &str {
+        self.handle.resource()
+    }
+
+    fn cancellation_token(&self) -> CancellationToken {
+        self.handle.cancellation_token()
+    }
+
+    fn cut_off(key: String) -> Box<dyn std::error::Error> {
+        tracing::warn!(key = %key, "lock lost while the response body was sent: body cut off");
+        Box::new(LockLost { key })
+    }
+}
+
+type LostFuture = Pin<Box<dyn Future<Output = ()>>>;
+
+pin_project_lite::pin_project! {
+    /// A response body holding `H` (if any) until it ends (its last chunk or an error) or
+    /// is dropped; cut off with [`BodyHold::cut_off`]'s error when what it holds is lost,
+    /// with abort on loss. Inside [`LockBody`], and the concurrency limit's body.
+    pub(crate) struct HoldingBody<B, H> {
+        #[pin]
+        body: B,
+        held: Option<H>,
+        // With abort on loss: completes when the lock is lost.
+        lost: Option<LostFuture>,
+        aborted: bool,
+    }
+}
+
+impl<B, H: BodyHold> HoldingBody<B, H> {
+    /// `body`, holding `held` (if any) until it ends; cut off when it is lost if
+    /// `abort_on_loss`.
+    pub(crate) fn new(body: B, held: Option<H>, abort_on_loss: bool) -> Self {
+        let lost = held
+            .as_ref()
+            .filter(|_| abort_on_loss)
+            .map(|held| -> LostFuture { Box::pin(held.cancellation_token().cancelled_owned()) });
+        Self {
+            body,
+            held,
+            lost,
+            aborted: false,
+        }
+    }
+}
+
+impl<B: MessageBody, H: BodyHold> MessageBody for HoldingBody<B, H> {
     type Error = Box<dyn std::error::Error>;
 
     fn size(&self) -> BodySize {
@@ -284,21 +348,115 @@ impl<B: MessageBody> MessageBody for LockBody<B> {
         {
             *this.lost = None;
             *this.aborted = true;
-            let key = this
-                .guard
+            // Dropped (released) first, then the loss logged by `cut_off`.
+            let resource = this
+                .held
                 .take()
-                .map(|guard| guard.resource().to_owned())
+                .map(|held| held.resource().to_owned())
                 .unwrap_or_default();
-            tracing::warn!(key = %key, "lock lost while the response body was sent: body cut off");
-            return Poll::Ready(Some(Err(Box::new(LockLost { key }))));
+            return Poll::Ready(Some(Err(H::cut_off(resource))));
         }
         let next = this.body.poll_next(cx);
         if matches!(next, Poll::Ready(None | Some(Err(_)))) {
             // The body is complete (or failed): release now rather than when the
             // response is dropped.
-            drop(this.guard.take());
+            drop(this.held.take());
             *this.lost = None;
         }
         next.map(|chunk| chunk.map(|result| result.map_err(Into::into)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::Waker;
+
+    use super::*;
+
+    /// A holder whose loss the test decides, and which says when it was released.
+    struct Held {
+        token: CancellationToken,
+        released: Arc<AtomicBool>,
+    }
+
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.released.store(true, Ordering::SeqCst);
+        }
+    }
+
+    impl BodyHold for Held {
+        fn resource(&self) -> &str {
+            "res"
+        }
+
+        fn cancellation_token(&self) -> CancellationToken {
+            self.token.clone()
+        }
+
+        fn cut_off(key: String) -> Box<dyn std::error::Error> {
+            Box::new(LockLost { key })
+        }
+    }
+
+    fn held() -> (Held, CancellationToken, Arc<AtomicBool>) {
+        let token = CancellationToken::new();
+        let released = Arc::new(AtomicBool::new(false));
+        let held = Held {
+            token: token.clone(),
+            released: Arc::clone(&released),
+        };
+        (held, token, released)
+    }
+
+    #[test]
+    fn releases_when_the_body_completes() {
+        let (held, _token, released) = held();
+        let mut body = pin!(HoldingBody::new(Bytes::from_static(b"x"), Some(held), true));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(matches!(
+            body.as_mut().poll_next(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert!(!released.load(Ordering::SeqCst));
+        assert!(matches!(
+            body.as_mut().poll_next(&mut cx),
+            Poll::Ready(None)
+        ));
+        assert!(released.load(Ordering::SeqCst));
+        assert!(body.held.is_none());
+    }
+
+    #[test]
+    fn a_loss_cuts_the_body_off_only_with_abort_on_loss() {
+        let endless = || {
+            actix_web::body::BodyStream::new(futures_util::stream::pending::<
+                Result<Bytes, std::convert::Infallible>,
+            >())
+        };
+        let mut cx = Context::from_waker(Waker::noop());
+
+        let (kept, token, released) = held();
+        let mut body = pin!(HoldingBody::new(endless(), Some(kept), false));
+        token.cancel();
+        assert!(body.as_mut().poll_next(&mut cx).is_pending());
+        assert!(!released.load(Ordering::SeqCst));
+
+        let (cut, token, released) = held();
+        let mut body = pin!(HoldingBody::new(endless(), Some(cut), true));
+        assert!(body.as_mut().poll_next(&mut cx).is_pending());
+        token.cancel();
+        let Poll::Ready(Some(Err(err))) = body.as_mut().poll_next(&mut cx) else {
+            panic!("the loss did not end the body with an error");
+        };
+        assert!(err.to_string().contains("`res`"), "{err}");
+        assert!(released.load(Ordering::SeqCst));
+        assert!(matches!(
+            body.as_mut().poll_next(&mut cx),
+            Poll::Ready(None)
+        ));
     }
 }

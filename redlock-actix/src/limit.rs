@@ -1,20 +1,17 @@
 //! [`ConcurrencyLimit`]: at most `limit` concurrent requests per key, across every
 //! replica.
 
-use std::future::{Future, Ready, ready};
-use std::pin::Pin;
+use std::future::{Ready, ready};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use actix_web::HttpResponse;
-use actix_web::body::{BodySize, BoxBody, MessageBody};
+use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 use actix_web::http::StatusCode;
-use actix_web::web::Bytes;
 use futures_util::future::{Either, LocalBoxFuture, select};
-use redlock_core::{LockHandle, Permit, Redlock, RetryPolicy};
+use redlock_core::{CancellationToken, LockHandle, Permit, Redlock, RetryPolicy};
 use redlock_http::{Hold, Key, RejectionKind};
 use tokio::runtime::Handle;
 use tracing::Instrument;
@@ -22,6 +19,7 @@ use tracing::Instrument;
 use crate::config::{AbortOnDrop, background};
 use crate::error::{DistributedLockError, Rejection, problem_response, request_id};
 use crate::extract::{Header, KeyExtractor, PathParam};
+use crate::guard::{BodyHold, HoldingBody};
 
 type OnRejection = dyn Fn(&Rejection<'_>) -> HttpResponse + Send + Sync;
 
@@ -453,10 +451,8 @@ where
                 }
                 _ => Some(permit),
             };
-            Ok(
-                response
-                    .map_body(move |_, body| BoxBody::new(PermitBody::new(body, permit, abort))),
-            )
+            Ok(response
+                .map_body(move |_, body| BoxBody::new(HoldingBody::new(body, permit, abort))))
         })
     }
 }
@@ -612,72 +608,17 @@ impl std::fmt::Display for PermitLost {
 
 impl std::error::Error for PermitLost {}
 
-type LostFuture = Pin<Box<dyn Future<Output = ()>>>;
-
-pin_project_lite::pin_project! {
-    /// A response body holding the request's permit (if any) until it ends or is
-    /// dropped; cut off when the permit is lost, with abort on loss.
-    struct PermitBody<B> {
-        #[pin]
-        body: B,
-        permit: Option<HeldPermit>,
-        lost: Option<LostFuture>,
-        aborted: bool,
-    }
-}
-
-impl<B> PermitBody<B> {
-    fn new(body: B, permit: Option<HeldPermit>, abort_on_loss: bool) -> Self {
-        let lost = permit
-            .as_ref()
-            .filter(|_| abort_on_loss)
-            .map(|permit| -> LostFuture {
-                Box::pin(permit.handle.cancellation_token().cancelled_owned())
-            });
-        Self {
-            body,
-            permit,
-            lost,
-            aborted: false,
-        }
-    }
-}
-
-impl<B: MessageBody> MessageBody for PermitBody<B> {
-    type Error = Box<dyn std::error::Error>;
-
-    fn size(&self) -> BodySize {
-        self.body.size()
+impl BodyHold for HeldPermit {
+    fn resource(&self) -> &str {
+        self.handle.resource()
     }
 
-    fn poll_next(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
-        let this = self.project();
-        if *this.aborted {
-            return Poll::Ready(None);
-        }
-        if let Some(lost) = this.lost.as_mut()
-            && lost.as_mut().poll(cx).is_ready()
-        {
-            *this.lost = None;
-            *this.aborted = true;
-            let slot = this
-                .permit
-                .take()
-                .map(|permit| permit.handle.resource().to_owned())
-                .unwrap_or_default();
-            tracing::warn!(key = %slot, "concurrency permit lost while the response body was sent: body cut off");
-            return Poll::Ready(Some(Err(Box::new(PermitLost { slot }))));
-        }
-        let next = this.body.poll_next(cx);
-        if matches!(next, Poll::Ready(None | Some(Err(_)))) {
-            // The body is complete (or failed): give the permit back now rather than
-            // when the response is dropped.
-            drop(this.permit.take());
-            *this.lost = None;
-        }
-        next.map(|chunk| chunk.map(|result| result.map_err(Into::into)))
+    fn cancellation_token(&self) -> CancellationToken {
+        self.handle.cancellation_token()
+    }
+
+    fn cut_off(slot: String) -> Box<dyn std::error::Error> {
+        tracing::warn!(key = %slot, "concurrency permit lost while the response body was sent: body cut off");
+        Box::new(PermitLost { slot })
     }
 }
