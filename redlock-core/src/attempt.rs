@@ -175,6 +175,19 @@ pub(crate) async fn look_at(cluster: &Cluster, keys: &[String]) -> Option<Vec<Ke
     )
 }
 
+/// Marks every held key of `keys` as waited for on every node (see `scripts::MARK`), so
+/// that their releases publish on their channels; returns once every node answered or
+/// failed.
+pub(crate) async fn mark_waited(cluster: &Cluster, keys: &[String]) {
+    let queued = crate::node::Queued::new();
+    let command = Command::new(Op::Mark { keys });
+    let marks = cluster
+        .nodes
+        .iter()
+        .map(|node| node.run(&command, cluster.node_timeout, &queued));
+    futures_util::future::join_all(marks).await;
+}
+
 /// What [`look_at`] saw of one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeyState {

@@ -35,9 +35,12 @@
 //! busy, it waits as the retry policy says (the client's, or
 //! [`retry`](Semaphore::retry)): instead of sleeping between two scans, it queues on one
 //! slot, picked at random, and is woken when that slot is released (and handed it, in
-//! the slot's queue order); at the end of the policy's delay it scans again. A release
-//! therefore wakes a waiter at once when one queued on its slot, and else is found by
-//! the next scan.
+//! the slot's queue order). It also listens on every other slot, marked as waited for
+//! (as a queued waiter marks its key), so that the release of any of them wakes it to
+//! scan again at once; at the end of the policy's delay it scans again in any case. A
+//! released permit thus wakes the waiter queued on its slot, or else every waiter (each
+//! after a small random delay, so that they do not all come at once), and a full
+//! semaphore costs its waiters nothing between releases.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -45,11 +48,14 @@ use std::time::{Duration, Instant};
 use rand::RngExt;
 use rand::seq::SliceRandom;
 
-use crate::attempt::{KeyState, look_at};
+use std::future::IntoFuture;
+
+use crate::attempt::{KeyState, look_at, mark_waited};
 use crate::client::Redlock;
 use crate::error::{ConfigError, Error, ErrorClass};
 use crate::lock::{Lock, LockHandle, Released};
 use crate::retry::RetryPolicy;
+use crate::wake::Subscription;
 
 /// At most [`permits`](Self::permits) holders at once, across every client of the
 /// nodes: see the [module docs](crate::semaphore). Made by
@@ -174,16 +180,30 @@ impl Semaphore {
                 return Err(busy);
             };
             // Queue on one slot for the delay: woken (and handed the slot) when it is
-            // released, else scan them all again.
+            // released. Listening on every slot (marked as waited for, so that their
+            // releases publish), the release of any other slot ends the wait too: then
+            // scan again. Without wake-ups, the next scan finds it.
             let slot = rand::rng().random_range(0..self.permits);
-            match self
+            let queued = self
                 .request(slot)
                 .retry(RetryPolicy::deadline(wait).with_delay(policy.base_delay(), policy.jitter()))
-                .await
-            {
-                Ok(lock) => return Ok(Permit::new(lock, slot)),
-                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
-                Err(error) => return Err(error),
+                .into_future();
+            let outcome = match self.listen().await {
+                Some(listening) => {
+                    let quorum = self.redlock.shared().cluster.quorum();
+                    tokio::select! {
+                        result = queued => Some(result),
+                        () = listening.wait(wait, policy.wake_jitter(), quorum) => None,
+                    }
+                }
+                None => Some(queued.await),
+            };
+            match outcome {
+                Some(Ok(lock)) => return Ok(Permit::new(lock, slot)),
+                Some(Err(error)) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
+                Some(Err(error)) => return Err(error),
+                // Another slot was released.
+                None => {}
             }
         }
     }
@@ -255,6 +275,25 @@ impl Semaphore {
         }
         give_back(held).await;
         Err(self.busy(soonest))
+    }
+
+    /// Listens for the release of any slot: subscribed to every slot's channel, then
+    /// every held slot marked as waited for on every node. `None` without wake-ups
+    /// (turned off, or no node's subscriber answering).
+    async fn listen(&self) -> Option<Subscription> {
+        let shared = self.redlock.shared();
+        let wakeups = shared.wakeups.as_ref()?;
+        let keys: Vec<String> = (0..self.permits)
+            .map(|slot| shared.key(&self.slot_resource(slot)))
+            .collect();
+        let subscription = wakeups
+            .subscribe(&keys, None, shared.cluster.node_timeout)
+            .await;
+        if !subscription.listening() {
+            return None;
+        }
+        mark_waited(&shared.cluster, &keys).await;
+        Some(subscription)
     }
 
     /// The slots that look free now (see `attempt::look_at`: one round trip), in random

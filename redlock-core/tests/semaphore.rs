@@ -138,6 +138,49 @@ async fn a_release_wakes_a_waiter() {
     );
 }
 
+/// The release of any slot wakes a waiter, not only of the slot it queued on: with 4
+/// permits held, four rounds of one waiter (its retry delay 2 s) and one release each,
+/// the waiter gets the freed permit at once every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_any_slot_wakes_a_waiter() {
+    const PERMITS: u32 = 4;
+    let cluster = Cluster::start(3).await;
+    let holder = redlock_testkit::builder(&cluster).build().unwrap();
+    let mut held = holder
+        .semaphore("four", PERMITS)
+        .unwrap()
+        .acquire_many(PERMITS)
+        .await
+        .unwrap();
+    let waiter = redlock_testkit::builder(&cluster).build().unwrap();
+    let semaphore = waiter.semaphore("four", PERMITS).unwrap().retry(
+        RetryPolicy::deadline(Duration::from_secs(20))
+            .with_delay(Duration::from_secs(2), Duration::ZERO),
+    );
+    for round in 0..PERMITS as usize {
+        let waiting = tokio::spawn({
+            let semaphore = semaphore.clone();
+            async move {
+                let permit = semaphore.acquire().await.unwrap();
+                (Instant::now(), permit)
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let freed = held.remove(round % held.len());
+        let slot = freed.slot();
+        let released = Instant::now();
+        freed.release().await.unwrap();
+        let (got, permit) = waiting.await.unwrap();
+        let after = got.duration_since(released);
+        assert!(
+            after < Duration::from_millis(700),
+            "round {round}: woken {after:?} after the release of slot {slot}"
+        );
+        assert_eq!(permit.slot(), slot);
+        held.push(permit);
+    }
+}
+
 /// Each slot's fencing tokens only go up, holder after holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_of_a_slot_go_up() {

@@ -362,6 +362,7 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             evalsha(&scripts::REMAINING, &keys.iter().collect::<Vec<_>>(), &[])
         }
         Op::ServerTime => evalsha(&scripts::SERVER_TIME, &[], &[]),
+        Op::Mark { keys } => evalsha(&scripts::MARK, &keys.iter().collect::<Vec<_>>(), &[]),
         Op::AcquireRead {
             key,
             rw,

@@ -96,6 +96,9 @@ pub(crate) enum Op<'a> {
         rw: &'a RwKeys,
         value: &'a str,
     },
+    /// Mark every held key as waited for, without queueing (see `scripts::MARK`); answers
+    /// how many are held. Not a vote.
+    Mark { keys: &'a [String] },
     /// A writer leaves the writers' queue (it gave up, or took the lock elsewhere).
     LeaveWriters {
         rw: &'a RwKeys,
@@ -156,7 +159,8 @@ impl<'a> Op<'a> {
             | Op::Release { keys, .. }
             | Op::Extend { keys, .. }
             | Op::Remaining { keys }
-            | Op::JoinQueue { keys, .. } => keys,
+            | Op::JoinQueue { keys, .. }
+            | Op::Mark { keys } => keys,
             Op::RaiseFence { fence_keys, .. } => fence_keys,
             Op::AcquireRead { rw, .. }
             | Op::AcquireWrite { rw, .. }
@@ -184,6 +188,7 @@ impl<'a> Op<'a> {
             Op::ReleaseWrite { .. } => "release_write",
             Op::Downgrade { .. } => "downgrade",
             Op::LeaveWriters { .. } => "leave_writers",
+            Op::Mark { .. } => "mark",
         }
     }
 
@@ -197,6 +202,7 @@ impl<'a> Op<'a> {
                 | Op::ReleaseRead { .. }
                 | Op::ReleaseWrite { .. }
                 | Op::LeaveWriters { .. }
+                | Op::Mark { .. }
         )
     }
 }

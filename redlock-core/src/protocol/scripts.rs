@@ -23,9 +23,11 @@ use redis::Script;
 /// - with `ARGV[2] == '1'` or no `ARGV[2]` (a lock's release, or a waiter passing on a
 ///   hand-over it did not take), hands the lock over to the first live waiter of its
 ///   queue, or deletes it; if it had a queue (whose waiters all left or died), it also
-///   publishes an empty message on the key's channel (see `wake.rs`). With no queue,
-///   nobody waits for the key on this node (every waiter queues), and the release is a
-///   compare-and-delete that looks at one more key. A hand-over stores `~<waiter>` in
+///   publishes an empty message on the key's channel (see `wake.rs`), as it does for a
+///   key marked by a waiter with no queue (a semaphore's waiter marks every slot: see
+///   [`MARK`]). With no mark, nobody waits for the key on this node (every waiter
+///   queues or marks), and the release is a compare-and-delete that looks at one more
+///   key. A hand-over stores `~<waiter>` in
 ///   the key for the time the waiter's id ends with (`<random>:<ms>`; `ARGV[3]` ms if
 ///   none): only that waiter may take it, nobody else's SET NX succeeds; and publishes
 ///   the waiter's id on its client's channel (`redlock-wake:<client>`, the part of the
@@ -126,7 +128,7 @@ for i = 1, n do
       end
     elseif current then
       redis.call('DEL', key)
-      if queued and mode == '1' then
+      if mode == '1' and (queued or string.sub(current, -1) == '+') then
         redis.call('PUBLISH', key, '')
       end
     end
@@ -269,6 +271,25 @@ end
 return longest
 "
 );
+
+/// Marks every held key of `KEYS` as waited for (`+` appended to its holder's value,
+/// as a queued waiter does), without queueing: its release then publishes on its
+/// channel. A semaphore's waiter marks every slot, so that the release of any of them
+/// wakes it. Returns how many keys are held (marked now or before).
+pub(crate) static MARK: LazyLock<Script> = LazyLock::new(|| Script::new(MARK_SOURCE));
+const MARK_SOURCE: &str = r"
+local held = 0
+for _, key in ipairs(KEYS) do
+  local current = redis.call('GET', key)
+  if current then
+    held = held + 1
+    if string.sub(current, 1, 1) ~= '~' and string.sub(current, -1) ~= '+' then
+      redis.call('APPEND', key, '+')
+    end
+  end
+end
+return held
+";
 
 /// The node's clock: milliseconds since the Unix epoch (`TIME`, as one number).
 pub(crate) static SERVER_TIME: LazyLock<Script> = LazyLock::new(|| Script::new(SERVER_TIME_SOURCE));
@@ -573,7 +594,7 @@ return 1
 ";
 
 /// Every script's source, to load on a new connection.
-pub(crate) const ALL_SOURCES: [&str; 15] = [
+pub(crate) const ALL_SOURCES: [&str; 16] = [
     ACQUIRE_QUEUED_SOURCE,
     SERVER_TIME_SOURCE,
     JOIN_QUEUE_SOURCE,
@@ -589,4 +610,5 @@ pub(crate) const ALL_SOURCES: [&str; 15] = [
     RELEASE_WRITE_SOURCE,
     DOWNGRADE_SOURCE,
     LEAVE_WRITERS_SOURCE,
+    MARK_SOURCE,
 ];
