@@ -386,7 +386,7 @@ async fn semaphore_under_faults_never_exceeds_its_permits() {
 /// overlaps a write (reads together are fine, and must happen).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rw_lock_under_faults_never_lets_a_writer_share() {
-    let target = scaled(1_200);
+    let target = scaled(600);
     let cluster = Arc::new(tokio::sync::Mutex::new(Cluster::start_proxied(5).await));
     let urls = cluster.lock().await.urls();
     let setup = Setup {
