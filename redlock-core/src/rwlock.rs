@@ -9,7 +9,7 @@
 //! - the **write** lock unless the writer's key is held, a reader's key is alive, or an
 //!   older writer waits; a refused writer takes a place in the writers' queue
 //!   (`<writer's key>:writer-waiting`, ordered by when it began waiting, each place
-//!   kept for a while after its last attempt).
+//!   kept for a while after its last attempt; an attempt no retry follows takes none).
 //!
 //! Each side needs a majority, as a lock does; two majorities share a node, and no node
 //! grants a write next to a live read or another write, so a writer never holds the
@@ -291,13 +291,19 @@ impl RwLock {
             attempts = attempts.saturating_add(1);
             *made = attempts;
             let value = lock_value(&shared.holder);
+            // An attempt after which no retry can come takes no place in the queue: a
+            // writer that will not wait must not keep readers or writers out.
+            let last = retry.next_delay(attempts, started.elapsed()).is_none();
             let (key, mode) = match &writer {
                 None => (self.keys.reader(&value), Mode::Read(Arc::clone(&self.keys))),
                 Some(writer) => (
                     self.keys.write.clone(),
                     Mode::Write {
                         rw: Arc::clone(&self.keys),
-                        writer: writer.clone(),
+                        writer: WaitingWriter {
+                            keep_ms: if last { 0 } else { writer.keep_ms },
+                            ..writer.clone()
+                        },
                     },
                 ),
             };
@@ -323,7 +329,7 @@ impl RwLock {
                 }
                 Err(failure) => failure,
             };
-            if let Some(queued) = &mut queued {
+            if let Some(queued) = queued.as_mut().filter(|_| !last) {
                 // Refused somewhere: it may hold a place in the writers' queue there.
                 queued.armed = true;
             }

@@ -144,7 +144,8 @@ pub(crate) struct WaitingWriter {
     pub(crate) id: String,
     /// When it began waiting (ms since the Unix epoch, by the nodes' clock): its place.
     pub(crate) since_ms: u64,
-    /// How long a node keeps its place after its last attempt (ms).
+    /// How long a node keeps its place after its last attempt (ms); 0 takes no place
+    /// (the request's last attempt).
     pub(crate) keep_ms: u64,
 }
 
@@ -236,7 +237,8 @@ pub(crate) struct Waiter {
     /// When it began waiting (ms since the Unix epoch, by the nodes' clock: see
     /// `server_clock.rs`): its place in the queue.
     pub(crate) since_ms: u64,
-    /// How long a node keeps its place after its last attempt (ms).
+    /// How long a node keeps its place after its last attempt (ms); 0 takes no place
+    /// (the request's last attempt).
     pub(crate) keep_ms: u64,
 }
 

@@ -461,7 +461,8 @@ return 1
 /// reader's key is alive and no older writer waits: leaves the queue, sets the counter
 /// to the token (as [`ACQUIRE_FENCED`]) and the writer's key to the value with the TTL,
 /// and returns the token (1 without fencing). Otherwise takes (or refreshes) its place
-/// in the queue, which refuses new readers, and returns 0.
+/// in the queue, which refuses new readers, and returns 0; a keep of 0 (the request's
+/// last attempt: no retry follows) takes no place.
 pub(crate) static ACQUIRE_WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_WRITE_SOURCE));
 const ACQUIRE_WRITE_SOURCE: &str = concat!(
@@ -495,10 +496,13 @@ if free and queued then
   end
 end
 if not free then
+  local keep = tonumber(ARGV[5])
+  if keep <= 0 then
+    return 0
+  end
   if not now then
     now = now_ms()
   end
-  local keep = tonumber(ARGV[5])
   redis.call('ZADD', KEYS[3], ARGV[4], id)
   redis.call('ZADD', KEYS[4], now + keep, id)
   for i = 3, 4 do
