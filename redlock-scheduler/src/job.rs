@@ -162,6 +162,7 @@ pub struct Job {
     pub(crate) grace: Duration,
     pub(crate) timeout: Option<Duration>,
     pub(crate) dst: DstPolicy,
+    pub(crate) on_leader: bool,
 }
 
 impl fmt::Debug for Job {
@@ -174,6 +175,7 @@ impl fmt::Debug for Job {
             .field("grace", &self.grace)
             .field("timeout", &self.timeout)
             .field("dst", &self.dst)
+            .field("on_leader", &self.on_leader)
             .finish_non_exhaustive()
     }
 }
@@ -209,6 +211,7 @@ impl Job {
             grace: Self::DEFAULT_GRACE,
             timeout: None,
             dst: DstPolicy::new(),
+            on_leader: false,
         }
     }
 
@@ -265,6 +268,18 @@ impl Job {
     /// Cancels a run that takes longer (through its token), records it as timed out.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Runs every tick of this job on the leader, never on another replica. With a
+    /// [`History`](crate::History), the leader hands runs to the replicas with the
+    /// fewest runs going (see
+    /// [`SchedulerBuilder::max_concurrent_runs`](crate::SchedulerBuilder::max_concurrent_runs));
+    /// a job that needs what only the leader has (state it keeps in memory, a
+    /// connection it alone opens) opts out here. Its runs end when the leadership ends,
+    /// as every run does without a history.
+    pub fn run_on_leader(mut self) -> Self {
+        self.on_leader = true;
         self
     }
 

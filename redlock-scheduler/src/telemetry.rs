@@ -10,7 +10,7 @@
 //! | `redlock_scheduler_runs_total` | counter | `job`, `outcome`: `succeeded`, `failed`, `timed_out`, `cancelled` | runs this replica ended |
 //! | `redlock_scheduler_run_duration_seconds` | histogram | `job` | how long a run took |
 //! | `redlock_scheduler_tick_lag_seconds` | histogram | `job` | from a tick's time to its run's start (late ticks and fail-overs show here) |
-//! | `redlock_scheduler_skipped_total` | counter | `job`, `reason`: `missed`, `paused`, `overlap`, `run_lock`, `unclaimable` | ticks this replica claimed but did not run |
+//! | `redlock_scheduler_skipped_total` | counter | `job`, `reason`: `missed`, `paused`, `overlap`, `run_lock`, `unclaimable`, `no_room`, `untaken` | ticks this replica claimed but did not run |
 //! | `redlock_scheduler_abandoned_total` | counter | `job` | runs of dead replicas this replica closed as abandoned |
 //! | `redlock_scheduler_leader_changes_total` | counter | | times this replica became leader |
 //! | `redlock_scheduler_leader` | gauge | | 1 while this replica leads, else 0 |
@@ -51,6 +51,10 @@ pub(crate) enum SkipReason {
     RunLock,
     /// The tick could not be claimed within its grace window.
     Unclaimable,
+    /// No replica had room for the run (`max_concurrent_runs`) within the grace window.
+    NoRoom,
+    /// Handed to a replica that did not take it within the grace window.
+    Untaken,
 }
 
 impl SkipReason {
@@ -61,6 +65,8 @@ impl SkipReason {
             Self::Overlap => "overlap",
             Self::RunLock => "run_lock",
             Self::Unclaimable => "unclaimable",
+            Self::NoRoom => "no_room",
+            Self::Untaken => "untaken",
         }
     }
 }

@@ -59,6 +59,7 @@
 mod builder;
 mod commit;
 mod control;
+mod dispatch;
 mod error;
 mod filter;
 mod requests;
@@ -79,6 +80,7 @@ pub use self::builder::{
 };
 use self::builder::{Source, bounded};
 pub(crate) use self::commit::{Refused, RunKey};
+pub(crate) use self::dispatch::{Handoff, Presence};
 pub use self::error::HistoryError;
 pub use self::filter::{DEFAULT_RUN_LIMIT, MAX_RUN_LIMIT, RunFilter};
 pub(crate) use self::requests::{JobDefinition, new_request_id};

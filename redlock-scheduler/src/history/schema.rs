@@ -27,6 +27,10 @@ pub(crate) struct Tables {
     pub(crate) requests: String,
     /// The highest leadership token that wrote through a run's transaction, per job.
     pub(crate) fences: String,
+    /// The replicas alive, with their capacity for runs and the runs they have going.
+    pub(crate) replicas: String,
+    /// Ticks the leader handed to another replica to run, until that replica takes them.
+    pub(crate) dispatch: String,
     pub(crate) migrations: String,
     /// The bare prefix (index and constraint names).
     prefix: String,
@@ -66,6 +70,8 @@ impl Tables {
             jobs: qualify("scheduler_jobs"),
             requests: qualify("scheduler_requests"),
             fences: qualify("job_fences"),
+            replicas: qualify("scheduler_replicas"),
+            dispatch: qualify("scheduler_dispatch"),
             migrations: qualify("scheduler_migrations"),
             prefix: prefix.to_owned(),
         }
@@ -91,6 +97,8 @@ impl Tables {
             jobs,
             requests,
             fences,
+            replicas,
+            dispatch,
             prefix,
             ..
         } = self;
@@ -234,6 +242,43 @@ impl Tables {
             // its definition so that admin tools compute the same ticks. NULL in rows
             // written before, or by a replica that knows no policy: the default one.
             (8, vec![format!("ALTER TABLE {jobs} ADD COLUMN dst TEXT")]),
+            // 9: runs spread over the replicas. Each replica says it is alive, how many
+            // runs it takes at once (`capacity`, NULL: no limit), how many it has going
+            // and which jobs it declares (a digest of their names); the leader hands a claimed tick to one of them with a row in the
+            // dispatch table, which the replica deletes when it takes the tick (or marks
+            // `declined_by`), so a row is taken by one replica at most.
+            (
+                9,
+                vec![
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {replicas} (
+                            scheduler TEXT NOT NULL,
+                            instance TEXT NOT NULL,
+                            capacity BIGINT,
+                            running BIGINT NOT NULL,
+                            jobs_digest TEXT NOT NULL,
+                            seen_ms BIGINT NOT NULL,
+                            PRIMARY KEY (scheduler, instance)
+                        )"
+                    ),
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {dispatch} (
+                            scheduler TEXT NOT NULL,
+                            job TEXT NOT NULL,
+                            tick_ms BIGINT NOT NULL,
+                            replica TEXT NOT NULL,
+                            fencing_token BIGINT NOT NULL,
+                            dispatched_ms BIGINT NOT NULL,
+                            declined_by TEXT,
+                            PRIMARY KEY (scheduler, job, tick_ms)
+                        )"
+                    ),
+                    format!(
+                        "CREATE INDEX {prefix}scheduler_dispatch_replica
+                         ON {dispatch} (scheduler, replica)"
+                    ),
+                ],
+            ),
         ]
     }
 }

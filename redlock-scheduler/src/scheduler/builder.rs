@@ -1,14 +1,16 @@
 //! [`SchedulerBuilder`]: jobs and options, checked in `build()`.
 
 use std::collections::HashSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use redlock_core::{CancellationToken, Redlock};
 use tokio_util::task::TaskTracker;
 
 use super::Scheduler;
-use super::state::{Inner, JobState};
+use super::placement::Placement;
+use super::state::{Inner, JobState, jobs_digest};
 use crate::build_error::BuildError;
 use crate::history::History;
 use crate::job::Job;
@@ -30,6 +32,7 @@ pub struct SchedulerBuilder {
     leader_ttl: Option<Duration>,
     term: Duration,
     retry_interval: Duration,
+    max_concurrent_runs: Option<usize>,
 }
 
 impl std::fmt::Debug for SchedulerBuilder {
@@ -54,6 +57,7 @@ impl SchedulerBuilder {
             leader_ttl: None,
             term: DEFAULT_TERM,
             retry_interval: DEFAULT_RETRY_INTERVAL,
+            max_concurrent_runs: None,
         }
     }
 
@@ -113,12 +117,26 @@ impl SchedulerBuilder {
         self
     }
 
+    /// How many runs this replica takes at once (default: no limit). With a
+    /// [`History`](crate::History) the leader hands each tick to the replica with the
+    /// fewest runs going among those alive with room for one more, itself included; a
+    /// replica at its limit gets none until a run ends. When every replica is full, a
+    /// tick waits for room until its misfire grace window ends, then is recorded as
+    /// skipped. Runs that only the leader may start (jobs marked
+    /// [`Job::run_on_leader`], late runs of missed ticks, and every run without a
+    /// history) count towards the leader's limit but are not held back by it.
+    pub fn max_concurrent_runs(mut self, runs: usize) -> Self {
+        self.max_concurrent_runs = Some(runs);
+        self
+    }
+
     /// Checks every job and option.
     ///
     /// # Errors
     ///
     /// [`BuildError`] naming the offending job and input: an empty or duplicate name, an
-    /// invalid cron expression or time zone, a zero timeout; a zero leadership TTL,
+    /// invalid cron expression or time zone, a zero timeout, a zero
+    /// `max_concurrent_runs`; a zero leadership TTL,
     /// term or retry interval (checked as
     /// [`LeaderElectorBuilder::start`](crate::leader::LeaderElectorBuilder::start) does).
     pub fn build(self) -> Result<Scheduler, BuildError> {
@@ -153,10 +171,18 @@ impl SchedulerBuilder {
             });
         }
         check_election(self.leader_ttl, self.term, self.retry_interval)?;
+        if self.max_concurrent_runs == Some(0) {
+            return Err(BuildError::InvalidOption {
+                what: "max_concurrent_runs".to_owned(),
+                reason: "must be at least 1 (a replica that should run nothing is not started)"
+                    .to_owned(),
+            });
+        }
         let instance: Arc<str> = self
             .instance
             .unwrap_or_else(crate::leader::random_instance)
             .into();
+        let jobs_digest = jobs_digest(jobs.iter().map(|state| state.job.name.as_str()));
         let recorder = self
             .history
             .map(|h| Arc::new(Recorder::new(h, self.name.clone(), Arc::clone(&instance))));
@@ -172,6 +198,10 @@ impl SchedulerBuilder {
                 leader_ttl: self.leader_ttl,
                 term: self.term,
                 retry_interval: self.retry_interval,
+                capacity: self.max_concurrent_runs,
+                running_here: Arc::new(AtomicUsize::new(0)),
+                jobs_digest,
+                placement: Mutex::new(Placement::default()),
                 elector: OnceLock::new(),
                 background: OnceLock::new(),
                 redis_health: Arc::new(HealthCell::new("the Redis quorum", false)),

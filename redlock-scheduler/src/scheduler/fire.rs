@@ -9,8 +9,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::CancellationToken;
 
+use super::handoff::{AHEAD, BEAT, RESCAN};
 use super::requests::REQUEST_POLL;
-use super::state::{Inner, JobState};
+use super::state::{Inner, JobState, lock};
 use crate::leader::LeaderEvent;
 use crate::leader::Leadership;
 use crate::plan::{self, Recorded};
@@ -129,9 +130,17 @@ async fn fire_loop(
     let now = inner.clock.now();
     let mut cursor = plan::start_cursor(recorded, elected, now, inner.grace(state));
     let mut first = true;
+    // Runs handed to other replicas are handed out ahead of their time.
+    let ahead = if inner.spreads(state) {
+        AHEAD
+    } else {
+        Duration::ZERO
+    };
     loop {
         let now = inner.clock.now();
-        let due = state.schedule.ticks_between(cursor, now);
+        let due = state
+            .schedule
+            .ticks_between(cursor, crate::time::later(now, ahead));
         if let Some(last) = due.last() {
             cursor = *last;
             let plan = if std::mem::take(&mut first) {
@@ -170,8 +179,9 @@ async fn fire_loop(
         let Some(next) = state.schedule.next_after(cursor.max(now)) else {
             return;
         };
+        let wake = next - chrono::Duration::from_std(ahead).unwrap_or_default();
         tokio::select! {
-            () = inner.clock.sleep_until(next) => {}
+            () = inner.clock.sleep_until(wake) => {}
             () = leadership.ended_token().cancelled() => return,
             () = inner.stop_firing.cancelled() => return,
         }
@@ -207,6 +217,12 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
     requests.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sweeps = tokio::time::interval((inner.run_lock_ttl * 2).clamp(SWEEP_MIN, SWEEP_MAX));
     let mut prunes = tokio::time::interval(PRUNE_INTERVAL);
+    // Where runs go: who is alive, and the hand-offs not taken.
+    lock(&inner.placement).reset();
+    let mut replicas = tokio::time::interval(BEAT);
+    let mut rescans = tokio::time::interval(RESCAN);
+    replicas.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    rescans.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = pauses.tick() => match recorder.history().paused_jobs(&inner.name).await {
@@ -221,6 +237,8 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
             },
             _ = requests.tick() => inner.serve_requests(&leadership).await,
             _ = sweeps.tick() => inner.sweep_abandoned(&leadership).await,
+            _ = replicas.tick() => inner.refresh_replicas().await,
+            _ = rescans.tick() => inner.rescan_handoffs(&leadership).await,
             _ = prunes.tick(), if recorder.history().prunes() => {
                 match recorder.history().prune(&inner.name, inner.clock.now()).await {
                     Ok(0) => {}

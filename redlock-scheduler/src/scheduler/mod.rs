@@ -16,6 +16,8 @@
 
 mod builder;
 mod fire;
+mod handoff;
+mod placement;
 mod requests;
 mod state;
 mod tenure;
@@ -30,8 +32,9 @@ use redlock_core::Redlock;
 
 pub use self::builder::SchedulerBuilder;
 use self::requests::triggered;
+use self::state::Slot;
 use self::state::{Inner, lock};
-use self::tick::NotTaken;
+use self::tick::{Grant, NotTaken};
 use crate::control::SchedulerAdmin;
 use crate::error::Error;
 use crate::history::Outcome;
@@ -150,6 +153,14 @@ impl Scheduler {
         if started {
             let (inner, events) = (Arc::clone(&self.inner), elector.subscribe());
             tokio::spawn(fire::lead(inner, events));
+            if self.inner.recorder.is_some() {
+                // Runs the leader hands to this replica.
+                let inner = Arc::clone(&self.inner);
+                let stop = inner.stop_background.clone();
+                self.inner
+                    .background_tasks
+                    .spawn(handoff::serve(inner, stop));
+            }
         }
     }
 
@@ -542,7 +553,8 @@ impl Inner {
             let _ = run_lock.release().await;
             return Err(already_claimed());
         }
-        inner.start_run(index, tick, run_lock, leadership, false, true);
+        let grant = Grant::of(&leadership);
+        inner.start_run(index, tick, run_lock, grant, Slot::take(inner), false, true);
         Ok(tick)
     }
 }

@@ -1,6 +1,6 @@
 //! What a scheduler holds: its options, its jobs' state, its background tasks.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use redlock_core::{CancellationToken, Redlock};
 use tokio_util::task::TaskTracker;
 
+use super::placement::Placement;
 use crate::error::Error;
 use crate::job::Job;
 use crate::leader::{LeaderElector, Leadership};
@@ -34,6 +35,15 @@ pub(super) struct Inner {
     pub(super) retry_interval: Duration,
     /// TTL of a job's run lock while its run goes on (auto-extended).
     pub(super) run_lock_ttl: Duration,
+    /// How many runs this replica takes at once (`None`: no limit).
+    pub(super) capacity: Option<usize>,
+    /// The runs going on this replica, and those about to start here.
+    pub(super) running_here: Arc<AtomicUsize>,
+    /// A digest of the names of the jobs this replica declares: runs are handed only
+    /// to replicas that declare the same ones.
+    pub(super) jobs_digest: String,
+    /// The leader's view of where runs go.
+    pub(super) placement: Mutex<Placement>,
     pub(super) elector: OnceLock<LeaderElector>,
     /// Background tasks started (Redis probe, history writer).
     pub(super) background: OnceLock<()>,
@@ -104,6 +114,50 @@ impl JobState {
 
     pub(super) fn running_tick(&self) -> Option<DateTime<Utc>> {
         *lock(&self.running_tick)
+    }
+}
+
+/// A digest of a set of job names (FNV-1a over the sorted names: the same in every
+/// process and build).
+pub(super) fn jobs_digest<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let mut names: Vec<&str> = names.collect();
+    names.sort_unstable();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for name in names {
+        for byte in name.bytes().chain(std::iter::once(0)) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+/// A run counted in [`Inner::running_here`] for as long as this lives.
+pub(super) struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    /// Counts one more run here, whatever the limit (runs only the leader may start).
+    pub(super) fn take(inner: &Inner) -> Self {
+        inner.running_here.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(&inner.running_here))
+    }
+
+    /// Counts one more run here if the limit leaves room for it.
+    pub(super) fn try_take(inner: &Inner) -> Option<Self> {
+        let limit = inner.capacity.unwrap_or(usize::MAX);
+        inner
+            .running_here
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(Arc::clone(&inner.running_here)))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -179,8 +233,15 @@ impl Inner {
     /// How long a tick's claim is kept: until its tick leaves the grace window (and a
     /// margin), as far as the Redis nodes allow.
     pub(super) fn claim_ttl(&self, state: &JobState) -> Duration {
+        // A tick handed over is claimed ahead of its time.
+        let ahead = if self.spreads(state) {
+            super::handoff::AHEAD
+        } else {
+            Duration::ZERO
+        };
         self.grace(state)
             .saturating_add(CLAIM_MARGIN)
+            .saturating_add(ahead)
             .min(self.redlock.max_ttl())
     }
 
@@ -197,6 +258,12 @@ impl Inner {
     /// starts while another holds it (no overlap, cluster-wide).
     pub(super) fn run_resource(&self, job: &str) -> String {
         format!("{}:job:{job}:run", self.name)
+    }
+
+    /// Whether the leader may hand `state`'s runs to other replicas (it has a history
+    /// to hand them over through, and the job does not opt out).
+    pub(super) fn spreads(&self, state: &JobState) -> bool {
+        self.recorder.is_some() && !state.job.on_leader
     }
 
     /// The latest moment `tick` may still be acted on.

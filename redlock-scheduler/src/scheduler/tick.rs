@@ -11,7 +11,8 @@ use chrono::{DateTime, Utc};
 use redlock_core::{CancellationToken, Error as LockError, Lock, RetryPolicy};
 use tracing::Instrument;
 
-use super::state::{Inner, JobState, lock};
+use super::handoff::Placed;
+use super::state::{Inner, JobState, Slot, lock};
 use crate::history::Outcome;
 use crate::job::JobContext;
 use crate::leader::Leadership;
@@ -40,6 +41,43 @@ pub(super) enum NotTaken {
     Stopped,
     /// Failures until the deadline: the last one.
     Failed(LockError),
+}
+
+/// Why a tick's run lock was not taken.
+pub(super) enum RunLockRefused {
+    /// Leadership ended or shutdown began: nothing to record.
+    Stopped,
+    /// A run of the job goes on (why, for the record).
+    Overlap(String),
+    /// No quorum until the deadline (why, for the record).
+    Failed(String),
+}
+
+/// What a run answers to besides its own run lock: the fencing token it carries, and a
+/// token fired when it must stop (its leadership was lost). A run handed to this
+/// replica by the leader carries the leader's token and ends with its run lock only.
+#[derive(Clone)]
+pub(super) struct Grant {
+    pub(super) token: u64,
+    pub(super) lost: CancellationToken,
+}
+
+impl Grant {
+    /// A run the leader starts on itself: it ends with the leadership.
+    pub(super) fn of(leadership: &Leadership) -> Self {
+        Self {
+            token: leadership.epoch(),
+            lost: leadership.lost_token().clone(),
+        }
+    }
+
+    /// A run handed over with the leader's `token`.
+    pub(super) fn handed(token: u64) -> Self {
+        Self {
+            token,
+            lost: CancellationToken::new(),
+        }
+    }
 }
 
 impl Inner {
@@ -102,6 +140,21 @@ impl Inner {
             return;
         };
         let deadline = self.deadline(state, tick);
+        let token = leadership.epoch();
+        // An on-time run that may go anywhere is placed ahead of its time, and claimed
+        // then if it goes to another replica; a run that stays here is claimed at its
+        // time, so that a leader that stops before leaves the tick to the next one.
+        let mut placed = None;
+        if matches!(action, Action::Run { late: false }) && self.spreads(state) {
+            match self.place(leadership, deadline).await {
+                Placed::Stopped => return,
+                place => placed = Some(place),
+            }
+        }
+        let handing_over = matches!(placed, Some(Placed::There(_)));
+        if !handing_over && !self.wait_for_tick(tick, Some(leadership)).await {
+            return;
+        }
         let claim = self
             .take(
                 &self.claim_resource(state, tick),
@@ -124,7 +177,7 @@ impl Inner {
                 self.record_skip(
                     state,
                     tick,
-                    leadership,
+                    token,
                     SkipReason::Unclaimable,
                     format!("not claimable within the grace window: {err}"),
                 );
@@ -133,67 +186,144 @@ impl Inner {
         }
         let late = match action {
             Action::Skip(reason) => {
-                self.record_skip(state, tick, leadership, SkipReason::Missed, reason);
+                self.record_skip(state, tick, token, SkipReason::Missed, reason);
                 return;
             }
             Action::Run { late } => late,
         };
         if state.paused.load(Ordering::Acquire) {
             let paused = SkipReason::Paused;
-            self.record_skip(state, tick, leadership, paused, "paused".to_owned());
+            self.record_skip(state, tick, token, paused, "paused".to_owned());
             return;
         }
-        // No overlap, cluster-wide: the job's run lock. A late run waits for the one
-        // before it (within the grace window); an on-time tick does not.
+        let slot = match placed {
+            None => Slot::take(self),
+            Some(Placed::Here(slot)) => slot,
+            Some(Placed::There(replica)) => {
+                if self.hand_over(state, tick, &replica, token).await {
+                    return;
+                }
+                // The history is away: the tick runs here, its Redis claim keeping it
+                // to this replica.
+                Slot::take(self)
+            }
+            Some(Placed::Nowhere) => {
+                let reason =
+                    "no replica had room for the run (max_concurrent_runs) within the grace window";
+                self.record_skip(state, tick, token, SkipReason::NoRoom, reason.to_owned());
+                return;
+            }
+            Some(Placed::Stopped) => return,
+        };
+        self.run_here(index, tick, late, slot, leadership).await;
+    }
+
+    /// The leader: runs `tick` here, counted by `slot`, once its time comes (a tick
+    /// handed out ahead of time starts at its time).
+    pub(super) async fn run_here(
+        self: &Arc<Self>,
+        index: usize,
+        tick: DateTime<Utc>,
+        late: bool,
+        slot: Slot,
+        leadership: &Leadership,
+    ) {
+        let Some(state) = self.jobs.get(index) else {
+            return;
+        };
+        let token = leadership.epoch();
+        if !self.wait_for_tick(tick, Some(leadership)).await {
+            return;
+        }
+        let run_lock = match self
+            .take_run_lock(state, tick, late, Some(leadership))
+            .await
+        {
+            Ok(run_lock) => run_lock,
+            Err(refused) => {
+                self.record_refusal(state, tick, token, refused);
+                return;
+            }
+        };
+        if !self.insert_row(state, tick, token, false).await {
+            let _ = run_lock.release().await;
+            return;
+        }
+        let grant = Grant::of(leadership);
+        self.start_run(index, tick, run_lock, grant, slot, late, false);
+    }
+
+    /// Sleeps until `tick` (at once if it is due): `false` if the leadership (if
+    /// given) ended or shutdown began meanwhile.
+    pub(super) async fn wait_for_tick(
+        &self,
+        tick: DateTime<Utc>,
+        leadership: Option<&Leadership>,
+    ) -> bool {
+        let ended = leadership.map_or_else(CancellationToken::new, |l| l.ended_token().clone());
+        tokio::select! {
+            () = self.clock.sleep_until(tick) => true,
+            () = ended.cancelled() => false,
+            () = self.stop_firing.cancelled() => false,
+        }
+    }
+
+    /// Takes the job's run lock for `tick`: no overlap, cluster-wide. A late run waits
+    /// for the one before it (within the grace window); an on-time tick does not.
+    pub(super) async fn take_run_lock(
+        &self,
+        state: &JobState,
+        tick: DateTime<Utc>,
+        late: bool,
+        leadership: Option<&Leadership>,
+    ) -> Result<Lock, RunLockRefused> {
+        let deadline = self.deadline(state, tick);
         let wait = if late {
             (deadline - self.clock.now()).to_std().unwrap_or_default()
         } else {
             OVERLAP_WAIT
         };
-        let run_lock = match self
+        let taken = self
             .take(
                 &self.run_resource(&state.name),
                 self.run_lock_ttl,
                 wait,
                 deadline,
-                Some(leadership),
+                leadership,
             )
-            .await
-        {
-            Ok(run_lock) => run_lock,
-            Err(NotTaken::Stopped) => return,
-            Err(NotTaken::Held) => {
-                let reason = match state.running_tick() {
-                    Some(running) => format!(
-                        "overlap: the run of {} is still going",
-                        running.to_rfc3339()
-                    ),
-                    None => {
-                        "overlap: a run of the job is still going on another replica".to_owned()
-                    }
-                };
-                self.record_skip(state, tick, leadership, SkipReason::Overlap, reason);
-                return;
+            .await;
+        taken.map_err(|not_taken| match not_taken {
+            NotTaken::Stopped => RunLockRefused::Stopped,
+            NotTaken::Held => RunLockRefused::Overlap(match state.running_tick() {
+                Some(running) => format!(
+                    "overlap: the run of {} is still going",
+                    running.to_rfc3339()
+                ),
+                None => "overlap: a run of the job is still going on another replica".to_owned(),
+            }),
+            NotTaken::Failed(err) => {
+                RunLockRefused::Failed(format!("the job's run lock could not be taken: {err}"))
             }
-            Err(NotTaken::Failed(err)) => {
-                self.record_skip(
-                    state,
-                    tick,
-                    leadership,
-                    SkipReason::RunLock,
-                    format!("the job's run lock could not be taken: {err}"),
-                );
-                return;
+        })
+    }
+
+    /// Records why a tick whose run lock was refused did not run.
+    pub(super) fn record_refusal(
+        &self,
+        state: &JobState,
+        tick: DateTime<Utc>,
+        token: u64,
+        refused: RunLockRefused,
+    ) {
+        match refused {
+            RunLockRefused::Stopped => {}
+            RunLockRefused::Overlap(reason) => {
+                self.record_skip(state, tick, token, SkipReason::Overlap, reason);
             }
-        };
-        if !self
-            .insert_row(state, tick, leadership.epoch(), false)
-            .await
-        {
-            let _ = run_lock.release().await;
-            return;
+            RunLockRefused::Failed(reason) => {
+                self.record_skip(state, tick, token, SkipReason::RunLock, reason);
+            }
         }
-        self.start_run(index, tick, run_lock, leadership.clone(), late, false);
     }
 
     /// Inserts the running row of a tick; `false` if another replica's row is there.
@@ -230,7 +360,7 @@ impl Inner {
         &self,
         state: &JobState,
         tick: DateTime<Utc>,
-        leadership: &Leadership,
+        token: u64,
         kind: SkipReason,
         reason: String,
     ) {
@@ -248,7 +378,7 @@ impl Inner {
             recorder.insert_later(Row {
                 job: Arc::clone(&state.name),
                 tick,
-                token: leadership.epoch(),
+                token,
                 outcome: Outcome::Skipped,
                 note: Some(reason),
                 manual: false,
@@ -257,13 +387,16 @@ impl Inner {
         }
     }
 
-    /// Starts the run of a claimed tick whose run lock is held.
+    /// Starts the run of a claimed tick whose run lock is held, counted by `slot` until
+    /// it ends.
+    #[allow(clippy::too_many_arguments)] // one run's facts
     pub(super) fn start_run(
         self: &Arc<Self>,
         index: usize,
         tick: DateTime<Utc>,
         run_lock: Lock,
-        leadership: Leadership,
+        grant: Grant,
+        slot: Slot,
         late: bool,
         manual: bool,
     ) {
@@ -284,7 +417,7 @@ impl Inner {
             job = %state.name,
             %tick,
             instance = %inner.instance,
-            token = leadership.epoch(),
+            token = grant.token,
             lag_ms,
             manual,
         );
@@ -298,6 +431,7 @@ impl Inner {
         });
         self.runs.spawn(
             async move {
+                let _slot = slot;
                 let Some(state) = inner.jobs.get(index) else {
                     return;
                 };
@@ -305,14 +439,14 @@ impl Inner {
                 let ctx = JobContext {
                     job: Arc::clone(&state.name),
                     tick,
-                    fencing_token: leadership.epoch(),
+                    fencing_token: grant.token,
                     instance: Arc::clone(&inner.instance),
                     cancel: CancellationToken::new(),
                     manual,
                     record: record.clone(),
                 };
                 let (outcome, error) = inner
-                    .run(state, ctx, run_lock, &leadership, &operator_cancel)
+                    .run(state, ctx, run_lock, &grant, &operator_cancel)
                     .await;
                 let (outcome, error) = match record {
                     Some(record) => commits_outcome(&record, outcome, error).await,
@@ -361,7 +495,7 @@ impl Inner {
         state: &JobState,
         ctx: JobContext,
         mut run_lock: Lock,
-        leadership: &Leadership,
+        grant: &Grant,
         operator_cancel: &CancellationToken,
     ) -> (Outcome, Option<String>) {
         // The lock lives as long as the run: up to the job's timeout (and the time to
@@ -393,7 +527,7 @@ impl Inner {
                     Err(err) => (Outcome::Failed, Some(err.to_string())),
                 };
             }
-            () = leadership.lost_token().cancelled() => (Outcome::Cancelled, "leadership lost"),
+            () = grant.lost.cancelled() => (Outcome::Cancelled, "leadership lost"),
             () = run_lock.lost() => (Outcome::Cancelled, "the job's run lock was lost"),
             () = self.hard_stop.cancelled() => (Outcome::Cancelled, "shutdown deadline reached"),
             () = operator_cancel.cancelled() => (Outcome::Cancelled, "cancelled by an operator"),

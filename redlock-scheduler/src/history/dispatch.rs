@@ -1,0 +1,317 @@
+//! Runs spread over the replicas, as the history database carries them: each replica's
+//! presence (alive, capacity, runs going) and the ticks the leader hands to a replica.
+//!
+//! A hand-off is one row per tick, keyed like the tick's run row. The replica it names
+//! takes it by deleting it (`DELETE ... WHERE replica = me`); the leader moves it to
+//! another replica by updating it where it still names the one it named
+//! (`UPDATE ... WHERE replica = old AND dispatched_ms = then`). Both are single-row
+//! compare-and-set statements, so a hand-off is taken by one replica at most, or moved,
+//! never both.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row as _;
+
+use super::{Error, History, from_ms, ms, token};
+
+/// A replica as it last said it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Presence {
+    pub(crate) instance: String,
+    /// Runs it takes at once; `None`: no limit.
+    pub(crate) capacity: Option<u32>,
+    /// Runs it had going.
+    pub(crate) running: u32,
+    /// A digest of the names of the jobs it declares.
+    pub(crate) jobs_digest: String,
+    /// When it said so (its own clock).
+    pub(crate) seen: DateTime<Utc>,
+}
+
+/// A tick handed to a replica and not taken yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Handoff {
+    pub(crate) job: String,
+    pub(crate) tick: DateTime<Utc>,
+    /// The replica that is to run it.
+    pub(crate) replica: String,
+    /// The leadership token the run carries.
+    pub(crate) token: u64,
+    /// When it was handed over (the leader's clock): the compare-and-set's version.
+    pub(crate) dispatched_ms: i64,
+    /// The replica that said it cannot run it (at its capacity, or it lacks the job).
+    pub(crate) declined_by: Option<String>,
+}
+
+const HANDOFF_COLUMNS: &str = "job, tick_ms, replica, fencing_token, dispatched_ms, declined_by";
+
+fn handoff_from_row(row: &sqlx::any::AnyRow) -> Result<Handoff, Error> {
+    Ok(Handoff {
+        job: row.try_get("job")?,
+        tick: from_ms(row.try_get("tick_ms")?),
+        replica: row.try_get("replica")?,
+        token: u64::try_from(row.try_get::<i64, _>("fencing_token")?).unwrap_or(0),
+        dispatched_ms: row.try_get("dispatched_ms")?,
+        declined_by: row.try_get("declined_by")?,
+    })
+}
+
+impl History {
+    /// Says that `presence.instance` of `scheduler` is alive, as `presence` says.
+    pub(crate) async fn beat(&self, scheduler: &str, presence: &Presence) -> Result<(), Error> {
+        let sql = format!(
+            "INSERT INTO {} (scheduler, instance, capacity, running, jobs_digest, seen_ms)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (scheduler, instance) DO UPDATE
+             SET capacity = excluded.capacity, running = excluded.running,
+                 jobs_digest = excluded.jobs_digest, seen_ms = excluded.seen_ms",
+            self.shared.tables.replicas
+        );
+        self.bounded(
+            "say the replica is alive",
+            sqlx::query(&sql)
+                .bind(scheduler)
+                .bind(presence.instance.as_str())
+                .bind(presence.capacity.map(i64::from))
+                .bind(i64::from(presence.running))
+                .bind(presence.jobs_digest.as_str())
+                .bind(ms(presence.seen))
+                .execute(&self.shared.pool),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Takes `instance` out of the replicas that runs are handed to (it stops).
+    pub(crate) async fn leave(&self, scheduler: &str, instance: &str) -> Result<(), Error> {
+        let sql = format!(
+            "DELETE FROM {} WHERE scheduler = $1 AND instance = $2",
+            self.shared.tables.replicas
+        );
+        self.bounded(
+            "take the replica out",
+            sqlx::query(&sql)
+                .bind(scheduler)
+                .bind(instance)
+                .execute(&self.shared.pool),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The replicas of `scheduler` that said they were alive at `since` or later; those
+    /// silent since before `forget` are deleted.
+    pub(crate) async fn replicas(
+        &self,
+        scheduler: &str,
+        since: DateTime<Utc>,
+        forget: DateTime<Utc>,
+    ) -> Result<Vec<Presence>, Error> {
+        let table = &self.shared.tables.replicas;
+        let forget_sql = format!("DELETE FROM {table} WHERE scheduler = $1 AND seen_ms < $2");
+        let sql = format!(
+            "SELECT instance, capacity, running, jobs_digest, seen_ms FROM {table}
+             WHERE scheduler = $1 AND seen_ms >= $2 ORDER BY instance"
+        );
+        let pool = &self.shared.pool;
+        let rows = self
+            .bounded("read the replicas", async {
+                sqlx::query(&forget_sql)
+                    .bind(scheduler)
+                    .bind(ms(forget))
+                    .execute(pool)
+                    .await?;
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(ms(since))
+                    .fetch_all(pool)
+                    .await
+            })
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Presence {
+                    instance: row.try_get("instance")?,
+                    capacity: row
+                        .try_get::<Option<i64>, _>("capacity")?
+                        .map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
+                    running: u32::try_from(row.try_get::<i64, _>("running")?).unwrap_or(0),
+                    jobs_digest: row.try_get("jobs_digest")?,
+                    seen: from_ms(row.try_get("seen_ms")?),
+                })
+            })
+            .collect()
+    }
+
+    /// Hands `tick` of `job` to `replica`: `false` if it was handed to someone already.
+    #[allow(clippy::too_many_arguments)] // one row's columns
+    pub(crate) async fn hand_off(
+        &self,
+        scheduler: &str,
+        job: &str,
+        tick: DateTime<Utc>,
+        replica: &str,
+        run_token: u64,
+        now: DateTime<Utc>,
+    ) -> Result<bool, Error> {
+        let sql = format!(
+            "INSERT INTO {} (scheduler, {HANDOFF_COLUMNS})
+             VALUES ($1, $2, $3, $4, $5, $6, NULL)
+             ON CONFLICT (scheduler, job, tick_ms) DO NOTHING",
+            self.shared.tables.dispatch
+        );
+        let done = self
+            .bounded(
+                "hand a tick over",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(job)
+                    .bind(ms(tick))
+                    .bind(replica)
+                    .bind(token(run_token))
+                    .bind(ms(now))
+                    .execute(&self.shared.pool),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The ticks handed to `replica` that it has neither taken nor declined.
+    pub(crate) async fn handed_to(
+        &self,
+        scheduler: &str,
+        replica: &str,
+    ) -> Result<Vec<Handoff>, Error> {
+        let sql = format!(
+            "SELECT {HANDOFF_COLUMNS} FROM {} WHERE scheduler = $1 AND replica = $2
+             AND declined_by IS NULL ORDER BY tick_ms LIMIT 1000",
+            self.shared.tables.dispatch
+        );
+        let rows = self
+            .bounded(
+                "read the ticks handed over",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(replica)
+                    .fetch_all(&self.shared.pool),
+            )
+            .await?;
+        rows.iter().map(handoff_from_row).collect()
+    }
+
+    /// Takes `handoff` for the replica it names: `true` if it was still there, named
+    /// that replica and was not declined (then only this caller runs it).
+    pub(crate) async fn take_handoff(
+        &self,
+        scheduler: &str,
+        handoff: &Handoff,
+    ) -> Result<bool, Error> {
+        let sql = format!(
+            "DELETE FROM {} WHERE scheduler = $1 AND job = $2 AND tick_ms = $3
+             AND replica = $4 AND dispatched_ms = $5 AND declined_by IS NULL",
+            self.shared.tables.dispatch
+        );
+        let done = self
+            .bounded(
+                "take a tick handed over",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(handoff.job.as_str())
+                    .bind(ms(handoff.tick))
+                    .bind(handoff.replica.as_str())
+                    .bind(handoff.dispatched_ms)
+                    .execute(&self.shared.pool),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Gives `handoff` back to the leader: the replica it names will not run it.
+    pub(crate) async fn decline_handoff(
+        &self,
+        scheduler: &str,
+        handoff: &Handoff,
+    ) -> Result<bool, Error> {
+        let sql = format!(
+            "UPDATE {} SET declined_by = $1 WHERE scheduler = $2 AND job = $3
+             AND tick_ms = $4 AND replica = $1 AND dispatched_ms = $5 AND declined_by IS NULL",
+            self.shared.tables.dispatch
+        );
+        let done = self
+            .bounded(
+                "decline a tick handed over",
+                sqlx::query(&sql)
+                    .bind(handoff.replica.as_str())
+                    .bind(scheduler)
+                    .bind(handoff.job.as_str())
+                    .bind(ms(handoff.tick))
+                    .bind(handoff.dispatched_ms)
+                    .execute(&self.shared.pool),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The hand-offs of `scheduler` the leader must look at again: declined, or of a
+    /// tick before `before` and still not taken.
+    pub(crate) async fn stale_handoffs(
+        &self,
+        scheduler: &str,
+        before: DateTime<Utc>,
+    ) -> Result<Vec<Handoff>, Error> {
+        let sql = format!(
+            "SELECT {HANDOFF_COLUMNS} FROM {} WHERE scheduler = $1
+             AND (declined_by IS NOT NULL OR tick_ms < $2) ORDER BY tick_ms LIMIT 1000",
+            self.shared.tables.dispatch
+        );
+        let rows = self
+            .bounded(
+                "read the ticks not taken",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(ms(before))
+                    .fetch_all(&self.shared.pool),
+            )
+            .await?;
+        rows.iter().map(handoff_from_row).collect()
+    }
+
+    /// Moves `handoff` to `replica`, with the leadership token `run_token` (`None`:
+    /// takes it away, for the leader to run or skip), if it is still as it was read:
+    /// `true` if moved.
+    pub(crate) async fn move_handoff(
+        &self,
+        scheduler: &str,
+        handoff: &Handoff,
+        replica: Option<&str>,
+        run_token: u64,
+        now: DateTime<Utc>,
+    ) -> Result<bool, Error> {
+        let table = &self.shared.tables.dispatch;
+        let guard = "scheduler = $1 AND job = $2 AND tick_ms = $3 AND replica = $4 \
+                     AND dispatched_ms = $5";
+        let query = match replica {
+            Some(_) => format!(
+                "UPDATE {table} SET replica = $6, dispatched_ms = $7, fencing_token = $8,
+                 declined_by = NULL WHERE {guard}"
+            ),
+            None => format!("DELETE FROM {table} WHERE {guard}"),
+        };
+        let mut query = sqlx::query(&query)
+            .bind(scheduler)
+            .bind(handoff.job.as_str())
+            .bind(ms(handoff.tick))
+            .bind(handoff.replica.as_str())
+            .bind(handoff.dispatched_ms);
+        if let Some(replica) = replica {
+            // Strictly later than the version read, so the move is a new version.
+            query = query
+                .bind(replica)
+                .bind(ms(now).max(handoff.dispatched_ms.saturating_add(1)))
+                .bind(token(run_token));
+        }
+        let done = self
+            .bounded("move a tick handed over", query.execute(&self.shared.pool))
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}

@@ -1,0 +1,406 @@
+//! Runs spread over the replicas: the leader decides which ticks run (claims, misfire
+//! policy, pauses, history rows) and hands each on-time run of a job that may run
+//! anywhere to the replica with the fewest runs going among those alive with room
+//! ([`Placement`](super::placement::Placement)), through the history database:
+//!
+//! - every replica says every [`BEAT`] that it is alive, its limit and its runs going;
+//! - the leader hands a tick over [`AHEAD`] of its time (a row naming the replica);
+//! - the replica looks for its rows every [`POLL`], waits for the tick, takes the job's
+//!   run lock (no overlap, cluster-wide), then takes the row (deleting it where it still
+//!   names this replica: one replica at most), inserts the tick's run row and runs it
+//!   under the leader's fencing token; a replica at its limit, or without the job,
+//!   declines the row instead;
+//! - the leader moves a row that was declined, or not taken [`TAKE_WITHIN`] after its
+//!   tick (the replica died, or is paused or cut off), to another replica or to itself,
+//!   and records the tick skipped once its grace window is over.
+//!
+//! A run handed over holds the job's run lock as every run does: a replica that dies
+//! mid-run leaves it to expire, and the leader's sweep records the run abandoned.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redlock_core::CancellationToken;
+
+use super::placement::Place;
+use super::state::{Inner, JobState, Slot, lock};
+use super::tick::{Grant, RunLockRefused};
+use crate::history::{Handoff, Presence};
+use crate::leader::Leadership;
+use crate::telemetry::SkipReason;
+
+/// How often a replica says it is alive (and the leader reads who is).
+pub(super) const BEAT: Duration = Duration::from_millis(250);
+
+/// A replica silent for this long is given no runs.
+const ALIVE: Duration = Duration::from_millis(1500);
+
+/// A replica silent for this long is forgotten (its row deleted).
+const FORGET: Duration = Duration::from_secs(3600);
+
+/// How long before its time a tick is handed over: the replica sees it within a
+/// [`POLL`] and starts it on time.
+pub(super) const AHEAD: Duration = Duration::from_millis(500);
+
+/// How often a replica looks for the ticks handed to it.
+const POLL: Duration = Duration::from_millis(100);
+
+/// A tick not taken this long after its time is moved to another replica.
+const TAKE_WITHIN: Duration = Duration::from_secs(1);
+
+/// How often the leader looks for ticks declined or not taken.
+pub(super) const RESCAN: Duration = Duration::from_millis(250);
+
+/// How often a tick that found every replica full looks for room again.
+const ROOM_WAIT: Duration = Duration::from_millis(50);
+
+/// Where [`Inner::place`] puts a run.
+pub(super) enum Placed {
+    /// Here, counted by this slot.
+    Here(Slot),
+    /// On that replica.
+    There(String),
+    /// No replica had room within the grace window.
+    Nowhere,
+    /// Leadership ended or shutdown began.
+    Stopped,
+}
+
+fn earlier(t: DateTime<Utc>, by: Duration) -> DateTime<Utc> {
+    t - chrono::Duration::from_std(by).unwrap_or_default()
+}
+
+impl Inner {
+    /// The leader: where the next run goes. Waits for room (every replica full) until
+    /// `deadline`.
+    pub(super) async fn place(&self, leadership: &Leadership, deadline: DateTime<Utc>) -> Placed {
+        loop {
+            let now = self.clock.now();
+            match self.choose(&[], now) {
+                Some(Place::Here) => {
+                    if let Some(slot) = Slot::try_take(self) {
+                        return Placed::Here(slot);
+                    }
+                    // A run started here meanwhile: choose again.
+                    continue;
+                }
+                Some(Place::There(replica)) => return Placed::There(replica),
+                None => {}
+            }
+            if crate::time::later(now, ROOM_WAIT) > deadline {
+                return Placed::Nowhere;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(ROOM_WAIT) => {}
+                () = leadership.ended_token().cancelled() => return Placed::Stopped,
+                () = self.stop_firing.cancelled() => return Placed::Stopped,
+            }
+        }
+    }
+
+    /// The leader: hands the claimed `tick` of `state` to `replica`. `false` if the
+    /// history could not take it (the leader runs it then).
+    pub(super) async fn hand_over(
+        &self,
+        state: &JobState,
+        tick: DateTime<Utc>,
+        replica: &str,
+        token: u64,
+    ) -> bool {
+        let Some(recorder) = &self.recorder else {
+            return false;
+        };
+        let handed = recorder
+            .history()
+            .hand_off(
+                &self.name,
+                &state.name,
+                tick,
+                replica,
+                token,
+                self.clock.now(),
+            )
+            .await;
+        match handed {
+            Ok(handed) => {
+                if !handed {
+                    tracing::debug!(job = %state.name, %tick, "tick already handed over");
+                }
+                true
+            }
+            Err(err) => {
+                recorder.health.fail(&err);
+                tracing::warn!(job = %state.name, %tick, error = %err, "could not hand the tick over: running it here");
+                false
+            }
+        }
+    }
+
+    /// What this replica says of itself to the leader.
+    fn presence(&self) -> Presence {
+        let running = self.running_here.load(std::sync::atomic::Ordering::Acquire);
+        Presence {
+            instance: self.instance.to_string(),
+            capacity: self.capacity.map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
+            running: u32::try_from(running).unwrap_or(u32::MAX),
+            jobs_digest: self.jobs_digest.clone(),
+            seen: self.clock.now(),
+        }
+    }
+
+    /// The placement's choice for one run, replicas in `exclude` passed over.
+    fn choose(&self, exclude: &[&str], now: DateTime<Utc>) -> Option<Place> {
+        let running = self.running_here.load(std::sync::atomic::Ordering::Acquire);
+        lock(&self.placement).choose(&self.instance, running, self.capacity, exclude, now)
+    }
+
+    /// The leader: reads which replicas are alive and how busy (every [`BEAT`]).
+    pub(super) async fn refresh_replicas(&self) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        let now = self.clock.now();
+        let replicas = recorder
+            .history()
+            .replicas(&self.name, earlier(now, ALIVE), earlier(now, FORGET))
+            .await;
+        match replicas {
+            Ok(replicas) => {
+                recorder.health.read_ok();
+                lock(&self.placement).refresh(replicas, &self.presence(), now);
+            }
+            // The replicas last read stay (their hand-offs are moved if not taken).
+            Err(err) => recorder.health.fail(&err),
+        }
+    }
+
+    /// The leader: moves the hand-offs declined, or not taken within [`TAKE_WITHIN`]
+    /// of their tick, to another replica (or runs them here); records those whose grace
+    /// window ended as skipped.
+    pub(super) async fn rescan_handoffs(self: &Arc<Self>, leadership: &Leadership) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        let history = recorder.history();
+        let now = self.clock.now();
+        let stale = match history
+            .stale_handoffs(&self.name, earlier(now, TAKE_WITHIN))
+            .await
+        {
+            Ok(stale) => stale,
+            Err(err) => {
+                recorder.health.fail(&err);
+                return;
+            }
+        };
+        for handoff in stale {
+            if !leadership.is_current() || self.stop_firing.is_cancelled() {
+                return;
+            }
+            let token = leadership.epoch();
+            let Ok((index, state)) = self.job(&handoff.job) else {
+                // A job this replica does not have (replicas declare different jobs):
+                // nobody here can run it.
+                if let Ok(true) = history
+                    .move_handoff(&self.name, &handoff, None, token, now)
+                    .await
+                {
+                    tracing::warn!(job = %handoff.job, tick = %handoff.tick, "a tick of a job this leader does not declare was not taken: dropped");
+                }
+                continue;
+            };
+            let why = match &handoff.declined_by {
+                Some(by) => format!("declined by replica {by}"),
+                None => format!("not taken by replica {}", handoff.replica),
+            };
+            if now > self.deadline(state, handoff.tick) {
+                if let Ok(true) = history
+                    .move_handoff(&self.name, &handoff, None, token, now)
+                    .await
+                {
+                    let reason = format!("handed over but {why} within the grace window");
+                    self.record_skip(state, handoff.tick, token, SkipReason::Untaken, reason);
+                }
+                continue;
+            }
+            // Not the replica that declined it, nor the one that did not take it (unless
+            // that is this one: its history was away).
+            let mut exclude: Vec<&str> = handoff.declined_by.iter().map(String::as_str).collect();
+            if handoff.replica != *self.instance {
+                exclude.push(&handoff.replica);
+            }
+            let place = match self.choose(&exclude, now) {
+                Some(place) => Some(place),
+                // Its replica is gone and every other one is full: the leader runs it
+                // rather than let a tick the schedule ran on time be lost.
+                None if handoff.declined_by.is_none() => Some(Place::Here),
+                None => None,
+            };
+            match place {
+                Some(Place::There(replica)) => {
+                    if let Ok(true) = history
+                        .move_handoff(&self.name, &handoff, Some(&replica), token, now)
+                        .await
+                    {
+                        tracing::info!(job = %state.name, tick = %handoff.tick, %why, to = %replica, "tick handed over again");
+                    }
+                }
+                Some(Place::Here) => {
+                    let slot = Slot::take(self);
+                    if let Ok(true) = history
+                        .move_handoff(&self.name, &handoff, None, token, now)
+                        .await
+                    {
+                        tracing::info!(job = %state.name, tick = %handoff.tick, %why, "running a tick handed over here");
+                        let (inner, leadership) = (Arc::clone(self), leadership.clone());
+                        let tick = handoff.tick;
+                        self.runs.spawn(async move {
+                            inner.run_here(index, tick, false, slot, &leadership).await;
+                        });
+                    }
+                }
+                // Every replica is full: looked at again on the next rescan.
+                None => {}
+            }
+        }
+    }
+}
+
+/// Every replica with a history, from `start()` to shutdown: says it is alive, and
+/// takes the ticks handed to it. On shutdown, declines those it has not started and
+/// takes itself out of the replicas runs are handed to.
+pub(super) async fn serve(inner: Arc<Inner>, stop: CancellationToken) {
+    let Some(recorder) = inner.recorder.clone() else {
+        return;
+    };
+    let history = recorder.history();
+    let taking: Arc<Mutex<HashSet<(String, i64, i64)>>> = Arc::default();
+    let mut beat = tokio::time::interval(BEAT);
+    let mut poll = tokio::time::interval(POLL);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = beat.tick() => {
+                if let Err(err) = history.beat(&inner.name, &inner.presence()).await {
+                    recorder.health.fail(&err);
+                }
+            }
+            _ = poll.tick() => {
+                let handed = match history.handed_to(&inner.name, &inner.instance).await {
+                    Ok(handed) => handed,
+                    Err(err) => {
+                        recorder.health.fail(&err);
+                        continue;
+                    }
+                };
+                for handoff in handed {
+                    let key = (handoff.job.clone(), handoff.tick.timestamp_millis(), handoff.dispatched_ms);
+                    if !lock(&taking).insert(key.clone()) {
+                        continue;
+                    }
+                    let (inner, taking) = (Arc::clone(&inner), Arc::clone(&taking));
+                    inner.clone().runs.spawn(async move {
+                        inner.take_handoff(handoff).await;
+                        lock(&taking).remove(&key);
+                    });
+                }
+            }
+            () = inner.stop_firing.cancelled() => break,
+            () = stop.cancelled() => break,
+        }
+    }
+    // Leaving: what was handed here and not started goes back to the leader at once.
+    if let Ok(handed) = history.handed_to(&inner.name, &inner.instance).await {
+        for handoff in handed {
+            let key = (
+                handoff.job.clone(),
+                handoff.tick.timestamp_millis(),
+                handoff.dispatched_ms,
+            );
+            if !lock(&taking).contains(&key) {
+                let _ = history.decline_handoff(&inner.name, &handoff).await;
+            }
+        }
+    }
+    if let Err(err) = history.leave(&inner.name, &inner.instance).await {
+        tracing::debug!(error = %err, "could not take this replica out of the history's replicas");
+    }
+}
+
+impl Inner {
+    /// A replica: runs a tick the leader handed to it, or declines it (at its limit,
+    /// without the job, without a quorum for the run lock, or shutting down).
+    async fn take_handoff(self: &Arc<Self>, handoff: Handoff) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        let history = recorder.history();
+        let handoff = &handoff;
+        let decline = |why: &'static str| async move {
+            tracing::debug!(job = %handoff.job, tick = %handoff.tick, why, "declining a tick handed over");
+            if let Err(err) = history.decline_handoff(&self.name, handoff).await {
+                recorder.health.fail(&err);
+            }
+        };
+        let Ok((index, state)) = self.job(&handoff.job) else {
+            decline("this replica does not declare the job").await;
+            return;
+        };
+        let Some(slot) = Slot::try_take(self) else {
+            decline("at max_concurrent_runs").await;
+            return;
+        };
+        if !self.wait_for_tick(handoff.tick, None).await {
+            decline("shutting down").await;
+            return;
+        }
+        if self.clock.now() > self.deadline(state, handoff.tick) {
+            // Past its grace window: the leader records it.
+            return;
+        }
+        let run_lock = match self.take_run_lock(state, handoff.tick, false, None).await {
+            Ok(run_lock) => run_lock,
+            Err(RunLockRefused::Overlap(reason)) => {
+                // The tick is this replica's to record only once it took it.
+                if let Ok(true) = history.take_handoff(&self.name, handoff).await {
+                    let refused = RunLockRefused::Overlap(reason);
+                    self.record_refusal(state, handoff.tick, handoff.token, refused);
+                }
+                return;
+            }
+            Err(RunLockRefused::Stopped) => {
+                decline("shutting down").await;
+                return;
+            }
+            Err(RunLockRefused::Failed(_)) => {
+                decline("the job's run lock could not be taken").await;
+                return;
+            }
+        };
+        match history.take_handoff(&self.name, handoff).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // Moved to another replica meanwhile.
+                let _ = run_lock.release().await;
+                return;
+            }
+            Err(err) => {
+                recorder.health.fail(&err);
+                let _ = run_lock.release().await;
+                return;
+            }
+        }
+        if !self
+            .insert_row(state, handoff.tick, handoff.token, false)
+            .await
+        {
+            let _ = run_lock.release().await;
+            return;
+        }
+        let grant = Grant::handed(handoff.token);
+        self.start_run(index, handoff.tick, run_lock, grant, slot, false, false);
+    }
+}
