@@ -130,6 +130,7 @@
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use std::time::Duration;
 //! use redlock_core::Redlock;
+//! use redlock_scheduler::history::Outcome;
 //! use redlock_scheduler::{History, Job, JobContext, Scheduler};
 //!
 //! let redlock = Redlock::builder()
@@ -160,9 +161,12 @@
 //! for replica in &replicas {
 //!     replica.shutdown(Duration::from_secs(5)).await;
 //! }
-//! // Each tick ran once, on one replica, however many replicas there are.
+//! // Each tick ran once, on one replica, however many replicas there are (the leader
+//! // hands runs to the replicas with the fewest going; a tick caught by the shutdowns
+//! // may be recorded as skipped, saying why).
 //! let rows = history.runs("scheduler", "every-second", 100).await?;
-//! assert_eq!(rows.len(), runs.load(Ordering::SeqCst));
+//! let succeeded = rows.iter().filter(|r| r.outcome == Outcome::Succeeded).count();
+//! assert_eq!(succeeded, runs.load(Ordering::SeqCst));
 //! # Ok(())
 //! # }
 //! ```

@@ -118,13 +118,13 @@ impl SchedulerBuilder {
     }
 
     /// How many runs this replica takes at once (default: no limit). With a
-    /// [`History`](crate::History) the leader hands each tick to the replica with the
-    /// fewest runs going among those alive with room for one more, itself included; a
-    /// replica at its limit gets none until a run ends. When every replica is full, a
-    /// tick waits for room until its misfire grace window ends, then is recorded as
-    /// skipped. Runs that only the leader may start (jobs marked
-    /// [`Job::run_on_leader`], late runs of missed ticks, and every run without a
-    /// history) count towards the leader's limit but are not held back by it.
+    /// [`History`](crate::History) the leader hands each on-time tick to the replica
+    /// with the fewest runs going among those alive with room for one more, itself
+    /// included; a replica at its limit gets none until a run ends. A run that only the
+    /// leader may start (a job marked [`Job::run_on_leader`], a late run of a missed
+    /// tick, every run without a history) waits for room on the leader. A tick that
+    /// finds no room waits until its misfire grace window ends, then is recorded as
+    /// skipped (reason `no_room`). An operator's [`Scheduler::trigger`] is not held back.
     pub fn max_concurrent_runs(mut self, runs: usize) -> Self {
         self.max_concurrent_runs = Some(runs);
         self

@@ -73,21 +73,32 @@ fn earlier(t: DateTime<Utc>, by: Duration) -> DateTime<Utc> {
 }
 
 impl Inner {
-    /// The leader: where the next run goes. Waits for room (every replica full) until
-    /// `deadline`.
-    pub(super) async fn place(&self, leadership: &Leadership, deadline: DateTime<Utc>) -> Placed {
+    /// The leader: where the next run goes, on any replica (`anywhere`) or here only.
+    /// Waits for room (every replica full, or this one) until `deadline`.
+    pub(super) async fn place(
+        &self,
+        leadership: &Leadership,
+        deadline: DateTime<Utc>,
+        anywhere: bool,
+    ) -> Placed {
         loop {
             let now = self.clock.now();
-            match self.choose(&[], now) {
-                Some(Place::Here) => {
-                    if let Some(slot) = Slot::try_take(self) {
-                        return Placed::Here(slot);
-                    }
-                    // A run started here meanwhile: choose again.
-                    continue;
+            if !anywhere {
+                if let Some(slot) = Slot::try_take(self) {
+                    return Placed::Here(slot);
                 }
-                Some(Place::There(replica)) => return Placed::There(replica),
-                None => {}
+            } else {
+                match self.choose(&[], now) {
+                    Some(Place::Here) => {
+                        if let Some(slot) = Slot::try_take(self) {
+                            return Placed::Here(slot);
+                        }
+                        // A run started here meanwhile: choose again.
+                        continue;
+                    }
+                    Some(Place::There(replica)) => return Placed::There(replica),
+                    None => {}
+                }
             }
             if crate::time::later(now, ROOM_WAIT) > deadline {
                 return Placed::Nowhere;
@@ -231,14 +242,7 @@ impl Inner {
             if handoff.replica != *self.instance {
                 exclude.push(&handoff.replica);
             }
-            let place = match self.choose(&exclude, now) {
-                Some(place) => Some(place),
-                // Its replica is gone and every other one is full: the leader runs it
-                // rather than let a tick the schedule ran on time be lost.
-                None if handoff.declined_by.is_none() => Some(Place::Here),
-                None => None,
-            };
-            match place {
+            match self.choose(&exclude, now) {
                 Some(Place::There(replica)) => {
                     if let Ok(true) = history
                         .move_handoff(&self.name, &handoff, Some(&replica), token, now)
@@ -248,7 +252,9 @@ impl Inner {
                     }
                 }
                 Some(Place::Here) => {
-                    let slot = Slot::take(self);
+                    let Some(slot) = Slot::try_take(self) else {
+                        continue; // a run started here meanwhile: the next rescan
+                    };
                     if let Ok(true) = history
                         .move_handoff(&self.name, &handoff, None, token, now)
                         .await
@@ -261,7 +267,8 @@ impl Inner {
                         });
                     }
                 }
-                // Every replica is full: looked at again on the next rescan.
+                // Every replica is full (or gone): looked at again on the next rescan,
+                // until its grace window ends.
                 None => {}
             }
         }

@@ -146,7 +146,7 @@ impl Inner {
         // time, so that a leader that stops before leaves the tick to the next one.
         let mut placed = None;
         if matches!(action, Action::Run { late: false }) && self.spreads(state) {
-            match self.place(leadership, deadline).await {
+            match self.place(leadership, deadline, true).await {
                 Placed::Stopped => return,
                 place => placed = Some(place),
             }
@@ -196,24 +196,31 @@ impl Inner {
             self.record_skip(state, tick, token, paused, "paused".to_owned());
             return;
         }
-        let slot = match placed {
-            None => Slot::take(self),
-            Some(Placed::Here(slot)) => slot,
+        let placed = match placed {
             Some(Placed::There(replica)) => {
                 if self.hand_over(state, tick, &replica, token).await {
                     return;
                 }
                 // The history is away: the tick runs here, its Redis claim keeping it
                 // to this replica.
-                Slot::take(self)
+                None
             }
-            Some(Placed::Nowhere) => {
+            placed => placed,
+        };
+        // Here: when this replica has room for it.
+        let placed = match placed {
+            Some(placed) => placed,
+            None => self.place(leadership, deadline, false).await,
+        };
+        let slot = match placed {
+            Placed::Here(slot) => slot,
+            Placed::Nowhere => {
                 let reason =
                     "no replica had room for the run (max_concurrent_runs) within the grace window";
                 self.record_skip(state, tick, token, SkipReason::NoRoom, reason.to_owned());
                 return;
             }
-            Some(Placed::Stopped) => return,
+            Placed::There(_) | Placed::Stopped => return,
         };
         self.run_here(index, tick, late, slot, leadership).await;
     }
