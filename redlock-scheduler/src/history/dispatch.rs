@@ -11,7 +11,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 
-use super::{Error, History, from_ms, ms, token};
+use super::{Error, History, Outcome, RUN_COLUMNS, from_ms, ms, token};
 
 /// A replica as it last said it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,8 +19,11 @@ pub(crate) struct Presence {
     pub(crate) instance: String,
     /// Runs it takes at once; `None`: no limit.
     pub(crate) capacity: Option<u32>,
-    /// Runs it had going.
+    /// Runs it had going, those about to start included.
     pub(crate) running: u32,
+    /// When the newest hand-off it had picked up was made (the leader's clock, Unix
+    /// ms): the leader counts those made later on top of `running`.
+    pub(crate) polled_ms: i64,
     /// A digest of the names of the jobs it declares.
     pub(crate) jobs_digest: String,
     /// When it said so (its own clock).
@@ -59,11 +62,13 @@ impl History {
     /// Says that `presence.instance` of `scheduler` is alive, as `presence` says.
     pub(crate) async fn beat(&self, scheduler: &str, presence: &Presence) -> Result<(), Error> {
         let sql = format!(
-            "INSERT INTO {} (scheduler, instance, capacity, running, jobs_digest, seen_ms)
-             VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO {} (scheduler, instance, capacity, running, polled_ms, jobs_digest,
+                             seen_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (scheduler, instance) DO UPDATE
              SET capacity = excluded.capacity, running = excluded.running,
-                 jobs_digest = excluded.jobs_digest, seen_ms = excluded.seen_ms",
+                 polled_ms = excluded.polled_ms, jobs_digest = excluded.jobs_digest,
+                 seen_ms = excluded.seen_ms",
             self.shared.tables.replicas
         );
         self.bounded(
@@ -73,6 +78,7 @@ impl History {
                 .bind(presence.instance.as_str())
                 .bind(presence.capacity.map(i64::from))
                 .bind(i64::from(presence.running))
+                .bind(presence.polled_ms)
                 .bind(presence.jobs_digest.as_str())
                 .bind(ms(presence.seen))
                 .execute(&self.shared.pool),
@@ -109,7 +115,7 @@ impl History {
         let table = &self.shared.tables.replicas;
         let forget_sql = format!("DELETE FROM {table} WHERE scheduler = $1 AND seen_ms < $2");
         let sql = format!(
-            "SELECT instance, capacity, running, jobs_digest, seen_ms FROM {table}
+            "SELECT instance, capacity, running, polled_ms, jobs_digest, seen_ms FROM {table}
              WHERE scheduler = $1 AND seen_ms >= $2 ORDER BY instance"
         );
         let pool = &self.shared.pool;
@@ -135,6 +141,7 @@ impl History {
                         .try_get::<Option<i64>, _>("capacity")?
                         .map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
                     running: u32::try_from(row.try_get::<i64, _>("running")?).unwrap_or(0),
+                    polled_ms: row.try_get("polled_ms")?,
                     jobs_digest: row.try_get("jobs_digest")?,
                     seen: from_ms(row.try_get("seen_ms")?),
                 })
@@ -198,31 +205,65 @@ impl History {
         rows.iter().map(handoff_from_row).collect()
     }
 
-    /// Takes `handoff` for the replica it names: `true` if it was still there, named
-    /// that replica and was not declined (then only this caller runs it).
+    /// Takes `handoff` for the replica it names and records its tick, in one
+    /// transaction: deletes the hand-off where it still names that replica (and was not
+    /// declined) and inserts the tick's row (`running` from `at`, or `skipped` with
+    /// `note`). `true` if both were done (then only this caller acts on the tick); a
+    /// replica that dies before the commit leaves the hand-off for the leader to move.
     pub(crate) async fn take_handoff(
         &self,
         scheduler: &str,
         handoff: &Handoff,
+        outcome: Outcome,
+        note: Option<&str>,
+        at: DateTime<Utc>,
     ) -> Result<bool, Error> {
-        let sql = format!(
+        let take = format!(
             "DELETE FROM {} WHERE scheduler = $1 AND job = $2 AND tick_ms = $3
              AND replica = $4 AND dispatched_ms = $5 AND declined_by IS NULL",
             self.shared.tables.dispatch
         );
-        let done = self
-            .bounded(
-                "take a tick handed over",
-                sqlx::query(&sql)
-                    .bind(scheduler)
-                    .bind(handoff.job.as_str())
-                    .bind(ms(handoff.tick))
-                    .bind(handoff.replica.as_str())
-                    .bind(handoff.dispatched_ms)
-                    .execute(&self.shared.pool),
-            )
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let record = format!(
+            "INSERT INTO {} ({RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, NULL)
+             ON CONFLICT (scheduler, job, tick_ms) DO NOTHING",
+            self.shared.tables.runs
+        );
+        let (started, finished) = match outcome {
+            Outcome::Running => (Some(ms(at)), None),
+            _ => (None, Some(ms(at))),
+        };
+        let pool = &self.shared.pool;
+        self.bounded("take a tick handed over", async {
+            let mut tx = pool.begin().await?;
+            let taken = sqlx::query(&take)
+                .bind(scheduler)
+                .bind(handoff.job.as_str())
+                .bind(ms(handoff.tick))
+                .bind(handoff.replica.as_str())
+                .bind(handoff.dispatched_ms)
+                .execute(&mut *tx)
+                .await?;
+            if taken.rows_affected() != 1 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            let recorded = sqlx::query(&record)
+                .bind(scheduler)
+                .bind(handoff.job.as_str())
+                .bind(ms(handoff.tick))
+                .bind(handoff.replica.as_str())
+                .bind(token(handoff.token))
+                .bind(started)
+                .bind(finished)
+                .bind(outcome.as_str())
+                .bind(note)
+                .execute(&mut *tx)
+                .await?;
+            // A row already there: the tick is someone else's (the hand-off goes).
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(recorded.rows_affected() == 1)
+        })
+        .await
     }
 
     /// Gives `handoff` back to the leader: the replica it names will not run it.

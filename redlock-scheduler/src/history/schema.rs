@@ -244,7 +244,9 @@ impl Tables {
             (8, vec![format!("ALTER TABLE {jobs} ADD COLUMN dst TEXT")]),
             // 9: runs spread over the replicas. Each replica says it is alive, how many
             // runs it takes at once (`capacity`, NULL: no limit), how many it has going
-            // and which jobs it declares (a digest of their names); the leader hands a claimed tick to one of them with a row in the
+            // (those it picked up included), the newest hand-off it picked up
+            // (`polled_ms`, the leader's clock) and which jobs it declares (a digest of
+            // their names); the leader hands a claimed tick to one of them with a row in the
             // dispatch table, which the replica deletes when it takes the tick (or marks
             // `declined_by`), so a row is taken by one replica at most.
             (
@@ -257,6 +259,7 @@ impl Tables {
                             capacity BIGINT,
                             running BIGINT NOT NULL,
                             jobs_digest TEXT NOT NULL,
+                            polled_ms BIGINT NOT NULL,
                             seen_ms BIGINT NOT NULL,
                             PRIMARY KEY (scheduler, instance)
                         )"

@@ -27,15 +27,15 @@ use redlock_core::CancellationToken;
 use super::placement::Place;
 use super::state::{Inner, JobState, Slot, lock};
 use super::tick::{Grant, RunLockRefused};
-use crate::history::{Handoff, Presence};
+use crate::history::{Handoff, Outcome, Presence};
 use crate::leader::Leadership;
 use crate::telemetry::SkipReason;
 
 /// How often a replica says it is alive (and the leader reads who is).
 pub(super) const BEAT: Duration = Duration::from_millis(250);
 
-/// A replica silent for this long is given no runs.
-const ALIVE: Duration = Duration::from_millis(1500);
+/// A replica silent for this long is given no runs (four beats missed).
+const ALIVE: Duration = Duration::from_millis(1000);
 
 /// A replica silent for this long is forgotten (its row deleted).
 const FORGET: Duration = Duration::from_secs(3600);
@@ -47,8 +47,9 @@ pub(super) const AHEAD: Duration = Duration::from_millis(500);
 /// How often a replica looks for the ticks handed to it.
 const POLL: Duration = Duration::from_millis(100);
 
-/// A tick not taken this long after its time is moved to another replica.
-const TAKE_WITHIN: Duration = Duration::from_secs(1);
+/// A tick not taken this long after its time is moved to another replica (a live
+/// replica takes it at its time; this is how late a run whose replica died starts).
+const TAKE_WITHIN: Duration = Duration::from_millis(500);
 
 /// How often the leader looks for ticks declined or not taken.
 pub(super) const RESCAN: Duration = Duration::from_millis(250);
@@ -149,13 +150,15 @@ impl Inner {
         }
     }
 
-    /// What this replica says of itself to the leader.
-    fn presence(&self) -> Presence {
+    /// What this replica says of itself to the leader, having picked up the hand-offs
+    /// made until `polled_ms`.
+    fn presence(&self, polled_ms: i64) -> Presence {
         let running = self.running_here.load(std::sync::atomic::Ordering::Acquire);
         Presence {
             instance: self.instance.to_string(),
             capacity: self.capacity.map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
             running: u32::try_from(running).unwrap_or(u32::MAX),
+            polled_ms,
             jobs_digest: self.jobs_digest.clone(),
             seen: self.clock.now(),
         }
@@ -180,7 +183,7 @@ impl Inner {
         match replicas {
             Ok(replicas) => {
                 recorder.health.read_ok();
-                lock(&self.placement).refresh(replicas, &self.presence(), now);
+                lock(&self.placement).refresh(replicas, &self.presence(0), now);
             }
             // The replicas last read stay (their hand-offs are moved if not taken).
             Err(err) => recorder.health.fail(&err),
@@ -260,10 +263,12 @@ impl Inner {
                         .await
                     {
                         tracing::info!(job = %state.name, tick = %handoff.tick, %why, "running a tick handed over here");
+                        // Its replica may have died holding the job's run lock: waited for
+                        // as a late run waits, within the grace window.
                         let (inner, leadership) = (Arc::clone(self), leadership.clone());
                         let tick = handoff.tick;
                         self.runs.spawn(async move {
-                            inner.run_here(index, tick, false, slot, &leadership).await;
+                            inner.run_here(index, tick, true, slot, &leadership).await;
                         });
                     }
                 }
@@ -284,6 +289,8 @@ pub(super) async fn serve(inner: Arc<Inner>, stop: CancellationToken) {
     };
     let history = recorder.history();
     let taking: Arc<Mutex<HashSet<(String, i64, i64)>>> = Arc::default();
+    // The newest hand-off picked up (its slot reserved, so `running` counts it).
+    let mut polled_ms = 0;
     let mut beat = tokio::time::interval(BEAT);
     let mut poll = tokio::time::interval(POLL);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -291,7 +298,7 @@ pub(super) async fn serve(inner: Arc<Inner>, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = beat.tick() => {
-                if let Err(err) = history.beat(&inner.name, &inner.presence()).await {
+                if let Err(err) = history.beat(&inner.name, &inner.presence(polled_ms)).await {
                     recorder.health.fail(&err);
                 }
             }
@@ -304,13 +311,16 @@ pub(super) async fn serve(inner: Arc<Inner>, stop: CancellationToken) {
                     }
                 };
                 for handoff in handed {
+                    polled_ms = polled_ms.max(handoff.dispatched_ms);
                     let key = (handoff.job.clone(), handoff.tick.timestamp_millis(), handoff.dispatched_ms);
                     if !lock(&taking).insert(key.clone()) {
                         continue;
                     }
+                    // Counted here from now on (or declined, at the limit).
+                    let slot = Slot::try_take(&inner);
                     let (inner, taking) = (Arc::clone(&inner), Arc::clone(&taking));
                     inner.clone().runs.spawn(async move {
-                        inner.take_handoff(handoff).await;
+                        inner.take_handoff(handoff, slot).await;
                         lock(&taking).remove(&key);
                     });
                 }
@@ -340,7 +350,7 @@ pub(super) async fn serve(inner: Arc<Inner>, stop: CancellationToken) {
 impl Inner {
     /// A replica: runs a tick the leader handed to it, or declines it (at its limit,
     /// without the job, without a quorum for the run lock, or shutting down).
-    async fn take_handoff(self: &Arc<Self>, handoff: Handoff) {
+    async fn take_handoff(self: &Arc<Self>, handoff: Handoff, slot: Option<Slot>) {
         let Some(recorder) = &self.recorder else {
             return;
         };
@@ -356,7 +366,7 @@ impl Inner {
             decline("this replica does not declare the job").await;
             return;
         };
-        let Some(slot) = Slot::try_take(self) else {
+        let Some(slot) = slot else {
             decline("at max_concurrent_runs").await;
             return;
         };
@@ -368,13 +378,25 @@ impl Inner {
             // Past its grace window: the leader records it.
             return;
         }
-        let run_lock = match self.take_run_lock(state, handoff.tick, false, None).await {
+        // A tick handed over after its time (moved from a replica that did not take
+        // it, maybe one that died holding the job's run lock) waits for the run lock as
+        // a late run does, within the grace window.
+        let late = handoff.dispatched_ms > handoff.tick.timestamp_millis();
+        let run_lock = match self.take_run_lock(state, handoff.tick, late, None).await {
             Ok(run_lock) => run_lock,
             Err(RunLockRefused::Overlap(reason)) => {
                 // The tick is this replica's to record only once it took it.
-                if let Ok(true) = history.take_handoff(&self.name, handoff).await {
-                    let refused = RunLockRefused::Overlap(reason);
-                    self.record_refusal(state, handoff.tick, handoff.token, refused);
+                let taken = history
+                    .take_handoff(
+                        &self.name,
+                        handoff,
+                        Outcome::Skipped,
+                        Some(&reason),
+                        self.clock.now(),
+                    )
+                    .await;
+                if let Ok(true) = taken {
+                    self.note_skip(state, handoff.tick, SkipReason::Overlap, &reason);
                 }
                 return;
             }
@@ -387,10 +409,19 @@ impl Inner {
                 return;
             }
         };
-        match history.take_handoff(&self.name, handoff).await {
+        let taken = history
+            .take_handoff(
+                &self.name,
+                handoff,
+                Outcome::Running,
+                None,
+                self.clock.now(),
+            )
+            .await;
+        match taken {
             Ok(true) => {}
             Ok(false) => {
-                // Moved to another replica meanwhile.
+                // Moved to another replica meanwhile (or its row is another's).
                 let _ = run_lock.release().await;
                 return;
             }
@@ -399,13 +430,6 @@ impl Inner {
                 let _ = run_lock.release().await;
                 return;
             }
-        }
-        if !self
-            .insert_row(state, handoff.tick, handoff.token, false)
-            .await
-        {
-            let _ = run_lock.release().await;
-            return;
         }
         let grant = Grant::handed(handoff.token);
         self.start_run(index, handoff.tick, run_lock, grant, slot, false, false);

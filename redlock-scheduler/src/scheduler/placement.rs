@@ -3,8 +3,8 @@
 //! to the replica given the fewest ticks so far, so runs spread evenly.
 //!
 //! Pure bookkeeping over what the replicas last said (`running`, refreshed every
-//! [`BEAT`](super::handoff::BEAT)) plus the hand-offs made since each said it, which its
-//! count cannot include yet.
+//! [`BEAT`](super::handoff::BEAT)) plus the hand-offs made after the newest one each
+//! had picked up, which its count cannot include yet.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -91,10 +91,13 @@ impl Placement {
             if exclude.contains(&replica.instance.as_str()) {
                 continue;
             }
+            // The hand-offs it had not picked up when it said so.
             let since_said = self
                 .recent
                 .iter()
-                .filter(|(name, at)| *name == replica.instance && *at >= replica.seen)
+                .filter(|(name, at)| {
+                    *name == replica.instance && at.timestamp_millis() > replica.polled_ms
+                })
                 .count();
             let load =
                 u64::from(replica.running).saturating_add(u64::try_from(since_said).unwrap_or(0));
@@ -137,6 +140,7 @@ mod tests {
             instance: name.to_owned(),
             capacity,
             running,
+            polled_ms: at(seen).timestamp_millis(),
             jobs_digest: "jobs".to_owned(),
             seen: at(seen),
         }

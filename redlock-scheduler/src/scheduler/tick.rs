@@ -371,16 +371,7 @@ impl Inner {
         kind: SkipReason,
         reason: String,
     ) {
-        tracing::info!(job = %state.name, %tick, %reason, "tick skipped");
-        telemetry::skipped(&state.name, kind);
-        state.skipped.fetch_add(1, Ordering::Relaxed);
-        *lock(&state.last_skipped) = Some(LastRun {
-            tick,
-            instance: self.instance.to_string(),
-            outcome: Outcome::Skipped,
-            error: Some(reason.clone()),
-            recorded: false,
-        });
+        self.note_skip(state, tick, kind, &reason);
         if let Some(recorder) = &self.recorder {
             recorder.insert_later(Row {
                 job: Arc::clone(&state.name),
@@ -392,6 +383,26 @@ impl Inner {
                 at: self.clock.now(),
             });
         }
+    }
+
+    /// This replica's account of a skipped tick (its row is written by the caller).
+    pub(super) fn note_skip(
+        &self,
+        state: &JobState,
+        tick: DateTime<Utc>,
+        kind: SkipReason,
+        reason: &str,
+    ) {
+        tracing::info!(job = %state.name, %tick, %reason, "tick skipped");
+        telemetry::skipped(&state.name, kind);
+        state.skipped.fetch_add(1, Ordering::Relaxed);
+        *lock(&state.last_skipped) = Some(LastRun {
+            tick,
+            instance: self.instance.to_string(),
+            outcome: Outcome::Skipped,
+            error: Some(reason.to_owned()),
+            recorded: false,
+        });
     }
 
     /// Starts the run of a claimed tick whose run lock is held, counted by `slot` until
