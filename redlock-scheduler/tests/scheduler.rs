@@ -464,3 +464,72 @@ fn invalid_definitions_are_build_errors() {
     assert!(err.to_string().contains("timeout"), "{err}");
     assert!(build(vec![ok("fine", "*/5 * * * * *")]).is_ok());
 }
+
+/// With a history the leader hands on-time runs to the replicas (all of them get some),
+/// except a job marked `run_on_leader`, which runs on the leader only; each tick once,
+/// on the replica its row names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_spread_over_the_replicas_and_pinned_jobs_stay_on_the_leader() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let (spread, pinned) = (unique("spread"), unique("pinned"));
+    let spread_ticks: Vec<Arc<Ticks>> = (0..6).map(|_| Arc::new(Ticks::default())).collect();
+    let pinned_ticks = Arc::new(Ticks::default());
+    let jobs = || {
+        let mut jobs: Vec<Job> = spread_ticks
+            .iter()
+            .enumerate()
+            .map(|(i, ticks)| {
+                let name = format!("{spread}-{i}");
+                counting_job(&name, "* * * * * *", ticks, Duration::from_millis(20))
+            })
+            .collect();
+        jobs.push(
+            counting_job(
+                &pinned,
+                "* * * * * *",
+                &pinned_ticks,
+                Duration::from_millis(20),
+            )
+            .run_on_leader(),
+        );
+        jobs
+    };
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        replicas.push(Replica::start(&cluster, name, Some(url.clone()), jobs(), |b| b).await);
+    }
+    let leader = leader_of(&replicas, Duration::from_secs(5)).await;
+    let leader_name = ["a", "b", "c"][leader];
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for replica in &replicas {
+        replica.shutdown().await;
+    }
+    let history = History::connect(&url).await.unwrap();
+    let mut per_replica: HashMap<String, usize> = HashMap::new();
+    for (i, ticks) in spread_ticks.iter().enumerate() {
+        let job = format!("{spread}-{i}");
+        let record = ticks.snapshot();
+        let rows = history.runs("scheduler", &job, 100).await.unwrap();
+        for (tick, instances) in &record {
+            assert_eq!(
+                instances.len(),
+                1,
+                "{job}: tick {tick} ran twice: {record:?}"
+            );
+            let row = rows.iter().find(|r| r.tick.timestamp_millis() == *tick);
+            assert_eq!(
+                row.map(|r| r.instance.as_str()),
+                Some(instances[0].as_str()),
+                "{job}: tick {tick}"
+            );
+            *per_replica.entry(instances[0].clone()).or_default() += 1;
+        }
+    }
+    assert_eq!(per_replica.len(), 3, "runs per replica: {per_replica:?}");
+    let pinned_runs = pinned_ticks.snapshot();
+    assert!(pinned_runs.len() >= 3, "{pinned_runs:?}");
+    for instances in pinned_runs.values() {
+        assert_eq!(instances, &vec![leader_name.to_owned()], "{pinned_runs:?}");
+    }
+}

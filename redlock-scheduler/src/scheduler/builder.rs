@@ -261,6 +261,20 @@ mod tests {
         assert!(Scheduler::builder(redlock()).build().is_ok());
     }
 
+    #[test]
+    fn a_replica_takes_at_least_one_run_at_once() {
+        match Scheduler::builder(redlock()).max_concurrent_runs(0).build() {
+            Err(BuildError::InvalidOption { what, .. }) => assert_eq!(what, "max_concurrent_runs"),
+            other => panic!("expected InvalidOption, got {other:?}"),
+        }
+        assert!(
+            Scheduler::builder(redlock())
+                .max_concurrent_runs(1)
+                .build()
+                .is_ok()
+        );
+    }
+
     #[tokio::test]
     async fn a_shutdown_deadline_too_long_to_count_is_no_deadline() {
         let scheduler = Scheduler::builder(redlock()).build().unwrap();

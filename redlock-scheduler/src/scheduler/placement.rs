@@ -30,8 +30,8 @@ pub(super) enum Place {
 pub(super) struct Placement {
     /// The other replicas alive, as they last said.
     replicas: Vec<Presence>,
-    /// Hand-offs made lately: (replica, when).
-    recent: VecDeque<(String, DateTime<Utc>)>,
+    /// When the hand-offs made lately to each replica were made (Unix ms, oldest first).
+    recent: HashMap<String, VecDeque<i64>>,
     /// Ticks given to each replica (this one included) since this replica leads.
     given: HashMap<String, u64>,
 }
@@ -52,10 +52,13 @@ impl Placement {
             .into_iter()
             .filter(|r| r.instance != me.instance && r.jobs_digest == me.jobs_digest)
             .collect();
-        let horizon = now - chrono::Duration::milliseconds(RECENT_MS);
-        while self.recent.front().is_some_and(|(_, at)| *at < horizon) {
-            self.recent.pop_front();
+        let horizon = now.timestamp_millis() - RECENT_MS;
+        for made in self.recent.values_mut() {
+            while made.front().is_some_and(|at| *at < horizon) {
+                made.pop_front();
+            }
         }
+        self.recent.retain(|_, made| !made.is_empty());
     }
 
     /// Forgets what a past leadership gave out.
@@ -92,13 +95,9 @@ impl Placement {
                 continue;
             }
             // The hand-offs it had not picked up when it said so.
-            let since_said = self
-                .recent
-                .iter()
-                .filter(|(name, at)| {
-                    *name == replica.instance && at.timestamp_millis() > replica.polled_ms
-                })
-                .count();
+            let since_said = self.recent.get(&replica.instance).map_or(0, |made| {
+                made.len() - made.partition_point(|at| *at <= replica.polled_ms)
+            });
             let load =
                 u64::from(replica.running).saturating_add(u64::try_from(since_said).unwrap_or(0));
             if replica.capacity.is_some_and(|c| load >= u64::from(c)) {
@@ -116,7 +115,12 @@ impl Placement {
         let name = match &place {
             Place::Here => me.to_owned(),
             Place::There(name) => {
-                self.recent.push_back((name.clone(), now));
+                let made = self.recent.entry(name.clone()).or_default();
+                // Kept in order (a clock stepping back counts as no later).
+                let at = made.back().map_or(now.timestamp_millis(), |last| {
+                    now.timestamp_millis().max(*last)
+                });
+                made.push_back(at);
                 name.clone()
             }
         };
