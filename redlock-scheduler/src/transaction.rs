@@ -55,7 +55,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redlock_core::CancellationToken;
+use redlock_core::{CancellationToken, LockHandle};
 use sqlx::{Any, AnyConnection, Transaction};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -78,10 +78,11 @@ pub enum TransactionError {
 
     /// A later leadership wrote through a run's transaction (or took over) since this
     /// run's leadership began: this replica no longer leads (it was paused, or cut off,
-    /// past its term). The transaction was rolled back; nothing it wrote is kept. Do not
-    /// retry: the leader decides what runs.
+    /// past its term), or the leader that handed this run over was replaced while it
+    /// ran. The transaction was rolled back; nothing it wrote is kept. Do not retry: the
+    /// leader decides what runs.
     #[error(
-        "job `{job}`, tick {tick}: leadership token {token} is stale (token {highest} took over since); the run's transaction was rolled back: do not retry, the current leader runs the job"
+        "job `{job}`, tick {tick}: leadership token {token} is stale (token {highest} took over since); the run's transaction was rolled back: do not retry, the current leader decides what runs"
     )]
     StaleRun {
         /// The job.
@@ -151,6 +152,9 @@ pub(crate) struct RunRecord {
     pub(crate) started: DateTime<Utc>,
     pub(crate) clock: Arc<dyn Clock>,
     commits: watch::Sender<Commits>,
+    /// The run's lock on its job: no commit once it is no longer held (a replica paused
+    /// past its TTL, whose job may run elsewhere since).
+    run_lock: std::sync::OnceLock<LockHandle>,
 }
 
 impl fmt::Debug for RunRecord {
@@ -184,7 +188,20 @@ impl RunRecord {
             started,
             clock,
             commits: watch::Sender::new(Commits::default()),
+            run_lock: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The run holds `run_lock` (a view of it): its transactions commit only while it
+    /// is held.
+    pub(crate) fn held_by(&self, run_lock: LockHandle) {
+        let _ = self.run_lock.set(run_lock);
+    }
+
+    /// Whether the run still holds its job's run lock (by its validity on this
+    /// process's monotonic clock, which goes on while the process is stopped).
+    fn run_lock_held(&self) -> bool {
+        self.run_lock.get().is_none_or(LockHandle::is_held)
     }
 
     /// Where the run's commits stand now.
@@ -306,7 +323,7 @@ impl RunTransaction {
     /// Opens a transaction for `run` (see
     /// [`JobContext::transaction`](crate::JobContext::transaction)).
     pub(crate) async fn begin(run: RunScope) -> Result<Self, TransactionError> {
-        if run.cancel.is_cancelled() {
+        if run.cancel.is_cancelled() || !run.record.run_lock_held() {
             return Err(run.ended(STOPPED));
         }
         let tx = run.record.history.begin_run().await?;
@@ -388,7 +405,12 @@ async fn commit_to_the_end(
         manual: ctx.manual,
         started: record.started,
     };
-    let (settled, answer) = match record.history.commit_run(tx, run, record.clock.now()).await {
+    let held = || record.run_lock_held();
+    let committed = record
+        .history
+        .commit_run(tx, run, record.clock.now(), held)
+        .await;
+    let (settled, answer) = match committed {
         Ok(()) => (Settled::Committed, Ok(())),
         Err(Refused::Stale { highest }) => {
             tracing::warn!(job = &*ctx.job, tick = %ctx.tick, token = ctx.fencing_token, highest, "a later leadership took over: the run's transaction was rolled back");
@@ -404,6 +426,12 @@ async fn commit_to_the_end(
             Settled::NotCommitted,
             Err(ctx.ended(
                 "its history row was closed (abandoned or cancelled) or claimed by another replica",
+            )),
+        ),
+        Err(Refused::LockLost) => (
+            Settled::NotCommitted,
+            Err(ctx.ended(
+                "its job's run lock was lost (this replica was stopped or cut off past its TTL): another run of the job may have started",
             )),
         ),
         Err(Refused::Failed(err)) => (Settled::NotCommitted, Err(err.into())),

@@ -608,3 +608,129 @@ async fn a_commit_whose_answer_is_lost_is_recorded_as_its_row_says() {
     );
     eprintln!("the slow run: {run:?}; its handler was told: {refusal}");
 }
+
+/// A replica other than the leader is frozen in a run handed to it, past its run lock's
+/// TTL, right after its write; the leader runs and commits the job's next ticks. The
+/// frozen replica wakes up and commits at once: refused (its run lock is gone, though
+/// the leadership's token is the same), and its write rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(database_url),
+    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
+)]
+async fn a_frozen_followers_run_is_rolled_back() {
+    let url = std::env::var("DATABASE_URL")
+        .expect("DATABASE_URL is not set at run time but was at build time");
+    let cluster = Cluster::start(3).await;
+    let prefix = format!("{}_", unique("ff").replace('-', "_"));
+    let effects = format!("{prefix}effects");
+    let history = History::builder(&url)
+        .table_prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "CREATE TABLE {effects} (tick_ms BIGINT NOT NULL, instance TEXT NOT NULL)"
+    ))
+    .execute(history.pool())
+    .await
+    .unwrap();
+    let freeze = Arc::new(Freeze::default());
+    let commits: Commits = Arc::default();
+    let job = || {
+        let (effects, freeze, commits) =
+            (effects.clone(), Arc::clone(&freeze), Arc::clone(&commits));
+        Job::new("settle", "* * * * * *", move |ctx: JobContext| {
+            let (effects, freeze, commits) =
+                (effects.clone(), Arc::clone(&freeze), Arc::clone(&commits));
+            async move {
+                let mut tx = ctx.transaction().await?;
+                sqlx::query(&format!(
+                    "INSERT INTO {effects} (tick_ms, instance) VALUES ($1, $2)"
+                ))
+                .bind(ctx.tick().timestamp_millis())
+                .bind(ctx.instance().to_owned())
+                .execute(&mut *tx)
+                .await?;
+                if ctx.instance() == "b" && freeze.armed.swap(false, Ordering::AcqRel) {
+                    freeze.hold(ctx.tick().timestamp_millis());
+                }
+                // Nothing awaited between the wake-up and the commit.
+                let answer = tx.commit().await;
+                commits.lock().unwrap().push((
+                    ctx.instance().to_owned(),
+                    ctx.tick().timestamp_millis(),
+                    answer.as_ref().map(|_| ()).map_err(ToString::to_string),
+                ));
+                answer.map_err(BoxError::from)
+            }
+        })
+    };
+    let start = |instance: &'static str| {
+        let builder = History::builder(&url).table_prefix(&prefix);
+        Replica::start_with(&cluster, instance, Some(builder), vec![job()], |b| b)
+    };
+    let a = start("a").await;
+    until("replica a leads", Duration::from_secs(10), || async {
+        a.leads().then_some(())
+    })
+    .await;
+    let b = start("b").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    freeze.armed.store(true, Ordering::Release);
+    until("b frozen in a run", Duration::from_secs(10), || async {
+        freeze.frozen.load(Ordering::Acquire).then_some(())
+    })
+    .await;
+    let frozen_tick = freeze.tick.load(Ordering::Acquire);
+    // The leader runs the job again once b's run lock has expired.
+    until(
+        "a committed a later tick",
+        Duration::from_secs(15),
+        || async {
+            commits
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(instance, tick, answer)| {
+                    instance == "a" && *tick > frozen_tick && answer.is_ok()
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        a.leads(),
+        "a still leads: the leadership's token did not change"
+    );
+    freeze.thawed.store(true, Ordering::Release);
+    let answer = until(
+        "the frozen run's commit",
+        Duration::from_secs(10),
+        || async {
+            commits
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(instance, tick, _)| instance == "b" && *tick == frozen_tick)
+                .map(|(_, _, answer)| answer.clone())
+        },
+    )
+    .await;
+    let refusal = answer.expect_err("the frozen follower's commit is refused");
+    for replica in [&a, &b] {
+        replica.shutdown().await;
+    }
+    let frozen_effects: Vec<(i64, String)> = sqlx::query_as(&format!(
+        "SELECT tick_ms, instance FROM {effects} WHERE tick_ms = $1"
+    ))
+    .bind(frozen_tick)
+    .fetch_all(history.pool())
+    .await
+    .unwrap();
+    assert!(
+        frozen_effects.is_empty(),
+        "the frozen run's write was rolled back: {frozen_effects:?} ({refusal})"
+    );
+    eprintln!("the frozen follower's commit was refused: {refusal}");
+}

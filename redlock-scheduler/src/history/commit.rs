@@ -31,6 +31,8 @@ pub(crate) enum Refused {
     /// The run's row is not this run's `running` row any more: closed (abandoned,
     /// cancelled) by another replica, or claimed by one.
     RowClosed,
+    /// The run no longer holds its job's run lock (checked last, before the commit).
+    LockLost,
     /// The database failed before the commit was sent.
     Failed(Error),
     /// The commit was sent and failed (its answer lost, or an error): it may have
@@ -68,17 +70,22 @@ impl History {
             .await
     }
 
-    /// Commits a run's transaction if its token is still the highest seen for the job
-    /// and its row is still its own `running` row: checks the fence (raising it to the
-    /// token), marks the row succeeded (inserting it if its insert still waits in the
-    /// writer's queue), and commits, all or nothing. Refused, it is rolled back.
+    /// Commits a run's transaction if its token is still the highest seen for the job,
+    /// its row is still its own `running` row and the run still holds its job's run
+    /// lock (`held`, asked last, right before the commit): checks the fence (raising it
+    /// to the token), marks the row succeeded (inserting it if its insert still waits
+    /// in the writer's queue), and commits, all or nothing. Refused, it is rolled back.
     pub(crate) async fn commit_run(
         &self,
         mut tx: Transaction<'static, Any>,
         run: RunKey<'_>,
         at: DateTime<Utc>,
+        held: impl Fn() -> bool,
     ) -> Result<(), Refused> {
-        let outcome = self.commit_steps(&mut tx, run, at).await;
+        let outcome = match self.commit_steps(&mut tx, run, at).await {
+            Ok(()) if !held() => Err(Refused::LockLost),
+            outcome => outcome,
+        };
         match outcome {
             // Whatever failed, the commit may have gone through: even an error the
             // database sends can come after the commit (a session terminated while it

@@ -292,8 +292,8 @@ impl History {
         Ok(done.rows_affected() == 1)
     }
 
-    /// The hand-offs of `scheduler` the leader must look at again: declined, or of a
-    /// tick before `before` and still not taken.
+    /// The hand-offs of `scheduler` the leader must look at again: declined, or handed
+    /// over (and due) before `before` and still not taken.
     pub(crate) async fn stale_handoffs(
         &self,
         scheduler: &str,
@@ -301,7 +301,8 @@ impl History {
     ) -> Result<Vec<Handoff>, Error> {
         let sql = format!(
             "SELECT {HANDOFF_COLUMNS} FROM {} WHERE scheduler = $1
-             AND (declined_by IS NOT NULL OR tick_ms < $2) ORDER BY tick_ms LIMIT 1000",
+             AND (declined_by IS NOT NULL OR (tick_ms < $2 AND dispatched_ms < $2))
+             ORDER BY tick_ms LIMIT 1000",
             self.shared.tables.dispatch
         );
         let rows = self

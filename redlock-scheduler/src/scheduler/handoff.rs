@@ -84,6 +84,9 @@ impl Inner {
     ) -> Placed {
         loop {
             let now = self.clock.now();
+            // While the history fails, nothing is handed over (a hand-off would wait
+            // for it): runs stay here, their Redis claims keeping them to this replica.
+            let anywhere = anywhere && self.recorder.as_ref().is_some_and(|r| r.health.is_ok());
             if !anywhere {
                 if let Some(slot) = Slot::try_take(self) {
                     return Placed::Here(slot);
@@ -112,41 +115,57 @@ impl Inner {
         }
     }
 
-    /// The leader: hands the claimed `tick` of `state` to `replica`. `false` if the
-    /// history could not take it (the leader runs it then).
+    /// The leader: hands the claimed `tick` of `state` to `replica`, retrying a failed
+    /// insert until the tick's grace window ends (the insert is idempotent: a row
+    /// written by an attempt whose answer was lost is found by the next). `Err` with the
+    /// reason when it could not, or `Err(None)` when leadership ended meanwhile.
     pub(super) async fn hand_over(
         &self,
         state: &JobState,
         tick: DateTime<Utc>,
         replica: &str,
-        token: u64,
-    ) -> bool {
+        leadership: &Leadership,
+    ) -> Result<(), Option<String>> {
         let Some(recorder) = &self.recorder else {
-            return false;
+            return Err(Some("no history to hand it over through".to_owned()));
         };
-        let handed = recorder
-            .history()
-            .hand_off(
-                &self.name,
-                &state.name,
-                tick,
-                replica,
-                token,
-                self.clock.now(),
-            )
-            .await;
-        match handed {
-            Ok(handed) => {
-                if !handed {
-                    tracing::debug!(job = %state.name, %tick, "tick already handed over");
+        let deadline = self.deadline(state, tick);
+        let mut backoff = ROOM_WAIT;
+        loop {
+            let now = self.clock.now();
+            let handed = recorder
+                .history()
+                .hand_off(
+                    &self.name,
+                    &state.name,
+                    tick,
+                    replica,
+                    leadership.epoch(),
+                    now,
+                )
+                .await;
+            let err = match handed {
+                Ok(handed) => {
+                    if !handed {
+                        tracing::debug!(job = %state.name, %tick, "tick already handed over");
+                    }
+                    return Ok(());
                 }
-                true
+                Err(err) => err,
+            };
+            recorder.health.fail(&err);
+            if crate::time::later(now, backoff) > deadline {
+                return Err(Some(format!(
+                    "the history did not take its hand-off: {err}"
+                )));
             }
-            Err(err) => {
-                recorder.health.fail(&err);
-                tracing::warn!(job = %state.name, %tick, error = %err, "could not hand the tick over: running it here");
-                false
+            tracing::debug!(job = %state.name, %tick, error = %err, "hand-off failed; retrying");
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = leadership.ended_token().cancelled() => return Err(None),
+                () = self.stop_firing.cancelled() => return Err(None),
             }
+            backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
 
@@ -185,8 +204,11 @@ impl Inner {
                 recorder.health.read_ok();
                 lock(&self.placement).refresh(replicas, &self.presence(0), now);
             }
-            // The replicas last read stay (their hand-offs are moved if not taken).
-            Err(err) => recorder.health.fail(&err),
+            // Unknown: none gets runs until they are read again.
+            Err(err) => {
+                recorder.health.fail(&err);
+                lock(&self.placement).refresh(Vec::new(), &self.presence(0), now);
+            }
         }
     }
 
@@ -225,6 +247,13 @@ impl Inner {
                 }
                 continue;
             };
+            // A replica alive may be waiting for the job's run lock (a late tick): its
+            // hand-off stays with it. One that stopped beating, or declined, loses it.
+            let alive = *handoff.replica == *self.instance
+                || lock(&self.placement).is_alive(&handoff.replica);
+            if handoff.declined_by.is_none() && alive && now <= self.deadline(state, handoff.tick) {
+                continue;
+            }
             let why = match &handoff.declined_by {
                 Some(by) => format!("declined by replica {by}"),
                 None => format!("not taken by replica {}", handoff.replica),
@@ -267,8 +296,11 @@ impl Inner {
                         // as a late run waits, within the grace window.
                         let (inner, leadership) = (Arc::clone(self), leadership.clone());
                         let tick = handoff.tick;
+                        // Past its time, its replica may have died holding the job's
+                        // run lock: waited for as a late run waits.
+                        let late = now > tick;
                         self.runs.spawn(async move {
-                            inner.run_here(index, tick, true, slot, &leadership).await;
+                            inner.run_here(index, tick, late, slot, &leadership).await;
                         });
                     }
                 }
@@ -375,7 +407,8 @@ impl Inner {
             return;
         }
         if self.clock.now() > self.deadline(state, handoff.tick) {
-            // Past its grace window: the leader records it.
+            // Past its grace window: given back, for the leader to record.
+            decline("past its grace window").await;
             return;
         }
         // A tick handed over after its time (moved from a replica that did not take
@@ -426,9 +459,18 @@ impl Inner {
                 return;
             }
             Err(err) => {
+                // The answer was lost: the run's row says whether the take committed.
                 recorder.health.fail(&err);
-                let _ = run_lock.release().await;
-                return;
+                let row = history.run_at(&self.name, &handoff.job, handoff.tick).await;
+                let ours = row.is_ok_and(|row| {
+                    row.is_some_and(|row| {
+                        *row.instance == *self.instance && row.outcome == Outcome::Running
+                    })
+                });
+                if !ours {
+                    let _ = run_lock.release().await;
+                    return;
+                }
             }
         }
         let grant = Grant::handed(handoff.token);

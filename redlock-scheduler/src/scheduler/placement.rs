@@ -61,6 +61,11 @@ impl Placement {
         self.recent.retain(|_, made| !made.is_empty());
     }
 
+    /// Whether `name` said it was alive at the last refresh (with the same jobs).
+    pub(super) fn is_alive(&self, name: &str) -> bool {
+        self.replicas.iter().any(|r| r.instance == name)
+    }
+
     /// Forgets what a past leadership gave out.
     pub(super) fn reset(&mut self) {
         self.recent.clear();
@@ -116,6 +121,13 @@ impl Placement {
             Place::Here => me.to_owned(),
             Place::There(name) => {
                 let made = self.recent.entry(name.clone()).or_default();
+                // Bounded also while no refresh comes (the history is away).
+                while made
+                    .front()
+                    .is_some_and(|at| *at < now.timestamp_millis() - RECENT_MS)
+                {
+                    made.pop_front();
+                }
                 // Kept in order (a clock stepping back counts as no later).
                 let at = made.back().map_or(now.timestamp_millis(), |last| {
                     now.timestamp_millis().max(*last)

@@ -196,17 +196,15 @@ impl Inner {
             self.record_skip(state, tick, token, paused, "paused".to_owned());
             return;
         }
-        let placed = match placed {
-            Some(Placed::There(replica)) => {
-                if self.hand_over(state, tick, &replica, token).await {
-                    return;
+        if let Some(Placed::There(replica)) = &placed {
+            match self.hand_over(state, tick, replica, leadership).await {
+                Ok(()) | Err(None) => {}
+                Err(Some(reason)) => {
+                    self.record_skip(state, tick, token, SkipReason::Untaken, reason);
                 }
-                // The history is away: the tick runs here, its Redis claim keeping it
-                // to this replica.
-                None
             }
-            placed => placed,
-        };
+            return;
+        }
         // Here: when this replica has room for it.
         let placed = match placed {
             Some(placed) => placed,
@@ -528,6 +526,9 @@ impl Inner {
         let bound =
             bound.saturating_add(record.as_ref().map_or(Duration::ZERO, |r| r.commit_bound()));
         run_lock.auto_extend_for(bound);
+        if let Some(record) = &record {
+            record.held_by(run_lock.handle());
+        }
         let cancel = ctx.cancel.clone();
         let handler = Arc::clone(&state.job.handler);
         let mut work = std::pin::pin!(handler(ctx));
