@@ -11,8 +11,9 @@
 //!   under the leader's fencing token; a replica at its limit, or without the job,
 //!   declines the row instead;
 //! - the leader moves a row that was declined, or not taken [`TAKE_WITHIN`] after its
-//!   tick (the replica died, or is paused or cut off), to another replica or to itself,
-//!   and records the tick skipped once its grace window is over.
+//!   tick by a replica that stopped beating (it died, or is paused or cut off; one that
+//!   beats may be waiting for the run lock), to another replica or to itself, and
+//!   records the tick skipped once its grace window is over.
 //!
 //! A run handed over holds the job's run lock as every run does: a replica that dies
 //! mid-run leaves it to expire, and the leader's sweep records the run abandoned.
