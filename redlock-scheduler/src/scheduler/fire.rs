@@ -254,9 +254,8 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
 
 impl Inner {
     /// Closes the rows left `running` whose run no longer holds its job's run lock:
-    /// their replica died (or lost contact) mid-run. The lock is free, or this replica's
-    /// own run of another tick holds it (a job's runs never overlap, so the row's run
-    /// cannot be alive).
+    /// their replica died (or lost contact) mid-run. The lock is free (probed), or a
+    /// run on this replica holds it now: either way the row's run cannot be alive.
     async fn sweep_abandoned(&self, leadership: &Leadership) {
         let Some(recorder) = &self.recorder else {
             return;
@@ -281,16 +280,15 @@ impl Inner {
             if young {
                 continue;
             }
-            match state.running_tick() {
-                // This row is this replica's live run.
-                Some(tick) if tick == run.tick && *run.instance == *self.instance => continue,
-                // This replica's run of another tick holds the job's run lock.
-                Some(_) => {}
-                None => {
-                    if !self.run_lock_is_free(&run.job, leadership).await {
-                        continue;
-                    }
-                }
+            // This row is this replica's live run.
+            if state.running_tick() == Some(run.tick) && *run.instance == *self.instance {
+                continue;
+            }
+            // A run here holds the job's run lock now (a job's runs never overlap, so
+            // the row's run cannot be alive); otherwise the lock is probed: another
+            // replica's run may hold it (runs are spread).
+            if !state.holds_run_lock() && !self.run_lock_is_free(&run.job, leadership).await {
+                continue;
             }
             let reason = format!(
                 "abandoned: replica {} stopped while it ran (its run lock expired)",

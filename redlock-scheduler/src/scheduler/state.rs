@@ -70,6 +70,8 @@ pub(super) struct JobState {
     pub(super) catching_up: AtomicBool,
     /// The tick of that run.
     pub(super) running_tick: Mutex<Option<DateTime<Utc>>>,
+    /// That run's lock on the job, until it lets it go.
+    pub(super) run_lock: Mutex<Option<redlock_core::LockHandle>>,
     /// Cancels that run on an operator's request.
     pub(super) operator_cancel: Mutex<Option<CancellationToken>>,
     /// The last run this replica saw end.
@@ -92,6 +94,7 @@ impl JobState {
             running: AtomicBool::new(false),
             catching_up: AtomicBool::new(false),
             running_tick: Mutex::new(None),
+            run_lock: Mutex::new(None),
             operator_cancel: Mutex::new(None),
             last: Arc::new(Mutex::new(None)),
             last_skipped: Mutex::new(None),
@@ -114,6 +117,13 @@ impl JobState {
 
     pub(super) fn running_tick(&self) -> Option<DateTime<Utc>> {
         *lock(&self.running_tick)
+    }
+
+    /// Whether a run on this replica holds the job's run lock now.
+    pub(super) fn holds_run_lock(&self) -> bool {
+        lock(&self.run_lock)
+            .as_ref()
+            .is_some_and(redlock_core::LockHandle::is_held)
     }
 }
 

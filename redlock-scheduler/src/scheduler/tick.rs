@@ -529,6 +529,7 @@ impl Inner {
         if let Some(record) = &record {
             record.held_by(run_lock.handle());
         }
+        *lock(&state.run_lock) = Some(run_lock.handle());
         let cancel = ctx.cancel.clone();
         let handler = Arc::clone(&state.job.handler);
         let mut work = std::pin::pin!(handler(ctx));
@@ -540,6 +541,7 @@ impl Inner {
         };
         let stopped: (Outcome, &str) = tokio::select! {
             result = &mut work => {
+                *lock(&state.run_lock) = None;
                 let _ = run_lock.release().await;
                 return match result {
                     Ok(()) => (Outcome::Succeeded, None),
@@ -561,6 +563,7 @@ impl Inner {
             record.settled(record.commit_bound()).await;
             let _ = tokio::time::timeout(CANCEL_GRACE, &mut work).await;
         }
+        *lock(&state.run_lock) = None;
         let _ = run_lock.release().await;
         (stopped.0, Some(stopped.1.to_owned()))
     }
