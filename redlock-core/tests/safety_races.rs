@@ -231,10 +231,41 @@ async fn set_counters(cluster: &Cluster, redlock: &Redlock, value: Option<u64>, 
         }
         None => redis::cmd("DEL").arg(&fences).clone(),
     };
-    let done: Vec<Option<redis::Value>> =
-        futures_util::future::join_all((0..cluster.len()).map(|i| cluster.node(i).query(&command)))
-            .await;
-    assert!(done.iter().all(Option::is_some), "{command:?}: {done:?}");
+    // A fence write-back still in flight from a hold before this one may land after the
+    // change and carry the old value back: set again until no node reads an old value
+    // (attempts refused meanwhile may still raise a counter on a node: set ones only go
+    // up, wiped ones only to the nodes' clocks, far below a year ahead).
+    let day_ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .saturating_add(Duration::from_secs(24 * 3600))
+        .as_micros();
+    let day_ahead = u64::try_from(day_ahead).unwrap();
+    let changed = |read: &Option<u64>| match value {
+        Some(set) => read.is_some_and(|read| read >= set),
+        None => read.is_none_or(|read| read < day_ahead),
+    };
+    for _ in 0..5 {
+        let done: Vec<Option<redis::Value>> = futures_util::future::join_all(
+            (0..cluster.len()).map(|i| cluster.node(i).query(&command)),
+        )
+        .await;
+        assert!(done.iter().all(Option::is_some), "{command:?}: {done:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mget = redis::cmd("MGET").arg(&fences).clone();
+        let read: Vec<Option<Vec<Option<u64>>>> = futures_util::future::join_all(
+            (0..cluster.len()).map(|i| cluster.node(i).query(&mget)),
+        )
+        .await;
+        let settled = read.iter().all(|values| {
+            values
+                .as_ref()
+                .is_some_and(|values| values.iter().all(&changed))
+        });
+        if settled {
+            break;
+        }
+    }
     assert!(
         held.is_valid(),
         "the counters were set within the lock's validity"
