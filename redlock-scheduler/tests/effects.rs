@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{Replica, unique};
+use common::{Replica, own_history, unique};
 use redlock_core::BoxError;
 use redlock_scheduler::history::Outcome;
 use redlock_scheduler::transaction::TransactionError;
@@ -93,19 +93,12 @@ fn settle_job(effects: &str, freeze: &Arc<Freeze>, commits: &Commits, write_firs
 
 async fn stale_leader_is_rolled_back(url: &str, write_first: bool) {
     let cluster = Cluster::start(3).await;
-    let prefix = format!("{}_", unique("fx").replace('-', "_"));
-    let effects = format!("{prefix}effects");
-    let history = History::builder(url)
-        .table_prefix(&prefix)
-        .connect()
-        .await
-        .unwrap();
-    sqlx::query(&format!(
-        "CREATE TABLE {effects} (tick_ms BIGINT NOT NULL, instance TEXT NOT NULL, token BIGINT NOT NULL)"
-    ))
-    .execute(history.pool())
-    .await
-    .unwrap();
+    let (history, prefix, effects) = own_history(
+        url,
+        "fx",
+        "tick_ms BIGINT NOT NULL, instance TEXT NOT NULL, token BIGINT NOT NULL",
+    )
+    .await;
     let freeze = Arc::new(Freeze::default());
     let commits: Commits = Arc::default();
     let start = |instance: &'static str| {
@@ -622,19 +615,12 @@ async fn a_frozen_followers_run_is_rolled_back() {
     let url = std::env::var("DATABASE_URL")
         .expect("DATABASE_URL is not set at run time but was at build time");
     let cluster = Cluster::start(3).await;
-    let prefix = format!("{}_", unique("ff").replace('-', "_"));
-    let effects = format!("{prefix}effects");
-    let history = History::builder(&url)
-        .table_prefix(&prefix)
-        .connect()
-        .await
-        .unwrap();
-    sqlx::query(&format!(
-        "CREATE TABLE {effects} (tick_ms BIGINT NOT NULL, instance TEXT NOT NULL)"
-    ))
-    .execute(history.pool())
-    .await
-    .unwrap();
+    let (history, prefix, effects) = own_history(
+        &url,
+        "ff",
+        "tick_ms BIGINT NOT NULL, instance TEXT NOT NULL",
+    )
+    .await;
     let freeze = Arc::new(Freeze::default());
     let commits: Commits = Arc::default();
     let job = || {

@@ -24,7 +24,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use chrono::Utc;
-use common::unique;
+use common::own_history;
 use redlock_core::{BoxError, Redlock};
 use redlock_scheduler::history::Outcome;
 use redlock_scheduler::{History, Job, JobContext, Scheduler};
@@ -204,20 +204,12 @@ async fn runs_spread_over_replica_processes_through_kills_and_stops() {
     let url = std::env::var("DATABASE_URL")
         .expect("DATABASE_URL is not set at run time but was at build time");
     let cluster = Cluster::start(3).await;
-    let prefix = format!("{}_", unique("fleet").replace('-', "_"));
-    let effects = format!("{prefix}effects");
-    let history = History::builder(&url)
-        .table_prefix(&prefix)
-        .connect()
-        .await
-        .unwrap();
-    sqlx::query(&format!(
-        "CREATE TABLE {effects} (job TEXT NOT NULL, tick_ms BIGINT NOT NULL,
-         instance TEXT NOT NULL, started_ms BIGINT NOT NULL, ended_ms BIGINT NOT NULL)"
-    ))
-    .execute(history.pool())
-    .await
-    .unwrap();
+    let (history, prefix, effects) = own_history(
+        &url,
+        "fleet",
+        "job TEXT NOT NULL, tick_ms BIGINT NOT NULL, instance TEXT NOT NULL, started_ms BIGINT NOT NULL, ended_ms BIGINT NOT NULL",
+    )
+    .await;
     let mut processes = vec![
         spawn("a", 4, &cluster, &url, &prefix, &effects).await,
         spawn("b", 4, &cluster, &url, &prefix, &effects).await,

@@ -57,6 +57,24 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// A history at `url` in tables of its own (a unique prefix from `tag`), with a table
+/// `<prefix>effects` of `columns` beside it for the jobs' writes: (history, prefix,
+/// effects table).
+pub async fn own_history(url: &str, tag: &str, columns: &str) -> (History, String, String) {
+    let prefix = format!("{}_", unique(tag).replace('-', "_"));
+    let effects = format!("{prefix}effects");
+    let history = History::builder(url)
+        .table_prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query(&format!("CREATE TABLE {effects} ({columns})"))
+        .execute(history.pool())
+        .await
+        .unwrap();
+    (history, prefix, effects)
+}
+
 /// A SQLite file in a temporary directory (kept alive by the returned guard).
 pub fn sqlite_url() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
