@@ -17,13 +17,23 @@ use redlock_testkit::{Cluster, FaultKind, Hold, Persistence, SafetyLog, Violatio
 
 const RESOURCE: &str = "ledger";
 
-/// `n` acquisitions scaled by `REDLOCK_SOAK` (a factor, default 1).
-fn scaled(n: usize) -> usize {
-    let factor: f64 = std::env::var("REDLOCK_SOAK")
+/// The factor `REDLOCK_SOAK` scales acquisitions by (default 1).
+fn soak() -> f64 {
+    std::env::var("REDLOCK_SOAK")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0);
-    ((n as f64) * factor).max(1.0) as usize
+        .unwrap_or(1.0)
+}
+
+/// `n` acquisitions scaled by `REDLOCK_SOAK`.
+fn scaled(n: usize) -> usize {
+    ((n as f64) * soak()).max(1.0) as usize
+}
+
+/// Whether a scenario runs at least its full length, long enough for every fault kind
+/// of its schedule to come up (a shortened run may see only some).
+fn full_length() -> bool {
+    soak() >= 1.0
 }
 
 struct Setup {
@@ -334,7 +344,8 @@ async fn semaphore_under_faults_never_exceeds_its_permits() {
                         continue;
                     };
                     let start = Instant::now();
-                    tokio::task::yield_now().await;
+                    // Holders stay a little, so that both permits are held at once.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                     let end = Instant::now().min(permit.lock().valid_until());
                     slots[permit.slot() as usize].record(Hold {
                         client: c,
@@ -379,6 +390,11 @@ async fn semaphore_under_faults_never_exceeds_its_permits() {
         most <= PERMITS as i32,
         "{most} holders of {PERMITS} permits at once"
     );
+    // The check had something to see: both permits held at once, every fault kind.
+    assert_eq!(most, PERMITS as i32, "the permits were never both held");
+    if full_length() {
+        assert!(report.counts.iter().all(|&n| n > 0), "every fault kind ran");
+    }
     assert!(holds.len() >= target);
 }
 
@@ -492,5 +508,8 @@ async fn rw_lock_under_faults_never_lets_a_writer_share() {
     }
     assert_eq!(overlapping_writes, 0, "a write overlapped another hold");
     assert!(shared_reads > 0, "readers never held it together");
+    if full_length() {
+        assert!(report.counts.iter().all(|&n| n > 0), "every fault kind ran");
+    }
     assert!(holds.len() >= target);
 }

@@ -99,6 +99,90 @@ async fn a_dead_holders_permit_comes_back_at_its_ttl() {
     permit.release().await.unwrap();
 }
 
+/// A holder process killed with SIGKILL while it holds both permits of a semaphore, kept
+/// by its watchdog past their TTL: they stay held while it lives, come back at most a
+/// TTL after it dies, and a waiter already waiting gets one then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_processes_permits_come_back_at_their_ttl() {
+    const TTL: Duration = Duration::from_millis(1000);
+    if let Ok(urls) = std::env::var("REDLOCK_HOLDER_URLS") {
+        // The holder: both permits, extended by the watchdog, until it is killed.
+        let redlock = redlock_testkit::builder_for(urls.split(','))
+            .build()
+            .unwrap();
+        let semaphore = redlock.semaphore("reports", 2).unwrap().ttl(TTL);
+        let mut permits = semaphore.acquire_many(2).await.unwrap();
+        for permit in &mut permits {
+            permit.auto_extend();
+        }
+        println!("HOLDING");
+        std::future::pending::<()>().await;
+    }
+    let cluster = Cluster::start(3).await;
+    let mut holder = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_killed_holder_processes_permits_come_back_at_their_ttl",
+            "--nocapture",
+        ])
+        .env("REDLOCK_HOLDER_URLS", cluster.urls().join(","))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = holder.stdout.take().unwrap();
+    let held = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .any(|line| line.is_ok_and(|l| l.contains("HOLDING")))
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(20), held)
+            .await
+            .expect("the holder took its permits")
+            .unwrap(),
+        "the holder process ended without its permits"
+    );
+    let redlock = redlock_testkit::builder(&cluster).build().unwrap();
+    let semaphore = redlock
+        .semaphore("reports", 2)
+        .unwrap()
+        .retry(RetryPolicy::deadline(Duration::from_secs(15)));
+    let waiter = tokio::spawn({
+        let semaphore = semaphore.clone();
+        async move {
+            let permit = semaphore.acquire().await.unwrap();
+            (Instant::now(), permit)
+        }
+    });
+    // Alive, the holder keeps both past their TTL.
+    tokio::time::sleep(TTL * 2).await;
+    assert!(
+        !waiter.is_finished(),
+        "a permit came back while its holder lived"
+    );
+    assert!(matches!(
+        semaphore.try_acquire().await,
+        Err(Error::Taken { .. })
+    ));
+    holder.kill().unwrap();
+    let killed = Instant::now();
+    holder.wait().unwrap();
+    let (got, permit) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter got a permit")
+        .unwrap();
+    let waited = got.duration_since(killed);
+    // At most one TTL of validity was left at the kill; the waiter is told when it ends.
+    assert!(
+        waited <= TTL + Duration::from_millis(600),
+        "{waited:?} after the kill"
+    );
+    // The other permit is back too.
+    let other = semaphore.try_acquire().await.unwrap();
+    assert_ne!(other.slot(), permit.slot());
+}
+
 /// A waiter queued on a full one-permit semaphore is woken by the release, well before
 /// its policy's next scan (1 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
