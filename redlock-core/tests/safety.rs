@@ -398,6 +398,161 @@ async fn semaphore_under_faults_never_exceeds_its_permits() {
     assert!(holds.len() >= target);
 }
 
+/// (d, control) The same schedule must catch a semaphore that is not correct: `k`
+/// holders counted on each node (a sorted set of holders by expiry, one script per
+/// node) and a permit granted by a majority of nodes, as a plain majority-quorum
+/// semaphore would be written. Nodes that saw the contenders in different orders (a
+/// slowed link), missed grants (cut, paused) or forgot them (restarted empty) let a
+/// third holder in beside two; the observer must see more than 2 holders at once. It
+/// stops as soon as it has (well under a second, usually).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_counted_semaphore_under_the_same_faults_admits_too_many() {
+    const PERMITS: usize = 2;
+    const TTL: Duration = Duration::from_millis(400);
+    const NODE_TIMEOUT: Duration = Duration::from_millis(40);
+    const ENOUGH: Duration = Duration::from_secs(90);
+    let cluster = Arc::new(tokio::sync::Mutex::new(Cluster::start_proxied(5).await));
+    let urls = cluster.lock().await.urls();
+    let stop = Arc::new(AtomicBool::new(false));
+    let faults = tokio::spawn(run_faults(
+        cluster.clone(),
+        &[
+            FaultKind::Pause,
+            FaultKind::Restart,
+            FaultKind::Cut,
+            FaultKind::Delay,
+        ],
+        2,
+        Duration::from_millis(300),
+        TTL + Duration::from_secs(1),
+        stop.clone(),
+        11,
+    ));
+    let nodes: Arc<Vec<deadpool_redis::Pool>> = Arc::new(
+        urls.iter()
+            .map(|url| {
+                deadpool_redis::Config::from_url(url)
+                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let grant = Arc::new(redis::Script::new(
+        r"
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+        if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+            redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+            return 1
+        end
+        return 0",
+    ));
+    let holds: Arc<std::sync::Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+    let most_seen = Arc::new(AtomicUsize::new(0));
+    let open = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for task in 0..8 {
+        let (nodes, grant, holds, open, most_seen) = (
+            nodes.clone(),
+            grant.clone(),
+            holds.clone(),
+            open.clone(),
+            most_seen.clone(),
+        );
+        handles.push(tokio::spawn(async move {
+            let mut attempt = 0u64;
+            while most_seen.load(Ordering::SeqCst) <= PERMITS && started.elapsed() < ENOUGH {
+                attempt += 1;
+                let holder = format!("{task}:{attempt}");
+                let asked = Instant::now();
+                let answers = futures_util::future::join_all(nodes.iter().map(|pool| {
+                    let (grant, holder) = (grant.clone(), holder.clone());
+                    async move {
+                        let call = async {
+                            let mut conn = pool.get().await.ok()?;
+                            grant
+                                .key("counted")
+                                .arg(&holder)
+                                .arg(PERMITS)
+                                .arg(TTL.as_millis() as u64)
+                                .invoke_async::<i64>(&mut *conn)
+                                .await
+                                .ok()
+                        };
+                        tokio::time::timeout(NODE_TIMEOUT, call)
+                            .await
+                            .ok()
+                            .flatten()
+                            == Some(1)
+                    }
+                }))
+                .await;
+                let granted = answers.iter().filter(|&&yes| yes).count();
+                let valid_until = asked + TTL;
+                if granted > nodes.len() / 2 && Instant::now() < valid_until {
+                    let start = Instant::now();
+                    let now_open = open.fetch_add(1, Ordering::SeqCst) + 1;
+                    most_seen.fetch_max(now_open, Ordering::SeqCst);
+                    // Held long enough for the others to try while it holds.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let end = Instant::now().min(valid_until);
+                    open.fetch_sub(1, Ordering::SeqCst);
+                    holds.lock().unwrap().push((start, end));
+                }
+                // Released (or given back when refused) on every node.
+                futures_util::future::join_all(nodes.iter().map(|pool| {
+                    let holder = holder.clone();
+                    async move {
+                        let call = async {
+                            let mut conn = pool.get().await.ok()?;
+                            redis::cmd("ZREM")
+                                .arg("counted")
+                                .arg(&holder)
+                                .query_async::<i64>(&mut *conn)
+                                .await
+                                .ok()
+                        };
+                        tokio::time::timeout(NODE_TIMEOUT, call)
+                            .await
+                            .ok()
+                            .flatten()
+                    }
+                }))
+                .await;
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let report = faults.await.unwrap();
+    // The observer over the recorded holds, as for the slot semaphore.
+    let holds = holds.lock().unwrap().clone();
+    let mut events: Vec<(Instant, i32)> = holds
+        .iter()
+        .flat_map(|&(start, end)| [(start, 1), (end, -1)])
+        .collect();
+    events.sort();
+    let (mut now_open, mut most) = (0, 0);
+    for (_, step) in events {
+        now_open += step;
+        most = most.max(now_open);
+    }
+    eprintln!(
+        "majority-counted semaphore under faults: {} holds in {:.1} s, at most {most} at once, faults = {:?}",
+        holds.len(),
+        started.elapsed().as_secs_f64(),
+        report.counts
+    );
+    assert!(
+        most > PERMITS as i32,
+        "the observer must catch a majority-counted semaphore admitting more than {PERMITS}: it saw at most {most}"
+    );
+}
+
 /// (e) A read-write lock under the mixed fault schedule: 8 tasks on 4 clients, each
 /// taking a write lock one time in three and a read lock otherwise. The writers' log:
 /// no two at once and tokens strictly increasing; an observer over every hold: no read
