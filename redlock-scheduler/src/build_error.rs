@@ -20,6 +20,15 @@ pub enum BuildError {
         name: String,
     },
 
+    /// Two handlers share a name (a handler registered with
+    /// [`SchedulerBuilder::handler`](crate::SchedulerBuilder::handler) and a job declared
+    /// in code, whose handler goes by the job's name, count alike).
+    #[error("handler name `{name}` is used twice: name each handler once")]
+    DuplicateHandler {
+        /// The repeated name.
+        name: String,
+    },
+
     /// A job's cron expression or time zone is invalid.
     #[error("job `{job}`: invalid schedule `{expression}` ({reason})")]
     InvalidSchedule {

@@ -107,6 +107,19 @@ impl JobContext {
     }
 }
 
+/// A handler behind the type every job keeps.
+pub(crate) fn handler_of<F, Fut, E>(handler: F) -> Handler
+where
+    F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: Into<BoxError> + 'static,
+{
+    Arc::new(move |ctx| {
+        let run = handler(ctx);
+        Box::pin(async move { run.await.map_err(Into::into) })
+    })
+}
+
 /// What to do with ticks that were missed (no replica led, or the leader was late).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case", tag = "policy")]
@@ -198,10 +211,7 @@ impl Job {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
-        let handler: Handler = Arc::new(move |ctx| {
-            let run = handler(ctx);
-            Box::pin(async move { run.await.map_err(Into::into) })
-        });
+        let handler = handler_of(handler);
         Self {
             name: name.into(),
             expression: expression.into(),
@@ -286,6 +296,24 @@ impl Job {
     /// The job's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Its schedule, parsed and checked as `build()` does.
+    pub(crate) fn parse_schedule(&self) -> Result<crate::time::Schedule, crate::BuildError> {
+        let schedule = crate::time::Schedule::parse(&self.expression, &self.zone)
+            .map_err(|reason| crate::BuildError::InvalidSchedule {
+                job: self.name.clone(),
+                expression: format!("{} in {}", self.expression, self.zone),
+                reason,
+            })?
+            .with_dst(self.dst);
+        if self.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(crate::BuildError::InvalidOption {
+                what: format!("job `{}`: timeout", self.name),
+                reason: "must be more than zero".to_owned(),
+            });
+        }
+        Ok(schedule)
     }
 }
 

@@ -179,6 +179,7 @@
 // The `mod` lines are alphabetical (as `cargo fmt` keeps them); docs/ARCHITECTURE.md
 // gives the order in which the modules use one another, none using one that uses it.
 mod build_error;
+mod changes;
 mod control;
 mod error;
 pub mod history;
@@ -199,11 +200,13 @@ pub mod admin {
     //! a control did ([`Dispatched`]) and why one was refused ([`RequestError`]). See
     //! [`SchedulerAdmin`] for the details.
 
+    pub use crate::changes::{JobChange, JobChangeAction};
     pub use crate::control::{DEFAULT_NEXT_TICKS, JobInfo, LeaderInfo, SchedulerAdmin};
     pub use crate::request::{Dispatched, Request, RequestAction, RequestError, RequestState};
 }
 
 pub use build_error::BuildError;
+pub use changes::{JOB_CHANGE_POLL, JobSpec};
 pub use error::Error;
 pub use history::History;
 pub use job::{Job, JobContext, Misfire};

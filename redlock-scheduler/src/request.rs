@@ -200,6 +200,42 @@ pub enum RequestError {
         job: String,
     },
 
+    /// A job of this name is there already: reschedule it, or add it under another
+    /// name.
+    #[error("a job named `{name}` is there already: reschedule it instead, or choose another name")]
+    JobExists {
+        /// The name.
+        name: String,
+    },
+
+    /// No handler of this name is registered (on this replica, for a change made
+    /// through a [`Scheduler`](crate::Scheduler); on any replica that said it is alive
+    /// in the last minute, for one made through a
+    /// [`SchedulerAdmin`](crate::admin::SchedulerAdmin)).
+    #[error(
+        "job `{job}`: no handler named `{handler}` is registered {place}: register it with SchedulerBuilder::handler, or name a registered one"
+    )]
+    UnknownHandler {
+        /// The job.
+        job: String,
+        /// The handler's name.
+        handler: String,
+        /// Where it was looked for.
+        place: String,
+    },
+
+    /// The job's definition cannot work (its schedule, time zone or an option).
+    #[error("the job's definition is refused: {0}")]
+    InvalidJob(#[from] crate::BuildError),
+
+    /// Other changes of the scheduler's jobs kept coming in between reading and writing
+    /// this one: try again.
+    #[error("job `{job}`: other job changes kept coming in while this one was written; try again")]
+    ChangeConflict {
+        /// The job.
+        job: String,
+    },
+
     /// No request of this scheduler has this id.
     #[error(
         "no request `{id}` for this scheduler: check the id and the scheduler's name it was made for"

@@ -55,6 +55,8 @@ pub(crate) enum SkipReason {
     NoRoom,
     /// Handed to a replica that did not take it within the grace window.
     Untaken,
+    /// The job was removed at run time after the tick was claimed.
+    Removed,
 }
 
 impl SkipReason {
@@ -67,6 +69,7 @@ impl SkipReason {
             Self::Unclaimable => "unclaimable",
             Self::NoRoom => "no_room",
             Self::Untaken => "untaken",
+            Self::Removed => "removed",
         }
     }
 }

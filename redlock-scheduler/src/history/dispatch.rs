@@ -26,6 +26,9 @@ pub(crate) struct Presence {
     pub(crate) polled_ms: i64,
     /// A digest of the names of the jobs it declares.
     pub(crate) jobs_digest: String,
+    /// The names of the handlers registered on it, as a JSON array (written by its
+    /// beats for admin tools; empty when read back for the leader).
+    pub(crate) handlers: String,
     /// When it said so (its own clock).
     pub(crate) seen: DateTime<Utc>,
 }
@@ -63,12 +66,12 @@ impl History {
     pub(crate) async fn beat(&self, scheduler: &str, presence: &Presence) -> Result<(), Error> {
         let sql = format!(
             "INSERT INTO {} (scheduler, instance, capacity, running, polled_ms, jobs_digest,
-                             seen_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
+                             seen_ms, handlers)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (scheduler, instance) DO UPDATE
              SET capacity = excluded.capacity, running = excluded.running,
                  polled_ms = excluded.polled_ms, jobs_digest = excluded.jobs_digest,
-                 seen_ms = excluded.seen_ms",
+                 seen_ms = excluded.seen_ms, handlers = excluded.handlers",
             self.shared.tables.replicas
         );
         self.bounded(
@@ -81,10 +84,41 @@ impl History {
                 .bind(presence.polled_ms)
                 .bind(presence.jobs_digest.as_str())
                 .bind(ms(presence.seen))
+                .bind(presence.handlers.as_str())
                 .execute(&self.shared.pool),
         )
         .await?;
         Ok(())
+    }
+
+    /// Whether a replica of `scheduler` seen at `since` or later registered the handler
+    /// `handler`: `None` if no replica was seen then.
+    pub(crate) async fn handler_registered(
+        &self,
+        scheduler: &str,
+        handler: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<bool>, Error> {
+        let sql = format!(
+            "SELECT handlers FROM {} WHERE scheduler = $1 AND seen_ms >= $2",
+            self.shared.tables.replicas
+        );
+        let lists: Vec<Option<String>> = self
+            .bounded(
+                "read the replicas' handlers",
+                sqlx::query_scalar(&sql)
+                    .bind(scheduler)
+                    .bind(ms(since))
+                    .fetch_all(&self.shared.pool),
+            )
+            .await?;
+        if lists.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(lists.iter().flatten().any(|list| {
+            serde_json::from_str::<Vec<String>>(list)
+                .is_ok_and(|names| names.iter().any(|name| name == handler))
+        })))
     }
 
     /// Takes `instance` out of the replicas that runs are handed to (it stops).
@@ -143,6 +177,7 @@ impl History {
                     running: u32::try_from(row.try_get::<i64, _>("running")?).unwrap_or(0),
                     polled_ms: row.try_get("polled_ms")?,
                     jobs_digest: row.try_get("jobs_digest")?,
+                    handlers: String::new(),
                     seen: from_ms(row.try_get("seen_ms")?),
                 })
             })

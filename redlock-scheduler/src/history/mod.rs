@@ -57,6 +57,7 @@
 //! ```
 
 mod builder;
+mod changes;
 mod commit;
 mod control;
 mod dispatch;
@@ -79,6 +80,7 @@ pub use self::builder::{
     MAX_TIMEOUT,
 };
 use self::builder::{Source, bounded};
+pub(crate) use self::changes::NewChange;
 pub(crate) use self::commit::{Refused, RunKey};
 pub(crate) use self::dispatch::{Handoff, Presence};
 pub use self::error::HistoryError;

@@ -24,6 +24,12 @@ pub(crate) struct JobDefinition {
     /// a replica that knows no DST policy wrote (it ran the default one).
     pub(crate) dst: Option<String>,
     pub(crate) timeout_ms: Option<i64>,
+    /// The handler's name (`None` in a row written before: the job's name).
+    pub(crate) handler: Option<String>,
+    /// Its misfire grace (`None` in a row written before: the default).
+    pub(crate) grace_ms: Option<i64>,
+    /// It runs on the leader only (`None` in a row written before: no).
+    pub(crate) on_leader: Option<bool>,
     pub(crate) updated: DateTime<Utc>,
     pub(crate) updated_by: String,
 }
@@ -78,6 +84,11 @@ fn definition_from_row(row: &AnyRow) -> Result<JobDefinition, Error> {
         misfire: row.try_get("misfire")?,
         dst: row.try_get("dst")?,
         timeout_ms: row.try_get("timeout_ms")?,
+        handler: row.try_get("handler")?,
+        grace_ms: row.try_get("grace_ms")?,
+        on_leader: row
+            .try_get::<Option<i64>, _>("on_leader")?
+            .map(|flag| flag != 0),
         updated: from_ms(row.try_get("updated_ms")?),
         updated_by: row.try_get("updated_by")?,
     })
@@ -89,8 +100,8 @@ pub(crate) fn new_request_id() -> String {
     format!("{:032x}", rand::rng().random::<u128>())
 }
 
-const DEFINITION_COLUMNS: &str =
-    "job, schedule, time_zone, misfire, timeout_ms, updated_ms, updated_by, dst";
+const DEFINITION_COLUMNS: &str = "job, schedule, time_zone, misfire, timeout_ms, updated_ms, \
+     updated_by, dst, handler, grace_ms, on_leader";
 
 impl History {
     /// Publishes `definitions` as `instance`'s jobs of `scheduler` (replacing what was
@@ -103,12 +114,13 @@ impl History {
     ) -> Result<(), Error> {
         let sql = format!(
             "INSERT INTO {} (scheduler, {DEFINITION_COLUMNS})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
              ON CONFLICT (scheduler, job) DO UPDATE
              SET schedule = excluded.schedule, time_zone = excluded.time_zone,
                  misfire = excluded.misfire, timeout_ms = excluded.timeout_ms,
                  updated_ms = excluded.updated_ms, updated_by = excluded.updated_by,
-                 dst = excluded.dst",
+                 dst = excluded.dst, handler = excluded.handler,
+                 grace_ms = excluded.grace_ms, on_leader = excluded.on_leader",
             self.shared.tables.jobs
         );
         let pool = &self.shared.pool;
@@ -125,12 +137,32 @@ impl History {
                     .bind(ms(definition.updated))
                     .bind(instance)
                     .bind(definition.dst.as_deref())
+                    .bind(definition.handler.as_deref())
+                    .bind(definition.grace_ms)
+                    .bind(definition.on_leader.map(i64::from))
                     .execute(&mut *tx)
                     .await?;
             }
             tx.commit().await
         })
         .await
+    }
+
+    /// Takes `job`'s published definition away (the job was removed at run time).
+    pub(crate) async fn unpublish_job(&self, scheduler: &str, job: &str) -> Result<(), Error> {
+        let sql = format!(
+            "DELETE FROM {} WHERE scheduler = $1 AND job = $2",
+            self.shared.tables.jobs
+        );
+        self.bounded(
+            "unpublish a job",
+            sqlx::query(&sql)
+                .bind(scheduler)
+                .bind(job)
+                .execute(&self.shared.pool),
+        )
+        .await?;
+        Ok(())
     }
 
     /// The job definitions published for `scheduler`, by name.
@@ -489,6 +521,9 @@ mod tests {
             misfire: "run_once".to_owned(),
             dst: Some("skip/twice".to_owned()),
             timeout_ms: Some(1500),
+            handler: Some("h".to_owned()),
+            grace_ms: Some(30_000),
+            on_leader: Some(true),
             updated: Utc::now(),
             updated_by: String::new(),
         };

@@ -31,6 +31,8 @@ pub(crate) struct Tables {
     pub(crate) replicas: String,
     /// Ticks the leader handed to another replica to run, until that replica takes them.
     pub(crate) dispatch: String,
+    /// Jobs added, rescheduled and removed at run time, in the order they were made.
+    pub(crate) changes: String,
     pub(crate) migrations: String,
     /// The bare prefix (index and constraint names).
     prefix: String,
@@ -72,6 +74,7 @@ impl Tables {
             fences: qualify("job_fences"),
             replicas: qualify("scheduler_replicas"),
             dispatch: qualify("scheduler_dispatch"),
+            changes: qualify("scheduler_job_changes"),
             migrations: qualify("scheduler_migrations"),
             prefix: prefix.to_owned(),
         }
@@ -99,6 +102,7 @@ impl Tables {
             fences,
             replicas,
             dispatch,
+            changes,
             prefix,
             ..
         } = self;
@@ -280,6 +284,36 @@ impl Tables {
                         "CREATE INDEX {prefix}scheduler_dispatch_replica
                          ON {dispatch} (scheduler, replica)"
                     ),
+                ],
+            ),
+            // 10: jobs changed at run time. Each change is a row numbered per scheduler
+            // (`seq`, the next number taken by whoever writes it: two writers of one
+            // number conflict, and the later one reads again and retries), with the
+            // definition it puts in force and the one it replaced (JSON), who made it
+            // and when; every replica applies them in order. The published definitions
+            // gain what a change needs to restate a job: its handler's name, grace and
+            // whether it runs on the leader; each replica's beat, the names of the
+            // handlers registered on it (so that a change names one that exists).
+            (
+                10,
+                vec![
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {changes} (
+                            scheduler TEXT NOT NULL,
+                            seq BIGINT NOT NULL,
+                            job TEXT NOT NULL,
+                            action TEXT NOT NULL,
+                            definition TEXT,
+                            previous TEXT,
+                            changed_by TEXT NOT NULL,
+                            changed_ms BIGINT NOT NULL,
+                            PRIMARY KEY (scheduler, seq)
+                        )"
+                    ),
+                    format!("ALTER TABLE {jobs} ADD COLUMN handler TEXT"),
+                    format!("ALTER TABLE {jobs} ADD COLUMN grace_ms BIGINT"),
+                    format!("ALTER TABLE {jobs} ADD COLUMN on_leader BIGINT"),
+                    format!("ALTER TABLE {replicas} ADD COLUMN handlers TEXT"),
                 ],
             ),
         ]

@@ -1,6 +1,6 @@
 //! [`SchedulerBuilder`]: jobs and options, checked in `build()`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -10,14 +10,13 @@ use tokio_util::task::TaskTracker;
 
 use super::Scheduler;
 use super::placement::Placement;
-use super::state::{Inner, JobState, jobs_digest};
+use super::state::{Inner, JobDef, JobState, JobTable};
 use crate::build_error::BuildError;
 use crate::history::History;
-use crate::job::Job;
+use crate::job::{Handler, Job, JobContext};
 use crate::leader::{DEFAULT_RETRY_INTERVAL, DEFAULT_TERM, check_election};
 use crate::record::Recorder;
 use crate::status::HealthCell;
-use crate::time::Schedule;
 use crate::time::{Clock, SystemClock};
 
 /// Builds a [`Scheduler`]; see [`Scheduler::builder`].
@@ -27,6 +26,7 @@ pub struct SchedulerBuilder {
     name: String,
     instance: Option<String>,
     jobs: Vec<Job>,
+    handlers: Vec<(String, Handler)>,
     history: Option<History>,
     clock: Arc<dyn Clock>,
     leader_ttl: Option<Duration>,
@@ -52,6 +52,7 @@ impl SchedulerBuilder {
             name: Scheduler::DEFAULT_NAME.to_owned(),
             instance: None,
             jobs: Vec::new(),
+            handlers: Vec::new(),
             history: None,
             clock: Arc::new(SystemClock),
             leader_ttl: None,
@@ -64,6 +65,39 @@ impl SchedulerBuilder {
     /// Adds a job.
     pub fn job(mut self, job: Job) -> Self {
         self.jobs.push(job);
+        self
+    }
+
+    /// Registers `handler` under `name`, for jobs added at run time
+    /// ([`Scheduler::add_job`], [`SchedulerAdmin::add_job`](crate::admin::SchedulerAdmin::add_job))
+    /// that name it with [`JobSpec::handler`](crate::JobSpec::handler). Each job declared
+    /// with [`job`](Self::job) registers its handler under the job's name too. Register
+    /// the same handlers on every replica: a run goes only to replicas that have its
+    /// handler, and a leader without it records the run as failed.
+    ///
+    /// ```
+    /// # fn redlock() -> redlock_core::Redlock {
+    /// #     redlock_core::Redlock::builder().nodes(["redis://127.0.0.1:1"]).build().unwrap()
+    /// # }
+    /// use redlock_scheduler::{JobContext, Scheduler};
+    ///
+    /// let scheduler = Scheduler::builder(redlock())
+    ///     .handler("export", |ctx: JobContext| async move {
+    ///         println!("exporting for {} at {}", ctx.job(), ctx.tick());
+    ///         Ok::<_, std::io::Error>(())
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # drop(scheduler);
+    /// ```
+    pub fn handler<F, Fut, E>(mut self, name: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<redlock_core::BoxError> + 'static,
+    {
+        self.handlers
+            .push((name.into(), crate::job::handler_of(handler)));
         self
     }
 
@@ -142,6 +176,18 @@ impl SchedulerBuilder {
     pub fn build(self) -> Result<Scheduler, BuildError> {
         let mut names = HashSet::new();
         let mut jobs = Vec::with_capacity(self.jobs.len());
+        let mut handlers: HashMap<String, Handler> = HashMap::new();
+        for (name, handler) in self.handlers {
+            if name.trim().is_empty() {
+                return Err(BuildError::InvalidOption {
+                    what: "handler name".to_owned(),
+                    reason: "must not be empty".to_owned(),
+                });
+            }
+            if handlers.insert(name.clone(), handler).is_some() {
+                return Err(BuildError::DuplicateHandler { name });
+            }
+        }
         for job in self.jobs {
             if job.name.trim().is_empty() {
                 return Err(BuildError::EmptyName);
@@ -149,20 +195,21 @@ impl SchedulerBuilder {
             if !names.insert(job.name.clone()) {
                 return Err(BuildError::DuplicateJob { name: job.name });
             }
-            let schedule = Schedule::parse(&job.expression, &job.zone)
-                .map_err(|reason| BuildError::InvalidSchedule {
-                    job: job.name.clone(),
-                    expression: format!("{} in {}", job.expression, job.zone),
-                    reason,
-                })?
-                .with_dst(job.dst);
-            if job.timeout.is_some_and(|t| t.is_zero()) {
-                return Err(BuildError::InvalidOption {
-                    what: format!("job `{}`: timeout", job.name),
-                    reason: "must be more than zero".to_owned(),
-                });
+            let schedule = job.parse_schedule()?;
+            if handlers
+                .insert(job.name.clone(), Arc::clone(&job.handler))
+                .is_some()
+            {
+                return Err(BuildError::DuplicateHandler { name: job.name });
             }
-            jobs.push(JobState::new(job, schedule));
+            jobs.push(JobState::new(JobDef {
+                handler: job.name.as_str().into(),
+                job,
+                schedule,
+                since: None,
+                version: 0,
+                runnable: true,
+            }));
         }
         if self.name.trim().is_empty() {
             return Err(BuildError::InvalidOption {
@@ -182,7 +229,6 @@ impl SchedulerBuilder {
             .instance
             .unwrap_or_else(crate::leader::random_instance)
             .into();
-        let jobs_digest = jobs_digest(jobs.iter().map(|state| state.job.name.as_str()));
         let recorder = self
             .history
             .map(|h| Arc::new(Recorder::new(h, self.name.clone(), Arc::clone(&instance))));
@@ -192,7 +238,14 @@ impl SchedulerBuilder {
                 redlock: self.redlock,
                 name: self.name,
                 instance,
-                jobs,
+                jobs: JobTable::new(jobs),
+                handler_names: {
+                    let mut names: Vec<&String> = handlers.keys().collect();
+                    names.sort_unstable();
+                    serde_json::to_string(&names).unwrap_or_default()
+                },
+                handlers,
+                applied_change: tokio::sync::Mutex::new(0),
                 recorder,
                 clock: self.clock,
                 leader_ttl: self.leader_ttl,
@@ -200,7 +253,6 @@ impl SchedulerBuilder {
                 retry_interval: self.retry_interval,
                 capacity: self.max_concurrent_runs,
                 running_here: Arc::new(AtomicUsize::new(0)),
-                jobs_digest,
                 placement: Mutex::new(Placement::default()),
                 elector: OnceLock::new(),
                 background: OnceLock::new(),

@@ -11,7 +11,7 @@ use redlock_core::CancellationToken;
 
 use super::handoff::{AHEAD, BEAT, RESCAN};
 use super::requests::REQUEST_POLL;
-use super::state::{Inner, JobState, lock};
+use super::state::{Inner, JobDef, JobState, lock};
 use crate::leader::LeaderEvent;
 use crate::leader::Leadership;
 use crate::plan::{self, Recorded};
@@ -43,19 +43,8 @@ pub(super) async fn lead(inner: Arc<Inner>, mut events: tokio::sync::watch::Rece
                     firing.clone(),
                 ));
             }
-            let elected = inner.clock.now();
-            let recorded = last_ticks(&inner, &leadership).await;
-            let loops = inner.jobs.iter().enumerate().map(|(index, state)| {
-                let recorded = match &recorded {
-                    Some(map) => map
-                        .get(&*state.name)
-                        .map_or(Recorded::Never, |t| Recorded::Last(*t)),
-                    None => Recorded::Unknown,
-                };
-                fire_loop(&inner, index, state, recorded, elected, &leadership)
-            });
             tokio::select! {
-                _ = futures_util::future::join_all(loops) => {}
+                () = fire_jobs(&inner, &leadership, &firing) => {}
                 () = leadership.ended_token().cancelled() => {}
                 () = inner.stop_firing.cancelled() => {}
             }
@@ -66,6 +55,98 @@ pub(super) async fn lead(inner: Arc<Inner>, mut events: tokio::sync::watch::Rece
             () = inner.stop_firing.cancelled() => return,
         }
     }
+}
+
+/// A job's firing loop: the definition it fires, and how to retire it.
+struct Firing {
+    version: u64,
+    retire: CancellationToken,
+}
+
+/// Fires every job in force while `leadership` lasts: a loop per job, started at the
+/// election from where the history says each job stands, and restarted (or ended)
+/// when a job is rescheduled, added or removed at run time.
+async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &CancellationToken) {
+    let mut changes = inner.jobs.subscribe();
+    changes.mark_unchanged();
+    let elected = inner.clock.now();
+    let recorded = last_ticks(inner, leadership).await;
+    // The jobs as changed at run time until now (read with the history: if it could
+    // not be, the changes apply as they come).
+    if recorded.is_some() {
+        inner.sync_changes().await;
+    }
+    let mut loops: HashMap<usize, Firing> = HashMap::new();
+    let mut first = true;
+    loop {
+        for (index, state) in inner.jobs.all() {
+            let def = state.def();
+            if state.is_removed() {
+                if let Some(old) = loops.remove(&index) {
+                    old.retire.cancel();
+                }
+                continue;
+            }
+            if loops.get(&index).is_some_and(|f| f.version == def.version) {
+                continue;
+            }
+            let start = match loops.remove(&index) {
+                // Redefined while this replica leads: the new definition's ticks from
+                // when it took effect (those the old one fired are claimed already).
+                Some(old) => {
+                    old.retire.cancel();
+                    Start::Switch
+                }
+                // At the election (or added since): from where the history says the
+                // job stands, and not before its definition took effect.
+                None => Start::Elected {
+                    recorded: match &recorded {
+                        Some(map) => map
+                            .get(&*state.name)
+                            .map_or(Recorded::Never, |t| Recorded::Last(*t)),
+                        None => Recorded::Unknown,
+                    },
+                    elected,
+                    added: !first,
+                },
+            };
+            let retire = firing.child_token();
+            loops.insert(
+                index,
+                Firing {
+                    version: def.version,
+                    retire: retire.clone(),
+                },
+            );
+            tokio::spawn(fire_loop(
+                Arc::clone(inner),
+                index,
+                state,
+                def,
+                start,
+                leadership.clone(),
+                retire,
+            ));
+        }
+        first = false;
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Where a firing loop starts.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// At an election: from the job's last recorded tick (`added`: a job added while
+    /// this replica leads, never recorded before its definition took effect).
+    Elected {
+        recorded: Recorded,
+        elected: DateTime<Utc>,
+        added: bool,
+    },
+    /// A new definition while leading: from when it took effect.
+    Switch,
 }
 
 /// The latest recorded tick of each job, read with retries: a new leader does not fire
@@ -79,6 +160,7 @@ async fn last_ticks(
     let recorder = inner.recorder.as_ref()?;
     let give_up = inner
         .jobs
+        .live()
         .iter()
         .map(|s| inner.grace(s))
         .max()
@@ -116,37 +198,64 @@ async fn last_ticks(
     }
 }
 
-/// Fires one job's ticks while `leadership` (elected at `elected`) lasts. The first
-/// plan sets the ticks missed before the election apart from those that came due while
-/// the leader waited for the history ([`plan::plan_first`]).
+/// Fires one job's ticks under one definition while `leadership` lasts, until the
+/// definition is replaced (`retire`). The first plan of an election sets the ticks
+/// missed before it apart from those that came due while the leader waited for the
+/// history ([`plan::plan_first`]).
 async fn fire_loop(
-    inner: &Arc<Inner>,
+    inner: Arc<Inner>,
     index: usize,
-    state: &JobState,
-    recorded: Recorded,
-    elected: DateTime<Utc>,
-    leadership: &Leadership,
+    state: Arc<JobState>,
+    def: Arc<JobDef>,
+    start: Start,
+    leadership: Leadership,
+    retire: CancellationToken,
 ) {
     let now = inner.clock.now();
-    let mut cursor = plan::start_cursor(recorded, elected, now, inner.grace(state));
-    let mut first = true;
+    let grace = inner.grace(&state);
+    // A definition set at run time fires no tick from before it took effect.
+    let since = def.since.map(|since| since.min(now));
+    let (mut cursor, mut elected) = match start {
+        Start::Elected {
+            recorded,
+            elected,
+            added,
+        } => {
+            let recorded = match (recorded, since) {
+                (Recorded::Last(last), Some(since)) => Recorded::Last(last.max(since)),
+                (Recorded::Never | Recorded::Unknown, Some(since)) if added => {
+                    Recorded::Last(since)
+                }
+                (recorded, _) => recorded,
+            };
+            let cursor = plan::start_cursor(recorded, elected, now, grace);
+            (
+                since.map_or(cursor, |since| cursor.max(since)),
+                Some(elected),
+            )
+        }
+        Start::Switch => (
+            since.unwrap_or(now).max(crate::time::earlier(now, grace)),
+            None,
+        ),
+    };
     // Runs handed to other replicas are handed out ahead of their time.
-    let ahead = if inner.spreads(state) {
+    let ahead = if inner.spreads(&state) {
         AHEAD
     } else {
         Duration::ZERO
     };
+    let misfire = def.job.misfire;
     loop {
         let now = inner.clock.now();
-        let due = state
+        let due = def
             .schedule
             .ticks_between(cursor, crate::time::later(now, ahead));
         if let Some(last) = due.last() {
             cursor = *last;
-            let plan = if std::mem::take(&mut first) {
-                plan::plan_first(&due, elected, now, state.job.misfire)
-            } else {
-                plan::plan(&due, now, state.job.misfire)
+            let plan = match elected.take() {
+                Some(elected) => plan::plan_first(&due, elected, now, misfire),
+                None => plan::plan(&due, now, misfire),
             };
             if plan.uncounted > 0 {
                 tracing::warn!(job = %state.name, ticks = plan.uncounted, "missed ticks neither run nor recorded one by one (too many)");
@@ -165,23 +274,29 @@ async fn fire_loop(
                 }
                 let late = matches!(action, plan::Action::Run { late: true });
                 let task = {
-                    let (inner, leadership) = (Arc::clone(inner), leadership.clone());
+                    let (inner, leadership) = (Arc::clone(&inner), leadership.clone());
                     async move { inner.handle_tick(index, tick, action, &leadership).await }
                 };
                 if late {
                     // Claimed and started before the next one is considered.
-                    inner.runs.track_future(task).await;
+                    tokio::select! {
+                        () = inner.runs.track_future(task) => {}
+                        () = leadership.ended_token().cancelled() => return,
+                    }
                 } else {
                     inner.runs.spawn(task);
                 }
             }
+        } else {
+            elected = None;
         }
-        let Some(next) = state.schedule.next_after(cursor.max(now)) else {
+        let Some(next) = def.schedule.next_after(cursor.max(now)) else {
             return;
         };
         let wake = next - chrono::Duration::from_std(ahead).unwrap_or_default();
         tokio::select! {
             () = inner.clock.sleep_until(wake) => {}
+            () = retire.cancelled() => return,
             () = leadership.ended_token().cancelled() => return,
             () = inner.stop_firing.cancelled() => return,
         }
@@ -202,7 +317,8 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
     // Runs of earlier leaderships can no longer commit their transactions (a replica
     // paused past its term); the fences are also raised by this leadership's first
     // commit of each job, should this fail.
-    let jobs = inner.jobs.iter().map(|state| &*state.name);
+    let live = inner.jobs.live();
+    let jobs = live.iter().map(|state| &*state.name);
     if let Err(err) = recorder
         .history()
         .raise_fences(&inner.name, jobs, leadership.epoch())
@@ -228,7 +344,7 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
             _ = pauses.tick() => match recorder.history().paused_jobs(&inner.name).await {
                 Ok(paused) => {
                     recorder.health.read_ok();
-                    for state in &inner.jobs {
+                    for state in inner.jobs.live() {
                         state.paused.store(paused.iter().any(|p| *p == *state.name), Ordering::Release);
                     }
                 }
@@ -268,9 +384,11 @@ impl Inner {
             }
         };
         for run in running {
-            let Ok((_, state)) = self.job(&run.job) else {
+            // A removed job's rows are closed too.
+            let Some((_, state)) = self.jobs.find(&run.job) else {
                 continue;
             };
+            let state = &*state;
             // A live run of the job holds its run lock; a row whose tick is being
             // claimed right now is younger than a claim attempt.
             let young = (self.clock.now() - run.started.unwrap_or(run.tick))

@@ -179,7 +179,8 @@ impl Inner {
             capacity: self.capacity.map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
             running: u32::try_from(running).unwrap_or(u32::MAX),
             polled_ms,
-            jobs_digest: self.jobs_digest.clone(),
+            jobs_digest: self.jobs_digest(),
+            handlers: self.handler_names.clone(),
             seen: self.clock.now(),
         }
     }
@@ -237,6 +238,18 @@ impl Inner {
                 return;
             }
             let token = leadership.epoch();
+            if let Some((_, state)) = self.jobs.find(&handoff.job)
+                && state.is_removed()
+            {
+                if let Ok(true) = history
+                    .move_handoff(&self.name, &handoff, None, token, now)
+                    .await
+                {
+                    let reason = "the job was removed before its run was taken".to_owned();
+                    self.record_skip(&state, handoff.tick, token, SkipReason::Removed, reason);
+                }
+                continue;
+            }
             let Ok((index, state)) = self.job(&handoff.job) else {
                 // A job this replica does not have (replicas declare different jobs):
                 // nobody here can run it.
@@ -248,6 +261,7 @@ impl Inner {
                 }
                 continue;
             };
+            let state = &*state;
             // A replica alive may be waiting for the job's run lock (a late tick): its
             // hand-off stays with it. One that stopped beating, or declined, loses it.
             let alive = *handoff.replica == *self.instance
@@ -399,6 +413,7 @@ impl Inner {
             decline("this replica does not declare the job").await;
             return;
         };
+        let state = &*state;
         let Some(slot) = slot else {
             decline("at max_concurrent_runs").await;
             return;

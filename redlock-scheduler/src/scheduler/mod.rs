@@ -15,6 +15,7 @@
 //! the rows it could not write are written when it returns (see [`Health`]).
 
 mod builder;
+mod changes;
 mod fire;
 mod handoff;
 mod placement;
@@ -83,7 +84,7 @@ impl std::fmt::Debug for Scheduler {
         f.debug_struct("Scheduler")
             .field("name", &self.inner.name)
             .field("instance", &self.inner.instance)
-            .field("jobs", &self.inner.jobs.len())
+            .field("jobs", &self.inner.jobs.live().len())
             .finish_non_exhaustive()
     }
 }
@@ -115,8 +116,9 @@ impl Scheduler {
                 inner
                     .background_tasks
                     .spawn(async move { recorder.run(stop, give_up).await });
-                // For admin tools: what this replica runs, and the cancels of its runs.
-                inner.background_tasks.spawn(requests::publish_jobs(
+                // The jobs changed at run time; for admin tools, what this replica
+                // runs; and the cancels of its runs.
+                inner.background_tasks.spawn(changes::follow_changes(
                     Arc::clone(inner),
                     inner.stop_background.clone(),
                 ));
@@ -385,8 +387,10 @@ impl Scheduler {
             Some(history) => history.paused_jobs(&inner.name).await.ok(),
             None => None,
         };
-        let mut jobs = Vec::with_capacity(inner.jobs.len());
-        for state in &inner.jobs {
+        let live = inner.jobs.live();
+        let mut jobs = Vec::with_capacity(live.len());
+        for state in live {
+            let def = state.def();
             let local = lock(&state.last).clone();
             let mut last_run = local.clone();
             if let Some(history) = inner.history()
@@ -409,12 +413,12 @@ impl Scheduler {
                 None => state.paused.load(Ordering::Acquire),
             };
             jobs.push(JobStatus {
-                name: state.job.name.clone(),
-                schedule: state.schedule.expression().to_owned(),
-                time_zone: state.schedule.zone().name().to_owned(),
-                next_fire: state.schedule.next_after(now),
-                misfire: state.job.misfire,
-                dst: state.schedule.dst(),
+                name: def.job.name.clone(),
+                schedule: def.schedule.expression().to_owned(),
+                time_zone: def.schedule.zone().name().to_owned(),
+                next_fire: def.schedule.next_after(now),
+                misfire: def.job.misfire,
+                dst: def.schedule.dst(),
                 paused,
                 running: state.running.load(Ordering::Acquire),
                 last_run,
@@ -490,6 +494,7 @@ impl Inner {
     pub(super) async fn trigger(self: &Arc<Self>, job: &str) -> Result<DateTime<Utc>, Error> {
         let inner = self;
         let (index, state) = inner.job(job)?;
+        let state = &*state;
         if inner.stop_firing.is_cancelled() {
             return Err(Error::ShutDown);
         }

@@ -3,8 +3,7 @@
 //! carries out the cancels of that run. Each request is taken atomically (the row's
 //! `done_ms` set only where it is still empty), so exactly one replica acts on it; the
 //! result is written afterwards. Requests older than [`REQUEST_EXPIRY`] are marked
-//! expired instead of being carried out late. Also: publishing this replica's job
-//! definitions for admin tools.
+//! expired instead of being carried out late.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,7 +13,6 @@ use chrono::{DateTime, Utc};
 use redlock_core::CancellationToken;
 
 use super::state::Inner;
-use crate::history::JobDefinition;
 use crate::leader::Leadership;
 use crate::request::{EXPIRED, Request, RequestAction, RequestError};
 
@@ -88,7 +86,12 @@ impl Inner {
     /// A follower's share: the cancels of the runs going here (it reads the requests
     /// only while one goes).
     pub(super) async fn serve_cancels(&self) {
-        if !self.jobs.iter().any(|s| s.running.load(Ordering::Acquire)) {
+        if !self
+            .jobs
+            .live()
+            .iter()
+            .any(|s| s.running.load(Ordering::Acquire))
+        {
             return;
         }
         let Some(pending) = self.pending_requests().await else {
@@ -115,6 +118,7 @@ impl Inner {
             }
             return;
         };
+        let state = &*state;
         if state.running.load(Ordering::Acquire) {
             if !self.claim(request, None).await {
                 return;
@@ -200,27 +204,6 @@ impl Inner {
             }
         }
     }
-
-    /// This replica's job definitions, for admin tools.
-    fn definitions(&self) -> Vec<JobDefinition> {
-        let now = Utc::now();
-        self.jobs
-            .iter()
-            .map(|state| JobDefinition {
-                job: state.job.name.clone(),
-                schedule: state.schedule.expression().to_owned(),
-                time_zone: state.schedule.zone().name().to_owned(),
-                misfire: state.job.misfire.to_text(),
-                dst: Some(state.schedule.dst().to_string()),
-                timeout_ms: state
-                    .job
-                    .timeout
-                    .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX)),
-                updated: now,
-                updated_by: self.instance.to_string(),
-            })
-            .collect()
-    }
 }
 
 /// A trigger's result: the same text whether the leader was asked directly or through
@@ -242,38 +225,6 @@ impl Inner {
     /// A step-down's result, as [`triggered`]'s.
     pub(super) fn stepped_down(&self, epoch: u64) -> String {
         format!("ok: {} stepped down from epoch {epoch}", self.instance)
-    }
-}
-
-/// Publishes this replica's job definitions, retrying (1 s, doubling up to 30 s) until
-/// the database takes them or `stop` fires. Failures show in the history's health;
-/// nothing waits on it.
-pub(super) async fn publish_jobs(inner: Arc<Inner>, stop: CancellationToken) {
-    let Some(recorder) = inner.recorder.clone() else {
-        return;
-    };
-    let definitions = inner.definitions();
-    let mut backoff = Duration::from_secs(1);
-    loop {
-        match recorder
-            .history()
-            .publish_jobs(&inner.name, &inner.instance, &definitions)
-            .await
-        {
-            Ok(()) => {
-                recorder.health.read_ok();
-                return;
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "could not publish the job definitions for admin tools; retrying");
-                recorder.health.fail(&err);
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
-            () = stop.cancelled() => return,
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 

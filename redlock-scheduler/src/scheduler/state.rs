@@ -1,7 +1,8 @@
 //! What a scheduler holds: its options, its jobs' state, its background tasks.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -27,7 +28,7 @@ pub(super) struct Inner {
     pub(super) redlock: Redlock,
     pub(super) name: String,
     pub(super) instance: Arc<str>,
-    pub(super) jobs: Vec<JobState>,
+    pub(super) jobs: JobTable,
     pub(super) recorder: Option<Arc<Recorder>>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) leader_ttl: Option<Duration>,
@@ -39,9 +40,13 @@ pub(super) struct Inner {
     pub(super) capacity: Option<usize>,
     /// The runs going on this replica, and those about to start here.
     pub(super) running_here: Arc<AtomicUsize>,
-    /// A digest of the names of the jobs this replica declares: runs are handed only
-    /// to replicas that declare the same ones.
-    pub(super) jobs_digest: String,
+    /// The handlers jobs added at run time may name (those of the jobs declared in
+    /// code under their names, and those registered by name).
+    pub(super) handlers: HashMap<String, crate::job::Handler>,
+    /// Their names, sorted, as a JSON array (for the replica's beats).
+    pub(super) handler_names: String,
+    /// The number of the last job change applied here.
+    pub(super) applied_change: super::changes::Applied,
     /// The leader's view of where runs go.
     pub(super) placement: Mutex<Placement>,
     pub(super) elector: OnceLock<LeaderElector>,
@@ -59,10 +64,28 @@ pub(super) struct Inner {
     pub(super) background_tasks: TaskTracker,
 }
 
-pub(super) struct JobState {
+/// A job's definition as this replica runs it now: replaced whole when the job is
+/// rescheduled at run time.
+pub(super) struct JobDef {
     pub(super) job: Job,
-    pub(super) name: Arc<str>,
     pub(super) schedule: Schedule,
+    /// When this definition took effect, for one set at run time (`None`: declared in
+    /// code): ticks before it belong to the one it replaced.
+    pub(super) since: Option<DateTime<Utc>>,
+    /// Counts the definitions this job had on this replica (a new one restarts its
+    /// firing loop).
+    pub(super) version: u64,
+    /// The name of its handler.
+    pub(super) handler: Arc<str>,
+    /// Its handler is registered on this replica.
+    pub(super) runnable: bool,
+}
+
+pub(super) struct JobState {
+    pub(super) name: Arc<str>,
+    def: RwLock<Arc<JobDef>>,
+    /// Removed at run time: no tick fires, nothing new starts (a run going on finishes).
+    removed: AtomicBool,
     pub(super) paused: AtomicBool,
     /// A run of this job is going on this replica.
     pub(super) running: AtomicBool,
@@ -85,11 +108,11 @@ pub(super) struct JobState {
 }
 
 impl JobState {
-    pub(super) fn new(job: Job, schedule: Schedule) -> Self {
+    pub(super) fn new(def: JobDef) -> Self {
         Self {
-            name: job.name.as_str().into(),
-            schedule,
-            job,
+            name: def.job.name.as_str().into(),
+            def: RwLock::new(Arc::new(def)),
+            removed: AtomicBool::new(false),
             paused: AtomicBool::new(false),
             running: AtomicBool::new(false),
             catching_up: AtomicBool::new(false),
@@ -102,6 +125,38 @@ impl JobState {
             abandoned: AtomicU64::new(0),
             idle: tokio::sync::Notify::new(),
         }
+    }
+
+    /// The definition in force.
+    pub(super) fn def(&self) -> Arc<JobDef> {
+        Arc::clone(
+            &self
+                .def
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Puts `def` in force (its version set past the one it replaces), bringing the
+    /// job back if it was removed.
+    pub(super) fn redefine(&self, mut def: JobDef) {
+        let mut current = self
+            .def
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        def.version = current.version + 1;
+        *current = Arc::new(def);
+        self.removed.store(false, Ordering::Release);
+    }
+
+    /// Removes the job: nothing of it fires or starts from now on.
+    pub(super) fn remove(&self) {
+        self.removed.store(true, Ordering::Release);
+    }
+
+    /// Whether the job was removed at run time (and not added again).
+    pub(super) fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
     }
 
     /// Waits until no run of this job is going on this replica.
@@ -124,6 +179,78 @@ impl JobState {
         lock(&self.run_lock)
             .as_ref()
             .is_some_and(redlock_core::LockHandle::is_held)
+    }
+}
+
+/// The jobs of a replica: those declared in code, then those added at run time, in
+/// the order they came. Never shrinks (a removed job stays, marked so), so an index
+/// names one job for the scheduler's life.
+pub(super) struct JobTable {
+    states: RwLock<Vec<Arc<JobState>>>,
+    /// Bumped whenever a job is added, redefined or removed.
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl JobTable {
+    pub(super) fn new(states: Vec<JobState>) -> Self {
+        Self {
+            states: RwLock::new(states.into_iter().map(Arc::new).collect()),
+            changed: tokio::sync::watch::channel(0).0,
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<JobState>>> {
+        self.states
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The job at `index`, removed or not.
+    pub(super) fn get(&self, index: usize) -> Option<Arc<JobState>> {
+        self.read().get(index).cloned()
+    }
+
+    /// Every job ever declared here, removed ones included, with its index.
+    pub(super) fn all(&self) -> Vec<(usize, Arc<JobState>)> {
+        self.read().iter().cloned().enumerate().collect()
+    }
+
+    /// The jobs in force (not removed).
+    pub(super) fn live(&self) -> Vec<Arc<JobState>> {
+        self.read()
+            .iter()
+            .filter(|state| !state.is_removed())
+            .cloned()
+            .collect()
+    }
+
+    /// The job named `name`, removed or not, with its index.
+    pub(super) fn find(&self, name: &str) -> Option<(usize, Arc<JobState>)> {
+        self.read()
+            .iter()
+            .enumerate()
+            .find(|(_, state)| *state.name == *name)
+            .map(|(index, state)| (index, Arc::clone(state)))
+    }
+
+    /// Appends a job added at run time; its index.
+    pub(super) fn push(&self, state: JobState) -> usize {
+        let mut states = self
+            .states
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        states.push(Arc::new(state));
+        states.len() - 1
+    }
+
+    /// Tells the firing loops that a job changed.
+    pub(super) fn notify(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Fires on every [`notify`](Self::notify).
+    pub(super) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 }
 
@@ -179,11 +306,23 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Inner {
-    pub(super) fn job(&self, name: &str) -> Result<(usize, &JobState), Error> {
+    /// A digest of the jobs in force here that this replica can run (its handler is
+    /// registered here): runs are handed only to replicas with the same digest.
+    pub(super) fn jobs_digest(&self) -> String {
+        let live = self.jobs.live();
+        let defs: Vec<_> = live.iter().map(|state| state.def()).collect();
+        jobs_digest(
+            defs.iter()
+                .filter(|def| def.runnable)
+                .map(|def| def.job.name.as_str()),
+        )
+    }
+
+    /// The job named `name`, if it is in force here.
+    pub(super) fn job(&self, name: &str) -> Result<(usize, Arc<JobState>), Error> {
         self.jobs
-            .iter()
-            .enumerate()
-            .find(|(_, s)| s.job.name == name)
+            .find(name)
+            .filter(|(_, state)| !state.is_removed())
             .ok_or_else(|| {
                 RequestError::UnknownJob {
                     name: name.to_owned(),
@@ -232,8 +371,9 @@ impl Inner {
     /// how long a claim can be kept, since the claims are then the only record.
     pub(super) fn grace(&self, state: &JobState) -> Duration {
         match self.recorder {
-            Some(_) => state.job.grace,
+            Some(_) => state.def().job.grace,
             None => state
+                .def()
                 .job
                 .grace
                 .min(self.redlock.max_ttl().saturating_sub(CLAIM_MARGIN)),
@@ -259,7 +399,7 @@ impl Inner {
         format!(
             "{}:job:{}:{}",
             self.name,
-            state.job.name,
+            state.name,
             tick.timestamp_millis()
         )
     }
@@ -273,7 +413,7 @@ impl Inner {
     /// Whether the leader may hand `state`'s runs to other replicas (it has a history
     /// to hand them over through, and the job does not opt out).
     pub(super) fn spreads(&self, state: &JobState) -> bool {
-        self.recorder.is_some() && !state.job.on_leader
+        self.recorder.is_some() && !state.def().job.on_leader
     }
 
     /// The latest moment `tick` may still be acted on.

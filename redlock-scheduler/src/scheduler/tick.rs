@@ -139,6 +139,7 @@ impl Inner {
         let Some(state) = self.jobs.get(index) else {
             return;
         };
+        let state = &*state;
         let deadline = self.deadline(state, tick);
         let token = leadership.epoch();
         // An on-time run that may go anywhere is placed ahead of its time, and claimed
@@ -196,6 +197,11 @@ impl Inner {
             self.record_skip(state, tick, token, paused, "paused".to_owned());
             return;
         }
+        if state.is_removed() {
+            let reason = "the job was removed after its tick was claimed".to_owned();
+            self.record_skip(state, tick, token, SkipReason::Removed, reason);
+            return;
+        }
         if let Some(Placed::There(replica)) = &placed {
             match self.hand_over(state, tick, replica, leadership).await {
                 Ok(()) | Err(None) => {}
@@ -236,6 +242,7 @@ impl Inner {
         let Some(state) = self.jobs.get(index) else {
             return;
         };
+        let state = &*state;
         let token = leadership.epoch();
         if !self.wait_for_tick(tick, Some(leadership)).await {
             return;
@@ -419,6 +426,7 @@ impl Inner {
         let Some(state) = self.jobs.get(index) else {
             return;
         };
+        let state = &*state;
         state.running.store(true, Ordering::Release);
         state.catching_up.store(late, Ordering::Release);
         *lock(&state.running_tick) = Some(tick);
@@ -451,6 +459,7 @@ impl Inner {
                 let Some(state) = inner.jobs.get(index) else {
                     return;
                 };
+                let state = &*state;
                 let started = std::time::Instant::now();
                 let ctx = JobContext {
                     job: Arc::clone(&state.name),
@@ -517,7 +526,8 @@ impl Inner {
         // The lock lives as long as the run: up to the job's timeout (and the time to
         // stop) if it has one; otherwise as long as it goes on (the core's upper bound
         // on any hold, 30 days).
-        let bound = state
+        let def = state.def();
+        let bound = def
             .job
             .timeout
             .map_or(Duration::MAX, |t| t.saturating_add(CANCEL_GRACE * 2));
@@ -531,10 +541,10 @@ impl Inner {
         }
         *lock(&state.run_lock) = Some(run_lock.handle());
         let cancel = ctx.cancel.clone();
-        let handler = Arc::clone(&state.job.handler);
+        let handler = Arc::clone(&def.job.handler);
         let mut work = std::pin::pin!(handler(ctx));
         let timeout = async {
-            match state.job.timeout {
+            match def.job.timeout {
                 Some(t) => tokio::time::sleep(t).await,
                 None => std::future::pending().await,
             }

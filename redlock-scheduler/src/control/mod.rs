@@ -43,6 +43,10 @@
 //! # }
 //! ```
 
+mod changes;
+
+pub(crate) use self::changes::Base;
+
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -493,6 +497,9 @@ mod tests {
             misfire: "run_once".to_owned(),
             dst: dst.map(str::to_owned),
             timeout_ms: None,
+            handler: None,
+            grace_ms: None,
+            on_leader: None,
             updated: Utc::now(),
             updated_by: "r1".to_owned(),
         }

@@ -1,0 +1,147 @@
+//! Jobs changed at run time, as the history carries them: one row per change, numbered
+//! per scheduler. A writer takes the number after the last one; a second writer of the
+//! same number finds the row there (`ON CONFLICT DO NOTHING`) and reads again, so the
+//! numbers give one order that every replica applies the changes in.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row as _;
+use sqlx::any::AnyRow;
+
+use super::{Error, History, from_ms, ms};
+use crate::changes::{JobChange, JobChangeAction, JobSpec};
+
+const CHANGE_COLUMNS: &str = "seq, job, action, definition, previous, changed_by, changed_ms";
+
+fn change_from_row(row: &AnyRow) -> Result<JobChange, Error> {
+    let job: String = row.try_get("job")?;
+    let action: String = row.try_get("action")?;
+    let spec = |column: &str| -> Result<Option<JobSpec>, Error> {
+        let text: Option<String> = row.try_get(column)?;
+        text.map(|text| JobSpec::from_text(&job, &text))
+            .transpose()
+            .map_err(|e| Error::Database(sqlx::Error::Decode(e.into())))
+    };
+    Ok(JobChange {
+        seq: u64::try_from(row.try_get::<i64, _>("seq")?).unwrap_or(0),
+        action: JobChangeAction::from_text(&action).ok_or_else(|| {
+            Error::Database(sqlx::Error::Decode(
+                format!("unknown job change `{action}`").into(),
+            ))
+        })?,
+        definition: spec("definition")?,
+        previous: spec("previous")?,
+        changed_by: row.try_get("changed_by")?,
+        changed: from_ms(row.try_get("changed_ms")?),
+        job,
+    })
+}
+
+/// A change to write: the number it takes, what it does, and who made it when.
+pub(crate) struct NewChange<'a> {
+    pub(crate) seq: u64,
+    pub(crate) job: &'a str,
+    pub(crate) action: JobChangeAction,
+    pub(crate) definition: Option<&'a JobSpec>,
+    pub(crate) previous: Option<&'a JobSpec>,
+    pub(crate) by: &'a str,
+    pub(crate) at: DateTime<Utc>,
+}
+
+impl History {
+    /// The changes of `scheduler`'s jobs numbered after `after`, in order.
+    pub(crate) async fn job_changes_after(
+        &self,
+        scheduler: &str,
+        after: u64,
+    ) -> Result<Vec<JobChange>, Error> {
+        let sql = format!(
+            "SELECT {CHANGE_COLUMNS} FROM {} WHERE scheduler = $1 AND seq > $2 ORDER BY seq",
+            self.shared.tables.changes
+        );
+        let rows = self
+            .bounded(
+                "read the job changes",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(i64::try_from(after).unwrap_or(i64::MAX))
+                    .fetch_all(&self.shared.pool),
+            )
+            .await?;
+        rows.iter().map(change_from_row).collect()
+    }
+
+    /// The latest changes of `scheduler`'s jobs (of `job` only, if given), newest
+    /// first, at most `limit`.
+    pub(crate) async fn job_changes(
+        &self,
+        scheduler: &str,
+        job: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<JobChange>, Error> {
+        let table = &self.shared.tables.changes;
+        let sql = match job {
+            Some(_) => format!(
+                "SELECT {CHANGE_COLUMNS} FROM {table} WHERE scheduler = $1 AND job = $3
+                 ORDER BY seq DESC LIMIT $2"
+            ),
+            None => format!(
+                "SELECT {CHANGE_COLUMNS} FROM {table} WHERE scheduler = $1
+                 ORDER BY seq DESC LIMIT $2"
+            ),
+        };
+        let mut query = sqlx::query(&sql).bind(scheduler).bind(i64::from(limit));
+        if let Some(job) = job {
+            query = query.bind(job);
+        }
+        let rows = self
+            .bounded("read the job changes", query.fetch_all(&self.shared.pool))
+            .await?;
+        rows.iter().map(change_from_row).collect()
+    }
+
+    /// The number of `scheduler`'s latest change (0 if none).
+    pub(crate) async fn last_job_change(&self, scheduler: &str) -> Result<u64, Error> {
+        let sql = format!(
+            "SELECT MAX(seq) FROM {} WHERE scheduler = $1",
+            self.shared.tables.changes
+        );
+        let last: Option<i64> = self
+            .bounded(
+                "read the job changes",
+                sqlx::query_scalar(&sql)
+                    .bind(scheduler)
+                    .fetch_one(&self.shared.pool),
+            )
+            .await?;
+        Ok(last.and_then(|n| u64::try_from(n).ok()).unwrap_or(0))
+    }
+
+    /// Writes `change` under its number: `false` if another change took the number.
+    pub(crate) async fn insert_job_change(
+        &self,
+        scheduler: &str,
+        change: &NewChange<'_>,
+    ) -> Result<bool, Error> {
+        let sql = format!(
+            "INSERT INTO {} (scheduler, {CHANGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (scheduler, seq) DO NOTHING",
+            self.shared.tables.changes
+        );
+        let done = self
+            .bounded(
+                "record a job change",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(i64::try_from(change.seq).unwrap_or(i64::MAX))
+                    .bind(change.job)
+                    .bind(change.action.as_str())
+                    .bind(change.definition.map(JobSpec::to_text))
+                    .bind(change.previous.map(JobSpec::to_text))
+                    .bind(change.by)
+                    .bind(ms(change.at))
+                    .execute(&self.shared.pool),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}

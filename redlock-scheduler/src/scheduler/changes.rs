@@ -1,0 +1,325 @@
+//! Jobs changed at run time, on a replica: the changes recorded in the history are
+//! read in order (at start, every [`JOB_CHANGE_POLL`], and at once after a change made
+//! here) and applied to the job table; the leader's firing loops follow the table
+//! (see `fire`). Also the [`Scheduler`] calls that make them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redlock_core::CancellationToken;
+
+use super::Scheduler;
+use super::state::{Inner, JobDef, JobState};
+use crate::changes::{JOB_CHANGE_POLL, JobChange, JobChangeAction, JobSpec};
+use crate::control::Base;
+use crate::error::Error;
+use crate::history::JobDefinition;
+use crate::job::Handler;
+use crate::request::RequestError;
+
+impl Inner {
+    /// Reads the changes recorded since the last one applied here and applies them,
+    /// in order: `false` if the history could not be read.
+    pub(super) async fn sync_changes(&self) -> bool {
+        let Some(recorder) = &self.recorder else {
+            return true;
+        };
+        // One reader at a time, so that each change applies once and in order.
+        let mut applied = self.applied_change.lock().await;
+        let changes = match recorder
+            .history()
+            .job_changes_after(&self.name, *applied)
+            .await
+        {
+            Ok(changes) => changes,
+            Err(err) => {
+                recorder.health.fail(&err);
+                return false;
+            }
+        };
+        for change in changes {
+            *applied = change.seq;
+            self.apply_change(&change);
+            self.publish_change(&change).await;
+        }
+        true
+    }
+
+    /// Puts `change` in force here.
+    pub(super) fn apply_change(&self, change: &JobChange) {
+        match (&change.action, &change.definition) {
+            (JobChangeAction::Add | JobChangeAction::Reschedule, Some(spec)) => {
+                let def = match self.def_of(spec, change) {
+                    Ok(def) => def,
+                    Err(err) => {
+                        // Checked when it was made; a definition this version cannot
+                        // read leaves the job as it was.
+                        tracing::error!(job = %change.job, seq = change.seq, error = %err, "a job change cannot be applied here: the job stays as it was");
+                        return;
+                    }
+                };
+                if !def.runnable {
+                    tracing::warn!(job = %change.job, handler = %def.handler, "no handler of this name on this replica: its runs go to other replicas, and fail if the leader runs them");
+                }
+                match self.jobs.find(&change.job) {
+                    Some((_, state)) => state.redefine(def),
+                    None => {
+                        self.jobs.push(JobState::new(def));
+                    }
+                }
+            }
+            (JobChangeAction::Remove, _) => {
+                if let Some((_, state)) = self.jobs.find(&change.job) {
+                    state.remove();
+                }
+            }
+            _ => return,
+        }
+        tracing::info!(job = %change.job, action = change.action.as_str(), seq = change.seq, by = %change.changed_by, "job change applied");
+        self.jobs.notify();
+    }
+
+    /// The definition `spec` puts in force from `change`'s time.
+    fn def_of(&self, spec: &JobSpec, change: &JobChange) -> Result<JobDef, crate::BuildError> {
+        let schedule = spec.check()?;
+        let (handler, runnable) = match self.handlers.get(spec.handler_name()) {
+            Some(handler) => (Arc::clone(handler), true),
+            None => (missing_handler(spec.handler_name(), &self.instance), false),
+        };
+        Ok(JobDef {
+            job: spec.to_job(handler),
+            schedule,
+            since: Some(change.changed),
+            version: 0,
+            handler: spec.handler_name().into(),
+            runnable,
+        })
+    }
+
+    /// Brings the published definitions (what admin tools list) in line with `change`.
+    async fn publish_change(&self, change: &JobChange) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        let history = recorder.history();
+        let result = match change.action {
+            JobChangeAction::Remove => history.unpublish_job(&self.name, &change.job).await,
+            _ => match self.jobs.find(&change.job) {
+                Some((_, state)) if !state.is_removed() => {
+                    let definition = self.definition(&state);
+                    history
+                        .publish_jobs(&self.name, &self.instance, &[definition])
+                        .await
+                }
+                _ => Ok(()),
+            },
+        };
+        if let Err(err) = result {
+            recorder.health.fail(&err);
+        }
+    }
+
+    /// `state`'s definition as published for admin tools.
+    pub(super) fn definition(&self, state: &JobState) -> JobDefinition {
+        let def = state.def();
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        JobDefinition {
+            job: def.job.name.clone(),
+            schedule: def.schedule.expression().to_owned(),
+            time_zone: def.schedule.zone().name().to_owned(),
+            misfire: def.job.misfire.to_text(),
+            dst: Some(def.schedule.dst().to_string()),
+            timeout_ms: def.job.timeout.map(ms),
+            handler: Some(def.handler.to_string()),
+            grace_ms: Some(ms(def.job.grace)),
+            on_leader: Some(def.job.on_leader),
+            updated: chrono::Utc::now(),
+            updated_by: self.instance.to_string(),
+        }
+    }
+
+    /// This replica's definition of `job` (declared in code, or applied here).
+    fn local_spec(&self, job: &str) -> Option<JobSpec> {
+        let (_, state) = self.job(job).ok()?;
+        let def = state.def();
+        Some(JobSpec::of_job(&def.job, &def.handler))
+    }
+}
+
+/// The handler of a job whose handler is not registered on this replica: its runs fail
+/// saying so.
+fn missing_handler(name: &str, instance: &str) -> Handler {
+    let message = format!(
+        "no handler named `{name}` is registered on replica {instance}: register it with SchedulerBuilder::handler on every replica"
+    );
+    Arc::new(move |_| {
+        let message = message.clone();
+        Box::pin(async move { Err(message.into()) })
+    })
+}
+
+/// On every replica with a history, from start to shutdown: applies the changes
+/// recorded so far, publishes this replica's job definitions for admin tools (retrying
+/// until the database takes them), then applies new changes as they come.
+pub(super) async fn follow_changes(inner: Arc<Inner>, stop: CancellationToken) {
+    let Some(recorder) = inner.recorder.clone() else {
+        return;
+    };
+    let mut backoff = Duration::from_secs(1);
+    let mut published = false;
+    while !published {
+        if inner.sync_changes().await {
+            let definitions: Vec<JobDefinition> = inner
+                .jobs
+                .live()
+                .iter()
+                .map(|state| inner.definition(state))
+                .collect();
+            match recorder
+                .history()
+                .publish_jobs(&inner.name, &inner.instance, &definitions)
+                .await
+            {
+                Ok(()) => {
+                    recorder.health.read_ok();
+                    published = true;
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not publish the job definitions for admin tools; retrying");
+                    recorder.health.fail(&err);
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = stop.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(JOB_CHANGE_POLL) => {}
+            () = stop.cancelled() => return,
+        }
+        inner.sync_changes().await;
+    }
+}
+
+impl Scheduler {
+    /// Adds a job at run time, on every replica: with a [`History`](crate::History) the
+    /// change is recorded there, applied here at once and on the other replicas within
+    /// [`JOB_CHANGE_POLL`]; the leader fires the job's ticks after the time of the
+    /// change. Without a history it is added to this replica alone. Its handler must be
+    /// registered here ([`SchedulerBuilder::handler`](crate::SchedulerBuilder::handler)),
+    /// and should be on every replica.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError::InvalidJob`]; [`RequestError::UnknownHandler`];
+    /// [`RequestError::JobExists`]; [`RequestError::ChangeConflict`]; [`Error::ShutDown`];
+    /// the history's error.
+    pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
+        self.check_spec(&spec)?;
+        let name = spec.name().to_owned();
+        self.change(&name, |current| match current {
+            Some(_) => Err(RequestError::JobExists { name: name.clone() }),
+            None => Ok((JobChangeAction::Add, Some(spec.clone()))),
+        })
+        .await
+    }
+
+    /// Puts `spec` in force for the job of its name, on every replica, as
+    /// [`add_job`](Self::add_job) adds one (and
+    /// [`SchedulerAdmin::reschedule_job`](crate::admin::SchedulerAdmin::reschedule_job)
+    /// says what happens at the switch).
+    ///
+    /// # Errors
+    ///
+    /// As [`add_job`](Self::add_job), with [`RequestError::UnknownJob`] instead of
+    /// [`RequestError::JobExists`].
+    pub async fn reschedule_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
+        self.check_spec(&spec)?;
+        let name = spec.name().to_owned();
+        self.change(&name, |current| match current {
+            Some(_) => Ok((JobChangeAction::Reschedule, Some(spec.clone()))),
+            None => Err(RequestError::UnknownJob { name: name.clone() }),
+        })
+        .await
+    }
+
+    /// Removes `job` at run time, on every replica, as [`add_job`](Self::add_job) adds
+    /// one: no tick of it fires once the leader has the change; a run of it going on
+    /// then finishes.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError::UnknownJob`]; [`RequestError::ChangeConflict`];
+    /// [`Error::ShutDown`]; the history's error.
+    pub async fn remove_job(&self, job: &str) -> Result<JobChange, Error> {
+        self.change(job, |current| match current {
+            Some(_) => Ok((JobChangeAction::Remove, None)),
+            None => Err(RequestError::UnknownJob {
+                name: job.to_owned(),
+            }),
+        })
+        .await
+    }
+
+    /// A spec's definition and handler, checked here.
+    fn check_spec(&self, spec: &JobSpec) -> Result<(), Error> {
+        spec.check().map_err(RequestError::from)?;
+        if !self.inner.handlers.contains_key(spec.handler_name()) {
+            return Err(RequestError::UnknownHandler {
+                job: spec.name().to_owned(),
+                handler: spec.handler_name().to_owned(),
+                place: format!("on this replica ({})", self.inner.instance),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Records the change `decide` makes (through the history, or here alone without
+    /// one) and applies it here.
+    async fn change(
+        &self,
+        job: &str,
+        decide: impl Fn(Option<JobSpec>) -> Result<(JobChangeAction, Option<JobSpec>), RequestError>,
+    ) -> Result<JobChange, Error> {
+        let inner = &self.inner;
+        if inner.stop_firing.is_cancelled() {
+            return Err(Error::ShutDown);
+        }
+        let now = inner.clock.now();
+        let Some(admin) = self.admin() else {
+            // This replica alone: numbered after the last change made here.
+            let previous = inner.local_spec(job);
+            let (action, definition) = decide(previous.clone())?;
+            let seq = {
+                let mut applied = inner.applied_change.lock().await;
+                *applied += 1;
+                *applied
+            };
+            let change = JobChange {
+                seq,
+                job: job.to_owned(),
+                action,
+                definition,
+                previous,
+                changed_by: inner.instance.to_string(),
+                changed: now,
+            };
+            inner.apply_change(&change);
+            return Ok(change);
+        };
+        let base = Base::Local(inner.local_spec(job));
+        let change = admin.change(job, base, now, decide).await?;
+        // In force here at once (and every change before it, in order).
+        inner.sync_changes().await;
+        Ok(change)
+    }
+}
+
+/// The changes applied here so far, for [`Inner`] (the number of the last one).
+pub(super) type Applied = tokio::sync::Mutex<u64>;
