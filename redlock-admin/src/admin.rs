@@ -58,7 +58,7 @@ impl Admin {
     }
 
     /// Whether the mutating routes (force release, pause, resume, trigger, cancel, step
-    /// down) are switched on.
+    /// down, and adding, rescheduling and removing jobs) are switched on.
     pub fn mutations_allowed(&self) -> bool {
         self.inner.token.is_some()
     }

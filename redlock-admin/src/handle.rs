@@ -5,17 +5,27 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
 use redlock_scheduler::admin::{
-    Dispatched, Request, RequestAction, RequestError, RequestState, SchedulerAdmin,
+    Dispatched, JobChange, JobChangeAction, Request, RequestAction, RequestError, RequestState,
+    SchedulerAdmin,
 };
 use redlock_scheduler::history::{HistoryError, Outcome, RunFilter};
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::admin::{Admin, MAX_LIST_LIMIT};
+use crate::definition::Definition;
 use crate::route::{JobAction, NoRoute, Route};
 
-/// The largest request body read (a form post from the dashboard is far smaller).
+/// The largest request body read (a form post from the dashboard, or a job's
+/// definition, is far smaller).
 pub const MAX_BODY: usize = 16 * 1024;
+
+/// How many job changes `/api/job-changes` lists unless its `limit` says otherwise (at
+/// most 1,000).
+const DEFAULT_CHANGE_LIMIT: u32 = 50;
+
+/// How many job changes the dashboard shows.
+const DASHBOARD_CHANGES: u32 = 10;
 
 /// A request, as the framework adapters hand it over.
 #[derive(Debug, Clone, Copy)]
@@ -80,6 +90,21 @@ impl<'a> AdminRequest<'a> {
                 .eq_ignore_ascii_case("application/x-www-form-urlencoded")
         })
     }
+
+    /// A JSON body: a `Content-Type` of `application/json` or `application/<x>+json`
+    /// (parameters aside, in any case), or none at all.
+    fn is_json(&self) -> bool {
+        self.content_type.is_none_or(|value| {
+            let media = value
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase();
+            media == "application/json"
+                || (media.starts_with("application/") && media.ends_with("+json"))
+        })
+    }
 }
 
 /// A failed request: its status, what to tell the caller, and members of its own for
@@ -129,7 +154,7 @@ impl Mutated {
 
 impl Admin {
     /// Answers `request`: the dashboard (HTML), the JSON API, or a problem
-    /// (`application/problem+json`: 400, 401, 403, 404, 405, 409, 503).
+    /// (`application/problem+json`: 400, 401, 403, 404, 405, 409, 415, 422, 503).
     ///
     /// The framework adapters call it; call it yourself to mount the service in
     /// another framework.
@@ -172,7 +197,7 @@ impl Admin {
                 return response;
             }
             params.extend(form);
-            let result = self.mutate(&route, &params).await;
+            let result = self.mutate(&route, &params, &request).await;
             if request.is_form() {
                 return self.back_to_dashboard(&result);
             }
@@ -294,6 +319,23 @@ impl Admin {
                 .map(|r| to_value(&r))
                 .map_err(scheduler_failure),
             Route::Idempotency => self.idempotency_records(params).await,
+            Route::JobChanges => {
+                let job = params
+                    .get("job")
+                    .map(String::as_str)
+                    .filter(|j| !j.is_empty());
+                let limit = match params.get("limit") {
+                    Some(limit) => limit.parse::<u32>().map_err(|_| {
+                        Failure::new(StatusCode::BAD_REQUEST, "`limit` must be a whole number")
+                    })?,
+                    None => DEFAULT_CHANGE_LIMIT,
+                };
+                self.scheduler()?
+                    .job_changes(job, limit)
+                    .await
+                    .map(|changes| to_value(&changes))
+                    .map_err(scheduler_failure)
+            }
             _ => Err(Failure::new(StatusCode::NOT_FOUND, "no such admin route")),
         }
     }
@@ -302,6 +344,7 @@ impl Admin {
         &self,
         route: &Route,
         params: &HashMap<String, String>,
+        request: &AdminRequest<'_>,
     ) -> Result<Mutated, Failure> {
         match route {
             Route::ForceRelease => {
@@ -356,6 +399,59 @@ impl Admin {
                         self.follow(scheduler, dispatched, Some(job)).await
                     }
                 }
+            }
+            Route::AddJob => {
+                let scheduler = self.scheduler()?;
+                let spec = definition(request)?
+                    .into_spec()
+                    .map_err(|detail| Failure::new(StatusCode::BAD_REQUEST, detail))?;
+                tracing::info!(job = %spec.name(), schedule = %spec.expression(), "admin: job added");
+                let change = scheduler.add_job(spec).await.map_err(scheduler_failure)?;
+                Ok(changed(StatusCode::CREATED, &change))
+            }
+            Route::RescheduleJob { job } => {
+                let scheduler = self.scheduler()?;
+                let definition = definition(request)?;
+                if definition.name.as_ref().is_some_and(|name| name != job) {
+                    return Err(Failure::new(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "the body names another job than the path (`{job}`): a job is not renamed; add it under the new name and remove the old one"
+                        ),
+                    ));
+                }
+                if definition.changes_nothing() {
+                    return Err(Failure::new(
+                        StatusCode::BAD_REQUEST,
+                        "nothing to change: give the fields to change (schedule, handler, time_zone, misfire, misfire_grace_ms, timeout_ms, dst, run_on_leader)",
+                    ));
+                }
+                // The fields not given keep the definition in force.
+                let current = scheduler
+                    .job_spec(job)
+                    .await
+                    .map_err(scheduler_failure)?
+                    .ok_or_else(|| {
+                        scheduler_failure(
+                            RequestError::UnknownJob {
+                                name: job.to_owned(),
+                            }
+                            .into(),
+                        )
+                    })?;
+                let spec = definition.apply(current);
+                tracing::info!(job = %job, schedule = %spec.expression(), "admin: job rescheduled");
+                let change = scheduler
+                    .reschedule_job(spec)
+                    .await
+                    .map_err(scheduler_failure)?;
+                Ok(changed(StatusCode::OK, &change))
+            }
+            Route::RemoveJob { job } => {
+                let scheduler = self.scheduler()?;
+                tracing::info!(job = %job, "admin: job removed");
+                let change = scheduler.remove_job(job).await.map_err(scheduler_failure)?;
+                Ok(changed(StatusCode::OK, &change))
             }
             Route::StepDown => {
                 tracing::info!("admin: leader asked to step down");
@@ -504,10 +600,11 @@ impl Admin {
         let scheduler = async {
             let scheduler = inner.scheduler.as_ref()?;
             let recent = RunFilter::new().limit(20);
-            let (last_leader, jobs, runs) = futures_util::join!(
+            let (last_leader, jobs, runs, changes) = futures_util::join!(
                 scheduler.last_leader(),
                 scheduler.jobs(),
-                scheduler.runs(&recent)
+                scheduler.runs(&recent),
+                scheduler.job_changes(None, DASHBOARD_CHANGES)
             );
             let part = |result: Result<Value, redlock_scheduler::Error>| match result {
                 Ok(value) => value,
@@ -531,6 +628,7 @@ impl Admin {
                 "last_leader": last_leader,
                 "jobs": part(jobs.map(|j| to_value(&j))),
                 "runs": part(runs.map(|r| to_value(&r))),
+                "changes": part(changes.map(|c| to_value(&c))),
             }))
         };
         let (nodes, locks, scheduler) = futures_util::join!(nodes, locks, scheduler);
@@ -655,6 +753,59 @@ fn run_filter(params: &HashMap<String, String>) -> Result<RunFilter, Failure> {
     Ok(filter)
 }
 
+/// The job definition in the body of `request` (JSON): 415 for a body of another
+/// type (a form, say: the definition is not read from one), 400 for one that cannot be
+/// read.
+fn definition(request: &AdminRequest<'_>) -> Result<Definition, Failure> {
+    if !request.is_json() {
+        return Err(Failure::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "send the job's definition as a JSON object with `Content-Type: application/json` (and the token as `Authorization: Bearer <token>`)",
+        ));
+    }
+    Definition::from_json(request.body)
+        .map_err(|detail| Failure::new(StatusCode::BAD_REQUEST, detail))
+}
+
+/// A job change made: its status (201 for an addition) and JSON, and the dashboard's
+/// notice.
+fn changed(status: StatusCode, change: &JobChange) -> Mutated {
+    let schedule = |spec: Option<&redlock_scheduler::JobSpec>| {
+        spec.map_or_else(
+            || "-".to_owned(),
+            |spec| format!("`{}` ({})", spec.expression(), spec.zone()),
+        )
+    };
+    let what = match change.action {
+        JobChangeAction::Add => format!(
+            "job `{}` added: {}, handler `{}`",
+            change.job,
+            schedule(change.definition.as_ref()),
+            change
+                .definition
+                .as_ref()
+                .map_or("?", |spec| spec.handler_name())
+        ),
+        JobChangeAction::Reschedule => format!(
+            "job `{}` rescheduled: {} → {}",
+            change.job,
+            schedule(change.previous.as_ref()),
+            schedule(change.definition.as_ref())
+        ),
+        JobChangeAction::Remove => format!("job `{}` removed", change.job),
+        other => format!("job `{}`: {}", change.job, other.as_str()),
+    };
+    Mutated {
+        status,
+        notice: format!(
+            "done: {what} (change {} by {})",
+            change.seq, change.changed_by
+        ),
+        body: to_value(change),
+        location: None,
+    }
+}
+
 /// What a request asked, in words.
 fn what(request: &Request) -> String {
     let job = request.job.as_deref().unwrap_or("?");
@@ -697,8 +848,20 @@ fn scheduler_failure(err: redlock_scheduler::Error) -> Failure {
             RequestError::NotLeader
             | RequestError::AlreadyRunning { .. }
             | RequestError::AlreadyClaimed { .. }
-            | RequestError::NotRunning { .. },
+            | RequestError::NotRunning { .. }
+            | RequestError::JobExists { .. }
+            | RequestError::ChangeConflict { .. }
+            // Replicas alive run a version that would not apply a job change.
+            | RequestError::ReplicasOutdated { .. },
         ) => Failure::new(StatusCode::CONFLICT, err.to_string()),
+        // A definition that cannot work: its schedule, time zone or an option.
+        E::Request(RequestError::InvalidJob(_)) => {
+            Failure::new(StatusCode::BAD_REQUEST, err.to_string())
+        }
+        // A definition that reads well, naming a handler no live replica registered.
+        E::Request(RequestError::UnknownHandler { .. }) => {
+            Failure::new(StatusCode::UNPROCESSABLE_ENTITY, err.to_string())
+        }
         E::History(
             HistoryError::Database(_)
             | HistoryError::Timeout { .. }

@@ -514,6 +514,45 @@ fn scheduler_section(page: &mut String, scheduler: &Value, mount: &str, mutation
         Some(other) => error_paragraph(page, other),
         None => {}
     }
+    changes_section(page, scheduler);
+}
+
+/// The latest changes of the jobs made at run time (only when there are some): who
+/// changed which job when, and its schedule before → after.
+fn changes_section(page: &mut String, scheduler: &Value) {
+    let changes = match scheduler.get("changes") {
+        Some(Value::Array(changes)) if changes.is_empty() => return,
+        Some(Value::Array(changes)) => changes,
+        Some(other @ Value::Object(_)) => {
+            page.push_str("<h3>Job changes</h3>");
+            error_paragraph(page, other);
+            return;
+        }
+        _ => return,
+    };
+    page.push_str("<h3>Job changes</h3><table id=\"job-changes\"><tr><th>#</th><th>job</th><th>action</th><th>by</th><th>when</th><th>schedule (before → after)</th></tr>");
+    let schedule = |spec: Option<&Value>| match spec {
+        Some(spec @ Value::Object(_)) => format!(
+            "<code>{}</code> {}",
+            esc(&text(spec, "schedule")),
+            esc(&text(spec, "time_zone"))
+        ),
+        _ => "-".to_owned(),
+    };
+    for change in changes {
+        let _ = write!(
+            page,
+            "<tr class=\"job-change\"><td>{}</td><td>{}</td><td class=\"action\">{}</td><td>{}</td><td>{}</td><td>{} → {}</td></tr>",
+            esc(&text(change, "seq")),
+            esc(&text(change, "job")),
+            esc(&text(change, "action")),
+            esc(&text(change, "changed_by")),
+            esc(&text(change, "changed")),
+            schedule(change.get("previous")),
+            schedule(change.get("definition")),
+        );
+    }
+    page.push_str("</table>");
 }
 
 /// The `error` of a part of the overview that failed.
@@ -585,5 +624,34 @@ mod tests {
             "{page}"
         );
         assert_eq!(page.matches("DST ").count(), 1, "{page}");
+    }
+
+    #[test]
+    fn job_changes_show_before_and_after() {
+        let spec = |schedule: &str| serde_json::json!({"name": "<x>", "handler": "h", "schedule": schedule, "time_zone": "UTC"});
+        let scheduler = serde_json::json!({
+            "name": "s",
+            "changes": [
+                {"seq": 2, "job": "<x>", "action": "reschedule", "definition": spec("*/5 * * * *"),
+                 "previous": spec("* * * * *"), "changed_by": "alice", "changed": "2024-05-01T10:00:00Z"},
+                {"seq": 1, "job": "<x>", "action": "add", "definition": spec("* * * * *"),
+                 "previous": null, "changed_by": "alice", "changed": "2024-05-01T09:00:00Z"},
+            ],
+        });
+        let mut page = String::new();
+        changes_section(&mut page, &scheduler);
+        assert!(page.contains("<table id=\"job-changes\">"), "{page}");
+        assert!(
+            page.contains("<td>2</td><td>&lt;x&gt;</td><td class=\"action\">reschedule</td><td>alice</td><td>2024-05-01T10:00:00Z</td><td><code>* * * * *</code> UTC → <code>*/5 * * * *</code> UTC</td>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<td>- → <code>* * * * *</code> UTC</td>"),
+            "{page}"
+        );
+        // None: no section.
+        let mut page = String::new();
+        changes_section(&mut page, &serde_json::json!({"changes": []}));
+        assert!(page.is_empty());
     }
 }

@@ -15,6 +15,10 @@
 //! | `/api/semaphores/release?name=` | POST | force release of every permit of a semaphore ([`Redlock::force_release_semaphore`](redlock_core::Redlock::force_release_semaphore)) |
 //! | `/api/rw-locks/release?name=` | POST | force release of a read-write lock, writer and readers ([`Redlock::force_release_rw`](redlock_core::Redlock::force_release_rw)) |
 //! | `/api/jobs` | GET | jobs, next ticks, last runs ([`SchedulerAdmin::jobs`](redlock_scheduler::admin::SchedulerAdmin::jobs)) |
+//! | `/api/jobs` | POST | add a job at run time: its definition as a JSON body (below); 201 with the [`JobChange`](redlock_scheduler::admin::JobChange) ([`SchedulerAdmin::add_job`](redlock_scheduler::admin::SchedulerAdmin::add_job)) |
+//! | `/api/jobs/{job}/reschedule` | POST | put another definition in force: the fields given in a JSON body change, the others keep the definition in force; 200 with the `JobChange` ([`SchedulerAdmin::reschedule_job`](redlock_scheduler::admin::SchedulerAdmin::reschedule_job)) |
+//! | `/api/jobs/{job}/remove` | POST | remove a job at run time (a run going on finishes); 200 with the `JobChange` ([`SchedulerAdmin::remove_job`](redlock_scheduler::admin::SchedulerAdmin::remove_job)) |
+//! | `/api/job-changes?job=&limit=` | GET | the jobs' changes made at run time, newest first (`limit` 50 by default, at most 1,000): `seq`, `job`, `action` (`add`, `reschedule`, `remove`), `definition`, `previous`, `changed_by`, `changed` ([`SchedulerAdmin::job_changes`](redlock_scheduler::admin::SchedulerAdmin::job_changes)) |
 //! | `/api/leader` | GET | the leader now and its epoch (`null` when none leads: the last one ended its leadership or stopped renewing its record) |
 //! | `/api/runs?job=&outcome=&limit=` | GET | run history, newest first |
 //! | `/api/jobs/{job}/pause`, `resume`, `trigger`, `cancel` | POST | steer a job (trigger, cancel: see below) |
@@ -39,6 +43,39 @@
 //! leader has claimed it yet"`; `leader` says whether one is recorded) or `executing`,
 //! and the request's URL in `Location` and `poll` (`/api/requests/{id}`). The
 //! dashboard's notice says the same: `done: ...` only for what was done.
+//!
+//! A job's definition, for `POST /api/jobs` and `POST /api/jobs/{job}/reschedule`, is
+//! a JSON object (`Content-Type: application/json`; another type answers 415, a form
+//! post a redirect to the dashboard saying so), the token in the `Authorization`
+//! header:
+//!
+//! ```json
+//! {"name": "export-eu", "schedule": "0 */5 * * * *", "handler": "export",
+//!  "time_zone": "Europe/Paris", "misfire": "catch_up:3", "misfire_grace_ms": 5000,
+//!  "timeout_ms": 60000, "dst": "skip/twice", "run_on_leader": true}
+//! ```
+//!
+//! `name` and `schedule` (cron, 5 fields or 6 with seconds first) are needed to add a
+//! job; the others default as in [`JobSpec`](redlock_scheduler::JobSpec): `handler` the
+//! job's name, `time_zone` `UTC`, `misfire` `run_once`, `misfire_grace_ms` 60000 (one
+//! minute), `timeout_ms` `null` (none), `dst` `run_at_end/once`, `run_on_leader`
+//! `false`. `misfire` is `"skip"`, `"run_once"` or `"catch_up:<max>"` (or the object a
+//! `JobChange` shows: `{"policy": "catch_up", "max": 3}`); `dst` is `<gap>/<fold>`
+//! (gap `run_at_end` or `skip`, fold `once` or `twice`; or the object `/api/jobs`
+//! shows). To reschedule, give only the fields to change (a `name`, if given, must be
+//! the job's; `"timeout_ms": null` removes a timeout). A field not listed here is
+//! refused. The handler must be registered
+//! ([`SchedulerBuilder::handler`](redlock_scheduler::SchedulerBuilder::handler)) on a
+//! replica alive in the last minute. The changes are recorded with the operator of the
+//! [`SchedulerAdmin`](redlock_scheduler::admin::SchedulerAdmin) given to the builder
+//! (its [`operator`](redlock_scheduler::admin::SchedulerAdmin::operator), `admin` by
+//! default), and reach every replica within a second. Answers: 400 for a definition
+//! that cannot work (schedule, time zone, an option) or a body that cannot be read
+//! (not JSON, a field unknown or of the wrong type, nothing to change); 404 for an
+//! unknown job; 409 for a job added that is there already, a change that kept losing
+//! the race with others, or replicas alive that run a version without job changes;
+//! 422 for a handler no live replica registered; 503 when the history database fails.
+//! The dashboard lists the latest changes (who, when, schedule before → after).
 //!
 //! Reads need no token: mount the service where only operators reach it, or behind
 //! your own authentication layer. Errors are `application/problem+json`; a database
@@ -85,6 +122,7 @@
 #[cfg(feature = "actix")]
 mod actix;
 mod admin;
+mod definition;
 mod handle;
 mod html;
 mod route;

@@ -28,6 +28,14 @@ pub(crate) enum Route {
     Runs,
     /// Pause, resume, trigger or cancel a job.
     JobAction { job: String, action: JobAction },
+    /// Add a job at run time (its definition in a JSON body).
+    AddJob,
+    /// Put another definition in force for a job (the fields given in a JSON body).
+    RescheduleJob { job: String },
+    /// Remove a job at run time.
+    RemoveJob { job: String },
+    /// The jobs' changes made at run time, newest first (`?job=&limit=`).
+    JobChanges,
     /// Ask the leader to step down.
     StepDown,
     /// A scheduler request's state.
@@ -74,6 +82,9 @@ impl Route {
                 | Self::ForceReleaseSemaphore
                 | Self::ForceReleaseRw
                 | Self::JobAction { .. }
+                | Self::AddJob
+                | Self::RescheduleJob { .. }
+                | Self::RemoveJob { .. }
                 | Self::StepDown
         )
     }
@@ -95,7 +106,10 @@ impl Route {
             ["api", "locks", "release"] => (Self::ForceRelease, "POST"),
             ["api", "semaphores", "release"] => (Self::ForceReleaseSemaphore, "POST"),
             ["api", "rw-locks", "release"] => (Self::ForceReleaseRw, "POST"),
-            ["api", "jobs"] => (Self::Jobs, "GET"),
+            // GET lists the jobs, POST adds one.
+            ["api", "jobs"] if method == "POST" => (Self::AddJob, "POST"),
+            ["api", "jobs"] => (Self::Jobs, "GET, POST"),
+            ["api", "job-changes"] => (Self::JobChanges, "GET"),
             ["api", "leader"] => (Self::Leader, "GET"),
             ["api", "runs"] => (Self::Runs, "GET"),
             ["api", "idempotency"] => (Self::Idempotency, "GET"),
@@ -107,21 +121,28 @@ impl Route {
                 "GET",
             ),
             ["api", "jobs", job, action] => {
+                let job = decoded(job).ok_or(NoRoute::NotFound)?;
                 let action = match *action {
                     "pause" => JobAction::Pause,
                     "resume" => JobAction::Resume,
                     "trigger" => JobAction::Trigger,
                     "cancel" => JobAction::Cancel,
+                    "reschedule" => return Self::only(method, Self::RescheduleJob { job }, "POST"),
+                    "remove" => return Self::only(method, Self::RemoveJob { job }, "POST"),
                     _ => return Err(NoRoute::NotFound),
                 };
-                let job = decoded(job).ok_or(NoRoute::NotFound)?;
                 (Self::JobAction { job, action }, "POST")
             }
             _ => return Err(NoRoute::NotFound),
         };
-        // HEAD reads as GET.
+        Self::only(method, route, takes)
+    }
+
+    /// `route` if `method` is one of those it `takes` (`GET`, `POST`, `GET, POST`: the
+    /// `Allow` header's value); HEAD reads as GET.
+    fn only(method: &str, route: Self, takes: &'static str) -> Result<Self, NoRoute> {
         let method = if method == "HEAD" { "GET" } else { method };
-        if method == takes {
+        if takes.split(", ").any(|t| t == method) {
             Ok(route)
         } else {
             Err(NoRoute::Method(takes))
@@ -172,6 +193,41 @@ mod tests {
             Route::parse("GET", "/api/idempotency"),
             Ok(Route::Idempotency)
         );
+        // Jobs changed at run time.
+        assert_eq!(Route::parse("GET", "/api/jobs"), Ok(Route::Jobs));
+        assert_eq!(Route::parse("HEAD", "/api/jobs"), Ok(Route::Jobs));
+        assert_eq!(Route::parse("POST", "/api/jobs"), Ok(Route::AddJob));
+        assert_eq!(
+            Route::parse("DELETE", "/api/jobs"),
+            Err(NoRoute::Method("GET, POST"))
+        );
+        assert_eq!(
+            Route::parse("POST", "/api/jobs/nightly%20report/reschedule"),
+            Ok(Route::RescheduleJob {
+                job: "nightly report".into()
+            })
+        );
+        assert_eq!(
+            Route::parse("POST", "/api/jobs/x/remove"),
+            Ok(Route::RemoveJob { job: "x".into() })
+        );
+        assert_eq!(
+            Route::parse("GET", "/api/jobs/x/remove"),
+            Err(NoRoute::Method("POST"))
+        );
+        assert_eq!(
+            Route::parse("GET", "/api/job-changes"),
+            Ok(Route::JobChanges)
+        );
+        assert_eq!(
+            Route::parse("POST", "/api/job-changes"),
+            Err(NoRoute::Method("GET"))
+        );
+        for path in ["/api/jobs", "/api/jobs/x/reschedule", "/api/jobs/x/remove"] {
+            assert!(Route::parse("POST", path).unwrap().mutates(), "{path}");
+        }
+        assert!(!Route::parse("GET", "/api/jobs").unwrap().mutates());
+        assert!(!Route::parse("GET", "/api/job-changes").unwrap().mutates());
         assert_eq!(
             Route::parse("POST", "/api/idempotency"),
             Err(NoRoute::Method("GET"))

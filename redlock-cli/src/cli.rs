@@ -8,9 +8,10 @@ use chrono::{DateTime, Utc};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use redlock_core::DEFAULT_KEY_PREFIX;
-use redlock_scheduler::Scheduler;
 use redlock_scheduler::admin::DEFAULT_NEXT_TICKS;
 use redlock_scheduler::history::{DEFAULT_RUN_LIMIT, Outcome};
+use redlock_scheduler::time::DstPolicy;
+use redlock_scheduler::{Misfire, Scheduler};
 
 /// The environment variable listing the Redis nodes, as the services and examples read
 /// it.
@@ -24,7 +25,8 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  done
   1  error: one line on stderr saying what failed and what to do
-  2  usage error (including `release` without --force)
+  2  usage error (including `release` without --force, `jobs reschedule` with nothing
+     to change)
   3  partial answer: `nodes`, `locks` or `release` reached a majority of the nodes but
      not all of them; the data is printed and the nodes that failed are named on stderr
 
@@ -179,16 +181,22 @@ pub(crate) enum Command {
         force: bool,
     },
 
-    /// The scheduler's jobs: schedule, zone, pause, run going, next tick, last run.
+    /// The scheduler's jobs: schedule, zone, pause, run going, next tick, last run;
+    /// and jobs added, rescheduled and removed at run time (`jobs add`, ...).
     ///
-    /// The jobs the scheduler's replicas published in the history database when they
-    /// started, with their next ticks (computed in each job's time zone), whether they
-    /// are paused or running, and their latest run; and the leader now (or the last
-    /// one, if none leads).
+    /// Without a subcommand: the jobs the scheduler's replicas published in the
+    /// history database (those declared in code when they started, and those added or
+    /// rescheduled since), with their next ticks (computed in each job's time zone),
+    /// whether they are paused or running, and their latest run; and the leader now
+    /// (or the last one, if none leads).
+    #[command(args_conflicts_with_subcommands = true)]
     Jobs {
         /// How many next ticks to compute per job (the table shows the first).
         #[arg(long, default_value_t = DEFAULT_NEXT_TICKS, value_name = "N")]
         ticks: usize,
+        /// Change the jobs at run time, or list the changes.
+        #[command(subcommand)]
+        command: Option<JobsCommand>,
     },
 
     /// The runs of JOB, newest first.
@@ -279,6 +287,110 @@ pub(crate) enum Command {
     },
 }
 
+/// The `jobs` subcommands: jobs changed at run time, for every replica of the
+/// scheduler, recorded in its history with the operator's name.
+#[derive(Debug, Subcommand)]
+pub(crate) enum JobsCommand {
+    /// Adds the job NAME at run time, for every replica: the cron --cron running the
+    /// handler --handler.
+    ///
+    /// Recorded in the history, it reaches every replica within a second; the leader
+    /// fires its ticks after the time of the change. The handler (the job's name
+    /// unless --handler) must be registered (`SchedulerBuilder::handler`) on a replica
+    /// alive in the last minute. Exit code 1 if a job of this name is there already,
+    /// the schedule or an option cannot work, or no live replica has the handler.
+    Add {
+        /// The job's name.
+        name: String,
+        /// Its cron expression: 5 fields, or 6 with seconds first (`0 */5 * * * *`).
+        #[arg(long, value_name = "EXPR")]
+        cron: String,
+        /// Its settings.
+        #[command(flatten)]
+        options: JobOptions,
+    },
+
+    /// Changes the schedule or settings of the job NAME at run time: only the options
+    /// given change.
+    ///
+    /// The others keep the definition in force. The old schedule's ticks the leader fired before it saw the change stand; the
+    /// new one fires its ticks after the time of the change, a tick both have runs
+    /// once. Exit code 1 if there is no such job, or the new definition cannot work;
+    /// 2 if no option is given.
+    Reschedule {
+        /// The job's name.
+        name: String,
+        /// Another cron expression.
+        #[arg(long, value_name = "EXPR")]
+        cron: Option<String>,
+        /// Its settings to change.
+        #[command(flatten)]
+        options: JobOptions,
+        /// No run timeout any more.
+        #[arg(long, conflicts_with = "run_timeout")]
+        no_run_timeout: bool,
+    },
+
+    /// Removes the job NAME at run time, from every replica.
+    ///
+    /// No tick of it fires once the leader sees the change; a run going on finishes
+    /// (`redlock cancel NAME` first to stop it). A job declared in code stays removed when its replicas start again, until it is
+    /// added again. Exit code 1 if there is no such job.
+    Remove {
+        /// The job's name.
+        name: String,
+    },
+
+    /// The jobs' changes made at run time, newest first: who changed which job when,
+    /// schedule before → after.
+    Changes {
+        /// Only the changes of this job.
+        #[arg(long, value_name = "NAME")]
+        job: Option<String>,
+        /// At most this many changes (at most 1000).
+        #[arg(long, default_value_t = DEFAULT_RUN_LIMIT, value_name = "N")]
+        limit: u32,
+    },
+}
+
+/// A job's settings for `jobs add` and `jobs reschedule` (not given: the default for
+/// `add`, unchanged for `reschedule`).
+#[derive(Debug, Args)]
+pub(crate) struct JobOptions {
+    /// The handler to run, by the name the replicas registered it under (`add`:
+    /// default the job's name).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) handler: Option<String>,
+    /// The IANA time zone the cron expression is read in (`add`: default UTC).
+    #[arg(long, value_name = "ZONE")]
+    pub(crate) zone: Option<String>,
+    /// What to do with missed ticks: skip, run_once (`add`: the default) or
+    /// catch_up:N (run up to N of them).
+    #[arg(long, value_parser = parse_misfire, value_name = "POLICY")]
+    pub(crate) misfire: Option<Misfire>,
+    /// How late a tick may still run (`add`: default 1m).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) grace: Option<Duration>,
+    /// How long a run may take before it is cancelled (`add`: default none). Not
+    /// `--timeout`: that one is the database's.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) run_timeout: Option<Duration>,
+    /// The daylight saving policy of fixed-time ticks, `<gap>/<fold>`: gap run_at_end
+    /// or skip, fold once or twice (`add`: default run_at_end/once).
+    #[arg(long, value_parser = DstPolicy::from_str, value_name = "GAP/FOLD")]
+    pub(crate) dst: Option<DstPolicy>,
+    /// Run it on the leader only (`--on-leader=false`: on any replica, the default
+    /// for `add`).
+    #[arg(
+        long,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub(crate) on_leader: Option<bool>,
+}
+
 /// The `idempotency` commands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum IdempotencyCommand {
@@ -339,6 +451,21 @@ fn outcome_parser() -> impl TypedValueParser<Value = Outcome> {
         "abandoned",
     ])
     .try_map(|s| Outcome::from_str(&s))
+}
+
+/// A misfire policy: `skip`, `run_once` or `catch_up:N`.
+pub(crate) fn parse_misfire(text: &str) -> Result<Misfire, String> {
+    match text.trim() {
+        "skip" => Ok(Misfire::Skip),
+        "run_once" => Ok(Misfire::RunOnce),
+        other => other
+            .strip_prefix("catch_up:")
+            .and_then(|max| max.trim().parse().ok())
+            .map(|max| Misfire::CatchUp { max })
+            .ok_or_else(|| {
+                format!("`{text}` is not a misfire policy: write skip, run_once or catch_up:N (N a whole number)")
+            }),
+    }
 }
 
 /// A duration: a number with a unit (`500ms`, `10s`, `5m`, `2h`, `1d`), several added
@@ -419,6 +546,122 @@ mod tests {
         let diff = Utc::now() - ago;
         assert!((diff.num_seconds() - 3600).abs() <= 5);
         assert!(parse_time("yesterday").is_err());
+    }
+
+    #[test]
+    fn misfire_policies() {
+        assert_eq!(parse_misfire("skip"), Ok(Misfire::Skip));
+        assert_eq!(parse_misfire("run_once"), Ok(Misfire::RunOnce));
+        assert_eq!(parse_misfire("catch_up:3"), Ok(Misfire::CatchUp { max: 3 }));
+        assert!(parse_misfire("catch_up").is_err());
+        assert!(parse_misfire("catch_up:-1").is_err());
+        assert!(parse_misfire("always").is_err());
+    }
+
+    #[test]
+    fn job_options_parse() {
+        let cli = Cli::try_parse_from([
+            "redlock",
+            "jobs",
+            "add",
+            "export",
+            "--cron",
+            "0 */5 * * * *",
+            "--handler",
+            "work",
+            "--zone",
+            "Europe/Paris",
+            "--misfire",
+            "catch_up:2",
+            "--grace",
+            "30s",
+            "--run-timeout",
+            "1m",
+            "--dst",
+            "skip/twice",
+            "--on-leader",
+        ])
+        .unwrap();
+        let Command::Jobs {
+            command:
+                Some(JobsCommand::Add {
+                    name,
+                    cron,
+                    options,
+                }),
+            ..
+        } = cli.command
+        else {
+            panic!("{cli:?}");
+        };
+        assert_eq!((name.as_str(), cron.as_str()), ("export", "0 */5 * * * *"));
+        assert_eq!(options.misfire, Some(Misfire::CatchUp { max: 2 }));
+        assert_eq!(options.grace, Some(Duration::from_secs(30)));
+        assert_eq!(options.run_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(options.on_leader, Some(true));
+        assert_eq!(
+            options.dst.map(|d| d.to_string()).as_deref(),
+            Some("skip/twice")
+        );
+        let cli = Cli::try_parse_from([
+            "redlock",
+            "jobs",
+            "reschedule",
+            "export",
+            "--on-leader=false",
+            "--no-run-timeout",
+        ])
+        .unwrap();
+        let Command::Jobs {
+            command:
+                Some(JobsCommand::Reschedule {
+                    options,
+                    no_run_timeout,
+                    cron,
+                    ..
+                }),
+            ..
+        } = cli.command
+        else {
+            panic!("{cli:?}");
+        };
+        assert_eq!(
+            (options.on_leader, no_run_timeout, cron),
+            (Some(false), true, None)
+        );
+        // `jobs` alone lists them; the list's option does not go with a subcommand.
+        assert!(Cli::try_parse_from(["redlock", "jobs", "--ticks", "3"]).is_ok());
+        assert!(Cli::try_parse_from(["redlock", "jobs", "--json"]).is_ok());
+        assert!(
+            Cli::try_parse_from(["redlock", "jobs", "changes", "--json", "--limit", "3"]).is_ok()
+        );
+        assert!(Cli::try_parse_from(["redlock", "jobs", "--ticks", "3", "remove", "x"]).is_err());
+        assert!(Cli::try_parse_from(["redlock", "jobs", "add", "x"]).is_err());
+        assert!(
+            Cli::try_parse_from([
+                "redlock",
+                "jobs",
+                "add",
+                "x",
+                "--cron",
+                "* * * * *",
+                "--misfire",
+                "often"
+            ])
+            .is_err()
+        );
+        assert!(
+            Cli::try_parse_from([
+                "redlock",
+                "jobs",
+                "reschedule",
+                "x",
+                "--run-timeout",
+                "1s",
+                "--no-run-timeout"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

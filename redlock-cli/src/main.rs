@@ -9,18 +9,22 @@
 //!   of a semaphore, for a read-write lock's writer and readers).
 //! - On the scheduler's history database (`--database` / `DATABASE_URL`, scheduler
 //!   `--scheduler` / `REDLOCK_SCHEDULER`): `jobs`, `history JOB`, `leader`,
-//!   `pause JOB`, `resume JOB`, and the requests a running replica carries out:
+//!   `pause JOB`, `resume JOB`, the requests a running replica carries out:
 //!   `trigger JOB`, `cancel JOB`, `step-down` (waited for, or `--no-wait`), read back
-//!   with `request ID`.
+//!   with `request ID`; and the jobs changed at run time, for every replica:
+//!   `jobs add NAME --cron EXPR [--handler H] [--zone Z] [--misfire P] [--grace D]
+//!   [--run-timeout D] [--dst GAP/FOLD] [--on-leader]`, `jobs reschedule NAME [the same
+//!   options; only those given change]`, `jobs remove NAME`, `jobs changes [--job NAME]
+//!   [--limit N]` (recorded as made by `--operator` / `REDLOCK_OPERATOR`, else `$USER`).
 //! - On an idempotency store (`--store URL`: Redis, PostgreSQL or SQLite):
 //!   `idempotency list` (the records the services' idempotency middleware keeps, by id
 //!   prefix).
 //!
 //! Every command prints a table, or the same data as JSON with `--json`. Exit codes: 0
 //! done; 1 an error, one line on stderr saying what failed and what to do; 2 a usage
-//! error (also `release` without `--force`); 3 a partial answer (`nodes`, `locks`,
-//! `release`: some nodes did not answer but a majority did; the data is printed and the
-//! nodes named on stderr).
+//! error (also `release` without `--force`, `jobs reschedule` with nothing to change);
+//! 3 a partial answer (`nodes`, `locks`, `release`: some nodes did not answer but a
+//! majority did; the data is printed and the nodes named on stderr).
 
 mod cli;
 mod format;
@@ -35,7 +39,7 @@ use std::process::ExitCode;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
-use crate::cli::{Cli, Command, IdempotencyCommand};
+use crate::cli::{Cli, Command, IdempotencyCommand, JobsCommand};
 use crate::outcome::{CliError, EXIT_FAILED, Report};
 
 /// Whether `--key-prefix` was written on the command line (before or after the
@@ -102,7 +106,33 @@ async fn run(cli: Cli) -> Result<Report, CliError> {
                 "name what to release: a KEY, --semaphore NAME or --rw NAME",
             )),
         },
-        Command::Jobs { ticks } => scheduler::jobs(global, *ticks).await,
+        Command::Jobs {
+            ticks,
+            command: None,
+        } => scheduler::jobs(global, *ticks).await,
+        Command::Jobs {
+            command: Some(command),
+            ..
+        } => match command {
+            JobsCommand::Add {
+                name,
+                cron,
+                options,
+            } => scheduler::add_job(global, name, cron, options).await,
+            JobsCommand::Reschedule {
+                name,
+                cron,
+                options,
+                no_run_timeout,
+            } => {
+                scheduler::reschedule_job(global, name, cron.as_deref(), options, *no_run_timeout)
+                    .await
+            }
+            JobsCommand::Remove { name } => scheduler::remove_job(global, name).await,
+            JobsCommand::Changes { job, limit } => {
+                scheduler::job_changes(global, job.as_deref(), *limit).await
+            }
+        },
         Command::History {
             job,
             outcome,

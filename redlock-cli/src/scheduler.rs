@@ -1,18 +1,21 @@
 //! The commands that work on the scheduler's history database through a
-//! [`SchedulerAdmin`]: `jobs`, `history`, `leader`, `pause`, `resume`, and the requests
-//! a running replica carries out (`trigger`, `cancel`, `step-down`, read back with
-//! `request`).
+//! [`SchedulerAdmin`]: `jobs`, `history`, `leader`, `pause`, `resume`, the requests a
+//! running replica carries out (`trigger`, `cancel`, `step-down`, read back with
+//! `request`), and the jobs changed at run time (`jobs add`, `jobs reschedule`,
+//! `jobs remove`, `jobs changes`).
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{SubsecRound as _, Utc};
 use redlock_scheduler::admin::{
-    JobInfo, LeaderInfo, Request, RequestAction, RequestError, RequestState, SchedulerAdmin,
+    JobChange, JobChangeAction, JobInfo, LeaderInfo, Request, RequestAction, RequestError,
+    RequestState, SchedulerAdmin,
 };
 use redlock_scheduler::history::{HistoryError, Outcome, Run, RunFilter};
-use redlock_scheduler::{Error, History};
+use redlock_scheduler::{Error, History, JobSpec};
+use serde_json::Value;
 
-use crate::cli::{DATABASE_ENV, Global, Wait};
+use crate::cli::{DATABASE_ENV, Global, JobOptions, Wait};
 use crate::format::{self, Table, line, or_dash, yes_no};
 use crate::outcome::{CliError, EXIT_FAILED, Report};
 
@@ -90,9 +93,15 @@ fn query_error(admin: &SchedulerAdmin, err: Error) -> CliError {
             admin.scheduler(),
             admin.history().place()
         )),
-        Error::Request(RequestError::UnknownRequest { .. } | RequestError::NotDone { .. }) => {
-            CliError::failed(err.to_string())
-        }
+        Error::Request(
+            RequestError::UnknownRequest { .. }
+            | RequestError::NotDone { .. }
+            | RequestError::JobExists { .. }
+            | RequestError::UnknownHandler { .. }
+            | RequestError::InvalidJob(_)
+            | RequestError::ReplicasOutdated { .. }
+            | RequestError::ChangeConflict { .. },
+        ) => CliError::failed(err.to_string()),
         other => CliError::failed(format!(
             "{other} ({}); check that the database is up",
             admin.history().place()
@@ -496,6 +505,269 @@ fn show_request(global: &Global, request: &Request) -> Result<Report, CliError> 
         report.code = EXIT_FAILED;
     }
     Ok(report)
+}
+
+/// `redlock jobs add NAME --cron EXPR [options]`.
+pub(crate) async fn add_job(
+    global: &Global,
+    name: &str,
+    cron: &str,
+    options: &JobOptions,
+) -> Result<Report, CliError> {
+    let admin = admin(global).await?;
+    let spec = with_options(JobSpec::new(name, cron), options);
+    let change = admin
+        .add_job(spec)
+        .await
+        .map_err(|e| query_error(&admin, e))?;
+    show_change(global, &change)
+}
+
+/// `redlock jobs reschedule NAME [options]`: the options given change, the others keep
+/// the definition in force.
+pub(crate) async fn reschedule_job(
+    global: &Global,
+    name: &str,
+    cron: Option<&str>,
+    options: &JobOptions,
+    no_run_timeout: bool,
+) -> Result<Report, CliError> {
+    let JobOptions {
+        handler,
+        zone,
+        misfire,
+        grace,
+        run_timeout,
+        dst,
+        on_leader,
+    } = options;
+    let nothing = cron.is_none()
+        && handler.is_none()
+        && zone.is_none()
+        && misfire.is_none()
+        && grace.is_none()
+        && run_timeout.is_none()
+        && dst.is_none()
+        && on_leader.is_none()
+        && !no_run_timeout;
+    if nothing {
+        return Err(CliError::usage(
+            "nothing to change: give --cron, --handler, --zone, --misfire, --grace, --run-timeout, --no-run-timeout, --dst or --on-leader",
+        ));
+    }
+    let admin = admin(global).await?;
+    let Some(mut spec) = admin
+        .job_spec(name)
+        .await
+        .map_err(|e| query_error(&admin, e))?
+    else {
+        let unknown = RequestError::UnknownJob {
+            name: name.to_owned(),
+        };
+        return Err(query_error(&admin, unknown.into()));
+    };
+    if let Some(cron) = cron {
+        spec = spec.schedule(cron);
+    }
+    if no_run_timeout {
+        spec = spec.timeout(None);
+    }
+    let change = admin
+        .reschedule_job(with_options(spec, options))
+        .await
+        .map_err(|e| query_error(&admin, e))?;
+    show_change(global, &change)
+}
+
+/// `redlock jobs remove NAME`.
+pub(crate) async fn remove_job(global: &Global, name: &str) -> Result<Report, CliError> {
+    let admin = admin(global).await?;
+    let change = admin
+        .remove_job(name)
+        .await
+        .map_err(|e| query_error(&admin, e))?;
+    show_change(global, &change)
+}
+
+/// `redlock jobs changes [--job NAME] [--limit N]`.
+pub(crate) async fn job_changes(
+    global: &Global,
+    job: Option<&str>,
+    limit: u32,
+) -> Result<Report, CliError> {
+    let admin = admin(global).await?;
+    let changes = admin
+        .job_changes(job, limit)
+        .await
+        .map_err(|e| query_error(&admin, e))?;
+    if global.json {
+        return Ok(Report::ok(format::json(&changes)?));
+    }
+    if changes.is_empty() {
+        return Ok(Report::ok(match job {
+            Some(job) => format!(
+                "no changes of `{job}` recorded for scheduler `{}`\n",
+                admin.scheduler()
+            ),
+            None => format!(
+                "no job changes recorded for scheduler `{}`\n",
+                admin.scheduler()
+            ),
+        }));
+    }
+    let now = Utc::now();
+    let mut table = Table::new(&["SEQ", "JOB", "ACTION", "BY", "WHEN", "SCHEDULE"]);
+    for change in &changes {
+        let schedule = |spec: Option<&JobSpec>| {
+            spec.map_or_else(
+                || "-".to_owned(),
+                |spec| format!("{} ({})", spec.expression(), spec.zone()),
+            )
+        };
+        table.row(vec![
+            change.seq.to_string(),
+            change.job.clone(),
+            change.action.as_str().to_owned(),
+            change.changed_by.clone(),
+            format::time_from(change.changed, now),
+            match change.action {
+                JobChangeAction::Add => schedule(change.definition.as_ref()),
+                JobChangeAction::Remove => format!("{} → -", schedule(change.previous.as_ref())),
+                _ => format!(
+                    "{} → {}",
+                    schedule(change.previous.as_ref()),
+                    schedule(change.definition.as_ref())
+                ),
+            },
+        ]);
+    }
+    Ok(Report::ok(table.render()))
+}
+
+/// `spec` with the options given.
+fn with_options(mut spec: JobSpec, options: &JobOptions) -> JobSpec {
+    if let Some(handler) = &options.handler {
+        spec = spec.handler(handler.clone());
+    }
+    if let Some(zone) = &options.zone {
+        spec = spec.time_zone(zone.clone());
+    }
+    if let Some(misfire) = options.misfire {
+        spec = spec.misfire(misfire);
+    }
+    if let Some(grace) = options.grace {
+        spec = spec.misfire_grace(grace);
+    }
+    if let Some(timeout) = options.run_timeout {
+        spec = spec.timeout(timeout);
+    }
+    if let Some(dst) = options.dst {
+        spec = spec.dst(dst);
+    }
+    if let Some(on_leader) = options.on_leader {
+        spec = spec.run_on_leader(on_leader);
+    }
+    spec
+}
+
+/// A job's settings as `jobs add` takes them, in order: (label, value).
+fn settings(spec: &JobSpec) -> Vec<(&'static str, String)> {
+    // The spec's own JSON gives the settings it has no getter for.
+    let json = serde_json::to_value(spec).unwrap_or(Value::Null);
+    let millis = |field: &str| {
+        json.get(field).and_then(Value::as_u64).map_or_else(
+            || "none".to_owned(),
+            |ms| format::duration(Duration::from_millis(ms)),
+        )
+    };
+    let misfire = match (
+        json.pointer("/misfire/policy").and_then(Value::as_str),
+        json.pointer("/misfire/max").and_then(Value::as_u64),
+    ) {
+        (Some(policy), Some(max)) => format!("{policy}:{max}"),
+        (Some(policy), None) => policy.to_owned(),
+        _ => "?".to_owned(),
+    };
+    vec![
+        ("schedule", spec.expression().to_owned()),
+        ("zone", spec.zone().to_owned()),
+        ("handler", spec.handler_name().to_owned()),
+        ("misfire", misfire),
+        ("grace", millis("misfire_grace_ms")),
+        ("timeout", millis("timeout_ms")),
+        (
+            "dst",
+            json.get("dst")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_owned(),
+        ),
+        (
+            "on leader",
+            yes_no(json.get("run_on_leader").and_then(Value::as_bool) == Some(true)),
+        ),
+    ]
+}
+
+/// Prints a job change: what it did, by whom, and the settings (before → after where
+/// they changed).
+fn show_change(global: &Global, change: &JobChange) -> Result<Report, CliError> {
+    if global.json {
+        return Ok(Report::ok(format::json(change)?));
+    }
+    let what = match change.action {
+        JobChangeAction::Add => "added",
+        JobChangeAction::Reschedule => "rescheduled",
+        JobChangeAction::Remove => "removed",
+        _ => change.action.as_str(),
+    };
+    let mut out = String::new();
+    line(
+        &mut out,
+        format!(
+            "{what} job `{}` (change {} by {}, {})",
+            change.job,
+            change.seq,
+            change.changed_by,
+            // To the millisecond, as the history keeps it.
+            format::time(change.changed.trunc_subsecs(3))
+        ),
+    );
+    let before = change.previous.as_ref().map(settings);
+    let after = change.definition.as_ref().map(settings);
+    match (before, after) {
+        (Some(before), Some(after)) => {
+            for ((label, old), (_, new)) in before.into_iter().zip(after) {
+                if old == new {
+                    line(&mut out, format!("  {label:<9}  {new}"));
+                } else {
+                    line(&mut out, format!("  {label:<9}  {old} → {new}"));
+                }
+            }
+        }
+        (None, Some(settings)) => {
+            for (label, value) in settings {
+                line(&mut out, format!("  {label:<9}  {value}"));
+            }
+        }
+        (Some(settings), None) => {
+            line(&mut out, "  its last definition:");
+            for (label, value) in settings {
+                line(&mut out, format!("  {label:<9}  {value}"));
+            }
+        }
+        (None, None) => {}
+    }
+    if matches!(
+        change.action,
+        JobChangeAction::Add | JobChangeAction::Reschedule
+    ) {
+        line(
+            &mut out,
+            "every replica applies it within a second; the leader fires its ticks after the time of the change",
+        );
+    }
+    Ok(Report::ok(out))
 }
 
 #[cfg(test)]

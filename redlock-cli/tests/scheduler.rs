@@ -269,3 +269,268 @@ async fn scheduler_jobs_history_and_requests() {
         "{jobs:?}"
     );
 }
+
+/// `jobs add`, `jobs reschedule`, `jobs remove` and `jobs changes` against a running
+/// replica with the handler `work` and no job in code: the changes reach the replica
+/// (listed by `jobs`), are recorded with the operator's name, and are refused with exit
+/// code 1 when they cannot be made (2 for a usage error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_added_rescheduled_and_removed() {
+    let cluster = Cluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("history.db").display());
+    let history = History::connect(&url).await.unwrap();
+    let scheduler = Scheduler::builder(redlock_testkit::builder(&cluster).build().unwrap())
+        .name("billing")
+        .instance("replica-a")
+        .history(history.clone())
+        .handler("work", |_ctx: JobContext| async {
+            Ok::<_, std::io::Error>(())
+        })
+        .build()
+        .unwrap();
+    scheduler.start();
+    let admin = SchedulerAdmin::new(history.clone(), "billing");
+    until("a leader", Duration::from_secs(10), || async {
+        scheduler.leadership().map(|_| ())
+    })
+    .await;
+    // The replica's first beat says which handlers it has.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let env = [
+        ("REDLOCK_SCHEDULER", "billing"),
+        ("REDLOCK_OPERATOR", "alice"),
+    ];
+    let run = |args: &[&str]| {
+        let args: Vec<String> = args
+            .iter()
+            .chain(["--database", url.as_str()].iter())
+            .map(|s| (*s).to_owned())
+            .collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_cli(&args, &env).await
+        }
+    };
+    let listed = async || -> Vec<serde_json::Value> {
+        let jobs = run(&["jobs", "--json"]).await.expect(0).json();
+        jobs.as_array().unwrap().clone()
+    };
+
+    // None yet.
+    let none = run(&["jobs", "changes"]).await.expect(0);
+    assert_eq!(
+        none.stdout,
+        "no job changes recorded for scheduler `billing`\n"
+    );
+    let none = run(&["jobs", "changes", "--json"]).await.expect(0).json();
+    assert_eq!(none, serde_json::json!([]));
+
+    // Refused: a bad schedule, an unknown handler (exit 1); a bad option (exit 2).
+    let bad = run(&[
+        "jobs",
+        "add",
+        "export",
+        "--cron",
+        "every minute",
+        "--handler",
+        "work",
+    ])
+    .await
+    .expect(1);
+    assert!(bad.stderr.contains("refused"), "{bad:?}");
+    let unknown = run(&[
+        "jobs",
+        "add",
+        "export",
+        "--cron",
+        "* * * * *",
+        "--handler",
+        "nope",
+    ])
+    .await
+    .expect(1);
+    assert!(
+        unknown.stderr.contains("no handler named `nope`"),
+        "{unknown:?}"
+    );
+    run(&[
+        "jobs",
+        "add",
+        "export",
+        "--cron",
+        "* * * * *",
+        "--misfire",
+        "often",
+    ])
+    .await
+    .expect(2);
+    assert!(admin.job_spec("export").await.unwrap().is_none());
+
+    // Added, with every option.
+    let added = run(&[
+        "jobs",
+        "add",
+        "export",
+        "--cron",
+        "*/2 * * * * *",
+        "--handler",
+        "work",
+        "--zone",
+        "Europe/Paris",
+        "--misfire",
+        "catch_up:3",
+        "--grace",
+        "5s",
+        "--run-timeout",
+        "1m",
+        "--dst",
+        "skip/twice",
+        "--on-leader",
+        "--json",
+    ])
+    .await
+    .expect(0)
+    .json();
+    assert_eq!(added["action"], "add", "{added}");
+    assert_eq!(added["changed_by"], "alice");
+    let spec = &added["definition"];
+    assert_eq!(spec["schedule"], "*/2 * * * * *", "{added}");
+    assert_eq!(spec["handler"], "work");
+    assert_eq!(spec["time_zone"], "Europe/Paris");
+    assert_eq!(spec["misfire"]["policy"], "catch_up");
+    assert_eq!(spec["misfire"]["max"], 3);
+    assert_eq!(spec["misfire_grace_ms"], 5000);
+    assert_eq!(spec["timeout_ms"], 60_000);
+    assert_eq!(spec["dst"], "skip/twice");
+    assert_eq!(spec["run_on_leader"], true);
+    until("the job listed", Duration::from_secs(10), || async {
+        listed()
+            .await
+            .iter()
+            .any(|j| j["name"] == "export")
+            .then_some(())
+    })
+    .await;
+    let again = run(&[
+        "jobs",
+        "add",
+        "export",
+        "--cron",
+        "* * * * *",
+        "--handler",
+        "work",
+    ])
+    .await
+    .expect(1);
+    assert!(again.stderr.contains("there already"), "{again:?}");
+
+    // Rescheduled, only the schedule: the rest kept; the table says before → after.
+    let rescheduled = run(&["jobs", "reschedule", "export", "--cron", "*/3 * * * * *"])
+        .await
+        .expect(0);
+    let out = &rescheduled.stdout;
+    assert!(
+        out.starts_with("rescheduled job `export` (change 2 by alice, "),
+        "{rescheduled:?}"
+    );
+    assert!(
+        out.contains("schedule   */2 * * * * * → */3 * * * * *"),
+        "{rescheduled:?}"
+    );
+    assert!(out.contains("zone       Europe/Paris\n"), "{rescheduled:?}");
+    assert!(out.contains("timeout    1m00s\n"), "{rescheduled:?}");
+    let spec = admin.job_spec("export").await.unwrap().unwrap();
+    assert_eq!(
+        (spec.expression(), spec.zone(), spec.handler_name()),
+        ("*/3 * * * * *", "Europe/Paris", "work")
+    );
+    until(
+        "the new schedule listed",
+        Duration::from_secs(10),
+        || async {
+            listed()
+                .await
+                .iter()
+                .any(|j| j["name"] == "export" && j["schedule"] == "*/3 * * * * *")
+                .then_some(())
+        },
+    )
+    .await;
+    // Settings switched off; the schedule stays.
+    let off = run(&[
+        "jobs",
+        "reschedule",
+        "export",
+        "--no-run-timeout",
+        "--on-leader=false",
+        "--json",
+    ])
+    .await
+    .expect(0)
+    .json();
+    assert_eq!(
+        off["definition"]["timeout_ms"],
+        serde_json::Value::Null,
+        "{off}"
+    );
+    assert_eq!(off["definition"]["run_on_leader"], false);
+    assert_eq!(off["definition"]["schedule"], "*/3 * * * * *");
+    assert_eq!(off["definition"]["misfire_grace_ms"], 5000);
+    let nothing = run(&["jobs", "reschedule", "export"]).await.expect(2);
+    assert!(nothing.stderr.contains("nothing to change"), "{nothing:?}");
+    let unknown = run(&["jobs", "reschedule", "nope", "--cron", "* * * * *"])
+        .await
+        .expect(1);
+    assert!(
+        unknown.stderr.contains("no job named `nope`"),
+        "{unknown:?}"
+    );
+
+    // Removed; again: refused.
+    let removed = run(&["jobs", "remove", "export"]).await.expect(0);
+    assert!(
+        removed
+            .stdout
+            .starts_with("removed job `export` (change 4 by alice, "),
+        "{removed:?}"
+    );
+    until(
+        "the job no longer listed",
+        Duration::from_secs(10),
+        || async { (!listed().await.iter().any(|j| j["name"] == "export")).then_some(()) },
+    )
+    .await;
+    run(&["jobs", "remove", "export"]).await.expect(1);
+
+    // The record: newest first, by the operator.
+    let changes = run(&["jobs", "changes", "--json"]).await.expect(0).json();
+    let changes = changes.as_array().unwrap();
+    let actions: Vec<&str> = changes
+        .iter()
+        .map(|c| c["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["remove", "reschedule", "reschedule", "add"]);
+    let seqs: Vec<u64> = changes.iter().map(|c| c["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, [4, 3, 2, 1]);
+    assert!(changes.iter().all(|c| c["changed_by"] == "alice"));
+    let two = run(&[
+        "jobs", "changes", "--job", "export", "--limit", "2", "--json",
+    ])
+    .await
+    .expect(0)
+    .json();
+    assert_eq!(two.as_array().unwrap().len(), 2);
+    let table = run(&["jobs", "changes"]).await.expect(0);
+    let lines: Vec<&str> = table.stdout.lines().collect();
+    assert!(lines[0].starts_with("SEQ  JOB"), "{table:?}");
+    assert!(
+        lines[1].starts_with("4    export  remove") && lines[1].contains("alice"),
+        "{table:?}"
+    );
+    assert!(
+        lines[3].ends_with("*/2 * * * * * (Europe/Paris) → */3 * * * * * (Europe/Paris)"),
+        "{table:?}"
+    );
+    scheduler.shutdown(Duration::from_secs(5)).await;
+}

@@ -228,6 +228,16 @@ pub enum RequestError {
     #[error("the job's definition is refused: {0}")]
     InvalidJob(#[from] crate::BuildError),
 
+    /// Replicas alive now run a version that does not apply job changes: they would
+    /// keep firing the jobs as they were. Upgrade them first.
+    #[error(
+        "replicas {instances:?} run a version that does not apply job changes: upgrade every replica before changing jobs at run time"
+    )]
+    ReplicasOutdated {
+        /// The replicas' ids.
+        instances: Vec<String>,
+    },
+
     /// Other changes of the scheduler's jobs kept coming in between reading and writing
     /// this one: try again.
     #[error("job `{job}`: other job changes kept coming in while this one was written; try again")]

@@ -57,6 +57,9 @@ pub(crate) enum SkipReason {
     Untaken,
     /// The job was removed at run time after the tick was claimed.
     Removed,
+    /// The job was rescheduled at run time after the tick was claimed, and the new
+    /// definition has no such tick.
+    Rescheduled,
 }
 
 impl SkipReason {
@@ -70,6 +73,7 @@ impl SkipReason {
             Self::NoRoom => "no_room",
             Self::Untaken => "untaken",
             Self::Removed => "removed",
+            Self::Rescheduled => "rescheduled",
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::time::DstPolicy;
 const CHANGE_ATTEMPTS: u32 = 8;
 
 /// A replica whose beat is this recent counts as alive when a change's handler is
-/// looked up.
+/// looked up, and when replicas of a version without job changes are looked for.
 const HANDLER_SEEN: Duration = Duration::from_secs(60);
 
 /// The most changes [`SchedulerAdmin::job_changes`] returns at once.
@@ -44,8 +44,9 @@ impl SchedulerAdmin {
     ///
     /// [`RequestError::InvalidJob`] (the schedule, time zone or an option);
     /// [`RequestError::JobExists`]; [`RequestError::UnknownHandler`] if no replica alive
-    /// in the last minute registered the handler; [`RequestError::ChangeConflict`];
-    /// the history's error.
+    /// in the last minute registered the handler; [`RequestError::ReplicasOutdated`] if
+    /// a replica alive then runs a version without job changes;
+    /// [`RequestError::ChangeConflict`]; the history's error.
     pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
         spec.check().map_err(RequestError::from)?;
         self.check_handler(&spec).await?;
@@ -160,6 +161,17 @@ impl SchedulerAdmin {
         at: DateTime<Utc>,
         decide: impl Fn(Option<JobSpec>) -> Result<(JobChangeAction, Option<JobSpec>), RequestError>,
     ) -> Result<JobChange, Error> {
+        let since = at - chrono::Duration::from_std(HANDLER_SEEN).unwrap_or_default();
+        let outdated = self
+            .history
+            .replicas_without_changes(&self.scheduler, since)
+            .await?;
+        if !outdated.is_empty() {
+            return Err(RequestError::ReplicasOutdated {
+                instances: outdated,
+            }
+            .into());
+        }
         for _ in 0..CHANGE_ATTEMPTS {
             let last = self.history.last_job_change(&self.scheduler).await?;
             let previous = self.current(job, &base).await?;

@@ -379,7 +379,16 @@ impl SchedulerAdmin {
     ///
     /// As [`trigger`](Self::trigger).
     pub async fn cancel(&self, job: &str) -> Result<Dispatched, Error> {
-        self.known(job).await?;
+        // A job removed at run time whose run still goes on is no longer published.
+        if self.known(job).await.is_err() {
+            let running = self.history.running(&self.scheduler).await?;
+            if !running.iter().any(|run| run.job == job) {
+                return Err(RequestError::UnknownJob {
+                    name: job.to_owned(),
+                }
+                .into());
+            }
+        }
         self.submit(Some(job), RequestAction::Cancel).await
     }
 

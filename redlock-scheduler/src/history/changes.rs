@@ -12,28 +12,59 @@ use crate::changes::{JobChange, JobChangeAction, JobSpec};
 
 const CHANGE_COLUMNS: &str = "seq, job, action, definition, previous, changed_by, changed_ms";
 
-fn change_from_row(row: &AnyRow) -> Result<JobChange, Error> {
+/// A change recorded in a form this version cannot read (written by a later one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UnreadChange {
+    pub(crate) seq: u64,
+    pub(crate) job: String,
+    pub(crate) error: String,
+}
+
+/// A change row: the change, or why it cannot be read (its number and job always can).
+fn change_from_row(row: &AnyRow) -> Result<Result<JobChange, UnreadChange>, Error> {
+    let seq = u64::try_from(row.try_get::<i64, _>("seq")?).unwrap_or(0);
     let job: String = row.try_get("job")?;
     let action: String = row.try_get("action")?;
-    let spec = |column: &str| -> Result<Option<JobSpec>, Error> {
-        let text: Option<String> = row.try_get(column)?;
-        text.map(|text| JobSpec::from_text(&job, &text))
-            .transpose()
-            .map_err(|e| Error::Database(sqlx::Error::Decode(e.into())))
+    let definition: Option<String> = row.try_get("definition")?;
+    let previous: Option<String> = row.try_get("previous")?;
+    let changed_by: String = row.try_get("changed_by")?;
+    let changed = from_ms(row.try_get("changed_ms")?);
+    let read = || -> Result<JobChange, String> {
+        let spec =
+            |text: Option<&String>| text.map(|text| JobSpec::from_text(&job, text)).transpose();
+        Ok(JobChange {
+            seq,
+            action: JobChangeAction::from_text(&action)
+                .ok_or_else(|| format!("unknown job change `{action}`"))?,
+            definition: spec(definition.as_ref())?,
+            previous: spec(previous.as_ref())?,
+            changed_by: changed_by.clone(),
+            changed,
+            job: job.clone(),
+        })
     };
-    Ok(JobChange {
-        seq: u64::try_from(row.try_get::<i64, _>("seq")?).unwrap_or(0),
-        action: JobChangeAction::from_text(&action).ok_or_else(|| {
-            Error::Database(sqlx::Error::Decode(
-                format!("unknown job change `{action}`").into(),
-            ))
-        })?,
-        definition: spec("definition")?,
-        previous: spec("previous")?,
-        changed_by: row.try_get("changed_by")?,
-        changed: from_ms(row.try_get("changed_ms")?),
-        job,
-    })
+    Ok(read().map_err(|error| UnreadChange {
+        seq,
+        job: job.clone(),
+        error,
+    }))
+}
+
+/// The changes of `rows`, those this version cannot read reported as errors.
+fn changes_from_rows(rows: &[AnyRow]) -> Result<Vec<JobChange>, Error> {
+    rows.iter()
+        .map(|row| {
+            change_from_row(row)?.map_err(|unread| {
+                Error::Database(sqlx::Error::Decode(
+                    format!(
+                        "job change {} of `{}`: {}",
+                        unread.seq, unread.job, unread.error
+                    )
+                    .into(),
+                ))
+            })
+        })
+        .collect()
 }
 
 /// A change to write: the number it takes, what it does, and who made it when.
@@ -48,12 +79,13 @@ pub(crate) struct NewChange<'a> {
 }
 
 impl History {
-    /// The changes of `scheduler`'s jobs numbered after `after`, in order.
+    /// The changes of `scheduler`'s jobs numbered after `after`, in order, each read or
+    /// not (a later version's).
     pub(crate) async fn job_changes_after(
         &self,
         scheduler: &str,
         after: u64,
-    ) -> Result<Vec<JobChange>, Error> {
+    ) -> Result<Vec<Result<JobChange, UnreadChange>>, Error> {
         let sql = format!(
             "SELECT {CHANGE_COLUMNS} FROM {} WHERE scheduler = $1 AND seq > $2 ORDER BY seq",
             self.shared.tables.changes
@@ -96,7 +128,7 @@ impl History {
         let rows = self
             .bounded("read the job changes", query.fetch_all(&self.shared.pool))
             .await?;
-        rows.iter().map(change_from_row).collect()
+        changes_from_rows(&rows)
     }
 
     /// The number of `scheduler`'s latest change (0 if none).

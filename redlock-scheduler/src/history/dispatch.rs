@@ -91,6 +91,28 @@ impl History {
         Ok(())
     }
 
+    /// The replicas of `scheduler` seen at `since` or later whose beats name no
+    /// handlers: a version that does not apply job changes.
+    pub(crate) async fn replicas_without_changes(
+        &self,
+        scheduler: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<String>, Error> {
+        let sql = format!(
+            "SELECT instance FROM {} WHERE scheduler = $1 AND seen_ms >= $2 AND handlers IS NULL
+             ORDER BY instance",
+            self.shared.tables.replicas
+        );
+        self.bounded(
+            "read the replicas",
+            sqlx::query_scalar(&sql)
+                .bind(scheduler)
+                .bind(ms(since))
+                .fetch_all(&self.shared.pool),
+        )
+        .await
+    }
+
     /// Whether a replica of `scheduler` seen at `since` or later registered the handler
     /// `handler`: `None` if no replica was seen then.
     pub(crate) async fn handler_registered(

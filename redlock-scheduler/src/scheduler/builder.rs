@@ -10,7 +10,7 @@ use tokio_util::task::TaskTracker;
 
 use super::Scheduler;
 use super::placement::Placement;
-use super::state::{Inner, JobDef, JobState, JobTable};
+use super::state::{Inner, JobDef, JobState, JobTable, jobs_digest};
 use crate::build_error::BuildError;
 use crate::history::History;
 use crate::job::{Handler, Job, JobContext};
@@ -225,6 +225,7 @@ impl SchedulerBuilder {
                     .to_owned(),
             });
         }
+        let jobs_digest = jobs_digest(jobs.iter().map(|state| &*state.name));
         let instance: Arc<str> = self
             .instance
             .unwrap_or_else(crate::leader::random_instance)
@@ -239,6 +240,7 @@ impl SchedulerBuilder {
                 name: self.name,
                 instance,
                 jobs: JobTable::new(jobs),
+                jobs_digest,
                 handler_names: {
                     let mut names: Vec<&String> = handlers.keys().collect();
                     names.sort_unstable();
@@ -246,6 +248,7 @@ impl SchedulerBuilder {
                 },
                 handlers,
                 applied_change: tokio::sync::Mutex::new(0),
+                unpublished: Mutex::default(),
                 recorder,
                 clock: self.clock,
                 leader_ttl: self.leader_ttl,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use redlock_core::CancellationToken;
 
 use super::Scheduler;
-use super::state::{Inner, JobDef, JobState};
+use super::state::{Inner, JobDef, JobState, lock};
 use crate::changes::{JOB_CHANGE_POLL, JobChange, JobChangeAction, JobSpec};
 use crate::control::Base;
 use crate::error::Error;
@@ -19,47 +19,60 @@ use crate::request::RequestError;
 
 impl Inner {
     /// Reads the changes recorded since the last one applied here and applies them,
-    /// in order: `false` if the history could not be read.
+    /// in order, then publishes the definitions they changed (and those whose
+    /// publication failed before): `false` if the history could not be read.
     pub(super) async fn sync_changes(&self) -> bool {
         let Some(recorder) = &self.recorder else {
             return true;
         };
-        // One reader at a time, so that each change applies once and in order.
-        let mut applied = self.applied_change.lock().await;
-        let changes = match recorder
-            .history()
-            .job_changes_after(&self.name, *applied)
-            .await
         {
-            Ok(changes) => changes,
-            Err(err) => {
-                recorder.health.fail(&err);
-                return false;
+            // One reader at a time, so that each change applies once and in order.
+            let mut applied = self.applied_change.lock().await;
+            let changes = match recorder
+                .history()
+                .job_changes_after(&self.name, *applied)
+                .await
+            {
+                Ok(changes) => changes,
+                Err(err) => {
+                    recorder.health.fail(&err);
+                    return false;
+                }
+            };
+            for change in changes {
+                match change {
+                    Ok(change) => {
+                        *applied = change.seq;
+                        if self.apply_change(&change) {
+                            lock(&self.unpublished).insert(change.job);
+                        }
+                    }
+                    Err(unread) => {
+                        *applied = unread.seq;
+                        self.leave_out(&unread.job, &unread.error);
+                    }
+                }
             }
-        };
-        for change in changes {
-            *applied = change.seq;
-            self.apply_change(&change);
-            self.publish_change(&change).await;
         }
+        self.publish_changed().await;
         true
     }
 
-    /// Puts `change` in force here.
-    pub(super) fn apply_change(&self, change: &JobChange) {
+    /// Puts `change` in force here: whether it took effect.
+    pub(super) fn apply_change(&self, change: &JobChange) -> bool {
         match (&change.action, &change.definition) {
             (JobChangeAction::Add | JobChangeAction::Reschedule, Some(spec)) => {
                 let def = match self.def_of(spec, change) {
                     Ok(def) => def,
                     Err(err) => {
-                        // Checked when it was made; a definition this version cannot
-                        // read leaves the job as it was.
-                        tracing::error!(job = %change.job, seq = change.seq, error = %err, "a job change cannot be applied here: the job stays as it was");
-                        return;
+                        // Checked when it was made: a definition this version cannot
+                        // take (a later version's).
+                        self.leave_out(&change.job, &err.to_string());
+                        return false;
                     }
                 };
                 if !def.runnable {
-                    tracing::warn!(job = %change.job, handler = %def.handler, "no handler of this name on this replica: its runs go to other replicas, and fail if the leader runs them");
+                    tracing::warn!(job = %change.job, handler = %def.handler, "no handler of this name on this replica: it declines the job's runs handed to it, and records them failed if it runs them as the leader");
                 }
                 match self.jobs.find(&change.job) {
                     Some((_, state)) => state.redefine(def),
@@ -73,10 +86,48 @@ impl Inner {
                     state.remove();
                 }
             }
-            _ => return,
+            _ => return false,
         }
         tracing::info!(job = %change.job, action = change.action.as_str(), seq = change.seq, by = %change.changed_by, "job change applied");
         self.jobs.notify();
+        true
+    }
+
+    /// A change of `job` this version cannot apply: the job is left out on this
+    /// replica (it fires and takes none of its runs), rather than kept as it was
+    /// before a change the other replicas applied; a later change it can read brings
+    /// it back.
+    fn leave_out(&self, job: &str, error: &str) {
+        tracing::error!(%job, %error, "a job change this version cannot apply: the job is left out on this replica until a change it can read; upgrade it");
+        if let Some((_, state)) = self.jobs.find(job) {
+            state.remove();
+            self.jobs.notify();
+        }
+    }
+
+    /// Publishes (or takes away, once removed) the definitions of the jobs changed
+    /// since the last publication; those that fail are tried again next time.
+    async fn publish_changed(&self) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        let jobs: Vec<String> = lock(&self.unpublished).drain().collect();
+        let history = recorder.history();
+        for job in jobs {
+            let result = match self.jobs.find(&job) {
+                Some((_, state)) if !state.is_removed() => {
+                    let definition = self.definition(&state);
+                    history
+                        .publish_jobs(&self.name, &self.instance, &[definition])
+                        .await
+                }
+                _ => history.unpublish_job(&self.name, &job).await,
+            };
+            if let Err(err) = result {
+                recorder.health.fail(&err);
+                lock(&self.unpublished).insert(job);
+            }
+        }
     }
 
     /// The definition `spec` puts in force from `change`'s time.
@@ -94,29 +145,6 @@ impl Inner {
             handler: spec.handler_name().into(),
             runnable,
         })
-    }
-
-    /// Brings the published definitions (what admin tools list) in line with `change`.
-    async fn publish_change(&self, change: &JobChange) {
-        let Some(recorder) = &self.recorder else {
-            return;
-        };
-        let history = recorder.history();
-        let result = match change.action {
-            JobChangeAction::Remove => history.unpublish_job(&self.name, &change.job).await,
-            _ => match self.jobs.find(&change.job) {
-                Some((_, state)) if !state.is_removed() => {
-                    let definition = self.definition(&state);
-                    history
-                        .publish_jobs(&self.name, &self.instance, &[definition])
-                        .await
-                }
-                _ => Ok(()),
-            },
-        };
-        if let Err(err) = result {
-            recorder.health.fail(&err);
-        }
     }
 
     /// `state`'s definition as published for admin tools.
@@ -159,16 +187,18 @@ fn missing_handler(name: &str, instance: &str) -> Handler {
 }
 
 /// On every replica with a history, from start to shutdown: applies the changes
-/// recorded so far, publishes this replica's job definitions for admin tools (retrying
-/// until the database takes them), then applies new changes as they come.
+/// recorded (every [`JOB_CHANGE_POLL`]) and publishes this replica's job definitions
+/// for admin tools once it has applied those recorded at its start (retried with a
+/// backoff of 1 s, doubling up to 30 s, until the database takes them).
 pub(super) async fn follow_changes(inner: Arc<Inner>, stop: CancellationToken) {
     let Some(recorder) = inner.recorder.clone() else {
         return;
     };
     let mut backoff = Duration::from_secs(1);
-    let mut published = false;
-    while !published {
-        if inner.sync_changes().await {
+    let mut publish_at = Some(tokio::time::Instant::now());
+    loop {
+        let synced = inner.sync_changes().await;
+        if synced && publish_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
             let definitions: Vec<JobDefinition> = inner
                 .jobs
                 .live()
@@ -182,27 +212,20 @@ pub(super) async fn follow_changes(inner: Arc<Inner>, stop: CancellationToken) {
             {
                 Ok(()) => {
                     recorder.health.read_ok();
-                    published = true;
-                    continue;
+                    publish_at = None;
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "could not publish the job definitions for admin tools; retrying");
                     recorder.health.fail(&err);
+                    publish_at = Some(tokio::time::Instant::now() + backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
                 }
             }
         }
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
-            () = stop.cancelled() => return,
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
-    }
-    loop {
-        tokio::select! {
             () = tokio::time::sleep(JOB_CHANGE_POLL) => {}
             () = stop.cancelled() => return,
         }
-        inner.sync_changes().await;
     }
 }
 
@@ -293,16 +316,14 @@ impl Scheduler {
         }
         let now = inner.clock.now();
         let Some(admin) = self.admin() else {
-            // This replica alone: numbered after the last change made here.
+            // This replica alone: numbered after the last change made here, checked
+            // and applied under one lock (no other change in between).
+            let mut applied = inner.applied_change.lock().await;
             let previous = inner.local_spec(job);
             let (action, definition) = decide(previous.clone())?;
-            let seq = {
-                let mut applied = inner.applied_change.lock().await;
-                *applied += 1;
-                *applied
-            };
+            *applied += 1;
             let change = JobChange {
-                seq,
+                seq: *applied,
                 job: job.to_owned(),
                 action,
                 definition,

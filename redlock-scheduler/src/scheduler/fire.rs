@@ -60,7 +60,35 @@ pub(super) async fn lead(inner: Arc<Inner>, mut events: tokio::sync::watch::Rece
 /// A job's firing loop: the definition it fires, and how to retire it.
 struct Firing {
     version: u64,
-    retire: CancellationToken,
+    retire: Retire,
+}
+
+/// Tells a firing loop to stop: at once (the job was removed), or after firing its
+/// definition's ticks up to the time the next definition took effect.
+#[derive(Clone)]
+struct Retire {
+    token: CancellationToken,
+    at: Arc<std::sync::Mutex<Option<DateTime<Utc>>>>,
+}
+
+impl Retire {
+    fn new(parent: &CancellationToken) -> Self {
+        Self {
+            token: parent.child_token(),
+            at: Arc::default(),
+        }
+    }
+
+    /// Retires the loop, its ticks fired up to `at` (none more if `None`).
+    fn retire(&self, at: Option<DateTime<Utc>>) {
+        *lock(&self.at) = at;
+        self.token.cancel();
+    }
+
+    /// `None` while the loop goes on; then up to when it fires its ticks.
+    fn retired(&self) -> Option<Option<DateTime<Utc>>> {
+        self.token.is_cancelled().then(|| *lock(&self.at))
+    }
 }
 
 /// Fires every job in force while `leadership` lasts: a loop per job, started at the
@@ -83,7 +111,7 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
             let def = state.def();
             if state.is_removed() {
                 if let Some(old) = loops.remove(&index) {
-                    old.retire.cancel();
+                    old.retire.retire(None);
                 }
                 continue;
             }
@@ -94,7 +122,10 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
                 // Redefined while this replica leads: the new definition's ticks from
                 // when it took effect (those the old one fired are claimed already).
                 Some(old) => {
-                    old.retire.cancel();
+                    // The old one fires its ticks up to the switch, the new one after.
+                    let now = inner.clock.now();
+                    old.retire
+                        .retire(Some(def.since.map_or(now, |since| since.min(now))));
                     Start::Switch
                 }
                 // At the election (or added since): from where the history says the
@@ -110,7 +141,7 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
                     added: !first,
                 },
             };
-            let retire = firing.child_token();
+            let retire = Retire::new(firing);
             loops.insert(
                 index,
                 Firing {
@@ -209,7 +240,7 @@ async fn fire_loop(
     def: Arc<JobDef>,
     start: Start,
     leadership: Leadership,
-    retire: CancellationToken,
+    retire: Retire,
 ) {
     let now = inner.clock.now();
     let grace = inner.grace(&state);
@@ -248,9 +279,16 @@ async fn fire_loop(
     let misfire = def.job.misfire;
     loop {
         let now = inner.clock.now();
-        let due = def
-            .schedule
-            .ticks_between(cursor, crate::time::later(now, ahead));
+        let mut until = crate::time::later(now, ahead);
+        let retired = retire.retired();
+        match retired {
+            None => {}
+            // Removed: nothing more.
+            Some(None) => return,
+            // Replaced: this definition's ticks up to the switch, then the new one's.
+            Some(Some(at)) => until = until.min(at),
+        }
+        let due = def.schedule.ticks_between(cursor, until);
         if let Some(last) = due.last() {
             cursor = *last;
             let plan = match elected.take() {
@@ -282,6 +320,7 @@ async fn fire_loop(
                     tokio::select! {
                         () = inner.runs.track_future(task) => {}
                         () = leadership.ended_token().cancelled() => return,
+                        () = inner.stop_firing.cancelled() => return,
                     }
                 } else {
                     inner.runs.spawn(task);
@@ -290,13 +329,19 @@ async fn fire_loop(
         } else {
             elected = None;
         }
+        if retired.is_some() {
+            return;
+        }
         let Some(next) = def.schedule.next_after(cursor.max(now)) else {
             return;
         };
         let wake = next - chrono::Duration::from_std(ahead).unwrap_or_default();
         tokio::select! {
+            // A tick due now fires before a retirement is heeded (it may be before the
+            // switch); a retired loop goes round once more to fire up to the switch.
+            biased;
             () = inner.clock.sleep_until(wake) => {}
-            () = retire.cancelled() => return,
+            () = retire.token.cancelled() => {}
             () = leadership.ended_token().cancelled() => return,
             () = inner.stop_firing.cancelled() => return,
         }

@@ -179,7 +179,7 @@ impl Inner {
             capacity: self.capacity.map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
             running: u32::try_from(running).unwrap_or(u32::MAX),
             polled_ms,
-            jobs_digest: self.jobs_digest(),
+            jobs_digest: self.jobs_digest.clone(),
             handlers: self.handler_names.clone(),
             seen: self.clock.now(),
         }
@@ -239,14 +239,13 @@ impl Inner {
             }
             let token = leadership.epoch();
             if let Some((_, state)) = self.jobs.find(&handoff.job)
-                && state.is_removed()
+                && (state.is_removed() || state.superseded(handoff.tick))
             {
                 if let Ok(true) = history
                     .move_handoff(&self.name, &handoff, None, token, now)
                     .await
                 {
-                    let reason = "the job was removed before its run was taken".to_owned();
-                    self.record_skip(&state, handoff.tick, token, SkipReason::Removed, reason);
+                    self.dropped(&state, handoff.tick, token);
                 }
                 continue;
             }
@@ -414,12 +413,21 @@ impl Inner {
             return;
         };
         let state = &*state;
+        if !state.def().runnable {
+            decline("this replica has no handler of the job's name").await;
+            return;
+        }
         let Some(slot) = slot else {
             decline("at max_concurrent_runs").await;
             return;
         };
         if !self.wait_for_tick(handoff.tick, None).await {
             decline("shutting down").await;
+            return;
+        }
+        if state.superseded(handoff.tick) {
+            // Rescheduled since: given back, for the leader to record.
+            decline("the job was rescheduled without this tick").await;
             return;
         }
         if self.clock.now() > self.deadline(state, handoff.tick) {

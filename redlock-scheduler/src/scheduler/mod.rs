@@ -265,7 +265,13 @@ impl Scheduler {
     /// the run is not here and this replica does not lead; the history's error.
     pub async fn cancel(&self, job: &str) -> Result<Dispatched, Error> {
         let inner = &self.inner;
-        inner.job(job)?;
+        // A job removed while its run goes on included.
+        if inner.jobs.find(job).is_none() {
+            return Err(RequestError::UnknownJob {
+                name: job.to_owned(),
+            }
+            .into());
+        }
         if let Some(tick) = inner.cancel_local(job) {
             return Ok(Dispatched::Done {
                 result: inner.cancelled(tick),

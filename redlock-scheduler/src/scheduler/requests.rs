@@ -88,9 +88,9 @@ impl Inner {
     pub(super) async fn serve_cancels(&self) {
         if !self
             .jobs
-            .live()
+            .all()
             .iter()
-            .any(|s| s.running.load(Ordering::Acquire))
+            .any(|(_, s)| s.running.load(Ordering::Acquire))
         {
             return;
         }
@@ -109,7 +109,8 @@ impl Inner {
     /// replica answers); a follower leaves it.
     async fn serve_cancel(&self, request: &Request, leader: bool) {
         let job = request.job.as_deref().unwrap_or_default();
-        let Ok((_, state)) = self.job(job) else {
+        // A removed job's run going on can still be cancelled.
+        let Some((_, state)) = self.jobs.find(job) else {
             if leader {
                 let unknown = RequestError::UnknownJob {
                     name: job.to_owned(),

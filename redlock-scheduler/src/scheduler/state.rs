@@ -40,6 +40,10 @@ pub(super) struct Inner {
     pub(super) capacity: Option<usize>,
     /// The runs going on this replica, and those about to start here.
     pub(super) running_here: Arc<AtomicUsize>,
+    /// A digest of the names of the jobs declared in code: runs are handed only to
+    /// replicas with the same (jobs changed at run time are the same on every replica
+    /// once applied; one that lacks a job or its handler yet declines its runs).
+    pub(super) jobs_digest: String,
     /// The handlers jobs added at run time may name (those of the jobs declared in
     /// code under their names, and those registered by name).
     pub(super) handlers: HashMap<String, crate::job::Handler>,
@@ -47,6 +51,8 @@ pub(super) struct Inner {
     pub(super) handler_names: String,
     /// The number of the last job change applied here.
     pub(super) applied_change: super::changes::Applied,
+    /// The jobs whose definition changed here and is not yet published.
+    pub(super) unpublished: Mutex<std::collections::HashSet<String>>,
     /// The leader's view of where runs go.
     pub(super) placement: Mutex<Placement>,
     pub(super) elector: OnceLock<LeaderElector>,
@@ -172,6 +178,17 @@ impl JobState {
 
     pub(super) fn running_tick(&self) -> Option<DateTime<Utc>> {
         *lock(&self.running_tick)
+    }
+
+    /// Whether `tick` was planned under a definition since replaced: it comes after
+    /// the definition in force took effect, and that definition has no such tick.
+    pub(super) fn superseded(&self, tick: DateTime<Utc>) -> bool {
+        let def = self.def();
+        def.since.is_some_and(|since| tick > since)
+            && !def
+                .schedule
+                .ticks_between(tick - chrono::Duration::milliseconds(1), tick)
+                .contains(&tick)
     }
 
     /// Whether a run on this replica holds the job's run lock now.
@@ -306,18 +323,6 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Inner {
-    /// A digest of the jobs in force here that this replica can run (its handler is
-    /// registered here): runs are handed only to replicas with the same digest.
-    pub(super) fn jobs_digest(&self) -> String {
-        let live = self.jobs.live();
-        let defs: Vec<_> = live.iter().map(|state| state.def()).collect();
-        jobs_digest(
-            defs.iter()
-                .filter(|def| def.runnable)
-                .map(|def| def.job.name.as_str()),
-        )
-    }
-
     /// The job named `name`, if it is in force here.
     pub(super) fn job(&self, name: &str) -> Result<(usize, Arc<JobState>), Error> {
         self.jobs
@@ -360,7 +365,8 @@ impl Inner {
     /// Cancels the run of `job` going on this replica, as an operator asked: its tick,
     /// or `None` if no run of it goes here.
     pub(super) fn cancel_local(&self, job: &str) -> Option<DateTime<Utc>> {
-        let (_, state) = self.job(job).ok()?;
+        // A job removed while its run goes on can still have that run cancelled.
+        let (_, state) = self.jobs.find(job)?;
         let token = lock(&state.operator_cancel).clone()?;
         let tick = state.running_tick()?;
         token.cancel();

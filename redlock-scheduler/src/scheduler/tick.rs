@@ -197,9 +197,7 @@ impl Inner {
             self.record_skip(state, tick, token, paused, "paused".to_owned());
             return;
         }
-        if state.is_removed() {
-            let reason = "the job was removed after its tick was claimed".to_owned();
-            self.record_skip(state, tick, token, SkipReason::Removed, reason);
+        if self.dropped(state, tick, token) {
             return;
         }
         if let Some(Placed::There(replica)) = &placed {
@@ -245,6 +243,9 @@ impl Inner {
         let state = &*state;
         let token = leadership.epoch();
         if !self.wait_for_tick(tick, Some(leadership)).await {
+            return;
+        }
+        if self.dropped(state, tick, token) {
             return;
         }
         let run_lock = match self
@@ -317,6 +318,26 @@ impl Inner {
                 RunLockRefused::Failed(format!("the job's run lock could not be taken: {err}"))
             }
         })
+    }
+
+    /// Whether a claimed `tick` is dropped because its job changed since it was
+    /// planned (removed, or rescheduled without that tick); recorded so.
+    pub(super) fn dropped(&self, state: &JobState, tick: DateTime<Utc>, token: u64) -> bool {
+        let (kind, reason) = if state.is_removed() {
+            (
+                SkipReason::Removed,
+                "the job was removed after its tick was claimed",
+            )
+        } else if state.superseded(tick) {
+            (
+                SkipReason::Rescheduled,
+                "the job was rescheduled after its tick was claimed, and its new schedule has no such tick",
+            )
+        } else {
+            return false;
+        };
+        self.record_skip(state, tick, token, kind, reason.to_owned());
+        true
     }
 
     /// Records why a tick whose run lock was refused did not run.
