@@ -115,6 +115,31 @@ async fn contend(
     failures.load(Ordering::Relaxed)
 }
 
+/// The mixed fault schedule (pauses, restarts without persistence, cut links and
+/// delays; two at a time, one every 300 ms) on `cluster` until `stop`, restarted nodes
+/// in quarantine for `quarantine`; seeded.
+fn mixed_faults(
+    cluster: Arc<tokio::sync::Mutex<Cluster>>,
+    quarantine: Duration,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> impl std::future::Future<Output = redlock_testkit::FaultReport> {
+    run_faults(
+        cluster,
+        &[
+            FaultKind::Pause,
+            FaultKind::Restart,
+            FaultKind::Cut,
+            FaultKind::Delay,
+        ],
+        2,
+        Duration::from_millis(300),
+        quarantine,
+        stop,
+        seed,
+    )
+}
+
 fn assert_safe(log: &SafetyLog, what: &str) {
     let violations = log.violations();
     assert!(
@@ -141,16 +166,8 @@ async fn mixed_faults_never_double_grant() {
     };
     let log = Arc::new(SafetyLog::new());
     let stop = Arc::new(AtomicBool::new(false));
-    let faults = tokio::spawn(run_faults(
+    let faults = tokio::spawn(mixed_faults(
         cluster.clone(),
-        &[
-            FaultKind::Pause,
-            FaultKind::Restart,
-            FaultKind::Cut,
-            FaultKind::Delay,
-        ],
-        2,
-        Duration::from_millis(300),
         // The quarantine: max TTL + 1 s of uptime rounding.
         setup.ttl + Duration::from_secs(1),
         stop.clone(),
@@ -313,16 +330,8 @@ async fn semaphore_under_faults_never_exceeds_its_permits() {
     let slots: Arc<Vec<SafetyLog>> = Arc::new((0..PERMITS).map(|_| SafetyLog::new()).collect());
     let all: Arc<std::sync::Mutex<Vec<(Instant, Instant)>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
-    let faults = tokio::spawn(run_faults(
+    let faults = tokio::spawn(mixed_faults(
         cluster.clone(),
-        &[
-            FaultKind::Pause,
-            FaultKind::Restart,
-            FaultKind::Cut,
-            FaultKind::Delay,
-        ],
-        2,
-        Duration::from_millis(300),
         setup.ttl + Duration::from_secs(1),
         stop.clone(),
         11,
@@ -414,16 +423,8 @@ async fn a_majority_counted_semaphore_under_the_same_faults_admits_too_many() {
     let cluster = Arc::new(tokio::sync::Mutex::new(Cluster::start_proxied(5).await));
     let urls = cluster.lock().await.urls();
     let stop = Arc::new(AtomicBool::new(false));
-    let faults = tokio::spawn(run_faults(
+    let faults = tokio::spawn(mixed_faults(
         cluster.clone(),
-        &[
-            FaultKind::Pause,
-            FaultKind::Restart,
-            FaultKind::Cut,
-            FaultKind::Delay,
-        ],
-        2,
-        Duration::from_millis(300),
         TTL + Duration::from_secs(1),
         stop.clone(),
         11,
@@ -572,16 +573,8 @@ async fn rw_lock_under_faults_never_lets_a_writer_share() {
     // (start, end, is a write)
     let all: Arc<std::sync::Mutex<Vec<(Instant, Instant, bool)>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
-    let faults = tokio::spawn(run_faults(
+    let faults = tokio::spawn(mixed_faults(
         cluster.clone(),
-        &[
-            FaultKind::Pause,
-            FaultKind::Restart,
-            FaultKind::Cut,
-            FaultKind::Delay,
-        ],
-        2,
-        Duration::from_millis(300),
         setup.ttl + Duration::from_secs(1),
         stop.clone(),
         13,

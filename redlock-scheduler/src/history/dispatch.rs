@@ -26,9 +26,6 @@ pub(crate) struct Presence {
     pub(crate) polled_ms: i64,
     /// A digest of the names of the jobs it declares.
     pub(crate) jobs_digest: String,
-    /// The names of the handlers registered on it, as a JSON array (written by its
-    /// beats for admin tools; empty when read back for the leader).
-    pub(crate) handlers: String,
     /// When it said so (its own clock).
     pub(crate) seen: DateTime<Utc>,
 }
@@ -67,11 +64,11 @@ impl History {
         let sql = format!(
             "INSERT INTO {} (scheduler, instance, capacity, running, polled_ms, jobs_digest,
                              seen_ms, handlers)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, '')
              ON CONFLICT (scheduler, instance) DO UPDATE
              SET capacity = excluded.capacity, running = excluded.running,
                  polled_ms = excluded.polled_ms, jobs_digest = excluded.jobs_digest,
-                 seen_ms = excluded.seen_ms, handlers = excluded.handlers",
+                 seen_ms = excluded.seen_ms",
             self.shared.tables.replicas
         );
         self.bounded(
@@ -84,7 +81,31 @@ impl History {
                 .bind(presence.polled_ms)
                 .bind(presence.jobs_digest.as_str())
                 .bind(ms(presence.seen))
-                .bind(presence.handlers.as_str())
+                .execute(&self.shared.pool),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Writes the names of the handlers registered on `instance` (a JSON array) beside
+    /// its beat: a beat writes an empty list for a replica new to the table (its
+    /// handlers unknown yet), and leaves them as they are otherwise.
+    pub(crate) async fn say_handlers(
+        &self,
+        scheduler: &str,
+        instance: &str,
+        handlers: &str,
+    ) -> Result<(), Error> {
+        let sql = format!(
+            "UPDATE {} SET handlers = $3 WHERE scheduler = $1 AND instance = $2",
+            self.shared.tables.replicas
+        );
+        self.bounded(
+            "say the replica's handlers",
+            sqlx::query(&sql)
+                .bind(scheduler)
+                .bind(instance)
+                .bind(handlers)
                 .execute(&self.shared.pool),
         )
         .await?;
@@ -199,7 +220,6 @@ impl History {
                     running: u32::try_from(row.try_get::<i64, _>("running")?).unwrap_or(0),
                     polled_ms: row.try_get("polled_ms")?,
                     jobs_digest: row.try_get("jobs_digest")?,
-                    handlers: String::new(),
                     seen: from_ms(row.try_get("seen_ms")?),
                 })
             })

@@ -292,8 +292,9 @@ impl Tables {
             // definition it puts in force and the one it replaced (JSON), who made it
             // and when; every replica applies them in order. The published definitions
             // gain what a change needs to restate a job: its handler's name, grace and
-            // whether it runs on the leader; each replica's beat, the names of the
-            // handlers registered on it (so that a change names one that exists).
+            // whether it runs on the leader; beside each replica's beat, the names of
+            // the handlers registered on it (so that a change names one that exists;
+            // NULL: a version without job changes, '': not said yet).
             (
                 10,
                 vec![

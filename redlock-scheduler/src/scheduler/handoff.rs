@@ -52,6 +52,9 @@ const POLL: Duration = Duration::from_millis(100);
 /// replica takes it at its time; this is how late a run whose replica died starts).
 const TAKE_WITHIN: Duration = Duration::from_millis(500);
 
+/// How often a replica writes the names of its handlers beside its beat.
+const HANDLERS_EVERY: Duration = Duration::from_secs(30);
+
 /// How often the leader looks for ticks declined or not taken.
 pub(super) const RESCAN: Duration = Duration::from_millis(250);
 
@@ -180,7 +183,6 @@ impl Inner {
             running: u32::try_from(running).unwrap_or(u32::MAX),
             polled_ms,
             jobs_digest: self.jobs_digest.clone(),
-            handlers: self.handler_names.clone(),
             seen: self.clock.now(),
         }
     }
@@ -341,11 +343,24 @@ pub(super) async fn serve(inner: Arc<Inner>, stop: CancellationToken) {
     let mut poll = tokio::time::interval(POLL);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut handlers_said: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = beat.tick() => {
                 if let Err(err) = history.beat(&inner.name, &inner.presence(polled_ms)).await {
                     recorder.health.fail(&err);
+                    continue;
+                }
+                // The handlers' names, for admin tools: with the first beat, then now
+                // and then (the list does not change; a row written anew gets it back).
+                if handlers_said.is_none_or(|at| at.elapsed() >= HANDLERS_EVERY) {
+                    match history
+                        .say_handlers(&inner.name, &inner.instance, &inner.handler_names)
+                        .await
+                    {
+                        Ok(()) => handlers_said = Some(tokio::time::Instant::now()),
+                        Err(err) => recorder.health.fail(&err),
+                    }
                 }
             }
             _ = poll.tick() => {

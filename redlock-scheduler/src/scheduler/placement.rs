@@ -158,7 +158,6 @@ mod tests {
             running,
             polled_ms: at(seen).timestamp_millis(),
             jobs_digest: "jobs".to_owned(),
-            handlers: String::new(),
             seen: at(seen),
         }
     }
