@@ -20,21 +20,34 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const PREFIX: &str = "parity:";
 
 /// The lock keys (not fencing counters) on each node, one line per node: what the
-/// handlers answer while they hold their lock.
+/// handlers answer while they hold their lock. An acquisition returns once a majority
+/// granted it, so the last node's `SET` may still be in flight: the nodes are read
+/// again (for up to 2 s) until they all hold the same keys.
 async fn lock_keys(cluster: &Cluster) -> String {
     let mut lines = Vec::new();
-    for (i, keys) in cluster
-        .keys("redlock:{parity:*")
-        .await
-        .into_iter()
-        .enumerate()
-    {
-        let mut keys: Vec<String> = keys
+    for _ in 0..400 {
+        let per_node: Vec<Vec<String>> = cluster
+            .keys("redlock:{parity:*")
+            .await
             .into_iter()
-            .filter(|k| !k.ends_with(":fence"))
+            .map(|keys| {
+                let mut keys: Vec<String> = keys
+                    .into_iter()
+                    .filter(|k| !k.ends_with(":fence"))
+                    .collect();
+                keys.sort();
+                keys
+            })
             .collect();
-        keys.sort();
-        lines.push(format!("node {i}: {}", keys.join(" ")));
+        lines = per_node
+            .iter()
+            .enumerate()
+            .map(|(i, keys)| format!("node {i}: {}", keys.join(" ")))
+            .collect();
+        if per_node.windows(2).all(|pair| pair[0] == pair[1]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     lines.join("\n")
 }
@@ -332,7 +345,9 @@ async fn tower_and_actix_lock_the_same_keys_and_answer_alike() {
     };
     let problem = Some("application/problem+json".to_owned());
 
-    // Header keys: the trimmed value, `%` and `:` escaped, locked on every node.
+    // Header keys: the trimmed value, `%` and `:` escaped, locked on every node. Node 0
+    // answers 30 ms late, so a lock is granted before its `SET` lands there.
+    cluster.proxy(0).delay(Duration::from_millis(30));
     for (value, key) in [
         (&b"k-1"[..], "k-1"),
         (b" a:b ", "a%3Ab"),
@@ -343,6 +358,7 @@ async fn tower_and_actix_lock_the_same_keys_and_answer_alike() {
         assert_eq!(reply.status, 200, "{reply:?}");
         assert_eq!(reply.body, on_every_node(key), "{value:?}");
     }
+    cluster.proxy(0).restore();
     // Unusable headers: missing, repeated, empty, not ASCII: 400 problems, alike.
     let missing = both(servers, &cluster, "/h", &[]).await;
     assert_eq!((missing.status, &missing.content_type), (400, &problem));
