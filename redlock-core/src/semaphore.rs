@@ -212,6 +212,8 @@ impl Semaphore {
     /// once. A scan that finds fewer gives back what it took before it waits (it never
     /// holds some while waiting for more, so two callers cannot block each other), so a
     /// caller asking for many permits can wait longer than callers asking for one.
+    /// While it waits, the release of any slot makes it scan again at once; such scans
+    /// do not count as attempts of the policy, whose delays and deadline bound the wait.
     ///
     /// # Errors
     ///
@@ -245,7 +247,46 @@ impl Semaphore {
             let Some(wait) = policy.next_delay(attempts, started.elapsed()) else {
                 return Err(busy);
             };
-            tokio::time::sleep(wait).await;
+            if let Some(permits) = self.wait_for_many(n, wait, &policy).await? {
+                return Ok(permits);
+            }
+        }
+    }
+
+    /// Waits `wait` for `n` permits to be free at once. Listening on every slot (marked
+    /// as waited for), each release makes it scan again at once, without counting an
+    /// attempt of the policy: one freed permit of the `n` wanted must not use up the
+    /// attempts. `Some` with the permits a scan took; `None` at the end of `wait` (or
+    /// at once without wake-ups: then it sleeps `wait`).
+    async fn wait_for_many(
+        &self,
+        n: u32,
+        wait: Duration,
+        policy: &RetryPolicy,
+    ) -> Result<Option<Vec<Permit>>, Error> {
+        let since = Instant::now();
+        let Some(listening) = self.listen().await else {
+            tokio::time::sleep(wait.saturating_sub(since.elapsed())).await;
+            return Ok(None);
+        };
+        let quorum = self.redlock.shared().cluster.quorum();
+        loop {
+            let left = wait.saturating_sub(since.elapsed());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            listening.wait(left, policy.wake_jitter(), quorum).await;
+            if since.elapsed() >= wait {
+                return Ok(None);
+            }
+            match self.scan_many(n).await {
+                Ok(permits) => return Ok(Some(permits)),
+                // Still too few: the slots taken since were not marked yet.
+                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {
+                    self.mark().await;
+                }
+                Err(error) => return Err(error),
+            }
         }
     }
 
@@ -283,17 +324,22 @@ impl Semaphore {
     async fn listen(&self) -> Option<Subscription> {
         let shared = self.redlock.shared();
         let wakeups = shared.wakeups.as_ref()?;
-        let keys: Vec<String> = (0..self.permits)
-            .map(|slot| shared.key(&self.slot_resource(slot)))
-            .collect();
+        let keys = self.slot_keys();
         let subscription = wakeups
             .subscribe(&keys, None, shared.cluster.node_timeout)
             .await;
         if !subscription.listening() {
             return None;
         }
-        mark_waited(&shared.cluster, &keys).await;
+        self.mark().await;
         Some(subscription)
+    }
+
+    /// Marks every held slot as waited for on every node, so that its release publishes.
+    async fn mark(&self) {
+        let shared = self.redlock.shared();
+        let keys = self.slot_keys();
+        mark_waited(&shared.cluster, &keys).await;
     }
 
     /// The slots that look free now (see `attempt::look_at`: one round trip), in random
@@ -301,9 +347,7 @@ impl Semaphore {
     /// slot (the attempts will say what is wrong).
     async fn look(&self) -> (Vec<u32>, Option<Duration>) {
         let shared = self.redlock.shared();
-        let keys: Vec<String> = (0..self.permits)
-            .map(|slot| shared.key(&self.slot_resource(slot)))
-            .collect();
+        let keys = self.slot_keys();
         let (mut free, mut soonest) = (Vec::new(), None);
         match look_at(&shared.cluster, &keys).await {
             Some(states) => {
@@ -321,6 +365,14 @@ impl Semaphore {
         }
         free.shuffle(&mut rand::rng());
         (free, soonest)
+    }
+
+    /// Every slot's lock key, in slot order.
+    fn slot_keys(&self) -> Vec<String> {
+        let shared = self.redlock.shared();
+        (0..self.permits)
+            .map(|slot| shared.key(&self.slot_resource(slot)))
+            .collect()
     }
 
     /// The error of a semaphore whose permits are all taken; `retry_after`: when the

@@ -369,6 +369,48 @@ async fn acquire_many_takes_all_or_none() {
     }
 }
 
+/// A caller of `acquire_many` waiting for 2 permits is woken by releases: the first
+/// release frees one permit, too few, and it goes on waiting without using up its
+/// policy (2 attempts, 3 s apart); the second frees two, and it takes them at once,
+/// not at the policy's next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_many_is_woken_by_releases_without_using_up_its_attempts() {
+    const PERMITS: u32 = 4;
+    let cluster = Cluster::start(3).await;
+    let holder = redlock_testkit::builder(&cluster).build().unwrap();
+    let mut held = holder
+        .semaphore("woken", PERMITS)
+        .unwrap()
+        .acquire_many(PERMITS)
+        .await
+        .unwrap();
+    let waiter = redlock_testkit::builder(&cluster).build().unwrap();
+    let semaphore = waiter
+        .semaphore("woken", PERMITS)
+        .unwrap()
+        .retry(RetryPolicy::attempts(2).with_delay(Duration::from_secs(3), Duration::ZERO));
+    let started = Instant::now();
+    let waiting = tokio::spawn(async move {
+        let permits = semaphore.acquire_many(2).await;
+        (Instant::now(), permits)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.pop().unwrap().release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "took 2 permits with one free");
+    let released = Instant::now();
+    held.pop().unwrap().release().await.unwrap();
+    let (got, permits) = waiting.await.unwrap();
+    let permits = permits.unwrap();
+    assert_eq!(permits.len(), 2);
+    let after = got.duration_since(released);
+    assert!(
+        after < Duration::from_millis(700),
+        "took the permits {after:?} after the second release ({:?} after the start)",
+        got.duration_since(started)
+    );
+}
+
 /// A full semaphore is not scanned slot by slot: a request costs one attempt on one
 /// slot and one look at all of them (a `PTTL` per slot, in one round trip per node),
 /// whatever the number of permits, and still says when the first permit comes back.
