@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Timelike, Utc};
 use redlock_scheduler::admin::{JobChangeAction, RequestError, SchedulerAdmin};
 use redlock_scheduler::history::{Outcome, Run};
-use redlock_scheduler::{Error, History, JobContext, JobSpec, Scheduler};
+use redlock_scheduler::{Error, History, JobContext, JobSpec, Misfire, Scheduler};
 use redlock_testkit::Cluster;
 
 mod common;
@@ -27,24 +27,33 @@ async fn replicas(
 ) -> Vec<Replica> {
     let mut replicas = Vec::new();
     for name in ["a", "b", "c"] {
-        let ticks = Arc::clone(ticks);
-        replicas.push(
-            Replica::start(cluster, name, Some(url.to_owned()), Vec::new(), move |b| {
-                b.handler("count", move |ctx: JobContext| {
-                    let ticks = Arc::clone(&ticks);
-                    async move {
-                        ticks.record(&ctx);
-                        tokio::select! {
-                            () = tokio::time::sleep(work) => Ok(()),
-                            () = ctx.cancelled() => Err("cancelled".to_owned()),
-                        }
-                    }
-                })
-            })
-            .await,
-        );
+        replicas.push(counting_replica(cluster, name, url, ticks, work).await);
     }
     replicas
+}
+
+/// One replica with the handler `count` (see [`replicas`]).
+async fn counting_replica(
+    cluster: &Cluster,
+    name: &str,
+    url: &str,
+    ticks: &Arc<Ticks>,
+    work: Duration,
+) -> Replica {
+    let ticks = Arc::clone(ticks);
+    Replica::start(cluster, name, Some(url.to_owned()), Vec::new(), move |b| {
+        b.handler("count", move |ctx: JobContext| {
+            let ticks = Arc::clone(&ticks);
+            async move {
+                ticks.record(&ctx);
+                tokio::select! {
+                    () = tokio::time::sleep(work) => Ok(()),
+                    () = ctx.cancelled() => Err("cancelled".to_owned()),
+                }
+            }
+        })
+    })
+    .await
 }
 
 /// Waits until every replica lists `job` among its jobs (`true`) or none does.
@@ -269,6 +278,65 @@ async fn a_schedule_changed_just_before_a_tick_switches_without_a_double_or_a_lo
         };
         if due {
             assert!(rows.contains_key(&t), "tick {when} lost: {rows:?}");
+        }
+    }
+}
+
+/// A schedule changed while no replica leads (its leader died): the leader elected
+/// afterwards runs the old schedule's ticks missed before the change and the new one's
+/// after it (each by the job's misfire policy, here all of them), each once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_changed_while_nobody_leads_loses_no_tick_of_either_schedule() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let history = History::connect(&url).await.unwrap();
+    let ticks = Arc::new(Ticks::default());
+    let work = Duration::from_millis(50);
+    let mut first = counting_replica(&cluster, "a", &url, &ticks, work).await;
+    leader_of(std::slice::from_ref(&first), Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let admin = SchedulerAdmin::new(history.clone(), Scheduler::DEFAULT_NAME).operator("ops");
+    let even = JobSpec::new("handover", "*/2 * * * * *")
+        .handler("count")
+        .misfire(Misfire::CatchUp { max: 10 });
+    let added = admin.add_job(even.clone()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The leader dies; nobody leads: two even ticks pass, the job moves to odd seconds
+    // (accepted: the dead replica's beat, with its handlers, is recent), two odd ticks
+    // pass, then a replica starts.
+    first.sandbox.crash();
+    tokio::time::sleep(Duration::from_millis(4200)).await;
+    let change = admin
+        .reschedule_job(even.schedule("1/2 * * * * *"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(4200)).await;
+    let second = counting_replica(&cluster, "b", &url, &ticks, work).await;
+    leader_of(std::slice::from_ref(&second), Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let ended = Utc::now();
+    second.shutdown().await;
+    let rows = runs_by_tick(&history, "handover").await;
+    for (t, instances) in &ticks.snapshot() {
+        assert_eq!(instances.len(), 1, "tick {t} ran on {instances:?}");
+    }
+    let at = |ms: i64| DateTime::from_timestamp_millis(ms).unwrap();
+    let changed = change.changed.timestamp_millis();
+    for t in rows.keys() {
+        let odd = at(*t).second() % 2 == 1;
+        assert_eq!(odd, *t > changed, "tick {} on the wrong schedule", at(*t));
+    }
+    let from = added.changed + chrono::Duration::milliseconds(1500);
+    for t in seconds(from, ended - chrono::Duration::milliseconds(1500)) {
+        let odd = at(t).second() % 2 == 1;
+        if odd == (t > changed) {
+            assert_eq!(
+                rows.get(&t).map(|run| run.outcome),
+                Some(Outcome::Succeeded),
+                "tick {} (the change at {}): {rows:?}",
+                at(t),
+                change.changed
+            );
         }
     }
 }

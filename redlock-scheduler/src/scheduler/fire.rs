@@ -141,6 +141,14 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
                     added: !first,
                 },
             };
+            // At the election, the definitions replaced while nobody led fire their
+            // missed ticks first, each up to when the next took effect (by its own
+            // misfire policy, one after the other, so that their late runs do not
+            // overlap), then the one in force.
+            let replaced = match start {
+                Start::Elected { added: false, .. } => state.replaced(),
+                _ => Vec::new(),
+            };
             let retire = Retire::new(firing);
             loops.insert(
                 index,
@@ -149,15 +157,18 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
                     retire: retire.clone(),
                 },
             );
-            tokio::spawn(fire_loop(
-                Arc::clone(inner),
-                index,
-                state,
-                def,
-                start,
-                leadership.clone(),
-                retire,
-            ));
+            let (inner, leadership, firing) =
+                (Arc::clone(inner), leadership.clone(), firing.clone());
+            tokio::spawn(async move {
+                for old in replaced {
+                    let ended = Retire::new(&firing);
+                    ended.retire(Some(old.until));
+                    let state = Arc::clone(&state);
+                    let (inner, leadership) = (Arc::clone(&inner), leadership.clone());
+                    fire_loop(inner, index, state, old.def, start, leadership, ended).await;
+                }
+                fire_loop(inner, index, state, def, start, leadership, retire).await;
+            });
         }
         first = false;
         if changes.changed().await.is_err() {

@@ -1,6 +1,6 @@
 //! What a scheduler holds: its options, its jobs' state, its background tasks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
@@ -87,9 +87,24 @@ pub(super) struct JobDef {
     pub(super) runnable: bool,
 }
 
+/// How many replaced definitions a job keeps (see [`JobState::replaced`]).
+const REPLACED_KEPT: usize = 8;
+
+/// A definition replaced at run time, and when the one that replaced it took effect:
+/// its ticks up to then are its own.
+#[derive(Clone)]
+pub(super) struct Replaced {
+    pub(super) def: Arc<JobDef>,
+    pub(super) until: DateTime<Utc>,
+}
+
 pub(super) struct JobState {
     pub(super) name: Arc<str>,
     def: RwLock<Arc<JobDef>>,
+    /// The definitions the job had before the one in force, oldest first (at most
+    /// [`REPLACED_KEPT`]): a leader elected after a change fires the ticks each of them
+    /// had while nobody led.
+    replaced: Mutex<VecDeque<Replaced>>,
     /// Removed at run time: no tick fires, nothing new starts (a run going on finishes).
     removed: AtomicBool,
     pub(super) paused: AtomicBool,
@@ -118,6 +133,7 @@ impl JobState {
         Self {
             name: def.job.name.as_str().into(),
             def: RwLock::new(Arc::new(def)),
+            replaced: Mutex::new(VecDeque::new()),
             removed: AtomicBool::new(false),
             paused: AtomicBool::new(false),
             running: AtomicBool::new(false),
@@ -144,15 +160,32 @@ impl JobState {
     }
 
     /// Puts `def` in force (its version set past the one it replaces), bringing the
-    /// job back if it was removed.
+    /// job back if it was removed. The definition it replaces is kept with the time
+    /// `def` took effect, unless the job was removed (its ticks ended then).
     pub(super) fn redefine(&self, mut def: JobDef) {
         let mut current = self
             .def
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         def.version = current.version + 1;
+        let was_removed = self.removed.swap(false, Ordering::AcqRel);
+        if let (false, Some(until)) = (was_removed, def.since) {
+            let mut replaced = lock(&self.replaced);
+            if replaced.len() == REPLACED_KEPT {
+                replaced.pop_front();
+            }
+            replaced.push_back(Replaced {
+                def: Arc::clone(&current),
+                until,
+            });
+        }
         *current = Arc::new(def);
-        self.removed.store(false, Ordering::Release);
+    }
+
+    /// The definitions replaced at run time, oldest first, each with when the next one
+    /// took effect.
+    pub(super) fn replaced(&self) -> Vec<Replaced> {
+        lock(&self.replaced).iter().cloned().collect()
     }
 
     /// Removes the job: nothing of it fires or starts from now on.
