@@ -141,6 +141,15 @@ enum Side {
     Write,
 }
 
+impl From<Side> for RwSide {
+    fn from(side: Side) -> Self {
+        match side {
+            Side::Read => RwSide::Read,
+            Side::Write => RwSide::Write,
+        }
+    }
+}
+
 impl RwLock {
     /// The locks' TTL (default: the client's): how long a dead holder's lock stays taken.
     #[must_use]
@@ -242,14 +251,7 @@ impl RwLock {
         let started = Instant::now();
         let mut attempts = 0;
         let result = self.run(side, retry, &mut attempts).await;
-        telemetry::rw_acquisition(
-            match side {
-                Side::Read => RwSide::Read,
-                Side::Write => RwSide::Write,
-            },
-            result.as_ref().map(drop),
-            started.elapsed(),
-        );
+        telemetry::rw_acquisition(side.into(), result.as_ref().map(drop), started.elapsed());
         result
     }
 
@@ -286,6 +288,7 @@ impl RwLock {
         });
         let started = Instant::now();
         let mut subscription: Option<Subscription> = None;
+        let mut waiting: Option<telemetry::Waiting> = None;
         let mut attempts: u32 = 0;
         loop {
             attempts = attempts.saturating_add(1);
@@ -357,6 +360,7 @@ impl RwLock {
                     retry_after,
                 ));
             };
+            waiting.get_or_insert_with(|| telemetry::Waiting::rw(side.into()));
             match (&subscription, &failure, &shared.wakeups) {
                 (Some(subscription), _, _) => {
                     subscription

@@ -169,6 +169,7 @@ impl Semaphore {
         policy.validate()?;
         let started = Instant::now();
         let mut attempts: u32 = 0;
+        let mut waiting = None;
         loop {
             attempts = attempts.saturating_add(1);
             let busy = match self.scan().await {
@@ -179,6 +180,7 @@ impl Semaphore {
             let Some(wait) = policy.next_delay(attempts, started.elapsed()) else {
                 return Err(busy);
             };
+            waiting.get_or_insert_with(crate::telemetry::Waiting::permit);
             // Queue on one slot for the delay: woken (and handed the slot) when it is
             // released. Listening on every slot (marked as waited for, so that their
             // releases publish), the release of any other slot ends the wait too: then
@@ -237,6 +239,7 @@ impl Semaphore {
         policy.validate()?;
         let started = Instant::now();
         let mut attempts: u32 = 0;
+        let mut waiting = None;
         loop {
             attempts = attempts.saturating_add(1);
             let busy = match self.scan_many(n).await {
@@ -247,6 +250,7 @@ impl Semaphore {
             let Some(wait) = policy.next_delay(attempts, started.elapsed()) else {
                 return Err(busy);
             };
+            waiting.get_or_insert_with(crate::telemetry::Waiting::permit);
             if let Some(permits) = self.wait_for_many(n, wait, &policy).await? {
                 return Ok(permits);
             }

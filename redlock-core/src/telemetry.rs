@@ -22,6 +22,8 @@
 //! | `redlock_rw_acquisitions_total` | counter | `side`: `read`, `write`; `outcome` | read-write lock requests ([`RwLock`](crate::RwLock)), by how they ended |
 //! | `redlock_rw_acquire_duration_seconds` | histogram | `side`, `outcome` | how long a read or write request took, waiting included |
 //! | `redlock_rw_locks_held` | gauge | `side` | read and write locks this process holds |
+//! | `redlock_permit_waiters` | gauge | | this process's permit requests waiting for a permit |
+//! | `redlock_rw_waiters` | gauge | `side` | this process's read and write requests waiting |
 //! | `redlock_node_duration_seconds` | histogram | `node`, `op` | one command to one node, answered or failed |
 //! | `redlock_node_errors_total` | counter | `node`, `kind`: `timeout`, `connection`, `quarantined`, `refused`, `redis` | failed node commands |
 //! | `redlock_node_quarantined` | gauge | `node` | 1 while the node sits in restart quarantine, else 0 |
@@ -80,6 +82,10 @@ pub const RW_ACQUISITIONS: &str = "redlock_rw_acquisitions_total";
 pub const RW_ACQUIRE_DURATION: &str = "redlock_rw_acquire_duration_seconds";
 /// Read and write locks this process holds, by side.
 pub const RW_LOCKS_HELD: &str = "redlock_rw_locks_held";
+/// Permit requests waiting (found every permit taken, and wait by their retry policy).
+pub const PERMIT_WAITERS: &str = "redlock_permit_waiters";
+/// Read and write requests waiting, by side.
+pub const RW_WAITERS: &str = "redlock_rw_waiters";
 /// One command to one node, by node and operation.
 pub const NODE_DURATION: &str = "redlock_node_duration_seconds";
 /// Failed node commands, by node and kind.
@@ -134,6 +140,14 @@ pub fn describe() {
         "How long a read or write request took, waiting included."
     );
     describe_gauge!(RW_LOCKS_HELD, "Read and write locks this process holds.");
+    describe_gauge!(
+        PERMIT_WAITERS,
+        "This process's permit requests waiting for a permit."
+    );
+    describe_gauge!(
+        RW_WAITERS,
+        "This process's read and write requests waiting."
+    );
     describe_histogram!(
         NODE_DURATION,
         Unit::Seconds,
@@ -271,6 +285,33 @@ impl Drop for Held {
         match self.0 {
             None => gauge!(PERMITS_HELD).decrement(1.0),
             Some(side) => gauge!(RW_LOCKS_HELD, "side" => side.label()).decrement(1.0),
+        }
+    }
+}
+
+/// Counts one waiting permit or read-write request in its gauge while it waits.
+#[derive(Debug)]
+pub(crate) struct Waiting(Option<RwSide>);
+
+impl Waiting {
+    /// A permit request, waiting.
+    pub(crate) fn permit() -> Self {
+        gauge!(PERMIT_WAITERS).increment(1.0);
+        Self(None)
+    }
+
+    /// A read or write request, waiting.
+    pub(crate) fn rw(side: RwSide) -> Self {
+        gauge!(RW_WAITERS, "side" => side.label()).increment(1.0);
+        Self(Some(side))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        match self.0 {
+            None => gauge!(PERMIT_WAITERS).decrement(1.0),
+            Some(side) => gauge!(RW_WAITERS, "side" => side.label()).decrement(1.0),
         }
     }
 }

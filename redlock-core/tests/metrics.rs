@@ -186,9 +186,39 @@ async fn lock_activity_is_counted_with_bounded_labels() {
         "{page}"
     );
     assert_eq!(count("redlock_permits_held", ""), 1.0, "{page}");
+    // A writer and a permit request that wait count as waiting until they are granted
+    // (the read lock and the permit kept past their TTL meanwhile).
+    let (mut reading, mut permit) = (reading, permit);
+    reading.auto_extend();
+    permit.auto_extend();
+    let patient = RetryPolicy::deadline(Duration::from_secs(10));
+    let writer = tokio::spawn({
+        let rw = rw.clone().retry(patient);
+        async move { rw.write().await }
+    });
+    let asking = tokio::spawn({
+        let pool = pool.clone().retry(patient);
+        async move { pool.acquire().await }
+    });
+    let waiting = |page: &str| {
+        (
+            sample(page, "redlock_rw_waiters", r#"side="write""#),
+            sample(page, "redlock_permit_waiters", ""),
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut page = prometheus.render();
+    while waiting(&page) != (Some(1.0), Some(1.0)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        page = prometheus.render();
+    }
+    assert_eq!(waiting(&page), (Some(1.0), Some(1.0)), "{page}");
     reading.release().await.unwrap();
     permit.release().await.unwrap();
+    writer.await.unwrap().unwrap().release().await.unwrap();
+    asking.await.unwrap().unwrap().release().await.unwrap();
     let page = prometheus.render();
+    assert_eq!(waiting(&page), (Some(0.0), Some(0.0)), "{page}");
     assert_eq!(
         sample(&page, "redlock_rw_locks_held", r#"side="read""#),
         Some(0.0),
