@@ -18,7 +18,7 @@ mod common;
 use common::*;
 
 /// Three replicas of one scheduler, each with the handler `count` (which records its
-/// tick and works for `work`) and no job declared in code.
+/// tick, job and replica, and works for `work`) and no job declared in code.
 async fn replicas(
     cluster: &Cluster,
     url: &str,
@@ -45,7 +45,14 @@ async fn counting_replica(
         b.handler("count", move |ctx: JobContext| {
             let ticks = Arc::clone(&ticks);
             async move {
-                ticks.record(&ctx);
+                // Which job ran the tick where: `job@instance`.
+                ticks
+                    .0
+                    .lock()
+                    .unwrap()
+                    .entry(ctx.tick().timestamp_millis())
+                    .or_default()
+                    .push(format!("{}@{}", ctx.job(), ctx.instance()));
                 tokio::select! {
                     () = tokio::time::sleep(work) => Ok(()),
                     () = ctx.cancelled() => Err("cancelled".to_owned()),
@@ -284,7 +291,8 @@ async fn a_schedule_changed_just_before_a_tick_switches_without_a_double_or_a_lo
 
 /// A schedule changed while no replica leads (its leader died): the leader elected
 /// afterwards runs the old schedule's ticks missed before the change and the new one's
-/// after it (each by the job's misfire policy, here all of them), each once, in order.
+/// after it (each by the job's misfire policy, here all of them), each once, in order;
+/// and the ticks of a job added meanwhile, from when it was added.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schedule_changed_while_nobody_leads_loses_no_tick_of_either_schedule() {
     let cluster = Cluster::start(3).await;
@@ -310,6 +318,16 @@ async fn a_schedule_changed_while_nobody_leads_loses_no_tick_of_either_schedule(
         .reschedule_job(even.schedule("1/2 * * * * *"))
         .await
         .unwrap();
+    // A job added meanwhile, never run before the election: its ticks since it was
+    // added were missed too.
+    let meanwhile = admin
+        .add_job(
+            JobSpec::new("meanwhile", "* * * * * *")
+                .handler("count")
+                .misfire(Misfire::CatchUp { max: 10 }),
+        )
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(4200)).await;
     let second = counting_replica(&cluster, "b", &url, &ticks, work).await;
     leader_of(std::slice::from_ref(&second), Duration::from_secs(5)).await;
@@ -317,8 +335,21 @@ async fn a_schedule_changed_while_nobody_leads_loses_no_tick_of_either_schedule(
     let ended = Utc::now();
     second.shutdown().await;
     let rows = runs_by_tick(&history, "handover").await;
-    for (t, instances) in &ticks.snapshot() {
-        assert_eq!(instances.len(), 1, "tick {t} ran on {instances:?}");
+    for (t, runs) in &ticks.snapshot() {
+        let jobs: std::collections::HashSet<&str> = runs
+            .iter()
+            .map(|run| run.split('@').next().unwrap())
+            .collect();
+        assert_eq!(jobs.len(), runs.len(), "tick {t} ran twice: {runs:?}");
+    }
+    let added_meanwhile = rows_by_tick(&history, "meanwhile").await;
+    let from = meanwhile.changed + chrono::Duration::milliseconds(1000);
+    for t in seconds(from, ended - chrono::Duration::milliseconds(1500)) {
+        assert_eq!(
+            added_meanwhile.get(&t),
+            Some(&Outcome::Succeeded),
+            "tick {t} of the job added while nobody led: {added_meanwhile:?}"
+        );
     }
     let at = |ms: i64| DateTime::from_timestamp_millis(ms).unwrap();
     let changed = change.changed.timestamp_millis();

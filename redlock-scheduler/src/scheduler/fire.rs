@@ -180,8 +180,9 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
 /// Where a firing loop starts.
 #[derive(Debug, Clone, Copy)]
 enum Start {
-    /// At an election: from the job's last recorded tick (`added`: a job added while
-    /// this replica leads, never recorded before its definition took effect).
+    /// At an election: from the job's last recorded tick, and not before its
+    /// definition took effect (`added`: a job added while this replica leads, which
+    /// has no replaced definitions to fire first).
     Elected {
         recorded: Recorded,
         elected: DateTime<Utc>,
@@ -259,15 +260,14 @@ async fn fire_loop(
     let since = def.since.map(|since| since.min(now));
     let (mut cursor, mut elected) = match start {
         Start::Elected {
-            recorded,
-            elected,
-            added,
+            recorded, elected, ..
         } => {
+            // A definition set at run time is where its job stands when it never ran
+            // since: its ticks after it that nobody ran were missed (unlike those of a
+            // job declared in code, which is as new as the deployment).
             let recorded = match (recorded, since) {
                 (Recorded::Last(last), Some(since)) => Recorded::Last(last.max(since)),
-                (Recorded::Never | Recorded::Unknown, Some(since)) if added => {
-                    Recorded::Last(since)
-                }
+                (Recorded::Never | Recorded::Unknown, Some(since)) => Recorded::Last(since),
                 (recorded, _) => recorded,
             };
             let cursor = plan::start_cursor(recorded, elected, now, grace);
