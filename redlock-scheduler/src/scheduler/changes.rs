@@ -176,7 +176,7 @@ impl Inner {
 
 /// The handler of a job whose handler is not registered on this replica: its runs fail
 /// saying so.
-fn missing_handler(name: &str, instance: &str) -> Handler {
+pub(super) fn missing_handler(name: &str, instance: &str) -> Handler {
     let message = format!(
         "no handler named `{name}` is registered on replica {instance}: register it with SchedulerBuilder::handler on every replica"
     );

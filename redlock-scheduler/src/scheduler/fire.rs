@@ -139,14 +139,22 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
                     },
                     elected,
                     added: !first,
+                    at: inner.clock.now(),
                 },
             };
             // At the election, the definitions replaced while nobody led fire their
             // missed ticks first, each up to when the next took effect (by its own
             // misfire policy, one after the other, so that their late runs do not
-            // overlap), then the one in force.
+            // overlap), then the one in force. Every loop reckons from the same time
+            // (`at`), so that they part the ticks without a gap.
             let replaced = match start {
-                Start::Elected { added: false, .. } => state.replaced(),
+                Start::Elected {
+                    added: false, at, ..
+                } => state
+                    .replaced()
+                    .into_iter()
+                    .map(|old| (old.def, old.until.min(at)))
+                    .collect(),
                 _ => Vec::new(),
             };
             let retire = Retire::new(firing);
@@ -160,12 +168,12 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
             let (inner, leadership, firing) =
                 (Arc::clone(inner), leadership.clone(), firing.clone());
             tokio::spawn(async move {
-                for old in replaced {
+                for (old, until) in replaced {
                     let ended = Retire::new(&firing);
-                    ended.retire(Some(old.until));
+                    ended.retire(Some(until));
                     let state = Arc::clone(&state);
                     let (inner, leadership) = (Arc::clone(&inner), leadership.clone());
-                    fire_loop(inner, index, state, old.def, start, leadership, ended).await;
+                    fire_loop(inner, index, state, old, start, leadership, ended).await;
                 }
                 fire_loop(inner, index, state, def, start, leadership, retire).await;
             });
@@ -187,6 +195,9 @@ enum Start {
         recorded: Recorded,
         elected: DateTime<Utc>,
         added: bool,
+        /// When the loop was started: it starts from where it would have then, also
+        /// after waiting for the loops of replaced definitions.
+        at: DateTime<Utc>,
     },
     /// A new definition while leading: from when it took effect.
     Switch,
@@ -256,8 +267,12 @@ async fn fire_loop(
 ) {
     let now = inner.clock.now();
     let grace = inner.grace(&state);
+    let from = match start {
+        Start::Elected { at, .. } => at,
+        Start::Switch => now,
+    };
     // A definition set at run time fires no tick from before it took effect.
-    let since = def.since.map(|since| since.min(now));
+    let since = def.since.map(|since| since.min(from));
     let (mut cursor, mut elected) = match start {
         Start::Elected {
             recorded, elected, ..
@@ -270,7 +285,7 @@ async fn fire_loop(
                 (Recorded::Never | Recorded::Unknown, Some(since)) => Recorded::Last(since),
                 (recorded, _) => recorded,
             };
-            let cursor = plan::start_cursor(recorded, elected, now, grace);
+            let cursor = plan::start_cursor(recorded, elected, from, grace);
             (
                 since.map_or(cursor, |since| cursor.max(since)),
                 Some(elected),
@@ -318,7 +333,12 @@ async fn fire_loop(
                         () = inner.stop_firing.cancelled() => return,
                     }
                 }
-                if !leadership.is_current() || inner.stop_firing.is_cancelled() {
+                // Removed: nothing more (also for the loop of a replaced definition,
+                // which no retirement reaches).
+                if !leadership.is_current()
+                    || inner.stop_firing.is_cancelled()
+                    || state.is_removed()
+                {
                     return;
                 }
                 let late = matches!(action, plan::Action::Run { late: true });

@@ -188,9 +188,11 @@ impl JobState {
         lock(&self.replaced).iter().cloned().collect()
     }
 
-    /// Removes the job: nothing of it fires or starts from now on.
+    /// Removes the job: nothing of it fires or starts from now on (nor do the ticks of
+    /// its replaced definitions: a job added again later starts afresh).
     pub(super) fn remove(&self) {
         self.removed.store(true, Ordering::Release);
+        lock(&self.replaced).clear();
     }
 
     /// Whether the job was removed at run time (and not added again).
@@ -458,5 +460,68 @@ impl Inner {
     /// The latest moment `tick` may still be acted on.
     pub(super) fn deadline(&self, state: &JobState, tick: DateTime<Utc>) -> DateTime<Utc> {
         crate::time::later(tick, self.grace(state))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::changes::JobSpec;
+
+    fn at(second: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, second).unwrap()
+    }
+
+    /// The definition `expression` of one job, in force from `since`.
+    fn def(expression: &str, since: Option<DateTime<Utc>>) -> JobDef {
+        let spec = JobSpec::new("job", expression).handler("h");
+        JobDef {
+            job: spec.to_job(super::super::changes::missing_handler("h", "test")),
+            schedule: spec.check().unwrap(),
+            since,
+            version: 0,
+            handler: "h".into(),
+            runnable: false,
+        }
+    }
+
+    fn replaced(state: &JobState) -> Vec<(String, DateTime<Utc>)> {
+        state
+            .replaced()
+            .into_iter()
+            .map(|r| (r.def.schedule.expression().to_owned(), r.until))
+            .collect()
+    }
+
+    #[test]
+    fn replaced_definitions_are_kept_bounded_and_dropped_with_a_removal() {
+        let state = JobState::new(def("*/2 * * * * *", None));
+        state.redefine(def("1/2 * * * * *", Some(at(10))));
+        state.redefine(def("*/5 * * * * *", Some(at(20))));
+        assert_eq!(
+            replaced(&state),
+            vec![
+                ("*/2 * * * * *".to_owned(), at(10)),
+                ("1/2 * * * * *".to_owned(), at(20)),
+            ]
+        );
+        assert_eq!(state.def().version, 2);
+        // Bounded: the oldest go first.
+        for second in 21..40 {
+            state.redefine(def("* * * * * *", Some(at(second))));
+        }
+        let kept = replaced(&state);
+        assert_eq!(kept.len(), REPLACED_KEPT);
+        assert_eq!(kept.last().unwrap().1, at(39));
+        // A removal drops them, and the definition it ended is not kept when the job
+        // comes back: its ticks ended with the removal.
+        state.remove();
+        assert!(replaced(&state).is_empty());
+        state.redefine(def("*/3 * * * * *", Some(at(50))));
+        assert!(!state.is_removed());
+        assert!(replaced(&state).is_empty());
     }
 }
