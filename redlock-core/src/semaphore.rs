@@ -214,8 +214,10 @@ impl Semaphore {
     /// once. A scan that finds fewer gives back what it took before it waits (it never
     /// holds some while waiting for more, so two callers cannot block each other), so a
     /// caller asking for many permits can wait longer than callers asking for one.
-    /// While it waits, the release of any slot makes it scan again at once; such scans
-    /// do not count as attempts of the policy, whose delays and deadline bound the wait.
+    /// While it waits, a release of any slot makes it look at the slots again (one
+    /// round trip, no attempt), and it tries again at once when `n` look free: each
+    /// try counts as an attempt of the policy, but a release that frees too few does
+    /// not use one up.
     ///
     /// # Errors
     ///
@@ -242,76 +244,83 @@ impl Semaphore {
         let mut waiting = None;
         loop {
             attempts = attempts.saturating_add(1);
-            let busy = match self.scan_many(n).await {
-                Ok(permits) => return Ok(permits),
-                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => error,
-                Err(error) => return Err(error),
+            let (free, soonest) = self.look().await;
+            let tried = free.len() >= n as usize;
+            let busy = if tried {
+                match self.take_many(free, soonest, n).await {
+                    Ok(permits) => return Ok(permits),
+                    Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => error,
+                    Err(error) => return Err(error),
+                }
+            } else {
+                self.busy(soonest)
             };
             let Some(wait) = policy.next_delay(attempts, started.elapsed()) else {
                 return Err(busy);
             };
             waiting.get_or_insert_with(crate::telemetry::Waiting::permit);
-            if let Some(permits) = self.wait_for_many(n, wait, &policy).await? {
-                return Ok(permits);
-            }
+            // After a try that lost its race, only a release ends the wait early: a
+            // look would find the same free slots, and trying again at once would spin.
+            self.wait_for_many(n, wait, &policy, !tried).await;
         }
     }
 
     /// Waits `wait` for `n` permits to be free at once. Listening on every slot (marked
-    /// as waited for), each release makes it scan again at once, without counting an
-    /// attempt of the policy: one freed permit of the `n` wanted must not use up the
-    /// attempts. `Some` with the permits a scan took; `None` at the end of `wait` (or
-    /// at once without wake-ups: then it sleeps `wait`).
-    async fn wait_for_many(
-        &self,
-        n: u32,
-        wait: Duration,
-        policy: &RetryPolicy,
-    ) -> Result<Option<Vec<Permit>>, Error> {
+    /// as waited for), it looks at the slots again at each release, without an
+    /// attempt, and ends the wait early once `n` look free, so that the caller's next
+    /// attempt comes at once. A look costs one round trip and takes nothing, so
+    /// waiters woken together do not collide, and the attempts stay paced by the
+    /// releases and the policy. `look_first`: also look once the slots are marked (a
+    /// slot released before its mark published nothing). Without wake-ups, it sleeps
+    /// `wait`.
+    async fn wait_for_many(&self, n: u32, wait: Duration, policy: &RetryPolicy, look_first: bool) {
         let since = Instant::now();
         let Some(listening) = self.listen().await else {
-            tokio::time::sleep(wait.saturating_sub(since.elapsed())).await;
-            return Ok(None);
+            tokio::time::sleep(wait).await;
+            return;
         };
         let quorum = self.redlock.shared().cluster.quorum();
+        let mut look = look_first;
         loop {
+            if look && self.look().await.0.len() >= n as usize {
+                return;
+            }
+            look = true;
             let left = wait.saturating_sub(since.elapsed());
             if left.is_zero() {
-                return Ok(None);
+                return;
             }
-            listening.wait(left, policy.wake_jitter(), quorum).await;
+            listening
+                .wait(left, policy.wake_jitter().min(left), quorum)
+                .await;
             if since.elapsed() >= wait {
-                return Ok(None);
+                return;
             }
-            match self.scan_many(n).await {
-                Ok(permits) => return Ok(Some(permits)),
-                // Still too few: the slots taken since were not marked yet.
-                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {
-                    self.mark().await;
-                }
-                Err(error) => return Err(error),
-            }
+            // Slots taken since the last mark are not marked yet.
+            self.mark().await;
         }
     }
 
-    /// A look at every slot, then one attempt on each slot that looked free, in random
-    /// order, until `n` are taken; on fewer, gives them back (awaited) and answers the
-    /// busy error. With fewer than `n` free, it answers busy without an attempt.
-    async fn scan_many(&self, n: u32) -> Result<Vec<Permit>, Error> {
-        let (free, soonest) = self.look().await;
+    /// One attempt on each of the `free` slots, in their order, until `n` are taken; on
+    /// fewer, gives them back (awaited) and answers the busy error (`soonest`: when the
+    /// first held slot ends, as the look saw).
+    async fn take_many(
+        &self,
+        free: Vec<u32>,
+        soonest: Option<Duration>,
+        n: u32,
+    ) -> Result<Vec<Permit>, Error> {
         let mut held = Vec::with_capacity(n as usize);
-        if free.len() >= n as usize {
-            for slot in free {
-                if held.len() == n as usize {
-                    break;
-                }
-                match self.request(slot).retry(RetryPolicy::once()).await {
-                    Ok(lock) => held.push(Permit::new(lock, slot)),
-                    Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
-                    Err(error) => {
-                        give_back(held).await;
-                        return Err(error);
-                    }
+        for slot in free {
+            if held.len() == n as usize {
+                break;
+            }
+            match self.request(slot).retry(RetryPolicy::once()).await {
+                Ok(lock) => held.push(Permit::new(lock, slot)),
+                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
+                Err(error) => {
+                    give_back(held).await;
+                    return Err(error);
                 }
             }
         }

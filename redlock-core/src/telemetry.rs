@@ -22,7 +22,7 @@
 //! | `redlock_rw_acquisitions_total` | counter | `side`: `read`, `write`; `outcome` | read-write lock requests ([`RwLock`](crate::RwLock)), by how they ended |
 //! | `redlock_rw_acquire_duration_seconds` | histogram | `side`, `outcome` | how long a read or write request took, waiting included |
 //! | `redlock_rw_locks_held` | gauge | `side` | read and write locks this process holds |
-//! | `redlock_permit_waiters` | gauge | | this process's permit requests waiting for a permit |
+//! | `redlock_permit_waiters` | gauge | | this process's permit requests waiting for a permit (a waiting `acquire` also queues on one slot: `redlock_queue_waiters` counts it too) |
 //! | `redlock_rw_waiters` | gauge | `side` | this process's read and write requests waiting |
 //! | `redlock_node_duration_seconds` | histogram | `node`, `op` | one command to one node, answered or failed |
 //! | `redlock_node_errors_total` | counter | `node`, `kind`: `timeout`, `connection`, `quarantined`, `refused`, `redis` | failed node commands |
