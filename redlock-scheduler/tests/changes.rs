@@ -309,9 +309,15 @@ async fn a_schedule_changed_while_nobody_leads_loses_no_tick_of_either_schedule(
         .misfire(Misfire::CatchUp { max: 10 });
     let added = admin.add_job(even.clone()).await.unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    // The leader dies; nobody leads: two even ticks pass, the job moves to odd seconds
+    // Half way between two even ticks (no run going on: a run cut by the crash would be
+    // recorded abandoned), the leader dies; nobody leads: two even ticks pass, the job moves to odd seconds
     // (accepted: the dead replica's beat, with its handlers, is recent), two odd ticks
     // pass, then a replica starts.
+    let odd = {
+        let s = Utc::now().timestamp() + 1;
+        s + (1 - s % 2)
+    };
+    sleep_until(DateTime::from_timestamp(odd, 0).unwrap()).await;
     first.sandbox.crash();
     tokio::time::sleep(Duration::from_millis(4200)).await;
     let change = admin
