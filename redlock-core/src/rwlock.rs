@@ -87,7 +87,7 @@ pub struct RwLock {
 #[derive(Debug)]
 pub struct ReadLock {
     lock: Lock,
-    _held: telemetry::Held,
+    _held: telemetry::Counted,
 }
 
 /// The held write lock of an [`RwLock`]: a [`Lock`] (it dereferences to one) on the
@@ -97,7 +97,7 @@ pub struct ReadLock {
 pub struct WriteLock {
     lock: Lock,
     keys: Arc<RwKeys>,
-    _held: telemetry::Held,
+    _held: telemetry::Counted,
 }
 
 impl Redlock {
@@ -195,7 +195,7 @@ impl RwLock {
         let lock = self.acquire(Side::Read, self.policy()).await?;
         Ok(ReadLock {
             lock,
-            _held: telemetry::Held::rw(RwSide::Read),
+            _held: telemetry::Counted::held_rw(RwSide::Read),
         })
     }
 
@@ -208,7 +208,7 @@ impl RwLock {
         let lock = self.acquire(Side::Read, RetryPolicy::once()).await?;
         Ok(ReadLock {
             lock,
-            _held: telemetry::Held::rw(RwSide::Read),
+            _held: telemetry::Counted::held_rw(RwSide::Read),
         })
     }
 
@@ -238,7 +238,7 @@ impl RwLock {
         Ok(WriteLock {
             lock,
             keys: Arc::clone(&self.keys),
-            _held: telemetry::Held::rw(RwSide::Write),
+            _held: telemetry::Counted::held_rw(RwSide::Write),
         })
     }
 
@@ -288,7 +288,7 @@ impl RwLock {
         });
         let started = Instant::now();
         let mut subscription: Option<Subscription> = None;
-        let mut waiting: Option<telemetry::Waiting> = None;
+        let mut waiting: Option<telemetry::Counted> = None;
         let mut attempts: u32 = 0;
         loop {
             attempts = attempts.saturating_add(1);
@@ -360,7 +360,7 @@ impl RwLock {
                     retry_after,
                 ));
             };
-            waiting.get_or_insert_with(|| telemetry::Waiting::rw(side.into()));
+            waiting.get_or_insert_with(|| telemetry::Counted::waiting_rw(side.into()));
             match (&subscription, &failure, &shared.wakeups) {
                 (Some(subscription), _, _) => {
                     subscription
@@ -519,7 +519,7 @@ impl WriteLock {
         let lock = lock.convert(reader).await?;
         Ok(ReadLock {
             lock,
-            _held: telemetry::Held::rw(RwSide::Read),
+            _held: telemetry::Counted::held_rw(RwSide::Read),
         })
     }
 

@@ -78,7 +78,7 @@ pub struct Semaphore {
 pub struct Permit {
     lock: Lock,
     slot: u32,
-    _held: crate::telemetry::Held,
+    _held: crate::telemetry::Counted,
 }
 
 impl Redlock {
@@ -180,7 +180,7 @@ impl Semaphore {
             let Some(wait) = policy.next_delay(attempts, started.elapsed()) else {
                 return Err(busy);
             };
-            waiting.get_or_insert_with(crate::telemetry::Waiting::permit);
+            waiting.get_or_insert_with(crate::telemetry::Counted::waiting_permit);
             // Queue on one slot for the delay: woken (and handed the slot) when it is
             // released. Listening on every slot (marked as waited for, so that their
             // releases publish), the release of any other slot ends the wait too: then
@@ -258,7 +258,7 @@ impl Semaphore {
             let Some(wait) = policy.next_delay(attempts, started.elapsed()) else {
                 return Err(busy);
             };
-            waiting.get_or_insert_with(crate::telemetry::Waiting::permit);
+            waiting.get_or_insert_with(crate::telemetry::Counted::waiting_permit);
             // After a try that lost its race, only a release ends the wait early: a
             // look would find the same free slots, and trying again at once would spin.
             self.wait_for_many(n, wait, &policy, !tried).await;
@@ -513,7 +513,7 @@ impl Permit {
         Self {
             lock,
             slot,
-            _held: crate::telemetry::Held::permit(),
+            _held: crate::telemetry::Counted::held_permit(),
         }
     }
 

@@ -262,57 +262,52 @@ pub(crate) fn rw_acquisition(side: RwSide, result: Result<(), &Error>, elapsed: 
         .record(elapsed.as_secs_f64());
 }
 
-/// Counts one held permit or read-write lock in its gauge while it lives.
+/// Counts one thing in its gauge while it lives: a held permit or read-write lock, or
+/// a request waiting for one.
 #[derive(Debug)]
-pub(crate) struct Held(Option<RwSide>);
+pub(crate) struct Counted {
+    gauge: &'static str,
+    side: Option<RwSide>,
+}
 
-impl Held {
+impl Counted {
+    fn new(gauge: &'static str, side: Option<RwSide>) -> Self {
+        let counted = Self { gauge, side };
+        counted.add(1.0);
+        counted
+    }
+
+    fn add(&self, delta: f64) {
+        match self.side {
+            None => gauge!(self.gauge).increment(delta),
+            Some(side) => gauge!(self.gauge, "side" => side.label()).increment(delta),
+        }
+    }
+
     /// A permit, held.
-    pub(crate) fn permit() -> Self {
-        gauge!(PERMITS_HELD).increment(1.0);
-        Self(None)
+    pub(crate) fn held_permit() -> Self {
+        Self::new(PERMITS_HELD, None)
     }
 
     /// A read or write lock, held.
-    pub(crate) fn rw(side: RwSide) -> Self {
-        gauge!(RW_LOCKS_HELD, "side" => side.label()).increment(1.0);
-        Self(Some(side))
+    pub(crate) fn held_rw(side: RwSide) -> Self {
+        Self::new(RW_LOCKS_HELD, Some(side))
     }
-}
 
-impl Drop for Held {
-    fn drop(&mut self) {
-        match self.0 {
-            None => gauge!(PERMITS_HELD).decrement(1.0),
-            Some(side) => gauge!(RW_LOCKS_HELD, "side" => side.label()).decrement(1.0),
-        }
-    }
-}
-
-/// Counts one waiting permit or read-write request in its gauge while it waits.
-#[derive(Debug)]
-pub(crate) struct Waiting(Option<RwSide>);
-
-impl Waiting {
     /// A permit request, waiting.
-    pub(crate) fn permit() -> Self {
-        gauge!(PERMIT_WAITERS).increment(1.0);
-        Self(None)
+    pub(crate) fn waiting_permit() -> Self {
+        Self::new(PERMIT_WAITERS, None)
     }
 
     /// A read or write request, waiting.
-    pub(crate) fn rw(side: RwSide) -> Self {
-        gauge!(RW_WAITERS, "side" => side.label()).increment(1.0);
-        Self(Some(side))
+    pub(crate) fn waiting_rw(side: RwSide) -> Self {
+        Self::new(RW_WAITERS, Some(side))
     }
 }
 
-impl Drop for Waiting {
+impl Drop for Counted {
     fn drop(&mut self) {
-        match self.0 {
-            None => gauge!(PERMIT_WAITERS).decrement(1.0),
-            Some(side) => gauge!(RW_WAITERS, "side" => side.label()).decrement(1.0),
-        }
+        self.add(-1.0);
     }
 }
 

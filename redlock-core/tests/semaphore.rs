@@ -11,6 +11,22 @@ use std::time::{Duration, Instant};
 use redlock_core::{ConfigError, Error, RetryPolicy};
 use redlock_testkit::Cluster;
 
+/// A client holding every permit of the semaphore `name` (the client and its permits).
+async fn holding_every_permit(
+    cluster: &Cluster,
+    name: &str,
+    permits: u32,
+) -> (redlock_core::Redlock, Vec<redlock_core::Permit>) {
+    let holder = redlock_testkit::builder(cluster).build().unwrap();
+    let held = holder
+        .semaphore(name, permits)
+        .unwrap()
+        .acquire_many(permits)
+        .await
+        .unwrap();
+    (holder, held)
+}
+
 /// Eight clients (each its own connections, as replicas) share a 2-permit semaphore on
 /// 3 nodes for 40 acquisitions: an observer outside the library never sees more than
 /// 2 holders, and sees 2 at some point (both slots are used).
@@ -229,13 +245,7 @@ async fn a_release_wakes_a_waiter() {
 async fn a_release_of_any_slot_wakes_a_waiter() {
     const PERMITS: u32 = 4;
     let cluster = Cluster::start(3).await;
-    let holder = redlock_testkit::builder(&cluster).build().unwrap();
-    let mut held = holder
-        .semaphore("four", PERMITS)
-        .unwrap()
-        .acquire_many(PERMITS)
-        .await
-        .unwrap();
+    let (_holder, mut held) = holding_every_permit(&cluster, "four", PERMITS).await;
     let waiter = redlock_testkit::builder(&cluster).build().unwrap();
     let semaphore = waiter.semaphore("four", PERMITS).unwrap().retry(
         RetryPolicy::deadline(Duration::from_secs(20))
@@ -377,13 +387,7 @@ async fn acquire_many_takes_all_or_none() {
 async fn acquire_many_is_woken_by_releases_without_using_up_its_attempts() {
     const PERMITS: u32 = 4;
     let cluster = Cluster::start(3).await;
-    let holder = redlock_testkit::builder(&cluster).build().unwrap();
-    let mut held = holder
-        .semaphore("woken", PERMITS)
-        .unwrap()
-        .acquire_many(PERMITS)
-        .await
-        .unwrap();
+    let (_holder, mut held) = holding_every_permit(&cluster, "woken", PERMITS).await;
     let waiter = redlock_testkit::builder(&cluster).build().unwrap();
     let semaphore = waiter
         .semaphore("woken", PERMITS)
