@@ -203,6 +203,51 @@ enum Start {
     Switch,
 }
 
+impl Start {
+    /// Where a loop of a definition in force from `since` (`None`: declared in code)
+    /// starts, run at `now` with the grace window `grace`: the time after which it
+    /// fires ticks, and the election to plan its first ticks against (none at a
+    /// switch). A loop started at an election reckons from when it was started (`at`),
+    /// however long it waited for the loops of replaced definitions.
+    fn cursor(
+        self,
+        since: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+        grace: Duration,
+    ) -> (DateTime<Utc>, Option<DateTime<Utc>>) {
+        match self {
+            Start::Elected {
+                recorded,
+                elected,
+                at,
+                ..
+            } => {
+                // A definition set at run time fires no tick from before it took
+                // effect, and is where its job stands when it never ran since: its
+                // ticks after it that nobody ran were missed (unlike those of a job
+                // declared in code, which is as new as the deployment).
+                let since = since.map(|since| since.min(at));
+                let recorded = match (recorded, since) {
+                    (Recorded::Last(last), Some(since)) => Recorded::Last(last.max(since)),
+                    (Recorded::Never | Recorded::Unknown, Some(since)) => Recorded::Last(since),
+                    (recorded, _) => recorded,
+                };
+                let cursor = plan::start_cursor(recorded, elected, at, grace);
+                (
+                    since.map_or(cursor, |since| cursor.max(since)),
+                    Some(elected),
+                )
+            }
+            Start::Switch => (
+                since
+                    .map_or(now, |since| since.min(now))
+                    .max(crate::time::earlier(now, grace)),
+                None,
+            ),
+        }
+    }
+}
+
 /// The latest recorded tick of each job, read with retries: a new leader does not fire
 /// before it knows what ran (then the misfire policy decides about what did not). `None`
 /// without a history, or when it stays unreadable past the longest grace window: the
@@ -265,37 +310,7 @@ async fn fire_loop(
     leadership: Leadership,
     retire: Retire,
 ) {
-    let now = inner.clock.now();
-    let grace = inner.grace(&state);
-    let from = match start {
-        Start::Elected { at, .. } => at,
-        Start::Switch => now,
-    };
-    // A definition set at run time fires no tick from before it took effect.
-    let since = def.since.map(|since| since.min(from));
-    let (mut cursor, mut elected) = match start {
-        Start::Elected {
-            recorded, elected, ..
-        } => {
-            // A definition set at run time is where its job stands when it never ran
-            // since: its ticks after it that nobody ran were missed (unlike those of a
-            // job declared in code, which is as new as the deployment).
-            let recorded = match (recorded, since) {
-                (Recorded::Last(last), Some(since)) => Recorded::Last(last.max(since)),
-                (Recorded::Never | Recorded::Unknown, Some(since)) => Recorded::Last(since),
-                (recorded, _) => recorded,
-            };
-            let cursor = plan::start_cursor(recorded, elected, from, grace);
-            (
-                since.map_or(cursor, |since| cursor.max(since)),
-                Some(elected),
-            )
-        }
-        Start::Switch => (
-            since.unwrap_or(now).max(crate::time::earlier(now, grace)),
-            None,
-        ),
-    };
+    let (mut cursor, mut elected) = start.cursor(def.since, inner.clock.now(), inner.grace(&state));
     // Runs handed to other replicas are handed out ahead of their time.
     let ahead = if inner.spreads(&state) {
         AHEAD
@@ -520,5 +535,74 @@ impl Inner {
         };
         let _ = probe.release().await;
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn at(second: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, second).unwrap()
+    }
+
+    fn elected(recorded: Recorded, at_: DateTime<Utc>) -> Start {
+        Start::Elected {
+            recorded,
+            elected: at_,
+            added: false,
+            at: at_,
+        }
+    }
+
+    #[test]
+    fn a_loop_started_late_at_an_election_starts_where_it_would_have_at_once() {
+        let grace = Duration::from_secs(5);
+        // Elected at 20, the job last ran at 10, its definition in force since 15: the
+        // ticks after 15 are its own, also when its loop starts at 40 (after the loops
+        // of replaced definitions ran their late runs), past the grace window.
+        let start = elected(Recorded::Last(at(10)), at(20));
+        for now in [at(20), at(40)] {
+            assert_eq!(
+                start.cursor(Some(at(15)), now, grace),
+                (at(15), Some(at(20)))
+            );
+        }
+        // Declared in code: from the last tick, within the grace window of the election.
+        assert_eq!(start.cursor(None, at(40), grace).0, at(15));
+        let start = elected(Recorded::Last(at(18)), at(20));
+        assert_eq!(start.cursor(Some(at(15)), at(40), grace).0, at(18));
+    }
+
+    #[test]
+    fn a_definition_set_at_run_time_that_never_ran_starts_at_its_change() {
+        let grace = Duration::from_secs(5);
+        for recorded in [Recorded::Never, Recorded::Unknown] {
+            let start = elected(recorded, at(20));
+            assert_eq!(start.cursor(Some(at(17)), at(20), grace).0, at(17));
+            // Not before the grace window.
+            assert_eq!(start.cursor(Some(at(2)), at(20), grace).0, at(15));
+            // Not after the election, for a change stamped by a clock ahead.
+            assert_eq!(start.cursor(Some(at(30)), at(20), grace).0, at(20));
+        }
+        // A job declared in code that never ran: as new as the deployment.
+        let start = elected(Recorded::Never, at(20));
+        assert!(start.cursor(None, at(20), grace).0 >= at(19));
+    }
+
+    #[test]
+    fn a_switch_starts_at_the_change_within_the_grace_window() {
+        let grace = Duration::from_secs(5);
+        let now = at(20);
+        assert_eq!(
+            Start::Switch.cursor(Some(at(18)), now, grace),
+            (at(18), None)
+        );
+        assert_eq!(Start::Switch.cursor(Some(at(2)), now, grace).0, at(15));
+        assert_eq!(Start::Switch.cursor(Some(at(30)), now, grace).0, now);
+        assert_eq!(Start::Switch.cursor(None, now, grace).0, now);
     }
 }
