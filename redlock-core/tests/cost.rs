@@ -93,9 +93,12 @@ async fn an_uncontended_cycle_is_a_set_and_a_compare_and_delete() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_marks_the_key_and_gets_the_lock_on_release() {
     let cluster = Cluster::start(3).await;
+    // A node timeout a loaded machine keeps (an acquisition, like a waiter's mark,
+    // returns at a majority: a node slower than the timeout would hold no key).
     let client = || {
         redlock_testkit::builder(&cluster)
-            .ttl(Duration::from_secs(5))
+            .ttl(Duration::from_secs(10))
+            .node_timeout(Duration::from_millis(500))
             .retry(
                 RetryPolicy::deadline(Duration::from_secs(20))
                     .with_delay(Duration::from_secs(1), Duration::ZERO),
@@ -111,23 +114,33 @@ async fn a_waiter_marks_the_key_and_gets_the_lock_on_release() {
         lock.release().await.unwrap();
         at
     });
-    // The waiter queues (and marks the key) on its first attempt's refusal.
+    // The waiter queues (and marks the key) on its first attempt's refusal: on a
+    // majority of the nodes at least (it goes on once a majority took its place).
     let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let value: Option<String> = cluster
-            .node(0)
-            .query(redis::cmd("GET").arg("redlock:{marked}"))
-            .await
-            .unwrap();
-        if value.as_deref().is_some_and(|v| v.ends_with('+')) {
-            break;
+    let values = loop {
+        let mut values: Vec<Option<String>> = Vec::new();
+        for node in 0..cluster.len() {
+            values.push(
+                cluster
+                    .node(node)
+                    .query(redis::cmd("GET").arg("redlock:{marked}"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let marked = values
+            .iter()
+            .filter(|v| v.as_deref().is_some_and(|v| v.ends_with('+')))
+            .count();
+        if marked > cluster.len() / 2 {
+            break values;
         }
         assert!(
             Instant::now() < deadline,
-            "the waiter never marked the key: {value:?}"
+            "the waiter never marked the key on a majority: {values:?}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    };
     lock.extend(Duration::from_secs(5))
         .await
         .expect("a marked key is still the holder's");
@@ -135,8 +148,8 @@ async fn a_waiter_marks_the_key_and_gets_the_lock_on_release() {
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(
         listed[0].holding,
-        cluster.len(),
-        "one acquisition on every node, marked or not: {listed:?}"
+        values.iter().filter(|v| v.is_some()).count(),
+        "one acquisition on every node that has the key, marked or not: {listed:?}, {values:?}"
     );
     let released = Instant::now();
     lock.release().await.unwrap();
