@@ -59,7 +59,10 @@
 //!
 //! - [`RedisServer`]: one `redis-server` on a free loopback port, in its own temporary
 //!   directory, without persistence unless asked ([`Persistence`]). It is killed when
-//!   dropped, also when a test panics, and then its log is printed.
+//!   dropped, also when a test panics, and then its log is printed. It also ends with
+//!   the process that started it when no destructor runs (`kill -9`, an abort,
+//!   `std::process::exit`): every server joins the process group of a watcher (`sh`)
+//!   that kills the group once this process's end of a pipe to it closes.
 //! - Faults on a server: [`pause`](RedisServer::pause) / [`resume`](RedisServer::resume)
 //!   (`SIGSTOP` / `SIGCONT`: a hung node), [`kill`](RedisServer::kill) and
 //!   [`restart`](RedisServer::restart) on the same port (keeping its data only with AOF).
@@ -101,6 +104,7 @@ pub mod logs;
 pub mod measure;
 pub mod metrics;
 mod proxy;
+mod reaper;
 #[cfg(feature = "redlock-core")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redlock-core")))]
 pub mod refusals;

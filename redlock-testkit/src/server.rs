@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -173,7 +174,9 @@ impl RedisServer {
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(Stdio::null())
+            // Ends with this process even if no destructor runs (see `reaper`).
+            .process_group(crate::reaper::group());
         let child = match cmd.spawn() {
             Ok(child) => child,
             Err(err) => panic!(
