@@ -223,7 +223,9 @@ impl KeyExtractor for PathPrefix {
         Key::from_option(redlock_http::path_prefix_key(
             &self.prefix,
             self.segments,
-            req.path(),
+            // The path as sent (actix shows it whole under a scope), by the rule
+            // redlock-tower follows under axum's nesting.
+            redlock_http::sent_path(req.path(), None),
         ))
     }
 }

@@ -428,10 +428,13 @@ where
         }
     }
     let body = body.freeze();
-    let target = req
+    // The target as the client sent it (actix shows it whole, under a scope too), by
+    // the rule redlock-tower follows: the same request fingerprints alike in both.
+    let shown = req
         .uri()
         .path_and_query()
         .map_or_else(|| req.path(), |pq| pq.as_str());
+    let target = redlock_http::sent_target(shown, None);
     let fingerprint = core.fingerprint(
         req.method().as_str(),
         target,

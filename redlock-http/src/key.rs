@@ -11,7 +11,7 @@
 //! | several values (actix: a tuple) | each by [`lock_key`], joined by [`KEY_SEPARATOR`] (`:`) |
 //! | a header | [`header_key`] (given once, visible ASCII, trimmed, not empty), then [`lock_key`] |
 //! | a path parameter | its segment percent-decoded ([`decode_path_segment`], UTF-8), then [`lock_key`] |
-//! | a path prefix and the segments after it | [`path_prefix_key`]: each segment as sent, by [`lock_key`] |
+//! | a path prefix and the segments after it | [`path_prefix_key`]: each segment as sent, by [`lock_key`], of the path the client sent ([`sent_path`]: under a nested router too) |
 //! | an integer | its decimal digits |
 //!
 //! Since a value's key never contains `:`, keys joined by `:` stay unambiguous
@@ -250,6 +250,43 @@ pub fn path_prefix_key(prefix: &str, segments: usize, path: &str) -> Option<Stri
         key.push('/');
     }
     Some(key)
+}
+
+/// The request target (path and query) as the client sent it, given the target the
+/// framework shows the middleware (`shown`) and the original one, if the framework kept
+/// one (`original`): the original wins.
+///
+/// A router that mounts a sub-router under a prefix may show its middleware the target
+/// without the prefix: axum's `Router::nest("/api", ..)` shows `/refunds` for
+/// `/api/refunds` and keeps `/api/refunds` in its `OriginalUri` extension; actix-web's
+/// `web::scope("/api")` shows `/api/refunds` and keeps no other. Everything derived from
+/// the target (an idempotency fingerprint, a path prefix key) is derived from the one
+/// this function picks, in both web crates, so that the same request gets the same key
+/// and fingerprint whichever framework and nesting serve it, and one router nested at
+/// two prefixes gives two targets.
+///
+/// ```
+/// use redlock_http::sent_target;
+///
+/// assert_eq!(sent_target("/refunds?x=1", Some("/api/refunds?x=1")), "/api/refunds?x=1");
+/// assert_eq!(sent_target("/api/refunds", None), "/api/refunds");
+/// ```
+pub fn sent_target<'a>(shown: &'a str, original: Option<&'a str>) -> &'a str {
+    original.unwrap_or(shown)
+}
+
+/// The path of the target as the client sent it ([`sent_target`], without the query):
+/// what path keys ([`path_prefix_key`]) are derived from.
+///
+/// ```
+/// use redlock_http::sent_path;
+///
+/// assert_eq!(sent_path("/refunds", Some("/v1/refunds?page=2")), "/v1/refunds");
+/// assert_eq!(sent_path("/v1/refunds", None), "/v1/refunds");
+/// ```
+pub fn sent_path<'a>(shown: &'a str, original: Option<&'a str>) -> &'a str {
+    let target = sent_target(shown, original);
+    target.split_once('?').map_or(target, |(path, _)| path)
 }
 
 /// `prefix` starting with `/`, without a trailing one (`"/"` for the root).

@@ -24,7 +24,9 @@
 //! | same key, first one answered `5xx` (not stored by default, [`store_if`](Idempotency::store_if)) | runs again |
 //! | same key, first one's body larger than [`max_body`](Idempotency::max_body) | `409`: it ran, its answer was not kept (never a truncated replay) |
 //!
-//! The fingerprint covers the method, the target (path and query), the headers named by
+//! The fingerprint covers the method, the target (path and query, as the client sent
+//! it: `redlock_http::sent_target`, the same under a nested router in both web crates),
+//! the headers named by
 //! [`fingerprint_headers`](Idempotency::fingerprint_headers) and the body (at most
 //! [`max_request_body`](Idempotency::max_request_body), else `413`).
 //!
@@ -443,7 +445,8 @@ impl Idempotency {
         }
     }
 
-    /// The fingerprint of a request: its method, target (path and query), the values of
+    /// The fingerprint of a request: its method, target (path and query as the client
+    /// sent it, [`redlock_http::sent_target`]), the values of
     /// the configured headers (`header(name)` gives a header's values in order) and body.
     pub fn fingerprint<'a, H>(
         &self,

@@ -209,6 +209,7 @@ mod layer;
 pub mod limit;
 pub mod response;
 mod service;
+mod target;
 mod token;
 
 pub use body::{LockBody, LockLost};

@@ -1,6 +1,6 @@
 //! [`PathParam`]: the key from a path parameter of an axum route (feature `axum`).
 
-use axum::extract::{MatchedPath, OriginalUri};
+use axum::extract::MatchedPath;
 use http::Request;
 use redlock_http::Problem;
 
@@ -13,8 +13,8 @@ use super::{Key, KeyExtractor};
 /// the route by then and put [`MatchedPath`] into the request's extensions; the
 /// value is read from the request path at the parameter's place in that template,
 /// percent-decoded as axum's `Path` extractor does (a `{*wildcard}` takes the rest
-/// of the path). Nested routers work: the original URI ([`OriginalUri`]) is used
-/// when present.
+/// of the path). Nested routers work: the original URI (axum's `OriginalUri`) is used
+/// when present ([`redlock_http::sent_path`]).
 ///
 /// Answers `500` when the layer sits where no route was matched (outside the
 /// `Router`, or on a fallback), the route has no such parameter, or the router is not
@@ -75,10 +75,7 @@ impl<B> KeyExtractor<B> for PathParam {
                 self.name
             )));
         };
-        let path = request
-            .extensions()
-            .get::<OriginalUri>()
-            .map_or_else(|| request.uri().path(), |original| original.0.path());
+        let path = crate::target::sent_path(request.uri(), request.extensions());
         match param_value(template.as_str(), path, &self.name) {
             Some(raw) => redlock_http::path_param_key(&self.name, Some(&raw)),
             None => Key::Reject(Problem::misconfigured(format!(

@@ -13,6 +13,12 @@ use super::{Key, KeyExtractor};
 /// `/orders-archive/1`). Segments are taken as they appear in the URI
 /// (percent-encoded), each escaped as a value ([`redlock_http::path_prefix_key`]), as
 /// `redlock-actix`'s `PathPrefix` does.
+///
+/// The path is the one the client sent ([`redlock_http::sent_path`]): under axum's
+/// `Router::nest("/api", ..)` (feature `axum`), a layer inside the nested router sees
+/// `/orders/42` but keys `/api/orders/42`, from axum's `OriginalUri`, as a layer outside
+/// it and actix's `web::scope("/api")` do. Give the prefix with the nesting prefix:
+/// `PathPrefix::new("/api/orders")`.
 #[derive(Debug, Clone)]
 pub struct PathPrefix {
     prefix: String,
@@ -48,7 +54,7 @@ impl<B> KeyExtractor<B> for PathPrefix {
         Key::from_option(redlock_http::path_prefix_key(
             &self.prefix,
             self.segments,
-            request.uri().path(),
+            crate::target::sent_path(request.uri(), request.extensions()),
         ))
     }
 }

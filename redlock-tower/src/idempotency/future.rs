@@ -116,10 +116,9 @@ where
                     return Ok(self::problem(problem, request_id));
                 }
             };
-            let target = parts
-                .uri
-                .path_and_query()
-                .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+            // The target as the client sent it, under a nested router too: the same
+            // request fingerprints alike in both web crates.
+            let target = crate::target::sent_target(&parts.uri, &parts.extensions);
             let fingerprint = core.fingerprint(
                 parts.method.as_str(),
                 target,
