@@ -151,6 +151,7 @@ impl Error {
             Self::Config(
                 ConfigError::EmptyResource
                 | ConfigError::ResourceTooLong { .. }
+                | ConfigError::SemaphoreNameTooLong { .. }
                 | ConfigError::DuplicateResource { .. },
             ) => ErrorClass::InvalidResource,
             Self::Config(_) => ErrorClass::InvalidInput,
@@ -248,6 +249,37 @@ pub enum ConfigError {
     /// A semaphore was given zero permits.
     #[error("a semaphore needs at least one permit")]
     ZeroPermits,
+
+    /// A semaphore was given more permits than
+    /// [`MAX_PERMITS`](crate::semaphore::MAX_PERMITS).
+    #[error(
+        "a semaphore of {permits} permits is above the limit of {max} permits: use at most {max}"
+    )]
+    PermitsAboveMax {
+        /// The permits given.
+        permits: u32,
+        /// The most permits a semaphore may have
+        /// ([`MAX_PERMITS`](crate::semaphore::MAX_PERMITS)).
+        max: u32,
+    },
+
+    /// A semaphore's name leaves its slot resources (`<name>/permit/<slot>`, up to the
+    /// highest slot) longer than the client's longest resource name.
+    #[error(
+        "the semaphore name `{start}` is {len} bytes long; with {permits} permits it may be at most {max} bytes (the slot resources `<name>/permit/<slot>` are bounded by `max_resource_len`): use a shorter name, or raise `max_resource_len`"
+    )]
+    SemaphoreNameTooLong {
+        /// The name's first bytes (up to 32), not the whole name.
+        start: String,
+        /// The name's length in bytes.
+        len: usize,
+        /// How long the name may be with this many permits: the client's
+        /// [`max_resource_len`](crate::RedlockBuilder::max_resource_len) less the
+        /// highest slot's suffix (`/permit/<permits - 1>`).
+        max: usize,
+        /// The permits asked for.
+        permits: u32,
+    },
 
     /// More permits (or zero) were asked of a semaphore at once than it has.
     #[error("{asked} permits asked at once of a semaphore of {permits}: ask for 1 to {permits}")]

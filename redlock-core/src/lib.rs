@@ -158,7 +158,7 @@ pub use node::{CONNECT_TIMEOUT, NodeStatus};
 pub use protocol::MAX_TTL;
 pub use retry::RetryPolicy;
 pub use rwlock::{ReadLock, RwLock, WriteLock};
-pub use semaphore::{Permit, Semaphore};
+pub use semaphore::{MAX_PERMITS, Permit, Semaphore};
 pub use shared::check_resource_name;
 pub use tokio_util::sync::CancellationToken;
 

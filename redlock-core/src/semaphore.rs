@@ -29,18 +29,36 @@
 //! # Acquiring
 //!
 //! An acquisition tries one slot, picked at random (a free slot is taken at once: an
-//! uncontended permit costs one lock cycle). If it is taken, it looks at every slot in
-//! one round trip per node (a `PTTL` each) and tries only those that looked free, so a
-//! full semaphore costs one attempt and one look, whatever its size. When every slot is
-//! busy, it waits as the retry policy says (the client's, or
-//! [`retry`](Semaphore::retry)): instead of sleeping between two scans, it queues on one
-//! slot, picked at random, and is woken when that slot is released (and handed it, in
-//! the slot's queue order). It also listens on every other slot, marked as waited for
-//! (as a queued waiter marks its key), so that the release of any of them wakes it to
-//! scan again at once; at the end of the policy's delay it scans again in any case. A
-//! released permit thus wakes the waiter queued on its slot, or else every waiter (each
-//! after a small random delay, so that they do not all come at once), and a full
-//! semaphore costs its waiters nothing between releases.
+//! uncontended permit costs one lock cycle). If it is taken, it looks at the slots (a
+//! `PTTL` each, 256 slots per round trip to each node, from a random one) and
+//! tries those that looked free as it goes, so that it stops at the first free slot it
+//! takes; a full semaphore costs one attempt and one look at every slot.
+//! [`acquire_many`](Semaphore::acquire_many) looks until it has seen enough free slots,
+//! and no further. No call builds a key per slot beyond those it looks at: a call's
+//! memory stays within a chunk of keys, whatever the size (at most [`MAX_PERMITS`]).
+//!
+//! # Waiting
+//!
+//! When every slot is busy, a request waits as long as the retry policy allows (the
+//! client's, or [`retry`](Semaphore::retry)): until its deadline, or for as long as its
+//! attempts would have taken at its longest delay (`max_attempts - 1` delays), each
+//! scan counting as an attempt (for `acquire_many`, each try). It listens for the release of any slot (subscribed to
+//! every slot's channel), marks every held slot as waited for (as a
+//! queued waiter marks its key: its release then publishes), and queues on one slot,
+//! picked at random (woken when that slot is released, and handed it in the slot's
+//! queue order). The release of any slot wakes it to look again at once; a released
+//! permit thus wakes the waiter queued on its slot, or else every waiter (each after a
+//! small random delay, so that they do not all come at once).
+//!
+//! Between releases a waiter sends nothing: once every held slot is marked, nothing can
+//! free a permit unheard but a holder's TTL running out, so it looks again only when
+//! the first held slot's TTL ends, and at most 5 s after its last look (for a release
+//! a subscriber missed). Each wake-up costs one look at every slot (a `PTTL` per slot
+//! on each node), one mark (a script reading every slot on each node), and an attempt
+//! or two on the slot it queues on. When the mark finds fewer slots held
+//! than the look saw (a slot taken or released in between, which publishes nothing),
+//! it looks again after the policy's delay instead, as it does without wake-ups (turned
+//! off, or pooled nodes).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -54,8 +72,28 @@ use crate::attempt::{KeyState, look_at, mark_waited};
 use crate::client::Redlock;
 use crate::error::{ConfigError, Error, ErrorClass};
 use crate::lock::{Lock, LockHandle, Released};
+use crate::protocol::{Command, Op};
 use crate::retry::RetryPolicy;
 use crate::wake::Subscription;
+
+/// The most permits a semaphore may have ([`Redlock::semaphore`] refuses more with
+/// [`ConfigError::PermitsAboveMax`]). A full semaphore's waiter looks at every slot
+/// (and marks every held one) when it starts waiting and at each release or rescan,
+/// so its cost grows with the size; each call's memory does not (the slots are looked
+/// at 256 at a time).
+pub const MAX_PERMITS: u32 = 4096;
+
+/// Slots looked at, or marked, in one round trip per node.
+const CHUNK: u32 = 256;
+
+/// The longest a listening waiter goes without looking at the slots when no release
+/// wakes it and no holder's TTL ends: it catches a release that published nothing
+/// (its slot taken and released between two marks) or that a subscriber missed.
+const RESCAN: Duration = Duration::from_secs(5);
+
+/// How long after a held slot's TTL ends a waiter looks again, so that the key is
+/// gone on a majority by then.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(10);
 
 /// At most [`permits`](Self::permits) holders at once, across every client of the
 /// nodes: see the [module docs](crate::semaphore). Made by
@@ -86,10 +124,20 @@ impl Redlock {
     /// cluster-wide. Its slots are the resources `<name>/permit/0` to
     /// `<name>/permit/<permits - 1>`; lock no such resource directly.
     ///
+    /// `permits` is at most [`MAX_PERMITS`]. The slot resources are resource names
+    /// like any other, bounded by the client's
+    /// [`max_resource_len`](crate::RedlockBuilder::max_resource_len) (by default
+    /// [`DEFAULT_MAX_RESOURCE_LEN`](crate::DEFAULT_MAX_RESOURCE_LEN), 512 bytes): the
+    /// name may be as long as that bound less the longest slot's suffix
+    /// (`/permit/<permits - 1>`): 502 bytes for up to 10 permits at the default
+    /// bound, 501 for up to 100, 500 for up to 1,000, 499 up to [`MAX_PERMITS`].
+    ///
     /// # Errors
     ///
-    /// [`ConfigError::ZeroPermits`] for `permits == 0`, [`ConfigError::EmptyResource`]
-    /// for an empty name.
+    /// [`ConfigError::ZeroPermits`] for `permits == 0`, [`ConfigError::PermitsAboveMax`]
+    /// for `permits` above [`MAX_PERMITS`], [`ConfigError::EmptyResource`] for an empty
+    /// name, [`ConfigError::SemaphoreNameTooLong`] (with how long the name may be) for a
+    /// name whose slot resources would pass the client's bound.
     pub fn semaphore(
         &self,
         name: impl Into<String>,
@@ -99,8 +147,23 @@ impl Redlock {
         if permits == 0 {
             return Err(ConfigError::ZeroPermits);
         }
+        if permits > MAX_PERMITS {
+            return Err(ConfigError::PermitsAboveMax {
+                permits,
+                max: MAX_PERMITS,
+            });
+        }
         if name.is_empty() {
             return Err(ConfigError::EmptyResource);
+        }
+        let max = max_name_len(self.shared().max_resource_len, permits);
+        if name.len() > max {
+            return Err(ConfigError::SemaphoreNameTooLong {
+                start: crate::shared::truncated(&name, 32),
+                len: name.len(),
+                max,
+                permits,
+            });
         }
         Ok(Semaphore {
             redlock: self.clone(),
@@ -112,6 +175,51 @@ impl Redlock {
             size_recorded: Arc::new(Mutex::new(None)),
         })
     }
+}
+
+/// The longest name of a semaphore of `permits` permits whose slot resources
+/// (`<name>/permit/<slot>`) stay within `max_resource_len` bytes.
+fn max_name_len(max_resource_len: usize, permits: u32) -> usize {
+    let highest = permits.saturating_sub(1);
+    let digits = highest.checked_ilog10().unwrap_or(0) as usize + 1;
+    max_resource_len.saturating_sub(PERMIT.len() + digits)
+}
+
+/// What a slot resource adds to the semaphore's name, before the slot's index.
+const PERMIT: &str = "/permit/";
+
+/// A round of an acquisition that found too few permits free: the error to answer if
+/// it gives up, how many slots its look saw held, and when the first of them ends.
+struct Busy {
+    error: Error,
+    held: u32,
+    soonest: Option<Duration>,
+}
+
+/// Why a round got no permit.
+enum Miss {
+    /// Too few were free.
+    Busy(Busy),
+    /// Something else (no quorum, an invalid TTL): answered as is.
+    Failed(Error),
+}
+
+impl From<Miss> for Error {
+    fn from(miss: Miss) -> Self {
+        match miss {
+            Miss::Busy(busy) => busy.error,
+            Miss::Failed(error) => error,
+        }
+    }
+}
+
+/// What a look found: free slots (in random order, at most the number asked for and
+/// the rest of the chunk that completed it), how many it saw held, and when the first
+/// held one ends.
+struct Looked {
+    free: Vec<u32>,
+    held: u32,
+    soonest: Option<Duration>,
 }
 
 impl Semaphore {
@@ -150,10 +258,11 @@ impl Semaphore {
 
     /// The resource of slot `slot`: `<name>/permit/<slot>`.
     pub fn slot_resource(&self, slot: u32) -> String {
-        format!("{}/permit/{slot}", self.name)
+        format!("{}{PERMIT}{slot}", self.name)
     }
 
-    /// Takes a permit, waiting by the retry policy when all are taken.
+    /// Takes a permit, waiting by the retry policy when all are taken (see the
+    /// [module docs](crate::semaphore#waiting) for what waiting costs).
     ///
     /// # Errors
     ///
@@ -168,34 +277,60 @@ impl Semaphore {
         let policy = self.retry.unwrap_or(self.redlock.shared().retry);
         policy.validate()?;
         let started = Instant::now();
+        let give_up = give_up_at(&policy, started);
         let mut attempts: u32 = 0;
         let mut waiting = None;
+        let mut listening: Option<Option<Subscription>> = None;
         loop {
             attempts = attempts.saturating_add(1);
             let busy = match self.scan().await {
                 Ok(permit) => return Ok(permit),
-                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => error,
-                Err(error) => return Err(error),
+                Err(Miss::Busy(busy)) => busy,
+                Err(Miss::Failed(error)) => return Err(error),
             };
-            let Some(wait) = policy.next_delay(attempts, started.elapsed()) else {
-                return Err(busy);
+            let Some(delay) = policy.next_delay(attempts, started.elapsed()) else {
+                return Err(busy.error);
             };
+            let left = give_up.map(|at| at.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|left| left.is_zero()) {
+                return Err(busy.error);
+            }
             waiting.get_or_insert_with(crate::telemetry::Counted::waiting_permit);
-            // Queue on one slot for the delay: woken (and handed the slot) when it is
-            // released. Listening on every slot (marked as waited for, so that their
-            // releases publish), the release of any other slot ends the wait too: then
-            // scan again. Without wake-ups, the next scan finds it.
+            let listening = match &listening {
+                Some(listening) => listening.as_ref(),
+                None => listening.insert(self.listen().await).as_ref(),
+            };
+            // Listening (every held slot marked, so that its release publishes), wait
+            // until a release, or as long as nothing can free a permit unheard (see
+            // `window`); without wake-ups, the policy's delay.
+            let window = match listening {
+                Some(_) => {
+                    let marked = self.mark().await;
+                    window(marked, busy.held, busy.soonest, delay)
+                }
+                None => delay,
+            };
+            let window = left.map_or(window, |left| window.min(left));
+            // Queue on one slot for the window: woken (and handed the slot) when it is
+            // released. The release of any other slot ends the wait too: then scan
+            // again.
+            // Listening, the queued request waits for its slot's release as long as the
+            // window; without wake-ups, it tries at the policy's delays.
+            let (base, jitter) = match listening {
+                Some(_) => (window, Duration::ZERO),
+                None => (policy.base_delay(), policy.jitter()),
+            };
             let slot = rand::rng().random_range(0..self.permits);
             let queued = self
                 .request(slot)
-                .retry(RetryPolicy::deadline(wait).with_delay(policy.base_delay(), policy.jitter()))
+                .retry(RetryPolicy::deadline(window).with_delay(base, jitter))
                 .into_future();
-            let outcome = match self.listen().await {
+            let outcome = match listening {
                 Some(listening) => {
                     let quorum = self.redlock.shared().cluster.quorum();
                     tokio::select! {
                         result = queued => Some(result),
-                        () = listening.wait(wait, policy.wake_jitter(), quorum) => None,
+                        () = listening.wait(window, policy.wake_jitter(), quorum) => None,
                     }
                 }
                 None => Some(queued.await),
@@ -204,7 +339,7 @@ impl Semaphore {
                 Some(Ok(lock)) => return Ok(Permit::new(lock, slot)),
                 Some(Err(error)) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
                 Some(Err(error)) => return Err(error),
-                // Another slot was released.
+                // Another slot was released, or the window ended.
                 None => {}
             }
         }
@@ -214,10 +349,9 @@ impl Semaphore {
     /// once. A scan that finds fewer gives back what it took before it waits (it never
     /// holds some while waiting for more, so two callers cannot block each other), so a
     /// caller asking for many permits can wait longer than callers asking for one.
-    /// While it waits, a release of any slot makes it look at the slots again (one
-    /// round trip, no attempt), and it tries again at once when `n` look free: each
-    /// try counts as an attempt of the policy, but a release that frees too few does
-    /// not use one up.
+    /// While it waits, a release of any slot makes it look at the slots again (no
+    /// attempt), and it tries again at once when `n` look free: each try counts as an
+    /// attempt of the policy, but a release that frees too few does not use one up.
     ///
     /// # Errors
     ///
@@ -240,14 +374,17 @@ impl Semaphore {
         let policy = self.retry.unwrap_or(self.redlock.shared().retry);
         policy.validate()?;
         let started = Instant::now();
+        let give_up = give_up_at(&policy, started);
         let mut attempts: u32 = 0;
         let mut waiting = None;
+        let mut listening: Option<Option<Subscription>> = None;
         loop {
             attempts = attempts.saturating_add(1);
-            let (free, soonest) = self.look().await;
-            let tried = free.len() >= n as usize;
+            let looked = self.look(n).await;
+            let tried = looked.free.len() >= n as usize;
+            let (held, soonest) = (looked.held, looked.soonest);
             let busy = if tried {
-                match self.take_many(free, soonest, n).await {
+                match self.take_many(looked.free, soonest, n).await {
                     Ok(permits) => return Ok(permits),
                     Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => error,
                     Err(error) => return Err(error),
@@ -255,49 +392,82 @@ impl Semaphore {
             } else {
                 self.busy(soonest)
             };
-            let Some(wait) = policy.next_delay(attempts, started.elapsed()) else {
+            let Some(delay) = policy.next_delay(attempts, started.elapsed()) else {
                 return Err(busy);
             };
+            if give_up.is_some_and(|at| Instant::now() >= at) {
+                return Err(busy);
+            }
             waiting.get_or_insert_with(crate::telemetry::Counted::waiting_permit);
-            // After a try that lost its race, only a release ends the wait early: a
-            // look would find the same free slots, and trying again at once would spin.
-            self.wait_for_many(n, wait, &policy, !tried).await;
+            let listening = match &listening {
+                Some(listening) => listening.as_ref(),
+                None => listening.insert(self.listen().await).as_ref(),
+            };
+            let Some(listening) = listening else {
+                let left = give_up.map(|at| at.saturating_duration_since(Instant::now()));
+                tokio::time::sleep(left.map_or(delay, |left| delay.min(left))).await;
+                continue;
+            };
+            let busy = Busy {
+                error: busy,
+                held,
+                soonest,
+            };
+            self.wait_for_many(listening, n, busy, delay, give_up, &policy, tried)
+                .await;
         }
     }
 
-    /// Waits `wait` for `n` permits to be free at once. Listening on every slot (marked
-    /// as waited for), it looks at the slots again at each release, without an
-    /// attempt, and ends the wait early once `n` look free, so that the caller's next
-    /// attempt comes at once. A look costs one round trip and takes nothing, so
-    /// waiters woken together do not collide, and the attempts stay paced by the
-    /// releases and the policy. `look_first`: also look once the slots are marked (a
-    /// slot released before its mark published nothing). Without wake-ups, it sleeps
-    /// `wait`.
-    async fn wait_for_many(&self, n: u32, wait: Duration, policy: &RetryPolicy, look_first: bool) {
-        let since = Instant::now();
-        let Some(listening) = self.listen().await else {
-            tokio::time::sleep(wait).await;
-            return;
-        };
+    /// Waits for `n` permits to be free at once, listening: it marks the held slots
+    /// (so that their releases publish), waits for a release or the end of the window
+    /// (see `window`; after a try that lost its race, `lost`, the policy's `delay`: a
+    /// look would find the same free slots, and trying again at once would spin), and
+    /// at a release looks at the slots again, without an attempt, and ends the wait
+    /// once `n` look free, so that the caller's next attempt comes at once. A look
+    /// costs a round trip per [`CHUNK`] slots and takes nothing, so waiters woken
+    /// together do not collide, and the attempts stay paced by the releases and the
+    /// policy. At the end of the window it returns: the caller tries again.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_for_many(
+        &self,
+        listening: &Subscription,
+        n: u32,
+        busy: Busy,
+        delay: Duration,
+        give_up: Option<Instant>,
+        policy: &RetryPolicy,
+        lost: bool,
+    ) {
         let quorum = self.redlock.shared().cluster.quorum();
-        let mut look = look_first;
+        let (mut held, mut soonest, mut lost) = (busy.held, busy.soonest, lost);
         loop {
-            if look && self.look().await.0.len() >= n as usize {
+            let window = if lost {
+                // The count is not needed: the wait is the policy's delay.
+                for chunk in chunks(self.permits, 0) {
+                    mark_waited(&self.redlock.shared().cluster, &self.slot_keys(&chunk)).await;
+                }
+                delay
+            } else {
+                window(self.mark().await, held, soonest, delay)
+            };
+            let left = give_up.map(|at| at.saturating_duration_since(Instant::now()));
+            let window = left.map_or(window, |left| window.min(left));
+            if window.is_zero() {
                 return;
             }
-            look = true;
-            let left = wait.saturating_sub(since.elapsed());
-            if left.is_zero() {
-                return;
-            }
+            let end = Instant::now() + window;
             listening
-                .wait(left, policy.wake_jitter().min(left), quorum)
+                .wait(window, policy.wake_jitter().min(window), quorum)
                 .await;
-            if since.elapsed() >= wait {
+            if Instant::now() >= end {
                 return;
             }
-            // Slots taken since the last mark are not marked yet.
-            self.mark().await;
+            // A release: look again.
+            let looked = self.look(n).await;
+            if looked.free.len() >= n as usize {
+                return;
+            }
+            (held, soonest, lost) = (looked.held, looked.soonest, false);
         }
     }
 
@@ -331,60 +501,87 @@ impl Semaphore {
         Err(self.busy(soonest))
     }
 
-    /// Listens for the release of any slot: subscribed to every slot's channel, then
-    /// every held slot marked as waited for on every node. `None` without wake-ups
-    /// (turned off, or no node's subscriber answering).
+    /// Listens for the release of any slot: subscribed to every slot's channel (a
+    /// key per slot, at most [`MAX_PERMITS`], kept while it waits). `None` without
+    /// wake-ups (turned off, or no node's subscriber answering).
     async fn listen(&self) -> Option<Subscription> {
         let shared = self.redlock.shared();
         let wakeups = shared.wakeups.as_ref()?;
-        let keys = self.slot_keys();
+        let slots: Vec<u32> = (0..self.permits).collect();
         let subscription = wakeups
-            .subscribe(&keys, None, shared.cluster.node_timeout)
+            .subscribe(&self.slot_keys(&slots), None, shared.cluster.node_timeout)
             .await;
-        if !subscription.listening() {
-            return None;
+        subscription.listening().then_some(subscription)
+    }
+
+    /// Marks every held slot as waited for on every node, so that its release
+    /// publishes ([`CHUNK`] slots per round trip, the nodes at once); answers the most
+    /// slots one node found held (0 when none answered).
+    async fn mark(&self) -> u32 {
+        let cluster = &self.redlock.shared().cluster;
+        let mut held = vec![Some(0u32); cluster.nodes.len()];
+        for chunk in chunks(self.permits, 0) {
+            let keys = self.slot_keys(&chunk);
+            let command = Command::new(Op::Mark { keys: &keys });
+            let marks = cluster.nodes.iter().map(|node| async {
+                let queued = crate::node::Queued::new();
+                node.run(&command, cluster.node_timeout, &queued).await
+            });
+            let answers = futures_util::future::join_all(marks).await;
+            for (count, answer) in held.iter_mut().zip(answers) {
+                *count = match (*count, answer) {
+                    (Some(count), Ok(more)) => {
+                        Some(count.saturating_add(u32::try_from(more).unwrap_or(u32::MAX)))
+                    }
+                    _ => None,
+                };
+            }
         }
-        self.mark().await;
-        Some(subscription)
+        held.into_iter().flatten().max().unwrap_or(0)
     }
 
-    /// Marks every held slot as waited for on every node, so that its release publishes.
-    async fn mark(&self) {
-        let shared = self.redlock.shared();
-        let keys = self.slot_keys();
-        mark_waited(&shared.cluster, &keys).await;
-    }
-
-    /// The slots that look free now (see `attempt::look_at`: one round trip), in random
-    /// order, and the soonest end among the held ones. When too few nodes answer, every
-    /// slot (the attempts will say what is wrong).
-    async fn look(&self) -> (Vec<u32>, Option<Duration>) {
-        let shared = self.redlock.shared();
-        let keys = self.slot_keys();
-        let (mut free, mut soonest) = (Vec::new(), None);
-        match look_at(&shared.cluster, &keys).await {
-            Some(states) => {
-                for (slot, state) in (0..).zip(states) {
-                    match state {
-                        KeyState::Free => free.push(slot),
-                        KeyState::Held(Some(after)) => {
-                            soonest = Some(soonest.map_or(after, |s: Duration| s.min(after)));
+    /// Looks at the slots ([`CHUNK`] per round trip: see `attempt::look_at`), from a
+    /// random one, until `n` look free or every slot was looked at. A chunk too few
+    /// nodes answered about counts as free (the attempts will say what is wrong).
+    async fn look(&self, n: u32) -> Looked {
+        let cluster = &self.redlock.shared().cluster;
+        let start = rand::rng().random_range(0..self.permits);
+        let mut looked = Looked {
+            free: Vec::new(),
+            held: 0,
+            soonest: None,
+        };
+        for chunk in chunks(self.permits, start) {
+            let mut free = Vec::new();
+            match look_at(cluster, &self.slot_keys(&chunk)).await {
+                Some(states) => {
+                    for (slot, state) in chunk.into_iter().zip(states) {
+                        match state {
+                            KeyState::Free => free.push(slot),
+                            KeyState::Held(ends) => {
+                                looked.held += 1;
+                                looked.soonest = earliest(looked.soonest, ends);
+                            }
                         }
-                        KeyState::Held(None) => {}
                     }
                 }
+                None => free = chunk,
             }
-            None => free = (0..self.permits).collect(),
+            free.shuffle(&mut rand::rng());
+            looked.free.append(&mut free);
+            if looked.free.len() >= n as usize {
+                break;
+            }
         }
-        free.shuffle(&mut rand::rng());
-        (free, soonest)
+        looked
     }
 
-    /// Every slot's lock key, in slot order.
-    fn slot_keys(&self) -> Vec<String> {
+    /// The lock keys of `slots`.
+    fn slot_keys(&self, slots: &[u32]) -> Vec<String> {
         let shared = self.redlock.shared();
-        (0..self.permits)
-            .map(|slot| shared.key(&self.slot_resource(slot)))
+        slots
+            .iter()
+            .map(|&slot| shared.key(&self.slot_resource(slot)))
             .collect()
     }
 
@@ -407,7 +604,7 @@ impl Semaphore {
     /// [`Error::Taken`] when every permit is taken; the errors of [`Redlock::lock`].
     pub async fn try_acquire(&self) -> Result<Permit, Error> {
         self.record_size();
-        measured(self.scan()).await
+        measured(async { self.scan().await.map_err(Error::from) }).await
     }
 
     /// Records the number of permits on the nodes for operators
@@ -449,33 +646,103 @@ impl Semaphore {
     }
 
     /// One attempt on a random slot (an uncontended permit: one lock cycle); if it is
-    /// taken, a look at every slot (one round trip), then one attempt on each slot that
-    /// looked free, until one is taken. A full semaphore costs one attempt and one look,
-    /// whatever its size.
-    async fn scan(&self) -> Result<Permit, Error> {
+    /// taken, a look at the slots ([`CHUNK`] per round trip, from a random one), and one
+    /// attempt on each slot that looked free, chunk by chunk, until one is taken. A
+    /// full semaphore costs one attempt and one look at every slot.
+    async fn scan(&self) -> Result<Permit, Miss> {
         let first = rand::rng().random_range(0..self.permits);
         let taken = match self.request(first).retry(RetryPolicy::once()).await {
             Ok(lock) => return Ok(Permit::new(lock, first)),
             Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => error,
-            Err(error) => return Err(error),
+            Err(error) => return Err(Miss::Failed(error)),
         };
+        let after = retry_after(&taken);
         if self.permits == 1 {
-            return Err(taken);
+            return Err(Miss::Busy(Busy {
+                error: taken,
+                held: 1,
+                soonest: after,
+            }));
         }
-        let (free, soonest) = self.look().await;
-        for slot in free.into_iter().filter(|&slot| slot != first) {
-            match self.request(slot).retry(RetryPolicy::once()).await {
-                Ok(lock) => return Ok(Permit::new(lock, slot)),
-                Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
-                Err(error) => return Err(error),
+        let cluster = &self.redlock.shared().cluster;
+        let (mut held, mut soonest) = (0, None);
+        let start = rand::rng().random_range(0..self.permits);
+        for chunk in chunks(self.permits, start) {
+            let mut free = Vec::new();
+            match look_at(cluster, &self.slot_keys(&chunk)).await {
+                Some(states) => {
+                    for (slot, state) in chunk.into_iter().zip(states) {
+                        match state {
+                            KeyState::Free => free.push(slot),
+                            KeyState::Held(ends) => {
+                                held += 1;
+                                soonest = earliest(soonest, ends);
+                            }
+                        }
+                    }
+                }
+                None => free = chunk,
+            }
+            free.shuffle(&mut rand::rng());
+            for slot in free.into_iter().filter(|&slot| slot != first) {
+                match self.request(slot).retry(RetryPolicy::once()).await {
+                    Ok(lock) => return Ok(Permit::new(lock, slot)),
+                    Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => {}
+                    Err(error) => return Err(Miss::Failed(error)),
+                }
             }
         }
-        let soonest = match (soonest, retry_after(&taken)) {
-            (Some(a), b) => Some(a.min(b)),
-            (None, Duration::MAX) => None,
-            (None, b) => Some(b),
-        };
-        Err(self.busy(soonest))
+        let soonest = earliest(soonest, after);
+        Err(Miss::Busy(Busy {
+            error: self.busy(soonest),
+            held,
+            soonest,
+        }))
+    }
+}
+
+/// How long a waiter listening on the slots waits before it looks again without a
+/// release, when the mark found as many slots held on some node (`marked`) as its
+/// last look saw held (`held`): every held slot is marked, so that its release
+/// publishes and wakes it, and nothing frees a permit unheard but a holder's TTL
+/// running out: until the first held slot's end (`soonest`), at most [`RESCAN`]. With
+/// fewer marked (a slot taken or released between the look and the mark, whose release
+/// publishes nothing), the policy's `delay`.
+fn window(marked: u32, held: u32, soonest: Option<Duration>, delay: Duration) -> Duration {
+    if marked < held {
+        return delay;
+    }
+    soonest.map_or(RESCAN, |end| end.saturating_add(EXPIRY_MARGIN).min(RESCAN))
+}
+
+/// When a waiter gives up: at the policy's deadline, or once the time its attempts
+/// would have taken has passed (`max_attempts - 1` times its longest delay), whichever
+/// comes first; `None`: never (no bound on either).
+fn give_up_at(policy: &RetryPolicy, started: Instant) -> Option<Instant> {
+    let by_attempts = policy
+        .max_attempts()
+        .map(|n| policy.max_delay().saturating_mul(n.saturating_sub(1)));
+    let budget = match (by_attempts, policy.deadline_after()) {
+        (Some(a), Some(d)) => Some(a.min(d)),
+        (a, d) => a.or(d),
+    };
+    budget.and_then(|budget| started.checked_add(budget))
+}
+
+/// The slots `0..permits` from `start` (wrapping round), in runs of at most [`CHUNK`].
+fn chunks(permits: u32, start: u32) -> impl Iterator<Item = Vec<u32>> {
+    (0..permits).step_by(CHUNK as usize).map(move |offset| {
+        (offset..permits.min(offset.saturating_add(CHUNK)))
+            .map(|i| (start + i) % permits)
+            .collect()
+    })
+}
+
+/// The earlier of two ends, either unknown.
+fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -489,12 +756,10 @@ async fn give_back(permits: Vec<Permit>) {
     }
 }
 
-fn retry_after(error: &Error) -> Duration {
+fn retry_after(error: &Error) -> Option<Duration> {
     match error.class() {
-        ErrorClass::Contended {
-            retry_after: Some(after),
-        } => after,
-        _ => Duration::MAX,
+        ErrorClass::Contended { retry_after } => retry_after,
+        _ => None,
     }
 }
 

@@ -172,7 +172,7 @@ pub fn check_resource_name(resource: &str, max_len: usize) -> Result<(), ConfigE
 }
 
 /// The first `max` bytes of `s` (cut at a character boundary), with `…` if cut.
-fn truncated(s: &str, max: usize) -> String {
+pub(crate) fn truncated(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_owned();
     }

@@ -426,6 +426,12 @@ async fn a_full_semaphore_costs_one_attempt_and_one_look() {
     let semaphore = redlock.semaphore("wide", PERMITS).unwrap();
     let held = semaphore.acquire_many(PERMITS).await.unwrap();
     assert_eq!(held.len(), PERMITS as usize);
+    // The acquisitions returned at a majority, and the size record is written in the
+    // background: let every node's writes land before counting.
+    cluster
+        .settle_keys("redlock:{wide/permit/*}", 3 * PERMITS as usize)
+        .await;
+    cluster.settle_keys("redlock:{wide/permit}:size", 3).await;
     for i in 0..3 {
         assert!(cluster.node(i).reset_stats().await);
     }
@@ -447,5 +453,73 @@ async fn a_full_semaphore_costs_one_attempt_and_one_look() {
     let slot = freed.slot();
     freed.release().await.unwrap();
     let permit = semaphore.try_acquire().await.unwrap();
+    assert_eq!(permit.slot(), slot);
+}
+
+/// The commands every node ran since `reset_stats`, but the test's own (`INFO`, `CONFIG
+/// RESETSTAT`, a connection's handshake).
+async fn calls_since_reset(cluster: &Cluster) -> Vec<std::collections::BTreeMap<String, u64>> {
+    let mut all = Vec::new();
+    for i in 0..cluster.len() {
+        let mut calls = cluster.node(i).command_calls().await;
+        calls.retain(|name, _| {
+            !["info", "config", "client", "hello"]
+                .iter()
+                .any(|own| name.starts_with(own))
+        });
+        all.push(calls);
+    }
+    all
+}
+
+/// A waiter on a full semaphore costs the nodes nothing between releases: once it has
+/// looked, marked the slots and queued, it sends no command for 2 s (its policy's delay
+/// is 50 to 100 ms: a waiter that scanned at each delay would send hundreds), counted by
+/// the nodes themselves (`INFO commandstats`); the next release still wakes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_semaphores_waiter_sends_nothing_between_releases() {
+    const PERMITS: u32 = 4;
+    /// Commands per node allowed in the 2 s (none are expected).
+    const MOST: u64 = 6;
+    let cluster = Cluster::start(3).await;
+    let (_holder, mut held) = holding_every_permit(&cluster, "quiet", PERMITS).await;
+    cluster
+        .settle_keys("redlock:{quiet/permit/*}", 3 * PERMITS as usize)
+        .await;
+    let waiter = redlock_testkit::builder(&cluster).build().unwrap();
+    let semaphore = waiter
+        .semaphore("quiet", PERMITS)
+        .unwrap()
+        .retry(RetryPolicy::deadline(Duration::from_secs(20)));
+    let waiting = tokio::spawn(async move {
+        let permit = semaphore.acquire().await.unwrap();
+        (Instant::now(), permit)
+    });
+    // Its first scan, the marks, its place in a slot's queue.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..3 {
+        assert!(cluster.node(i).reset_stats().await);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let calls = calls_since_reset(&cluster).await;
+    for (node, calls) in calls.iter().enumerate() {
+        let total: u64 = calls.values().sum();
+        println!("node {node}: {total} commands in 2 s of waiting: {calls:?}");
+        assert!(
+            total <= MOST,
+            "node {node} ran {total} commands in 2 s of waiting: {calls:?}"
+        );
+    }
+    assert!(!waiting.is_finished(), "a permit of a full semaphore");
+    let freed = held.pop().unwrap();
+    let slot = freed.slot();
+    let released = Instant::now();
+    freed.release().await.unwrap();
+    let (got, permit) = waiting.await.unwrap();
+    let after = got.duration_since(released);
+    assert!(
+        after < Duration::from_millis(700),
+        "woken {after:?} after the release"
+    );
     assert_eq!(permit.slot(), slot);
 }

@@ -14,6 +14,11 @@ use crate::client::Redlock;
 use crate::error::{ConfigError, Error, NodeError, NodeFailure};
 use crate::node::Node;
 use crate::protocol::redis_error;
+use crate::semaphore::MAX_PERMITS;
+
+/// Slots of a semaphore released by force in one round trip per node (two commands
+/// each: the counter read, then the release).
+const FORCE_BATCH: usize = 512;
 
 /// On one node: deletes the lock key `KEYS[1]` whatever it holds (waking its waiters,
 /// as a release does), and raises the fencing counter `KEYS[2]` to `ARGV[1]`, or one
@@ -139,7 +144,8 @@ impl Redlock {
 pub struct SemaphoreReleased {
     /// The semaphore's name.
     pub name: String,
-    /// Its number of permits, from its size record (`None`: no record found; the slots
+    /// Its number of permits, from its size record (`None`: no record found, or one
+    /// above [`MAX_PERMITS`](crate::MAX_PERMITS), which no semaphore wrote; the slots
     /// released are those a scan found held).
     pub permits: Option<u32>,
     /// Each slot released, by index: every slot below `permits`, and every other slot
@@ -281,7 +287,13 @@ impl Redlock {
         if found.len() < cluster.quorum() {
             return Err(no_quorum(failures));
         }
-        let permits = found.iter().filter_map(|(size, _)| *size).max();
+        // A record above the bound was not written by a semaphore (none is that big):
+        // only the slots found held are released then.
+        let permits = found
+            .iter()
+            .filter_map(|(size, _)| *size)
+            .filter(|&size| size <= MAX_PERMITS)
+            .max();
         let mut slots: BTreeSet<u32> = (0..permits.unwrap_or(0)).collect();
         for (_, keys) in &found {
             slots.extend(keys.iter().filter_map(|key| {
@@ -292,27 +304,41 @@ impl Redlock {
             }));
         }
         let slots: Vec<u32> = slots.into_iter().collect();
-        let resources: Vec<String> = slots.iter().map(|s| format!("{name}/permit/{s}")).collect();
-        let (forced, failures) = self.force_all(&resources, name).await?;
+        // A batch of slots per round trip, so that a large semaphore's release never
+        // builds every key (nor one pipeline of them all) at once.
+        let mut released = Vec::with_capacity(slots.len());
+        let mut failures: Vec<NodeFailure> = Vec::new();
+        for batch in slots.chunks(FORCE_BATCH) {
+            let resources: Vec<String> =
+                batch.iter().map(|s| format!("{name}/permit/{s}")).collect();
+            let (forced, failed) = self.force_all(&resources, name).await?;
+            released.extend(
+                batch
+                    .iter()
+                    .zip(forced)
+                    .map(|(&slot, (deleted, fencing_token))| SlotReleased {
+                        slot,
+                        deleted,
+                        fencing_token,
+                    }),
+            );
+            for failure in failed {
+                if !failures.iter().any(|f| f.node == failure.node) {
+                    failures.push(failure);
+                }
+            }
+        }
         tracing::warn!(
             semaphore = name,
-            slots = slots.len(),
-            deleted = forced.iter().filter(|(d, _)| *d > 0).count(),
+            slots = released.len(),
+            deleted = released.iter().filter(|s| s.deleted > 0).count(),
             failed = failures.len(),
             "semaphore released by force"
         );
         Ok(SemaphoreReleased {
             name: name.to_owned(),
             permits,
-            slots: slots
-                .into_iter()
-                .zip(forced)
-                .map(|(slot, (deleted, fencing_token))| SlotReleased {
-                    slot,
-                    deleted,
-                    fencing_token,
-                })
-                .collect(),
+            slots: released,
             failures,
         })
     }
