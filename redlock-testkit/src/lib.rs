@@ -122,6 +122,23 @@ pub use server::{Persistence, RedisServer, ServerOptions};
 pub use wait::until;
 
 /// N independent Redis masters, each optionally reached through its own [`Proxy`].
+///
+/// # A late node
+///
+/// With `REDLOCK_TESTKIT_LATE_NODE=NODE:MS` ([`LATE_NODE_VAR`]) in the environment,
+/// every cluster puts proxies in front of its servers (clients then reach them through
+/// [`urls`](Self::urls), the test's own reads through [`node`](Self::node) stay direct)
+/// and delays node `NODE`'s link by `MS` milliseconds each way: the last node to
+/// answer, whose write lands after an operation returned at its majority. A test that
+/// reads every node right after a call instead of waiting for what it checks fails
+/// then, every time:
+///
+/// ```text
+/// REDLOCK_TESTKIT_LATE_NODE=0:30 cargo test -p redlock-core --test lock
+/// ```
+///
+/// (Tests that time their calls, or name nodes by the servers' addresses, may fail
+/// under it for that reason alone.)
 pub struct Cluster {
     servers: Vec<RedisServer>,
     proxies: Vec<Proxy>,
@@ -135,6 +152,15 @@ impl Cluster {
 
     /// Starts `n` servers with the given persistence.
     pub async fn start_with(n: usize, persistence: Persistence) -> Self {
+        let mut cluster = Self::servers(n, persistence).await;
+        if let Some((node, delay)) = late_node() {
+            cluster.add_proxies().await;
+            cluster.delay_late_node(node, delay);
+        }
+        cluster
+    }
+
+    async fn servers(n: usize, persistence: Persistence) -> Self {
         let mut servers = Vec::with_capacity(n);
         for _ in 0..n {
             servers.push(RedisServer::start(persistence).await);
@@ -142,6 +168,18 @@ impl Cluster {
         Self {
             servers,
             proxies: Vec::new(),
+        }
+    }
+
+    async fn add_proxies(&mut self) {
+        for server in &self.servers {
+            self.proxies.push(Proxy::start(server.addr()).await);
+        }
+    }
+
+    fn delay_late_node(&self, node: usize, delay: std::time::Duration) {
+        if let Some(proxy) = self.proxies.get(node) {
+            proxy.delay(delay);
         }
     }
 
@@ -153,9 +191,10 @@ impl Cluster {
 
     /// Starts `n` servers with the given persistence, each behind its own proxy.
     pub async fn start_proxied_with(n: usize, persistence: Persistence) -> Self {
-        let mut cluster = Self::start_with(n, persistence).await;
-        for server in &cluster.servers {
-            cluster.proxies.push(Proxy::start(server.addr()).await);
+        let mut cluster = Self::servers(n, persistence).await;
+        cluster.add_proxies().await;
+        if let Some((node, delay)) = late_node() {
+            cluster.delay_late_node(node, delay);
         }
         cluster
     }
@@ -232,6 +271,69 @@ impl Cluster {
         }
     }
 
+    /// Nodes needed for a majority: `len() / 2 + 1`.
+    pub fn majority(&self) -> usize {
+        self.servers.len() / 2 + 1
+    }
+
+    /// `cmd`'s answer from each server, in order: `None` where a server does not answer
+    /// within 1 s or answers with an error (or another type than `T`).
+    pub async fn query_each<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Vec<Option<T>> {
+        futures_util::future::join_all(self.servers.iter().map(|server| server.query(cmd))).await
+    }
+
+    /// Polls [`query_each`](Self::query_each) every 10 ms until `settled` holds for the
+    /// answers, and returns them; panics, naming `what` and the last answers, when
+    /// `within` passes first.
+    ///
+    /// An operation returns once a majority answered: the last node's command may land
+    /// later (or, if it timed out before it was sent, never). A test that checks what
+    /// every node holds waits for it with this (with a deadline well below any TTL it
+    /// tells apart from), or checks a majority.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use redlock_testkit::Cluster;
+    ///
+    /// let cluster = Cluster::start(3).await;
+    /// for i in 0..3 {
+    ///     let _: Option<()> = cluster.node(i).query(redis::cmd("SET").arg("k").arg(i)).await;
+    /// }
+    /// let values: Vec<Option<u32>> = cluster
+    ///     .settle_each("k on every node", redis::cmd("GET").arg("k"), Duration::from_secs(2), |v| {
+    ///         v.iter().all(Option::is_some)
+    ///     })
+    ///     .await;
+    /// assert_eq!(values, [Some(0), Some(1), Some(2)]);
+    /// # }
+    /// ```
+    pub async fn settle_each<T, F>(
+        &self,
+        what: &str,
+        cmd: &redis::Cmd,
+        within: std::time::Duration,
+        mut settled: F,
+    ) -> Vec<Option<T>>
+    where
+        T: redis::FromRedisValue + std::fmt::Debug,
+        F: FnMut(&[Option<T>]) -> bool,
+    {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let answers = self.query_each::<T>(cmd).await;
+            if settled(&answers) {
+                return answers;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: not within {within:?}; the nodes answer {answers:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// Sets `key` on node `node` to a value no client holds (a stray lock) for a
     /// minute, so that node says no to acquisitions of it.
     pub async fn set_stray(&self, node: usize, key: &str) {
@@ -247,4 +349,20 @@ impl Cluster {
             .await
             .expect("node answers");
     }
+}
+
+/// The environment variable that makes one node of every cluster late (see
+/// [`Cluster`]): `NODE:MS`, e.g. `0:30`.
+pub const LATE_NODE_VAR: &str = "REDLOCK_TESTKIT_LATE_NODE";
+
+/// The node and delay of [`LATE_NODE_VAR`], if set.
+fn late_node() -> Option<(usize, std::time::Duration)> {
+    let value = std::env::var(LATE_NODE_VAR).ok()?;
+    let parsed = value
+        .split_once(':')
+        .and_then(|(node, ms)| Some((node.trim().parse().ok()?, ms.trim().parse().ok()?)));
+    let Some((node, ms)) = parsed else {
+        panic!("{LATE_NODE_VAR}={value:?}: expected NODE:MS, e.g. 0:30");
+    };
+    Some((node, std::time::Duration::from_millis(ms)))
 }
