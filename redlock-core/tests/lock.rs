@@ -83,11 +83,12 @@ async fn taken_lock_reports_the_nodes_holding_it() {
             assert!(nodes.len() >= 3, "{nodes:?}");
             assert_eq!(total, 5);
             assert_eq!(attempts, 1);
-            // The holder's lock has most of its TTL left on a majority.
+            // The holder's lock has most of its TTL left on a majority. (Its keys can
+            // outlive its validity, which counts from before its first command, by as
+            // long as its acquisition took: bounded by the TTL, not by the validity.)
             let retry_after = retry_after.expect("a majority answered");
             assert!(
-                retry_after <= lock.validity() + Duration::from_millis(200)
-                    && retry_after >= Duration::from_secs(3),
+                retry_after <= Duration::from_secs(5) && retry_after >= Duration::from_secs(3),
                 "{retry_after:?}"
             );
         }
@@ -131,7 +132,16 @@ async fn only_the_owner_can_release_or_extend() {
     let b = client(&cluster, TIMEOUT);
     let mut stale = a.lock("res").ttl(Duration::from_millis(300)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
+    // Expired on every node: a node whose SET landed late keeps the key that much longer.
+    let key = b.key_for("res");
+    cluster.settle_keys(&key, 0).await;
     let current = b.try_lock("res").await.expect("expired lock is free");
+    // Where b's value is now: a majority at least (the last node's SET may land later,
+    // or never if it timed out).
+    let get = redis::cmd("GET").arg(&key).clone();
+    let before: Vec<Option<String>> = cluster.query_each(&get).await;
+    let holding = before.iter().filter(|v| v.is_some()).count();
+    assert!(holding >= cluster.majority(), "{before:?}");
 
     let err = stale.extend(Duration::from_secs(5)).await.unwrap_err();
     assert!(matches!(err, Error::Expired { .. }), "{err}");
@@ -139,11 +149,12 @@ async fn only_the_owner_can_release_or_extend() {
     assert_eq!(report.released, 0);
     assert!(report.expired && !report.was_held());
 
-    // b's value is intact on every node.
-    let key = b.key_for("res");
-    for i in 0..5 {
-        let value: Option<String> = cluster.node(i).query(redis::cmd("GET").arg(&key)).await;
-        assert!(value.is_some(), "node {i} lost the current holder's key");
+    // b's value is intact on every node that had it.
+    let after: Vec<Option<String>> = cluster.query_each(&get).await;
+    for (i, (before, after)) in before.iter().zip(&after).enumerate() {
+        if before.is_some() {
+            assert_eq!(after, before, "node {i} lost the current holder's key");
+        }
     }
     assert!(a.try_lock("res").await.is_err());
     assert!(current.release().await.unwrap().was_held());
@@ -158,11 +169,13 @@ async fn extend_and_release_compare_the_value() {
     let a = client(&cluster, TIMEOUT);
     let mut lock = a.lock("res").await.unwrap();
     let key = a.key_for("res");
+    // (A SET of the lock still in flight finds the key taken when it lands.)
     for i in 0..3 {
-        let _: Option<String> = cluster
+        let set: Option<String> = cluster
             .node(i)
             .query(redis::cmd("SET").arg(&key).arg("someone-else"))
             .await;
+        assert_eq!(set.as_deref(), Some("OK"), "node {i}");
     }
     let err = lock.extend(Duration::from_secs(30)).await.unwrap_err();
     assert!(matches!(err, Error::Lost { held: 0, .. }), "{err}");
@@ -204,15 +217,15 @@ async fn extend_prolongs_and_never_recreates_an_expired_key() {
     assert!(!lock.is_valid());
     let err = lock.extend(Duration::from_secs(10)).await.unwrap_err();
     assert!(matches!(err, Error::Expired { .. }), "{err}");
-    assert_eq!(
-        cluster.count_keys("redlock:*").await,
-        0,
-        "expired key re-created"
-    );
+    // Gone from every node within 2 s (a node whose last extension landed late keeps the
+    // key that much longer), while a re-created key would live 10 s.
+    cluster.settle_keys("redlock:*", 0).await;
 
     // The nodes refuse too, not only the local validity check: delete the keys under a
-    // still-valid guard and extend.
+    // still-valid guard and extend. (Every node's SET first: one landing after the
+    // deletion would hold the key again.)
     let mut lock = a.lock("long").await.unwrap();
+    cluster.settle_keys(&a.key_for("long"), 5).await;
     for i in 0..5 {
         let _: Option<i64> = cluster
             .node(i)
@@ -241,8 +254,9 @@ async fn multi_resource_lock_is_all_or_nothing() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Taken { .. }), "{err}");
-    // Nothing of the failed attempt is left: acct:2 exists on no node.
-    assert_eq!(cluster.count_keys("redlock:{acct:2}").await, 0);
+    // Nothing of the failed attempt is left: acct:2 exists on no node (a node's SET
+    // still in flight when the attempt failed is deleted right after it lands).
+    cluster.settle_keys("redlock:{acct:2}", 0).await;
 
     single.release().await.unwrap();
     let both = b.lock_many(["acct:2", "acct:1"]).await.unwrap();
@@ -252,12 +266,15 @@ async fn multi_resource_lock_is_all_or_nothing() {
     assert!(a.try_lock("acct:2").await.is_err());
     let mut both = both;
     both.extend(Duration::from_secs(20)).await.unwrap();
-    let ttl: i64 = cluster
-        .node(2)
-        .query(redis::cmd("PTTL").arg("redlock:{acct:1}"))
-        .await
-        .unwrap();
-    assert!(ttl > 10_000, "{ttl}");
+    // Extended on a majority at least when it returns (the last node's may land later).
+    let ttls: Vec<Option<i64>> = cluster
+        .query_each(redis::cmd("PTTL").arg("redlock:{acct:1}"))
+        .await;
+    let extended = ttls
+        .iter()
+        .filter(|t| t.is_some_and(|t| t > 10_000))
+        .count();
+    assert!(extended >= cluster.majority(), "{ttls:?}");
     let report = both.release().await.unwrap();
     assert!(report.was_held());
     cluster.settle_keys("redlock:*", 0).await;
