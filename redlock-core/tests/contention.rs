@@ -50,9 +50,19 @@ async fn waiters_do_not_spin_on_a_bare_majority() {
     let cluster = Cluster::start(5).await;
     let delay = Duration::from_millis(100);
     let retry = RetryPolicy::deadline(Duration::from_secs(5)).with_delay(delay, delay / 2);
-    let holder = client(&cluster, retry);
+    // A node timeout a loaded machine keeps: the holder's SET is to reach every node.
+    let holder = redlock_testkit::builder(&cluster)
+        .ttl(Duration::from_secs(30))
+        .fencing(true)
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
     let lock = holder.lock("spin").await.unwrap();
     let key = holder.key_for("spin");
+    // On every node before two lose it: the last node's SET may land after the lock
+    // returned (on node 3 or 4 after the deletion, the holder would keep 4 nodes; on
+    // node 0 to 2 later, waiters could win).
+    cluster.settle_keys(&key, 5).await;
     for i in [3, 4] {
         let () = cluster
             .node(i)
