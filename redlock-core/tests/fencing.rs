@@ -88,8 +88,23 @@ async fn tokens_go_up_after_one_node_restarts_empty() {
         .query(redis::cmd("DEL").arg(&key))
         .await
         .unwrap();
-    // Give the background write-back time to land (it is not awaited by the grant).
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The background write-back (not awaited by the grant) lands on node 2.
+    let fence = redlock.fence_key_for(resource);
+    redlock_testkit::until(
+        "node 2 learns the last token",
+        Duration::from_secs(2),
+        || async {
+            let counter: Option<u64> = cluster
+                .node(2)
+                .query(redis::cmd("GET").arg(&fence))
+                .await
+                .flatten();
+            counter
+                .is_some_and(|counter| counter >= issued)
+                .then_some(())
+        },
+    )
+    .await;
     cluster.node_mut(1).restart().await;
     // Let the client notice the restart and reconnect to node 1 (on other resources),
     // so that the next lock is granted at its first attempt.
