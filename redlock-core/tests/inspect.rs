@@ -42,6 +42,8 @@ async fn lists_held_locks_with_holder_validity_and_fence() {
     // Glob characters in names and prefixes are taken literally.
     let _star = api.lock("a*b").await.unwrap();
     let _other = api.lock("axb").await.unwrap();
+    // Each lock returned at its quorum: the last node's SET may still be on its way.
+    cluster.settle_keys("redlock:{orders:*}", 4 * 3).await;
 
     let listing = api.locks("orders:").await.unwrap();
     assert!(listing.failures.is_empty() && !listing.truncated);
@@ -135,6 +137,8 @@ async fn lists_thousands_over_pages_and_honours_the_limit() {
         .buffer_unordered(64)
         .collect()
         .await;
+    // Each lock returned at its quorum: the last node's SET may still be on its way.
+    cluster.settle_keys("redlock:{job:*}", 2500 * 3).await;
     let listing = redlock.locks("job:").await.unwrap();
     assert_eq!(listing.locks.len(), 2500);
     assert!(!listing.truncated);
@@ -304,6 +308,9 @@ async fn force_release_frees_wakes_and_makes_the_old_token_stale() {
     assert_eq!(listing.locks[0].holder.as_deref(), Some("waiter"));
     assert!(listing.locks[0].fencing_token >= Some(new_token));
     new_lock.release().await.unwrap();
+    // The release returned at its quorum: the last node's deletion may still be on its
+    // way (a forced release would find the key there).
+    cluster.settle_keys("redlock:{acct:1}", 0).await;
 
     // Nothing held: the counter still goes up.
     let again = admin.force_release("acct:1").await.unwrap();
@@ -321,6 +328,8 @@ async fn force_release_needs_a_majority() {
     let admin = client(&cluster, "admin");
     let lock = admin.lock("acct:2").await.unwrap();
     let token = lock.fencing_token().unwrap();
+    // The lock returned at its quorum: the last node's SET may still be on its way.
+    cluster.settle_keys("redlock:{acct:2}", 3).await;
     cluster.node_mut(0).kill();
     let forced = admin.force_release("acct:2").await.unwrap();
     assert_eq!((forced.deleted, forced.failures.len()), (2, 1));
