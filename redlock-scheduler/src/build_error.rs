@@ -40,6 +40,23 @@ pub enum BuildError {
         reason: String,
     },
 
+    /// A name is too long for the lock keys made from it: the client's
+    /// `max_resource_len` less the longest suffix the scheduler adds (see
+    /// [`keys`](crate::keys) for the keys and the bounds). Use a shorter name.
+    #[error(
+        "the {kind} `{start}` is {len} bytes long, above the {max} bytes its lock keys leave room for: use a name of at most {max} bytes (see redlock_scheduler::keys)"
+    )]
+    NameTooLong {
+        /// Which name.
+        kind: crate::keys::NameKind,
+        /// Its first bytes (64 at most, then `…`).
+        start: String,
+        /// Its length, in bytes.
+        len: usize,
+        /// The longest name accepted, in bytes.
+        max: usize,
+    },
+
     /// An option is out of range.
     #[error("{what}: {reason}")]
     InvalidOption {

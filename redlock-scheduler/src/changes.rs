@@ -87,7 +87,11 @@ struct Stored {
 impl JobSpec {
     /// A job named `name` on the cron `expression` (5 fields, or 6 with seconds first),
     /// in UTC, running the handler registered under its own name unless
-    /// [`handler`](Self::handler) names another.
+    /// [`handler`](Self::handler) names another. The name may be at most
+    /// [`keys::max_job_name_len`](crate::keys::max_job_name_len) bytes (477 beside the
+    /// default scheduler name under the default `max_resource_len`): a longer one is
+    /// refused by `add_job` and `reschedule_job` with
+    /// [`RequestError::NameTooLong`](crate::admin::RequestError::NameTooLong).
     pub fn new(name: impl Into<String>, expression: impl Into<String>) -> Self {
         let name = name.into();
         Self {
@@ -202,15 +206,22 @@ impl JobSpec {
     }
 
     /// Checks it as [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) checks
-    /// a job: its parsed schedule.
+    /// a job of the scheduler `scheduler` whose client takes resource names up to
+    /// `max_resource_len` bytes: its parsed schedule.
     ///
     /// # Errors
     ///
-    /// [`BuildError`] naming the job and the input.
-    pub(crate) fn check(&self) -> Result<Schedule, BuildError> {
+    /// [`BuildError`] naming the job and the input; [`BuildError::NameTooLong`] for a
+    /// name too long for its keys (see [`crate::keys`]).
+    pub(crate) fn check(
+        &self,
+        scheduler: &str,
+        max_resource_len: usize,
+    ) -> Result<Schedule, BuildError> {
         if self.name.trim().is_empty() {
             return Err(BuildError::EmptyName);
         }
+        crate::keys::check_job(scheduler, &self.name, max_resource_len)?;
         if self.handler.trim().is_empty() {
             return Err(BuildError::InvalidOption {
                 what: format!("job `{}`: handler", self.name),
@@ -313,7 +324,10 @@ pub struct JobChange {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use redlock_core::DEFAULT_MAX_RESOURCE_LEN;
+
     use super::*;
+    use crate::keys::NameKind;
     use crate::time::{Fold, Gap};
 
     #[test]
@@ -332,30 +346,62 @@ mod tests {
 
     #[test]
     fn a_spec_is_checked_as_a_job_is() {
-        assert!(JobSpec::new("a", "* * * * *").check().is_ok());
+        assert!(
+            JobSpec::new("a", "* * * * *")
+                .check("scheduler", DEFAULT_MAX_RESOURCE_LEN)
+                .is_ok()
+        );
         assert!(matches!(
-            JobSpec::new("a", "every minute").check(),
+            JobSpec::new("a", "every minute").check("scheduler", DEFAULT_MAX_RESOURCE_LEN),
             Err(BuildError::InvalidSchedule { .. })
         ));
         assert!(matches!(
             JobSpec::new("a", "* * * * *")
                 .time_zone("Mars/Olympus")
-                .check(),
+                .check("scheduler", DEFAULT_MAX_RESOURCE_LEN),
             Err(BuildError::InvalidSchedule { .. })
         ));
         assert!(matches!(
-            JobSpec::new(" ", "* * * * *").check(),
+            JobSpec::new(" ", "* * * * *").check("scheduler", DEFAULT_MAX_RESOURCE_LEN),
             Err(BuildError::EmptyName)
         ));
         assert!(matches!(
-            JobSpec::new("a", "* * * * *").handler("").check(),
+            JobSpec::new("a", "* * * * *")
+                .handler("")
+                .check("scheduler", DEFAULT_MAX_RESOURCE_LEN),
             Err(BuildError::InvalidOption { .. })
         ));
         assert!(matches!(
             JobSpec::new("a", "* * * * *")
                 .timeout(Duration::ZERO)
-                .check(),
+                .check("scheduler", DEFAULT_MAX_RESOURCE_LEN),
             Err(BuildError::InvalidOption { .. })
+        ));
+        // The name, against the keys made from it (477 bytes beside `scheduler`).
+        let longest = "j".repeat(477);
+        assert!(
+            JobSpec::new(longest.as_str(), "* * * * *")
+                .check("scheduler", DEFAULT_MAX_RESOURCE_LEN)
+                .is_ok()
+        );
+        assert!(matches!(
+            JobSpec::new(format!("{longest}j"), "* * * * *")
+                .check("scheduler", DEFAULT_MAX_RESOURCE_LEN),
+            Err(BuildError::NameTooLong {
+                kind: NameKind::Job,
+                len: 478,
+                max: 477,
+                ..
+            })
+        ));
+        assert!(matches!(
+            JobSpec::new("a", "* * * * *").check(&"s".repeat(486), DEFAULT_MAX_RESOURCE_LEN),
+            Err(BuildError::NameTooLong {
+                kind: NameKind::Scheduler,
+                len: 486,
+                max: 485,
+                ..
+            })
         ));
     }
 }

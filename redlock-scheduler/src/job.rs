@@ -200,7 +200,11 @@ impl Job {
 
     /// A job named `name` running `handler` on the cron `expression` (5 fields, or 6 with
     /// seconds first), in UTC unless [`time_zone`](Self::time_zone) says otherwise. The
-    /// expression is checked by [`SchedulerBuilder::build`](crate::SchedulerBuilder::build).
+    /// expression is checked by [`SchedulerBuilder::build`](crate::SchedulerBuilder::build),
+    /// and so is the name: at most
+    /// [`keys::max_job_name_len`](crate::keys::max_job_name_len) bytes (477 beside the
+    /// default scheduler name under the default `max_resource_len`), so that every lock
+    /// key made from it fits.
     pub fn new<F, Fut, E>(
         name: impl Into<String>,
         expression: impl Into<String>,

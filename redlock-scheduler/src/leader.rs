@@ -205,10 +205,22 @@ impl LeaderElectorBuilder {
     /// # Errors
     ///
     /// [`BuildError::InvalidOption`] for a zero term, retry interval or TTL (the same
-    /// checks as [`SchedulerBuilder::build`](crate::SchedulerBuilder::build)'s); nothing
-    /// is started then.
+    /// checks as [`SchedulerBuilder::build`](crate::SchedulerBuilder::build)'s), or an
+    /// empty lock name; [`BuildError::NameTooLong`] for a lock name longer than the
+    /// client's `max_resource_len` (512 bytes by default); nothing is started then.
     pub fn start(self) -> Result<LeaderElector, BuildError> {
         check_election(self.ttl, self.term, self.retry_interval)?;
+        if self.name.is_empty() {
+            return Err(BuildError::InvalidOption {
+                what: "leader election: lock name".to_owned(),
+                reason: "must not be empty".to_owned(),
+            });
+        }
+        crate::keys::check_len(
+            crate::keys::NameKind::Election,
+            &self.name,
+            crate::keys::client_max_resource_len(&self.redlock),
+        )?;
         Ok(self.spawn())
     }
 

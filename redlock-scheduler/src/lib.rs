@@ -72,6 +72,7 @@
 //! | [`status`] | [`SchedulerStatus`](status::SchedulerStatus), [`JobStatus`](status::JobStatus), [`LastRun`](status::LastRun), [`Health`](status::Health) |
 //! | [`time`] | [`Schedule`](time::Schedule), [`DstPolicy`](time::DstPolicy) ([`Gap`](time::Gap), [`Fold`](time::Fold)), [`Clock`](time::Clock), [`ManualClock`](time::ManualClock) |
 //! | [`telemetry`] | metric names, [`describe`](telemetry::describe) |
+//! | [`keys`] | the lock keys made from the scheduler's and the jobs' names, and how long those names may be ([`max_job_name_len`](keys::max_job_name_len), [`max_scheduler_name_len`](keys::max_scheduler_name_len)) |
 //!
 //! Every control (`trigger`, `cancel`, `step_down`) answers a
 //! [`Dispatched`](admin::Dispatched) on a [`Scheduler`] and a
@@ -184,6 +185,7 @@ mod control;
 mod error;
 pub mod history;
 mod job;
+pub mod keys;
 pub mod leader;
 mod plan;
 mod record;

@@ -226,7 +226,24 @@ pub enum RequestError {
 
     /// The job's definition cannot work (its schedule, time zone or an option).
     #[error("the job's definition is refused: {0}")]
-    InvalidJob(#[from] crate::BuildError),
+    InvalidJob(#[source] crate::BuildError),
+
+    /// The job's name (or the scheduler's) is too long for the lock keys made from it:
+    /// the client's `max_resource_len` less the longest suffix the scheduler adds (see
+    /// [`keys`](crate::keys)). Use a name of at most `max` bytes.
+    #[error(
+        "the {kind} `{start}` is {len} bytes long, above the {max} bytes its lock keys leave room for: use a name of at most {max} bytes (see redlock_scheduler::keys)"
+    )]
+    NameTooLong {
+        /// Which name.
+        kind: crate::keys::NameKind,
+        /// Its first bytes (64 at most, then `…`).
+        start: String,
+        /// Its length, in bytes.
+        len: usize,
+        /// The longest name accepted, in bytes.
+        max: usize,
+    },
 
     /// Replicas alive now run a version that does not apply job changes: they would
     /// keep firing the jobs as they were. Upgrade them first.
@@ -269,4 +286,25 @@ pub enum RequestError {
         /// Where it stood then.
         state: RequestState,
     },
+}
+
+impl From<crate::BuildError> for RequestError {
+    /// A name too long for its keys is [`RequestError::NameTooLong`]; any other
+    /// definition that cannot work, [`RequestError::InvalidJob`].
+    fn from(err: crate::BuildError) -> Self {
+        match err {
+            crate::BuildError::NameTooLong {
+                kind,
+                start,
+                len,
+                max,
+            } => Self::NameTooLong {
+                kind,
+                start,
+                len,
+                max,
+            },
+            other => Self::InvalidJob(other),
+        }
+    }
 }

@@ -39,16 +39,20 @@ impl SchedulerAdmin {
     /// within [`JOB_CHANGE_POLL`](crate::JOB_CHANGE_POLL), and the leader fires its ticks
     /// after the time of the change. Its handler is looked up among those the replicas
     /// registered ([`SchedulerBuilder::handler`](crate::SchedulerBuilder::handler)).
+    /// Its name may be at most [`max_job_name_len`](Self::max_job_name_len) bytes (see
+    /// [`keys`](crate::keys)), reckoned with [`max_resource_len`](Self::max_resource_len).
     ///
     /// # Errors
     ///
     /// [`RequestError::InvalidJob`] (the schedule, time zone or an option);
-    /// [`RequestError::JobExists`]; [`RequestError::UnknownHandler`] if no replica alive
+    /// [`RequestError::NameTooLong`] (the job's name, or the scheduler's, with the
+    /// bound in bytes); [`RequestError::JobExists`]; [`RequestError::UnknownHandler`] if no replica alive
     /// in the last minute registered the handler; [`RequestError::ReplicasOutdated`] if
     /// a replica alive then runs a version without job changes;
     /// [`RequestError::ChangeConflict`]; the history's error.
     pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
-        spec.check().map_err(RequestError::from)?;
+        spec.check(&self.scheduler, self.max_resource_len)
+            .map_err(RequestError::from)?;
         self.check_handler(&spec).await?;
         self.change(
             spec.name(),
@@ -75,7 +79,8 @@ impl SchedulerAdmin {
     /// As [`add_job`](Self::add_job), with [`RequestError::UnknownJob`] instead of
     /// [`RequestError::JobExists`].
     pub async fn reschedule_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
-        spec.check().map_err(RequestError::from)?;
+        spec.check(&self.scheduler, self.max_resource_len)
+            .map_err(RequestError::from)?;
         self.check_handler(&spec).await?;
         self.change(
             spec.name(),

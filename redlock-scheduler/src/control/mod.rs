@@ -78,6 +78,7 @@ pub struct SchedulerAdmin {
     scheduler: String,
     operator: String,
     next_ticks: usize,
+    max_resource_len: usize,
 }
 
 /// A job as its replicas published it, with what the history says about it.
@@ -156,7 +157,29 @@ impl SchedulerAdmin {
             scheduler: scheduler.into(),
             operator: "admin".to_owned(),
             next_ticks: DEFAULT_NEXT_TICKS,
+            max_resource_len: redlock_core::DEFAULT_MAX_RESOURCE_LEN,
         }
+    }
+
+    /// The longest resource name the replicas' `Redlock` takes (default
+    /// [`DEFAULT_MAX_RESOURCE_LEN`](redlock_core::DEFAULT_MAX_RESOURCE_LEN), 512; give
+    /// the replicas' [`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)
+    /// if they set one): the bound on the names of the jobs it adds follows from it
+    /// ([`max_job_name_len`](Self::max_job_name_len)). A replica whose client takes
+    /// less leaves out a job it cannot lock for (logged as an error).
+    #[must_use]
+    pub fn max_resource_len(mut self, max: usize) -> Self {
+        self.max_resource_len = max;
+        self
+    }
+
+    /// The longest job name [`add_job`](Self::add_job) takes, in bytes: what the
+    /// scheduler's name leaves under [`max_resource_len`](Self::max_resource_len) for
+    /// the longest key made from a job's name (see
+    /// [`keys::max_job_name_len`](crate::keys::max_job_name_len)); 0 if the scheduler's
+    /// name is too long for any.
+    pub fn max_job_name_len(&self) -> usize {
+        crate::keys::max_job_name_len(&self.scheduler, self.max_resource_len)
     }
 
     /// Who makes the requests, as recorded with them (default `admin`).

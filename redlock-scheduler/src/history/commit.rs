@@ -57,10 +57,9 @@ impl From<sqlx::Error> for Refused {
     }
 }
 
-/// The fence's resource for `job` of `scheduler` (the scheduler's name is
-/// length-prefixed: no two pairs of names give the same resource).
+/// The fence's resource for `job` of `scheduler` (see [`crate::keys::fence`]).
 pub(crate) fn fence_resource(scheduler: &str, job: &str) -> String {
-    format!("{}:{scheduler}/{job}", scheduler.len())
+    crate::keys::fence(scheduler, job)
 }
 
 impl History {

@@ -14,6 +14,7 @@ use super::state::{Inner, JobDef, JobState, JobTable, jobs_digest};
 use crate::build_error::BuildError;
 use crate::history::History;
 use crate::job::{Handler, Job, JobContext};
+use crate::keys;
 use crate::leader::{DEFAULT_RETRY_INTERVAL, DEFAULT_TERM, check_election};
 use crate::record::Recorder;
 use crate::status::HealthCell;
@@ -112,7 +113,9 @@ impl SchedulerBuilder {
     /// The scheduler's name (default [`Scheduler::DEFAULT_NAME`], `"scheduler"`): replicas with the same name (and
     /// the same Redis nodes) form one cluster; it prefixes the lock and claim keys and
     /// keys the history's rows, so schedulers of different names share a database
-    /// without meeting.
+    /// without meeting. At most [`keys::max_scheduler_name_len`] bytes (485 under the
+    /// default `max_resource_len`), and each byte of it is one less for the job names
+    /// (see [`keys`]); [`build`](Self::build) refuses a longer one.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
@@ -170,10 +173,23 @@ impl SchedulerBuilder {
     ///
     /// [`BuildError`] naming the offending job and input: an empty or duplicate name, an
     /// invalid cron expression or time zone, a zero timeout, a zero
-    /// `max_concurrent_runs`; a zero leadership TTL,
+    /// `max_concurrent_runs`; [`BuildError::NameTooLong`] for a scheduler name longer
+    /// than [`keys::max_scheduler_name_len`] (485 bytes under the default
+    /// `max_resource_len` of 512) or a job name longer than
+    /// [`keys::max_job_name_len`] (512 less the scheduler name's length less 26: 477
+    /// bytes for the default name `scheduler`), so that every lock key made from them
+    /// fits under the client's `max_resource_len` for any tick; a zero leadership TTL,
     /// term or retry interval (checked as
     /// [`LeaderElectorBuilder::start`](crate::leader::LeaderElectorBuilder::start) does).
     pub fn build(self) -> Result<Scheduler, BuildError> {
+        if self.name.trim().is_empty() {
+            return Err(BuildError::InvalidOption {
+                what: "scheduler name".to_owned(),
+                reason: "must not be empty".to_owned(),
+            });
+        }
+        let max_resource_len = keys::client_max_resource_len(&self.redlock);
+        keys::check_scheduler(&self.name, max_resource_len)?;
         let mut names = HashSet::new();
         let mut jobs = Vec::with_capacity(self.jobs.len());
         let mut handlers: HashMap<String, Handler> = HashMap::new();
@@ -192,6 +208,7 @@ impl SchedulerBuilder {
             if job.name.trim().is_empty() {
                 return Err(BuildError::EmptyName);
             }
+            keys::check_job(&self.name, &job.name, max_resource_len)?;
             if !names.insert(job.name.clone()) {
                 return Err(BuildError::DuplicateJob { name: job.name });
             }
@@ -210,12 +227,6 @@ impl SchedulerBuilder {
                 version: 0,
                 runnable: true,
             }));
-        }
-        if self.name.trim().is_empty() {
-            return Err(BuildError::InvalidOption {
-                what: "scheduler name".to_owned(),
-                reason: "must not be empty".to_owned(),
-            });
         }
         check_election(self.leader_ttl, self.term, self.retry_interval)?;
         if self.max_concurrent_runs == Some(0) {
@@ -238,6 +249,7 @@ impl SchedulerBuilder {
                 run_lock_ttl: self.redlock.default_ttl().min(self.redlock.max_ttl()),
                 redlock: self.redlock,
                 name: self.name,
+                max_resource_len,
                 instance,
                 jobs: JobTable::new(jobs),
                 jobs_digest,

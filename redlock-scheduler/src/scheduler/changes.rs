@@ -132,7 +132,7 @@ impl Inner {
 
     /// The definition `spec` puts in force from `change`'s time.
     fn def_of(&self, spec: &JobSpec, change: &JobChange) -> Result<JobDef, crate::BuildError> {
-        let schedule = spec.check()?;
+        let schedule = spec.check(&self.name, self.max_resource_len)?;
         let (handler, runnable) = match self.handlers.get(spec.handler_name()) {
             Some(handler) => (Arc::clone(handler), true),
             None => (missing_handler(spec.handler_name(), &self.instance), false),
@@ -237,11 +237,15 @@ impl Scheduler {
     /// registered here ([`SchedulerBuilder::handler`](crate::SchedulerBuilder::handler)),
     /// and should be on every replica.
     ///
+    /// The job's name may be at most [`max_job_name_len`](Self::max_job_name_len)
+    /// bytes (477 for the default scheduler name under the default `max_resource_len`;
+    /// see [`keys`](crate::keys)), so that every lock key made from it fits.
+    ///
     /// # Errors
     ///
-    /// [`RequestError::InvalidJob`]; [`RequestError::UnknownHandler`];
-    /// [`RequestError::JobExists`]; [`RequestError::ChangeConflict`]; [`Error::ShutDown`];
-    /// the history's error.
+    /// [`RequestError::InvalidJob`]; [`RequestError::NameTooLong`] with the bound in
+    /// bytes; [`RequestError::UnknownHandler`]; [`RequestError::JobExists`];
+    /// [`RequestError::ChangeConflict`]; [`Error::ShutDown`]; the history's error.
     pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
         self.check_spec(&spec)?;
         let name = spec.name().to_owned();
@@ -259,8 +263,8 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// As [`add_job`](Self::add_job), with [`RequestError::UnknownJob`] instead of
-    /// [`RequestError::JobExists`].
+    /// As [`add_job`](Self::add_job) (the name's bound included), with
+    /// [`RequestError::UnknownJob`] instead of [`RequestError::JobExists`].
     pub async fn reschedule_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
         self.check_spec(&spec)?;
         let name = spec.name().to_owned();
@@ -289,9 +293,17 @@ impl Scheduler {
         .await
     }
 
+    /// The longest job name this scheduler takes, in bytes: what its name leaves
+    /// under the client's `max_resource_len` for the longest key made from a job's
+    /// name (see [`keys::max_job_name_len`](crate::keys::max_job_name_len)).
+    pub fn max_job_name_len(&self) -> usize {
+        crate::keys::max_job_name_len(&self.inner.name, self.inner.max_resource_len)
+    }
+
     /// A spec's definition and handler, checked here.
     fn check_spec(&self, spec: &JobSpec) -> Result<(), Error> {
-        spec.check().map_err(RequestError::from)?;
+        spec.check(&self.inner.name, self.inner.max_resource_len)
+            .map_err(RequestError::from)?;
         if !self.inner.handlers.contains_key(spec.handler_name()) {
             return Err(RequestError::UnknownHandler {
                 job: spec.name().to_owned(),

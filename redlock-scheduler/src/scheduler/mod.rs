@@ -142,7 +142,7 @@ impl Scheduler {
         let elector = inner.elector.get_or_init(|| {
             started = true;
             let mut builder =
-                LeaderElector::builder(inner.redlock.clone(), format!("{}:leader", inner.name))
+                LeaderElector::builder(inner.redlock.clone(), crate::keys::leader(&inner.name))
                     .instance(inner.instance.to_string())
                     .term(inner.term)
                     .retry_interval(inner.retry_interval);
@@ -349,6 +349,7 @@ impl Scheduler {
         inner.history().map(|history| {
             SchedulerAdmin::new(history.clone(), inner.name.clone())
                 .operator(inner.instance.to_string())
+                .max_resource_len(inner.max_resource_len)
         })
     }
 

@@ -27,6 +27,9 @@ pub(super) const CLAIM_MARGIN: Duration = Duration::from_secs(5);
 pub(super) struct Inner {
     pub(super) redlock: Redlock,
     pub(super) name: String,
+    /// The longest resource name `redlock` takes: the job names' bound follows from it
+    /// (see [`crate::keys`]).
+    pub(super) max_resource_len: usize,
     pub(super) instance: Arc<str>,
     pub(super) jobs: JobTable,
     pub(super) recorder: Option<Arc<Recorder>>,
@@ -437,18 +440,13 @@ impl Inner {
     }
 
     pub(super) fn claim_resource(&self, state: &JobState, tick: DateTime<Utc>) -> String {
-        format!(
-            "{}:job:{}:{}",
-            self.name,
-            state.name,
-            tick.timestamp_millis()
-        )
+        crate::keys::claim(&self.name, &state.name, tick.timestamp_millis())
     }
 
     /// The lock a run of the job holds while it goes on, on whichever replica: no run
     /// starts while another holds it (no overlap, cluster-wide).
     pub(super) fn run_resource(&self, job: &str) -> String {
-        format!("{}:job:{job}:run", self.name)
+        crate::keys::run(&self.name, job)
     }
 
     /// Whether the leader may hand `state`'s runs to other replicas (it has a history
@@ -480,7 +478,7 @@ mod tests {
         let spec = JobSpec::new("job", expression).handler("h");
         JobDef {
             job: spec.to_job(super::super::changes::missing_handler("h", "test")),
-            schedule: spec.check().unwrap(),
+            schedule: spec.check("scheduler", 512).unwrap(),
             since,
             version: 0,
             handler: "h".into(),
