@@ -858,6 +858,13 @@ fn scheduler_failure(err: redlock_scheduler::Error) -> Failure {
         E::Request(RequestError::InvalidJob(_)) => {
             Failure::new(StatusCode::BAD_REQUEST, err.to_string())
         }
+        // A name too long for the lock keys made from it: the bound, in bytes, with it.
+        E::Request(RequestError::NameTooLong { kind, len, max, .. }) => {
+            Failure::new(StatusCode::BAD_REQUEST, err.to_string())
+                .with("name_kind", to_value(kind))
+                .with("len", json!(len))
+                .with("max_len", json!(max))
+        }
         // A definition that reads well, naming a handler no live replica registered.
         E::Request(RequestError::UnknownHandler { .. }) => {
             Failure::new(StatusCode::UNPROCESSABLE_ENTITY, err.to_string())

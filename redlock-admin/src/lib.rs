@@ -69,8 +69,14 @@
 //! replica alive in the last minute. The changes are recorded with the operator of the
 //! [`SchedulerAdmin`](redlock_scheduler::admin::SchedulerAdmin) given to the builder
 //! (its [`operator`](redlock_scheduler::admin::SchedulerAdmin::operator), `admin` by
-//! default), and reach every replica within a second. Answers: 400 for a definition
-//! that cannot work (schedule, time zone, an option) or a body that cannot be read
+//! default), and reach every replica within a second. A job's `name` may be at most
+//! [`SchedulerAdmin::max_job_name_len`](redlock_scheduler::admin::SchedulerAdmin::max_job_name_len)
+//! bytes, so that every lock key made from it fits under the replicas'
+//! `max_resource_len` (477 bytes for the default scheduler name `scheduler` and the
+//! default limit of 512; see [`redlock_scheduler::keys`]). Answers: 400 for a definition
+//! that cannot work (schedule, time zone, an option), a name too long (the problem's
+//! `max_len` gives the bound in bytes, `len` the name's length, `name_kind` `job` or
+//! `scheduler`) or a body that cannot be read
 //! (not JSON, a field unknown or of the wrong type, nothing to change); 404 for an
 //! unknown job; 409 for a job added that is there already, a change that kept losing
 //! the race with others, or replicas alive that run a version without job changes;

@@ -4,7 +4,8 @@
 //! `POST /api/jobs` adds (201; 409 again), `POST /api/jobs/{job}/reschedule` changes
 //! the fields given and keeps the others (200), `POST /api/jobs/{job}/remove` removes
 //! (200); a bad schedule or body is 400, an unknown handler 422, an unknown job 404;
-//! without the token 401, the token in the URL 400, nothing changed;
+//! without the token 401, the token in the URL 400, nothing changed; a job name too
+//! long for its lock keys 400 with the bound, the longest accepted added and run;
 //! `GET /api/job-changes` lists the changes newest first, with who made them, and the
 //! dashboard shows them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 use redlock_admin::Admin;
 use redlock_scheduler::admin::SchedulerAdmin;
+use redlock_scheduler::history::{Outcome, RunFilter};
 use redlock_scheduler::{History, JobContext, Scheduler};
 use redlock_testkit::Cluster;
 use serde_json::{Value, json};
@@ -343,6 +345,80 @@ async fn axum_adds_reschedules_and_removes_jobs() {
         .unwrap();
     let base = serve_axum(admin).await;
     add_reschedule_remove(&base, &history, "admin").await;
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A job name too long for the lock keys made from it is refused with 400, the bound in
+/// the problem, nothing recorded; the longest accepted is added (201) and runs; an
+/// admin of a scheduler whose name is itself too long refuses every job, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_name_too_long_for_its_keys_is_refused_and_the_longest_runs() {
+    let cluster = Cluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (running, url) = replica(&cluster, dir.path()).await;
+    let history = SchedulerAdmin::new(
+        History::connect(&url).await.unwrap(),
+        Scheduler::DEFAULT_NAME,
+    );
+    let max = history.max_job_name_len();
+    assert_eq!(max, 512 - "scheduler".len() - 26);
+    let base = serve_axum(
+        Admin::builder()
+            .scheduler(history.clone())
+            .allow_mutations(TOKEN)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let add = |base: &str, name: &str| {
+        http.post(format!("{base}/api/jobs"))
+            .bearer_auth(TOKEN)
+            .json(&json!({"name": name, "schedule": "* * * * * *", "handler": "work"}))
+            .send()
+    };
+    // One byte more, and a few hundred bytes more: 400, with the bound.
+    for len in [max + 1, 600] {
+        let answer = add(&base, &"j".repeat(len)).await.unwrap();
+        assert_eq!(answer.status(), 400, "a job name of {len} bytes");
+        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        let problem = json_of(answer).await;
+        assert_eq!(problem["max_len"], max, "{problem}");
+        assert_eq!(problem["len"], len, "{problem}");
+        assert_eq!(problem["name_kind"], "job", "{problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(&format!("at most {max} bytes")), "{detail}");
+    }
+    assert!(
+        history.job_changes(None, 10).await.unwrap().is_empty(),
+        "a refused name was recorded"
+    );
+
+    // The longest: 201, and its ticks run.
+    let longest = "j".repeat(max);
+    let added = add(&base, &longest).await.unwrap();
+    assert_eq!(added.status(), 201);
+    let succeeded = RunFilter::new().job(&longest).outcome(Outcome::Succeeded);
+    until("a run of the longest job succeeded", async || {
+        history.runs(&succeeded).await.is_ok_and(|r| !r.is_empty())
+    })
+    .await;
+
+    // An admin of a scheduler whose name leaves no room for any job.
+    let too_long = SchedulerAdmin::new(history.history().clone(), "s".repeat(486));
+    let base = serve_axum(
+        Admin::builder()
+            .scheduler(too_long)
+            .allow_mutations(TOKEN)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let answer = add(&base, "j").await.unwrap();
+    assert_eq!(answer.status(), 400);
+    let problem = json_of(answer).await;
+    assert_eq!(problem["name_kind"], "scheduler", "{problem}");
+    assert_eq!(problem["max_len"], 485, "{problem}");
     running.shutdown(Duration::from_secs(5)).await;
 }
 
