@@ -99,6 +99,7 @@ fn query_error(admin: &SchedulerAdmin, err: Error) -> CliError {
             | RequestError::JobExists { .. }
             | RequestError::UnknownHandler { .. }
             | RequestError::InvalidJob(_)
+            | RequestError::NameTooLong { .. }
             | RequestError::ReplicasOutdated { .. }
             | RequestError::ChangeConflict { .. },
         ) => CliError::failed(err.to_string()),

@@ -534,3 +534,86 @@ async fn jobs_added_rescheduled_and_removed() {
     );
     scheduler.shutdown(Duration::from_secs(5)).await;
 }
+
+/// `jobs add` with a name too long for the lock keys made from it: exit code 1, the
+/// bound in bytes on stderr, nothing recorded; the longest accepted is added and runs;
+/// a `--scheduler` whose name leaves no room for any job is refused, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_add_refuses_a_name_too_long_for_its_keys() {
+    let cluster = Cluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("history.db").display());
+    let history = History::connect(&url).await.unwrap();
+    let scheduler = Scheduler::builder(redlock_testkit::builder(&cluster).build().unwrap())
+        .name("billing")
+        .instance("replica-a")
+        .history(history.clone())
+        .handler("work", |_ctx: JobContext| async {
+            Ok::<_, std::io::Error>(())
+        })
+        .build()
+        .unwrap();
+    scheduler.start();
+    let admin = SchedulerAdmin::new(history.clone(), "billing");
+    until("a leader", Duration::from_secs(10), || async {
+        scheduler.leadership().map(|_| ())
+    })
+    .await;
+    // The replica's first beat says which handlers it has.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let max = admin.max_job_name_len();
+    assert_eq!(max, 512 - "billing".len() - 26);
+    let add = |scheduler: &str, name: &str| {
+        let args: Vec<String> = [
+            "jobs",
+            "add",
+            name,
+            "--cron",
+            "* * * * * *",
+            "--handler",
+            "work",
+            "--database",
+            url.as_str(),
+            "--scheduler",
+            scheduler,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_cli(&args, &[]).await
+        }
+    };
+
+    for len in [max + 1, 600] {
+        let refused = add("billing", &"j".repeat(len)).await.expect(1);
+        assert!(
+            refused.stderr.contains(&format!("is {len} bytes long"))
+                && refused
+                    .stderr
+                    .contains(&format!("use a name of at most {max} bytes")),
+            "{refused:?}"
+        );
+        assert!(refused.stdout.is_empty(), "{refused:?}");
+    }
+    let refused = add(&"s".repeat(486), "j").await.expect(1);
+    assert!(
+        refused.stderr.contains("scheduler name") && refused.stderr.contains("at most 485 bytes"),
+        "{refused:?}"
+    );
+    assert!(admin.job_changes(None, 10).await.unwrap().is_empty());
+
+    let longest = "j".repeat(max);
+    add("billing", &longest).await.expect(0);
+    let succeeded = RunFilter::new()
+        .job(&longest)
+        .outcome(redlock_scheduler::history::Outcome::Succeeded);
+    until(
+        "a run of the longest job succeeded",
+        Duration::from_secs(15),
+        || async { admin.runs(&succeeded).await.ok().filter(|r| !r.is_empty()) },
+    )
+    .await;
+    scheduler.shutdown(Duration::from_secs(5)).await;
+}
