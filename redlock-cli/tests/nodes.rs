@@ -20,6 +20,8 @@ async fn locks_are_listed_and_released_by_force() {
         .await
         .unwrap();
     let token = lock.fencing_token().expect("fencing is on");
+    // The lock returns at its quorum: wait for the last node's key before counting it.
+    cluster.settle_keys(&redlock.key_for("invoice:7"), 3).await;
     // As the nodes hold it (the counter may be above the token: an attempt that lost
     // counts too).
     let before = redlock.locks("invoice:").await.unwrap().locks.remove(0);
@@ -110,6 +112,7 @@ async fn locks_are_listed_and_released_by_force() {
     // The next holder's token is above the forced one.
     let next = redlock.lock("invoice:7").await.unwrap();
     assert!(next.fencing_token().unwrap() > new_token);
+    cluster.settle_keys(&redlock.key_for("invoice:7"), 3).await;
     // Human output of a forced release: the count and the token.
     let human = run_cli(&["release", "invoice:7", "--force", "--nodes", &nodes], &[])
         .await
@@ -128,6 +131,8 @@ async fn node_health_and_failures() {
     let nodes = nodes_of(&cluster);
     let redlock = holder_client(&cluster);
     let _lock = redlock.lock("report").await.unwrap();
+    // On every node before one is killed (the lock returns at its quorum).
+    cluster.settle_keys(&redlock.key_for("report"), 3).await;
 
     let health = run_cli(&["nodes", "--json", "--nodes", &nodes], &[])
         .await
