@@ -234,7 +234,11 @@ pub(crate) async fn attempt(
     let tally = guard.fanout_mut().until_decided().await;
     let mut token = None;
     let mut fence_in_flight = None;
-    if tally.won() && !guard.target.fence_keys.is_empty() {
+    // Two nodes turned out to be one server (the second name's connection claimed the
+    // same identity while the votes came in): this majority may count it twice. Nothing
+    // is granted, and the caller reports the configuration refused.
+    let same_server = || cluster.identities.clash().is_some();
+    if tally.won() && !same_server() && !guard.target.fence_keys.is_empty() {
         let target = Arc::clone(&guard.target);
         match raise_fence(cluster, &target, guard.fanout_mut()).await {
             Ok((t, in_flight)) => {
@@ -247,7 +251,7 @@ pub(crate) async fn attempt(
             }
         }
     }
-    if tally.won() && Instant::now() < valid_until {
+    if tally.won() && !same_server() && Instant::now() < valid_until {
         let (target, fanout) = guard.disarm();
         // Where we have not said yes yet, our attempt may (re)join the queue: leave it
         // there (after the in-flight attempt, on the same connection).
@@ -277,7 +281,11 @@ pub(crate) async fn attempt(
             // still out before saying which it was.
             tally = fanout.until_done().await;
         }
-        if tally.won() {
+        if same_server() {
+            AttemptFailure::Unreachable {
+                failures: fanout.failures(),
+            }
+        } else if tally.won() {
             AttemptFailure::TooSlow
         } else if tally.no > spare {
             // Held elsewhere on enough nodes that no majority is possible.

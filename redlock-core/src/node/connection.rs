@@ -49,6 +49,8 @@ pub(super) enum Slot {
     Connecting {
         id: u64,
         opened: Opening,
+        /// When the opening started.
+        since: Instant,
     },
     Ready {
         id: u64,
@@ -100,7 +102,7 @@ impl Direct {
             let mut slot = self.slot();
             match &*slot {
                 Slot::Ready { id, conn } => return Ok((*id, conn.clone())),
-                Slot::Connecting { id, opened } => (*id, opened.clone()),
+                Slot::Connecting { id, opened, .. } => (*id, opened.clone()),
                 Slot::Refused { until, error } if Instant::now() < *until => {
                     return Err(error.clone());
                 }
@@ -110,6 +112,7 @@ impl Direct {
                     *slot = Slot::Connecting {
                         id,
                         opened: opened.clone(),
+                        since: Instant::now(),
                     };
                     (id, opened)
                 }
@@ -142,6 +145,25 @@ impl Direct {
                 }
                 Err(err)
             }
+        }
+    }
+
+    /// A connection being opened for less than `wait` at `now`, whose server's identity
+    /// is not known yet: until when a decision waits for it. The server may turn out to
+    /// be one that another node reaches too (see [`Identities`]). `None` where there is
+    /// nothing to wait for: no connection being opened, one opened for longer (the node
+    /// counts as unreachable), a single node.
+    pub(super) fn identifying(&self, wait: Duration, now: Instant) -> Option<Instant> {
+        if !self
+            .identity
+            .as_ref()
+            .is_some_and(|(_, identities)| identities.compared())
+        {
+            return None;
+        }
+        match &*self.slot() {
+            Slot::Connecting { since, .. } => since.checked_add(wait).filter(|&end| end > now),
+            _ => None,
         }
     }
 
@@ -204,8 +226,15 @@ impl Direct {
             }
             // Before the connection is handed to anyone: a server that another node
             // reaches too never votes twice, and a node that restarted is in quarantine
-            // before its first vote on the new connection is counted.
-            if let (Some((index, identities)), Some(run_id)) = (&identity, run_id(&info)) {
+            // before its first vote on the new connection is counted. A server that
+            // does not say who it is cannot be told apart from the others: no vote.
+            if let Some((index, identities)) = &identity {
+                let run_id = run_id(&info).ok_or_else(|| {
+                    redis_error(RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "INFO server gave no run_id: the server cannot be told apart from the other nodes, so it does not vote; use a server that reports its run_id",
+                    )))
+                })?;
                 identities.claim(*index, run_id)?;
             }
             if let Some(quarantine) = &quarantine {

@@ -3,16 +3,39 @@
 //! entries would grant locks on its single vote. Every new connection reports the
 //! server's `run_id` here before anyone may use it; a `run_id` that another node already
 //! has refuses the connection, and the configuration for good.
+//!
+//! A node's answers count only once its own connection's identity is claimed, and a
+//! majority is not taken as won while another node of the fan-out is still opening a
+//! connection whose identity may show that a node that said yes is the same server:
+//! the decision waits for it, until that connection has been opening for
+//! [`IDENTITY_WAIT`] (or the node timeout, if shorter; see `quorum::Fanout`). So a
+//! configuration that lists one server twice is refused before its first lock, and a
+//! name that becomes the same server as another one (an address that moved) before its
+//! first vote on the new connection. A node whose connection takes longer counts as
+//! unreachable: it does not vote, and holds up no decision; should it turn out to be the
+//! same server as another node once connected, the configuration is refused then (the
+//! locks granted meanwhile stood on distinct servers).
 
 use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
 
 use crate::error::{ConfigError, NodeError};
+
+/// How long a connection being opened holds up the decisions that have their majority
+/// (never longer than the node timeout): its server's identity may show that a node
+/// that said yes is the same server. Two names of one server lead to the same machine
+/// over the same network, so the second name's connection is normally open within a few
+/// round trips of the first; a node down or cut off costs the decisions made while its
+/// connection is that young this long at most, once per connection attempt.
+pub(crate) const IDENTITY_WAIT: Duration = Duration::from_millis(100);
 
 /// The `run_id` each node's server reported last, shared by the nodes of one client.
 #[derive(Debug)]
 pub(crate) struct Identities {
     /// Per node (by index): its name and the `run_id` of its current connection.
     nodes: Mutex<Vec<(String, Option<String>)>>,
+    /// How many nodes there are.
+    count: usize,
     /// The first pair of nodes found to be one server.
     clash: OnceLock<ConfigError>,
 }
@@ -21,6 +44,7 @@ impl Identities {
     /// A registry for nodes with these names (in configuration order).
     pub(crate) fn new(names: Vec<String>) -> Self {
         Self {
+            count: names.len(),
             nodes: Mutex::new(names.into_iter().map(|name| (name, None)).collect()),
             clash: OnceLock::new(),
         }
@@ -60,6 +84,11 @@ impl Identities {
             *id = Some(run_id.to_owned());
         }
         Ok(())
+    }
+
+    /// There is more than one node: identities are compared.
+    pub(crate) fn compared(&self) -> bool {
+        self.count > 1
     }
 
     /// The two nodes found to be one server, if any: every lock call is refused then.

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use self::checks::Checks;
 pub use self::connection::CONNECT_TIMEOUT;
 use self::connection::{Backend, Direct, Slot};
-pub(crate) use self::identity::Identities;
+pub(crate) use self::identity::{IDENTITY_WAIT, Identities};
 use self::quarantine::{Quarantine, QuarantineState};
 pub(crate) use self::queued::Queued;
 use crate::error::NodeError;
@@ -140,6 +140,19 @@ impl Node {
             direct.identity = Some((index, Arc::clone(identities)));
         }
         self
+    }
+
+    /// A connection to the node is being opened, for less than `wait` at `now`, and the
+    /// server's identity on it may yet show that another node is the same server: until
+    /// when a majority counting another node's yes waits for it (see
+    /// [`IDENTITY_WAIT`]). `None` for a node with nothing to wait for, a connection being
+    /// opened for longer (the node counts as unreachable), and pooled nodes (not
+    /// checked).
+    pub(crate) fn identifying(&self, wait: Duration, now: Instant) -> Option<Instant> {
+        match &self.backend {
+            Backend::Direct(direct) => direct.identifying(wait, now),
+            _ => None,
+        }
     }
 
     /// Learns the node's `run_id` and uptime from an `INFO server` reply (see

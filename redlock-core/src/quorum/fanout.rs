@@ -13,7 +13,7 @@ use super::in_flight::InFlight;
 use super::target::{OpKind, Target};
 use super::{Cluster, Tally};
 use crate::error::{Error, NodeError, NodeFailure};
-use crate::node::Queued;
+use crate::node::{IDENTITY_WAIT, Queued};
 use crate::protocol::Command;
 
 /// Each node's answer to a fan-out, once it came.
@@ -133,6 +133,13 @@ pub(crate) struct Fanout {
     /// Each node's answer, once it came.
     pub(crate) answers: Answers,
     pub(crate) tally: Tally,
+    /// The nodes asked, where not all of them.
+    asked: Option<Vec<bool>>,
+    /// Once a majority said yes while a node still out was opening its connection: when
+    /// the decision stops waiting for that node's identity.
+    identity_wait: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The end of the last wait for identities that is over.
+    waited_until: Option<Instant>,
 }
 
 impl Fanout {
@@ -204,6 +211,17 @@ impl Fanout {
             queued,
             answers: vec![None; n],
             tally: Tally::new(n),
+            asked: which.map(|indices| {
+                let mut asked = vec![false; n];
+                for &i in indices {
+                    if let Some(slot) = asked.get_mut(i) {
+                        *slot = true;
+                    }
+                }
+                asked
+            }),
+            identity_wait: None,
+            waited_until: None,
         }
     }
 
@@ -215,42 +233,109 @@ impl Fanout {
             queued: Arc::new([]),
             answers: vec![None; cluster.nodes.len()],
             tally: Tally::new(cluster.nodes.len()),
+            asked: Some(Vec::new()),
+            identity_wait: None,
+            waited_until: None,
         }
     }
 
-    /// Waits until the majority outcome is decided (or every node answered).
+    /// Waits until the majority outcome is decided (or every node answered). A majority
+    /// of yes is decided once the identities of the nodes still out are known too (see
+    /// [`identity_pending`](Self::identity_pending)).
     pub(crate) async fn until_decided(&mut self) -> Tally {
-        while !self.tally.decided() {
-            if !self.next().await {
+        while !self.tally.lost() && !self.won_and_identified() {
+            if !self.next(true).await {
                 break;
             }
         }
         self.tally
     }
 
-    /// Waits until a majority said yes, or every node answered.
+    /// Waits until a majority said yes (and the identities of the nodes still out are
+    /// known), or every node answered.
     pub(crate) async fn until_won_or_done(&mut self) -> Tally {
-        while !self.tally.won() {
-            if !self.next().await {
+        while !self.won_and_identified() {
+            if !self.next(true).await {
                 break;
             }
         }
         self.tally
+    }
+
+    fn won_and_identified(&self) -> bool {
+        self.tally.won() && self.identity_pending().is_none()
+    }
+
+    /// Until when the decision waits for the identity of a node asked and still out:
+    /// the latest end of the waits of those still opening a connection (see
+    /// `Node::identifying`), `None` if there are none. Such a node may turn out to be the
+    /// same server as one that said yes (one server under two names), and a majority
+    /// would count that server twice. A connection's identity is claimed before anyone
+    /// uses it, so a node that is the same server as another one answers
+    /// [`NodeError::SameServer`], and the client's configuration is refused (see
+    /// `Identities`).
+    fn identity_pending(&self) -> Option<Instant> {
+        let now = Instant::now();
+        // A wait that is over, is over (whatever the clocks' rounding).
+        let now = self.waited_until.map_or(now, |until| now.max(until));
+        let wait = IDENTITY_WAIT.min(self.cluster.node_timeout);
+        self.answers
+            .iter()
+            .enumerate()
+            .filter(|(i, answer)| answer.is_none() && self.was_asked(*i))
+            .filter_map(|(i, _)| self.cluster.nodes.get(i)?.identifying(wait, now))
+            .max()
+    }
+
+    fn was_asked(&self, index: usize) -> bool {
+        self.asked
+            .as_ref()
+            .is_none_or(|asked| asked.get(index).copied().unwrap_or(false))
+    }
+
+    /// With a majority of yes in: ready once no node still out is opening a connection
+    /// whose identity the decision waits for (see
+    /// [`identity_pending`](Self::identity_pending)). A connection that opens wakes the
+    /// fan-out through its node's call; one still opening when its wait is over counts
+    /// as unreachable (the node does not vote).
+    fn poll_identified(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            let Some(until) = self.identity_pending() else {
+                return Poll::Ready(());
+            };
+            let timer = self
+                .identity_wait
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until.into())));
+            if timer.deadline() != until.into() {
+                timer.as_mut().reset(until.into());
+            }
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.waited_until = Some(until);
+        }
     }
 
     /// Waits for every node.
     pub(crate) async fn until_done(&mut self) -> Tally {
-        while self.next().await {}
+        while self.next(false).await {}
         self.tally
     }
 
-    /// Records the next answer; false when none is pending.
-    async fn next(&mut self) -> bool {
-        let Some((index, result)) = self.pending.next().await else {
-            return false;
-        };
-        self.record(index, result);
-        true
+    /// Records the next answer; false when none is pending. With `settle` and a majority
+    /// of yes in, also returns (true) once the identities of the nodes still out are
+    /// known, or no longer waited for.
+    async fn next(&mut self, settle: bool) -> bool {
+        std::future::poll_fn(|cx| match self.pending.poll_next_unpin(cx) {
+            Poll::Ready(Some((index, result))) => {
+                self.record(index, result);
+                Poll::Ready(true)
+            }
+            Poll::Ready(None) => Poll::Ready(false),
+            Poll::Pending if settle && self.tally.won() => self.poll_identified(cx).map(|()| true),
+            Poll::Pending => Poll::Pending,
+        })
+        .await
     }
 
     /// Records the answers already in, without waiting for any.
