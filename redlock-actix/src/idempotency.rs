@@ -52,7 +52,7 @@ type ScopeFn = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 /// | [`expire_after`](Self::expire_after) | 24 h | how long records live after their run |
 /// | [`max_body`](Self::max_body) | 1 MiB | the largest response body stored; larger ones are answered, not stored |
 /// | [`max_request_body`](Self::max_request_body) | 1 MiB | the largest request body taken; larger: `413` |
-/// | [`max_key_len`](Self::max_key_len) | 255 | the longest key, in bytes |
+/// | [`max_key_len`](Self::max_key_len) | 255 | the longest key, in bytes; escaped and joined to its escaped scope, it must also fit the room the resource prefix leaves under the 512-byte resource-name bound (`room()`: 500 bytes by default), else `400` naming the bound |
 /// | [`fingerprint_headers`](Self::fingerprint_headers) | none | request headers that are part of the fingerprint |
 /// | [`store_if`](Self::store_if) | `2xx`, `4xx` | which statuses are stored (others: the next request runs again) |
 /// | [`store_timeout`](Self::store_timeout) | 2 s | how long a store operation may take (then `503`) |
@@ -260,7 +260,11 @@ impl Idempotency {
         self.core_option(|c| c.max_request_body(bytes))
     }
 
-    /// The longest key taken, in bytes (default 255); a longer one: `400`.
+    /// The longest key taken, in bytes (default 255); a longer one: `400`. Once
+    /// escaped (`%` and `:` take three bytes) and joined to its escaped scope, a key
+    /// must also fit the room the [`resource_prefix`](Self::resource_prefix) leaves
+    /// under the resource-name bound ([`Core::room`]: 500 bytes by default), else `400`
+    /// naming that bound, as in `redlock-tower`.
     #[must_use]
     pub fn max_key_len(self, bytes: usize) -> Self {
         self.core_option(|c| c.max_key_len(bytes))
@@ -326,6 +330,10 @@ where
     type Future = Ready<Result<Self::Transform, Self::InitError>>;
 
     fn new_transform(&self, service: S) -> Self::Future {
+        // Checked where the service is built, once every option is set.
+        if let Err(error) = self.core.room() {
+            tracing::error!(%error, "idempotency misconfigured: every request with a key will be answered 500");
+        }
         ready(Ok(IdempotencyService {
             service: Rc::new(service),
             config: Rc::new(self.clone()),

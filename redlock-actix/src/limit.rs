@@ -215,9 +215,32 @@ impl<K: KeyExtractor> ConcurrencyLimit<K> {
     /// [`redlock_http::resource_name`]); its permits are the resources
     /// `<name>/permit/<i>`. Give each limited route its own prefix, and do not lock
     /// those resources with a [`LockMiddleware`](crate::LockMiddleware).
+    ///
+    /// The prefix, a key and the longest slot suffix (`/permit/<limit - 1>`) must fit
+    /// the resource-name bound ([`redlock_http::MAX_RESOURCE_LEN`], 512 bytes): a key
+    /// longer than the room left ([`room`](Self::room)) is refused with `400`, naming
+    /// the bound, as in `redlock-tower`. A prefix that leaves no room is logged here and
+    /// every request with a key is answered `500`; [`room`](Self::room) says so as a
+    /// typed error.
     pub fn resource_prefix(self, prefix: impl Into<String>) -> Self {
         let prefix: Arc<str> = Arc::from(prefix.into());
-        self.with(|s| s.resource_prefix = prefix)
+        let limit = self.with(|s| s.resource_prefix = prefix);
+        if let Err(error) = limit.room() {
+            tracing::error!(%error, "concurrency limit misconfigured: every request with a key will be answered 500");
+        }
+        limit
+    }
+
+    /// The longest key (after escaping) taken under this prefix and limit: what the
+    /// resource-name bound leaves once the prefix and the longest slot suffix
+    /// (`/permit/<limit - 1>`) are counted. Check it where the middleware is built.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyBoundError::NoRoom`](redlock_http::KeyBoundError::NoRoom) when the prefix
+    /// leaves none.
+    pub fn room(&self) -> Result<redlock_http::KeyRoom, redlock_http::KeyBoundError> {
+        self.settings.room()
     }
 
     /// The permits' TTL (default: the client's). A permit is extended about every
@@ -402,6 +425,17 @@ where
                 // A decision this version does not know: the server's mistake.
                 _ => return Ok(settings.reject(req, DistributedLockError::MissingConfig, None)),
             };
+            // The key must leave room for the slots' suffix (`/permit/<i>`): 400 naming
+            // the bound, as in redlock-tower; a prefix that leaves none: 500 (logged).
+            let room = settings.room();
+            if let Err(error) = room.and_then(|room| room.check("concurrency limit key", key.len()))
+            {
+                let problem = match error {
+                    redlock_http::KeyBoundError::TooLong { .. } => error.problem(),
+                    _ => redlock_http::Problem::misconfigured(error.to_string()),
+                };
+                return Ok(settings.reject(req, DistributedLockError::Refused(problem), None));
+            }
             let resource = match redlock_http::resource_name(&settings.resource_prefix, &key) {
                 Ok(resource) => resource,
                 Err(bad) => return Ok(settings.reject(req, bad.into(), None)),
@@ -458,6 +492,14 @@ where
 }
 
 impl Settings {
+    /// The room a key has under the prefix and the longest slot suffix.
+    fn room(&self) -> Result<redlock_http::KeyRoom, redlock_http::KeyBoundError> {
+        redlock_http::KeyRoom::new(
+            &self.resource_prefix,
+            redlock_http::permit_suffix_len(self.limit),
+        )
+    }
+
     /// The runtime the client's calls run on.
     fn handle(&self) -> Result<Handle, DistributedLockError> {
         match &self.runtime {

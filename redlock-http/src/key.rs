@@ -18,7 +18,10 @@
 //! (`("a:b", "c")` and `("a", "b:c")` differ), and `Idempotency-Key: a:b` is locked as
 //! `a%3Ab` by both web crates. The resource is then [`resource_name`]: the prefix and
 //! the key; its length is checked by the client (`max_resource_len`) before anything is
-//! sent.
+//! sent. Where more is derived from a key (a concurrency limit's slots,
+//! `<key>/permit/<i>`; an idempotency key joined to its scope), the web crates check the
+//! key against the room left under the bound ([`KeyRoom`]) where it enters, and answer
+//! `400` naming that room ([`KeyBoundError`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -401,6 +404,188 @@ pub fn path_param_not_utf8(name: &str) -> Key {
         "path parameter `{name}` is not valid UTF-8"
     )))
 }
+
+/// The resource-name bound key room is counted against: redlock-core's default
+/// `max_resource_len`, 512 bytes. A client built with a smaller bound refuses longer
+/// names itself (`400` too, by [`Problem::from_error`]).
+pub const MAX_RESOURCE_LEN: usize = redlock_core::DEFAULT_MAX_RESOURCE_LEN;
+
+/// The separator of a semaphore's slot resources, `<name>/permit/<i>`.
+const PERMIT_SEPARATOR: &str = "/permit/";
+
+/// How many bytes the longest slot suffix (`/permit/<limit - 1>`) of a semaphore of
+/// `limit` permits adds to its name: what a concurrency limit's key must leave room for.
+///
+/// ```
+/// assert_eq!(redlock_http::permit_suffix_len(1), "/permit/0".len());
+/// assert_eq!(redlock_http::permit_suffix_len(11), "/permit/10".len());
+/// ```
+pub fn permit_suffix_len(limit: u32) -> usize {
+    let mut digits = 1;
+    let mut last = limit.saturating_sub(1);
+    while last >= 10 {
+        last /= 10;
+        digits += 1;
+    }
+    PERMIT_SEPARATOR.len() + digits
+}
+
+/// The room a request's key has in its lock's resource name: the resource-name bound
+/// ([`MAX_RESOURCE_LEN`]) less the configured prefix and whatever is derived after the
+/// key (a semaphore's slot suffix, [`permit_suffix_len`]). A key (after escaping) longer
+/// than the room is refused with `400` ([`KeyBoundError::TooLong`]) before anything is
+/// sent; a prefix that leaves no room is the server's mistake
+/// ([`KeyBoundError::NoRoom`]).
+///
+/// ```
+/// use redlock_http::{KeyBoundError, KeyRoom};
+///
+/// let room = KeyRoom::new("export:", 9).unwrap(); // a limit of 1: `/permit/0`
+/// assert_eq!(room.bytes(), 512 - 7 - 9);
+/// assert!(room.check("limit key", "k".repeat(496).len()).is_ok());
+/// let refused = room.check("limit key", 497).unwrap_err();
+/// assert_eq!(refused.problem().status, 400);
+/// assert!(refused.problem().detail.contains("at most 496 bytes"));
+/// assert!(matches!(KeyRoom::new(&"p".repeat(510), 9), Err(KeyBoundError::NoRoom { .. })));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRoom {
+    bytes: usize,
+}
+
+impl KeyRoom {
+    /// The room under `prefix`, with `suffix_len` bytes derived after the key.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyBoundError::NoRoom`] when the prefix and the suffix leave no byte for a key.
+    pub fn new(prefix: &str, suffix_len: usize) -> Result<Self, KeyBoundError> {
+        Self::with_bound(MAX_RESOURCE_LEN, prefix.len(), suffix_len)
+    }
+
+    /// The room under a bound of `max_resource_len` bytes, a prefix of `prefix_len`
+    /// bytes and a suffix of `suffix_len` bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyBoundError::NoRoom`] when they leave no byte for a key.
+    pub fn with_bound(
+        max_resource_len: usize,
+        prefix_len: usize,
+        suffix_len: usize,
+    ) -> Result<Self, KeyBoundError> {
+        match max_resource_len
+            .checked_sub(prefix_len)
+            .and_then(|left| left.checked_sub(suffix_len))
+        {
+            Some(bytes) if bytes > 0 => Ok(Self { bytes }),
+            _ => Err(KeyBoundError::NoRoom {
+                prefix_len,
+                suffix_len,
+                max_resource_len,
+            }),
+        }
+    }
+
+    /// The longest key taken, in bytes after escaping.
+    pub fn bytes(self) -> usize {
+        self.bytes
+    }
+
+    /// Checks a key of `len` bytes (after escaping); `what` names it in the answer
+    /// (`"lock key"`, `"idempotency key with its scope"`).
+    ///
+    /// # Errors
+    ///
+    /// [`KeyBoundError::TooLong`] with the bound.
+    pub fn check(self, what: &'static str, len: usize) -> Result<(), KeyBoundError> {
+        if len > self.bytes {
+            return Err(KeyBoundError::TooLong {
+                what,
+                len,
+                max: self.bytes,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A key, or a configured prefix, that does not fit the resource-name bound
+/// ([`KeyRoom`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyBoundError {
+    /// A request's key is longer than its room, once escaped: answered `400`, with the
+    /// bound. Send a shorter key (or scope).
+    TooLong {
+        /// What is too long (`"lock key"`, `"idempotency key with its scope"`).
+        what: &'static str,
+        /// Its length in bytes, escaped.
+        len: usize,
+        /// The room: the longest taken.
+        max: usize,
+    },
+    /// A configured resource prefix (with what is derived after the key) leaves no room
+    /// for a key under the bound: a configuration mistake, answered `500` (the detail in
+    /// the log). Use a shorter prefix.
+    NoRoom {
+        /// The prefix's length in bytes.
+        prefix_len: usize,
+        /// What is derived after the key, in bytes (a semaphore's slot suffix).
+        suffix_len: usize,
+        /// The resource-name bound.
+        max_resource_len: usize,
+    },
+    /// The configured longest key does not fit the room a configured resource prefix
+    /// leaves: a configuration mistake, answered `500` (the detail in the log). Lower
+    /// the longest key or use a shorter prefix.
+    KeyLimitAboveRoom {
+        /// The configured longest key, in bytes.
+        max_key_len: usize,
+        /// The room the prefix leaves under the bound, in bytes.
+        room: usize,
+    },
+}
+
+impl KeyBoundError {
+    /// The answer: `400` naming the bound for a key too long, `500` for a prefix that
+    /// leaves no room (the detail goes to the log only).
+    pub fn problem(&self) -> Problem {
+        match self {
+            Self::TooLong { what, len, max } => Problem::bad_key(format!(
+                "The request's {what} is too long: {len} bytes once escaped (`%` as `%25`, `:` as `%3A`); at most {max} bytes are taken."
+            )),
+            Self::NoRoom { .. } | Self::KeyLimitAboveRoom { .. } => {
+                Problem::misconfigured(crate::MISCONFIGURED_DETAIL.to_owned())
+            }
+        }
+    }
+}
+
+impl fmt::Display for KeyBoundError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TooLong { what, len, max } => write!(
+                f,
+                "the {what} is {len} bytes once escaped, above its room of {max} bytes: send a shorter one"
+            ),
+            Self::NoRoom {
+                prefix_len,
+                suffix_len,
+                max_resource_len,
+            } => write!(
+                f,
+                "the resource prefix ({prefix_len} bytes) and the {suffix_len} bytes derived after the key leave no room for a key under the resource-name bound of {max_resource_len} bytes: use a shorter prefix"
+            ),
+            Self::KeyLimitAboveRoom { max_key_len, room } => write!(
+                f,
+                "keys of up to {max_key_len} bytes do not fit the {room} bytes the resource prefix leaves under the resource-name bound: lower the longest key or use a shorter prefix"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeyBoundError {}
 
 #[cfg(test)]
 mod tests {

@@ -104,8 +104,9 @@ pub const FALLBACK_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 pub mod key;
 pub use key::{
-    BadKey, KEY_SEPARATOR, Key, decode_path_segment, header_key, header_lock_key, lock_key,
-    path_param_key, path_param_not_utf8, path_prefix_key, resource_name, sent_path, sent_target,
+    BadKey, KEY_SEPARATOR, Key, KeyBoundError, KeyRoom, MAX_RESOURCE_LEN, decode_path_segment,
+    header_key, header_lock_key, lock_key, path_param_key, path_param_not_utf8, path_prefix_key,
+    permit_suffix_len, resource_name, sent_path, sent_target,
 };
 
 /// How long a request keeps its lock (the `hold` option of both web crates).

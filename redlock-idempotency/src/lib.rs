@@ -227,7 +227,7 @@ impl Inner {
 /// | [`expire_after`](Self::expire_after) | 24 h | how long records live after their run |
 /// | [`max_body`](Self::max_body) | 1 MiB | the largest response body stored; larger ones are answered, not stored |
 /// | [`max_request_body`](Self::max_request_body) | 1 MiB | the largest request body taken; larger: `413` |
-/// | [`max_key_len`](Self::max_key_len) | 255 | the longest key, in bytes |
+/// | [`max_key_len`](Self::max_key_len) | 255 | the longest key, in bytes; escaped and joined to its escaped scope, it must also fit the room the resource prefix leaves under the 512-byte resource-name bound (`room()`: 500 bytes by default), else `400` naming the bound |
 /// | [`fingerprint_headers`](Self::fingerprint_headers) | none | request headers that are part of the fingerprint |
 /// | [`store_if`](Self::store_if) | `2xx`, `4xx` | which statuses are stored (others: the next request runs again) |
 /// | [`store_timeout`](Self::store_timeout) | 2 s | how long a store operation may take (then `503`) |
@@ -361,7 +361,10 @@ impl Idempotency {
         self.option(|o| o.max_request_body = bytes)
     }
 
-    /// The longest key taken, in bytes (default 255); a longer one: `400`.
+    /// The longest key taken, in bytes (default 255); a longer one: `400`. Once
+    /// escaped and joined to its escaped scope ([`record_id`]), a key must also fit the
+    /// [`room`](Self::room) the resource prefix leaves under the resource-name bound,
+    /// else `400` naming the bound; `room` refuses a `bytes` above that room.
     #[must_use]
     pub fn max_key_len(self, bytes: usize) -> Self {
         self.option(|o| o.max_key_len = bytes)
@@ -395,6 +398,46 @@ impl Idempotency {
     #[must_use]
     pub fn store_timeout(self, timeout: Duration) -> Self {
         self.option(|o| o.store_timeout = timeout)
+    }
+
+    /// The longest record id (the scope and the key, escaped: [`record_id`]) taken: what
+    /// the resource-name bound ([`redlock_http::MAX_RESOURCE_LEN`], 512 bytes) leaves
+    /// after the [`resource_prefix`](Self::resource_prefix). A request whose key and
+    /// scope are longer once escaped is refused with `400`, naming this bound. The web
+    /// crates check it where their middleware is built (a mistake is logged); check it
+    /// yourself where the options are set.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let data = redlock_testkit::Cluster::start(1).await;
+    /// use redlock_idempotency::{Idempotency, store::RedisStore};
+    ///
+    /// let redlock = redlock_core::Redlock::builder().node("redis://127.0.0.1:6379").build()?;
+    /// let store = RedisStore::open(&data.urls()[0]).await?;
+    /// let idempotency = Idempotency::new(redlock, store);
+    /// assert_eq!(idempotency.room()?.bytes(), 512 - "idempotency:".len());
+    /// // Keys of `max_key_len` bytes (255 by default) must fit under the prefix.
+    /// assert!(idempotency.clone().resource_prefix("p".repeat(300)).room().is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`KeyBoundError::NoRoom`](redlock_http::KeyBoundError::NoRoom) when the prefix
+    /// leaves none, [`KeyBoundError::KeyLimitAboveRoom`](redlock_http::KeyBoundError::KeyLimitAboveRoom)
+    /// when a key of [`max_key_len`](Self::max_key_len) bytes would not fit.
+    pub fn room(&self) -> Result<redlock_http::KeyRoom, redlock_http::KeyBoundError> {
+        let o = &self.inner.options;
+        let room = redlock_http::KeyRoom::new(&o.resource_prefix, 0)?;
+        if o.max_key_len > room.bytes() {
+            return Err(redlock_http::KeyBoundError::KeyLimitAboveRoom {
+                max_key_len: o.max_key_len,
+                room: room.bytes(),
+            });
+        }
+        Ok(room)
     }
 
     /// The request header with the key, lower-cased.
@@ -492,6 +535,20 @@ impl Idempotency {
         let inner = &self.inner;
         let o = &inner.options;
         let id = record_id(scope, key);
+        // The lock's resource is the prefix and the id: both must fit the bound, checked
+        // before anything is sent.
+        match self.room() {
+            Ok(room) => {
+                if let Err(bound) = room.check("idempotency key with its scope", id.len()) {
+                    tracing::debug!(%bound, "idempotency key too long: request refused");
+                    return Err(Refusal::bad_key(bound.problem().detail));
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "idempotency misconfigured: request refused");
+                return Err(Refusal::misconfigured());
+            }
+        }
         let started = Instant::now();
 
         match inner.timed(inner.store.load(&id)).await {

@@ -110,9 +110,34 @@ impl<E> ConcurrencyLimitLayer<E> {
     /// ([`redlock_http::resource_name`]), and its permits are the resources
     /// `<name>/permit/<i>`. Give each limited route its own prefix, and do not lock those
     /// resources with a [`LockLayer`](crate::LockLayer).
+    ///
+    /// The prefix, a key and the longest slot suffix (`/permit/<limit - 1>`) must fit
+    /// the resource-name bound ([`redlock_http::MAX_RESOURCE_LEN`], 512 bytes): a key
+    /// longer than the room left ([`room`](Self::room)) is refused with `400`, naming
+    /// the bound. A prefix that leaves no room is logged here and every request with a
+    /// key is answered `500`; [`room`](Self::room) says so as a typed error.
     pub fn resource_prefix(self, prefix: impl Into<String>) -> Self {
         let prefix = prefix.into();
-        self.config(|c| c.resource_prefix = prefix)
+        let layer = self.config(|c| c.resource_prefix = prefix);
+        if let Err(error) = layer.room() {
+            tracing::error!(%error, "concurrency limit misconfigured: every request with a key will be answered 500");
+        }
+        layer
+    }
+
+    /// The longest key (after escaping) taken under this prefix and limit: what the
+    /// resource-name bound leaves once the prefix and the longest slot suffix
+    /// (`/permit/<limit - 1>`) are counted. Check it where the layer is built.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyBoundError::NoRoom`](redlock_http::KeyBoundError::NoRoom) when the prefix
+    /// leaves none.
+    pub fn room(&self) -> Result<redlock_http::KeyRoom, redlock_http::KeyBoundError> {
+        redlock_http::KeyRoom::new(
+            &self.config.resource_prefix,
+            redlock_http::permit_suffix_len(self.limit),
+        )
     }
 
     /// The permits' TTL (default: the client's). A permit is extended about every

@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::extract::KeyExtractor;
 use crate::future::{self, AcquireFuture};
 use crate::guard::Held;
+use crate::response::RejectionKind;
 use crate::service::{Route, route};
 
 /// The middleware made by [`ConcurrencyLimitLayer`]: extracts each request's key,
@@ -94,7 +95,12 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = Arc::clone(&self.config);
-        let future = match route(&*self.extractor, &config.resource_prefix, &request) {
+        let route = match route(&*self.extractor, &config.resource_prefix, &request) {
+            // The key must leave room for the slots' suffix (`/permit/<i>`).
+            Route::Lock(resource, id) => bounded(resource, id, &config.resource_prefix, self.limit),
+            other => other,
+        };
+        let future = match route {
             Route::Pass => future::ResponseFuture::unlocked(inner.call(request), config),
             Route::Refuse(kind, problem, id) => {
                 future::ResponseFuture::rejected(kind, None, problem, id, config)
@@ -119,5 +125,26 @@ where
             }
         };
         ResponseFuture { inner: future }
+    }
+}
+
+/// The route of a semaphore named `resource` (`prefix` and the key), refused when the
+/// key leaves no room for the longest slot suffix under the resource-name bound
+/// ([`redlock_http::KeyRoom`]): `400` naming the bound, or `500` for a prefix that
+/// leaves none.
+fn bounded(resource: String, id: Option<String>, prefix: &str, limit: u32) -> Route {
+    let key_len = resource.len().saturating_sub(prefix.len());
+    let checked = redlock_http::KeyRoom::new(prefix, redlock_http::permit_suffix_len(limit))
+        .and_then(|room| room.check("concurrency limit key", key_len));
+    match checked {
+        Ok(()) => Route::Lock(resource, id),
+        Err(error @ redlock_http::KeyBoundError::TooLong { .. }) => {
+            tracing::debug!(%error, request_id = id.as_deref(), "concurrency limit key too long: request refused");
+            Route::Refuse(RejectionKind::Key, error.problem(), id)
+        }
+        Err(error) => {
+            tracing::error!(%error, request_id = id.as_deref(), "concurrency limit misconfigured: request refused");
+            Route::Refuse(RejectionKind::Misconfigured, error.problem(), id)
+        }
     }
 }
