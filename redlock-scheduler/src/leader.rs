@@ -568,4 +568,36 @@ mod tests {
         }
         builder().start().unwrap().shutdown().await;
     }
+
+    #[tokio::test]
+    async fn a_lock_name_the_client_would_refuse_is_refused_at_start() {
+        let redlock = || {
+            Redlock::builder()
+                .nodes(["redis://127.0.0.1:1"])
+                .build()
+                .unwrap()
+        };
+        match LeaderElector::builder(redlock(), "e".repeat(513)).start() {
+            Err(BuildError::NameTooLong {
+                kind: crate::keys::NameKind::Election,
+                len: 513,
+                max: 512,
+                ..
+            }) => {}
+            Ok(elector) => {
+                elector.shutdown().await;
+                panic!("a 513-byte lock name was accepted");
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            LeaderElector::builder(redlock(), "").start(),
+            Err(BuildError::InvalidOption { .. })
+        ));
+        LeaderElector::builder(redlock(), "e".repeat(512))
+            .start()
+            .unwrap()
+            .shutdown()
+            .await;
+    }
 }
