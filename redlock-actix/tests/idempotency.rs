@@ -716,3 +716,51 @@ async fn a_real_server_runs_a_key_once_and_a_restarted_one_replays_it() {
     assert_eq!(fresh, (201, false, r#"{"run":2,"body":"x"}"#.to_owned()));
     second.stop().await;
 }
+
+/// The key's grammar (a token, or a quoted string), the core's one parser, as
+/// redlock-tower answers it: anything else is `400` and nothing runs.
+#[actix_rt::test]
+async fn keys_are_a_token_or_a_quoted_string() {
+    let backends = Backends::start().await;
+    let calls = calls();
+    let app = actix_test::init_service(
+        App::new().app_data(calls.clone()).service(
+            web::resource("/orders")
+                .wrap(backends.idempotency().await)
+                .route(web::post().to(create)),
+        ),
+    )
+    .await;
+
+    for bad in [
+        "a b",      // inner spaces in a token
+        "\"abc",    // a lone leading quote
+        "abc\"",    // a lone trailing quote
+        "\"\"",     // an empty quoted string
+        "a\tb",     // a control character
+        "a\\b",     // a backslash
+        "\"a\"b\"", // a quote inside
+    ] {
+        let answer = send(&app, request("/orders", Some(bad), "x", &[]).to_request()).await;
+        assert!(
+            answer.is_problem(400, "urn:redlock:bad-key"),
+            "{bad:?}: {answer:?}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    // A quoted string may hold spaces; its quotes are not part of the key.
+    let first = send(
+        &app,
+        request("/orders?ms=0", Some("\"a b\""), "x", &[]).to_request(),
+    )
+    .await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let retry = send(
+        &app,
+        request("/orders?ms=0", Some("\"a b\""), "x", &[]).to_request(),
+    )
+    .await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -457,3 +457,38 @@ async fn the_handler_takes_the_runs_fencing_token() {
     assert_eq!(tokens[0], tokens[1]);
     assert!(tokens[0] > 0 && tokens[2] > 0);
 }
+
+/// The key's grammar (a token, or a quoted string), the core's one parser, as
+/// redlock-actix answers it: anything else is `400` and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_a_token_or_a_quoted_string() {
+    let servers = Servers::start().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = orders(servers.layer().await, runs.clone(), Duration::ZERO);
+
+    for bad in [
+        "a b",      // inner spaces in a token
+        "\"abc",    // a lone leading quote
+        "abc\"",    // a lone trailing quote
+        "\"\"",     // an empty quoted string
+        "a\tb",     // a control character
+        "a\\b",     // a backslash
+        "\"a\"b\"", // a quote inside
+    ] {
+        let (status, _, body) = send(&app, request(Some(bad), "x")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad:?}: {body:?}");
+        assert_eq!(problem_type(&body), "urn:redlock:bad-key", "{bad:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // A quoted string may hold spaces; its quotes are not part of the key.
+    let (status, _, body) = send(&app, request(Some("\"a b\""), "x")).await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::CREATED, &b"order 1: x"[..])
+    );
+    let (status, headers, _) = send(&app, request(Some("\"a b\""), "x")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers[REPLAYED_HEADER], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
