@@ -12,8 +12,14 @@ use std::time::{Duration, Instant};
 use redlock_core::{ConfigError, Error, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
+/// A client whose node timeout a loaded machine keeps (the default, 100 ms, is missed
+/// now and then on 2 busy cores, and a release has no retry to cover it), below the
+/// shortest TTL the tests use (400 ms).
 fn client(cluster: &Cluster) -> Redlock {
-    redlock_testkit::builder(cluster).build().unwrap()
+    redlock_testkit::builder(cluster)
+        .node_timeout(Duration::from_millis(250))
+        .build()
+        .unwrap()
 }
 
 /// A retry policy that would keep a waiter asleep for seconds between attempts: only a
@@ -64,6 +70,125 @@ async fn readers_share_and_a_writer_excludes_everyone() {
     // The read-write lock is not the mutex of the same name.
     let _mutex = a.try_lock("index").await.unwrap();
     rw_b.try_read().await.unwrap();
+}
+
+/// Each node's command counts (`INFO commandstats`) once every node has run `name` at
+/// least `n` times, or when `within` has passed (a node's command may land after the
+/// call that sent it returned at a majority, or, if it timed out, never).
+async fn calls_once_settled(
+    cluster: &Cluster,
+    name: &str,
+    n: u64,
+    within: Duration,
+) -> Vec<std::collections::BTreeMap<String, u64>> {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut all = Vec::new();
+        for i in 0..cluster.len() {
+            all.push(cluster.node(i).command_calls().await);
+        }
+        let settled = all
+            .iter()
+            .all(|calls| calls.get(name).copied().unwrap_or(0) >= n);
+        if settled || Instant::now() >= deadline {
+            return all;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What an uncontended read cycle costs a node: one script (the acquisition's: one
+/// `EXISTS` of the writer's key and the waiting writers, the reader's `SET`, its
+/// `SADD`) and a release of three plain commands in one write (`DEL`, `SREM`,
+/// `PUBLISH`): no second script, no `GET`, no other `EXISTS`. A mutex cycle is a `SET`
+/// and a script of two commands; the read cycle was two scripts of nine commands,
+/// 1.4-1.9 times the mutex's time (docs/BENCHMARKS.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_read_cycle_costs_a_node_one_script() {
+    const CYCLES: u64 = 32;
+    let cluster = Cluster::start(3).await;
+    let redlock = client(&cluster);
+    let rw = redlock.rw_lock("cheap").unwrap();
+    // Connections made and checked, scripts loaded, before counting.
+    rw.try_read().await.unwrap().release().await.unwrap();
+    calls_once_settled(&cluster, "srem", 1, Duration::from_secs(2)).await;
+    for i in 0..cluster.len() {
+        assert!(cluster.node(i).reset_stats().await);
+    }
+    for _ in 0..CYCLES {
+        rw.read().await.unwrap().release().await.unwrap();
+    }
+    let all = calls_once_settled(&cluster, "srem", CYCLES, Duration::from_secs(2)).await;
+    // The nodes that ran every cycle's release (all of them, unless one was late).
+    let complete: Vec<_> = all
+        .iter()
+        .filter(|calls| calls.get("srem") == Some(&CYCLES))
+        .collect();
+    assert!(
+        complete.len() >= cluster.majority(),
+        "the releases did not land on a majority: {all:?}"
+    );
+    for calls in complete {
+        let count = |name: &str| calls.get(name).copied().unwrap_or(0);
+        assert_eq!(
+            count("evalsha"),
+            CYCLES,
+            "one script per cycle, the acquisition's: {calls:?}"
+        );
+        for name in ["exists", "set", "sadd", "del", "srem", "publish"] {
+            assert_eq!(count(name), CYCLES, "one {name} per cycle: {calls:?}");
+        }
+        assert_eq!(count("get"), 0, "a release compares nothing: {calls:?}");
+        // One acquisition in 16 may look at the readers' set's size (no pruning: it
+        // holds one name at most).
+        assert!(count("scard") <= CYCLES / 2, "{calls:?}");
+        assert_eq!(count("srandmember"), 0, "{calls:?}");
+    }
+}
+
+/// Readers that die leave their names in the readers' set; with no writer to prune it,
+/// later readers drop the dead names (one acquisition in 16 looks), so the set stays
+/// about as large as the readers alive (at most 64 names then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_readers_names_do_not_pile_up() {
+    let cluster = Cluster::start(3).await;
+    let redlock = client(&cluster);
+    let dying = redlock
+        .rw_lock("crowd")
+        .unwrap()
+        .ttl(Duration::from_millis(400));
+    for _ in 0..100 {
+        dying.try_read().await.unwrap().into_lock().detach();
+    }
+    let sets = cluster.keys("*crowd/rw}:readers").await;
+    let set = sets
+        .iter()
+        .flatten()
+        .next()
+        .expect("a readers' set")
+        .clone();
+    let scard = redis::cmd("SCARD").arg(&set).clone();
+    let on_a_majority = |answers: &[Option<u64>], holds: &dyn Fn(u64) -> bool| {
+        answers.iter().filter(|n| n.is_some_and(holds)).count() >= cluster.majority()
+    };
+    cluster
+        .settle_each("100 names", &scard, Duration::from_secs(2), |answers| {
+            on_a_majority(answers, &|n| n == 100)
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // all 100 dead
+    let live = redlock.rw_lock("crowd").unwrap();
+    for _ in 0..200 {
+        live.try_read().await.unwrap().release().await.unwrap();
+    }
+    cluster
+        .settle_each(
+            "the dead names dropped",
+            &scard,
+            Duration::from_secs(2),
+            |answers| on_a_majority(answers, &|n| n <= 64),
+        )
+        .await;
 }
 
 /// Four clients, each with reader and writer tasks, for a few seconds: an observer

@@ -14,6 +14,10 @@ use crate::error::NodeError;
 /// node, which then only pack and send it.
 pub(crate) struct Command {
     cmd: redis::Cmd,
+    /// Plain commands sent instead of `cmd`, in one write (a read lock's release: see
+    /// [`release_read`]); the first one's answer is the command's, the others' are only
+    /// looked at for errors.
+    pipeline: Option<redis::Pipeline>,
     /// The script behind an `EVALSHA`: loaded again if a node answers NOSCRIPT.
     script: Option<&'static Script>,
     /// For a `SET .. NX GET` (see [`set_nx_get`]): the script to run instead when the
@@ -31,15 +35,18 @@ pub(crate) struct Command {
 
 impl Command {
     pub(crate) fn new(op: Op<'_>) -> Self {
-        let (cmd, script, fallback) = match set_nx_get(op) {
-            Some(cmd) => (cmd, None, Some(std::sync::OnceLock::new())),
-            None => {
+        let pipeline = release_read(op);
+        let (cmd, script, fallback) = match (&pipeline, set_nx_get(op)) {
+            (Some(_), _) => (redis::Cmd::new(), None, None),
+            (None, Some(cmd)) => (cmd, None, Some(std::sync::OnceLock::new())),
+            (None, None) => {
                 let (cmd, script) = build(op);
                 (cmd, script, None)
             }
         };
         Self {
             cmd,
+            pipeline,
             script,
             fallback,
             votes: op.votes(),
@@ -75,6 +82,7 @@ impl Command {
                 .arg(0);
             Box::new(Self {
                 cmd,
+                pipeline: None,
                 script: Some(&*scripts::ACQUIRE_MANY),
                 fallback: None,
                 votes: self.votes,
@@ -115,7 +123,11 @@ impl Command {
     /// `node::Queued`). Otherwise its nil (the key was free and is now ours) is 1, a
     /// value 0.
     pub(crate) async fn first_step<C: Send1>(&self, conn: &mut C) -> Result<Step<'_>, RedisError> {
-        let reply = match conn.send1(&self.cmd).await.and_then(Value::extract_error) {
+        let sent = match &self.pipeline {
+            Some(pipeline) => conn.send_pipeline(pipeline).await.and_then(first_answer),
+            None => conn.send1(&self.cmd).await,
+        };
+        let reply = match sent.and_then(Value::extract_error) {
             Err(err) if is_no_script(&err) => match self.script {
                 // Boxed: rare, and it would make every call's future bigger.
                 Some(script) => Box::pin(self.reload(script, conn)).await?,
@@ -142,6 +154,16 @@ impl Command {
             _ => 0,
         }))
     }
+}
+
+/// The first answer of a pipeline, or the first error among its answers.
+fn first_answer(answers: Vec<Value>) -> Result<Value, RedisError> {
+    let mut answers = answers.into_iter();
+    let first = answers.next().unwrap_or(Value::Nil).extract_error()?;
+    for answer in answers {
+        answer.extract_error()?;
+    }
+    Ok(first)
 }
 
 /// What the first round trip of a [`Command`] says.
@@ -208,6 +230,36 @@ fn set_nx_get(op: Op<'_>) -> Option<redis::Cmd> {
     Some(cmd)
 }
 
+/// A read lock's release, as plain commands in one write (no script): `DEL` of the
+/// reader's key, `SREM` of its name from the readers' set and, to wake, `PUBLISH` of an
+/// empty message on the writer's channel. The reader's key names its value, so no other
+/// value can be in it: the `DEL` needs no compare, and its answer (1 if the key was
+/// there) is the release's. Two steps, not one: a writer that looks in between finds a
+/// name whose key is gone, a dead reader's, and drops it. The wake-up goes whether or
+/// not a writer waits: a `PUBLISH` nobody listens to costs the node less than a script
+/// that looks first. Only requests waiting for this read-write lock listen on the
+/// channel: writers, whom it is for, and readers kept out by a writer (held or
+/// waiting), who then try once more for nothing.
+fn release_read(op: Op<'_>) -> Option<redis::Pipeline> {
+    let Op::ReleaseRead {
+        key,
+        rw,
+        value,
+        wake,
+    } = op
+    else {
+        return None;
+    };
+    debug_assert!(key.ends_with(value), "a reader's key names its value");
+    let mut pipeline = redis::Pipeline::with_capacity(3);
+    pipeline.cmd("DEL").arg(key);
+    pipeline.cmd("SREM").arg(&rw.readers).arg(key);
+    if wake {
+        pipeline.cmd("PUBLISH").arg(&rw.write).arg("");
+    }
+    Some(pipeline)
+}
+
 /// Sends one command: directly on a multiplexed connection (its `ConnectionLike` method
 /// boxes a future per command), through `ConnectionLike` on a pooled one.
 pub(crate) trait Send1: ConnectionLike + Send {
@@ -215,6 +267,14 @@ pub(crate) trait Send1: ConnectionLike + Send {
         &'a mut self,
         cmd: &'a redis::Cmd,
     ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a;
+
+    /// Sends a pipeline's commands in one write and reads every answer.
+    fn send_pipeline<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+    ) -> impl Future<Output = Result<Vec<Value>, RedisError>> + Send + 'a {
+        self.req_packed_commands(pipeline, 0, pipeline.len())
+    }
 }
 
 impl Send1 for MultiplexedConnection {
@@ -223,6 +283,13 @@ impl Send1 for MultiplexedConnection {
         cmd: &'a redis::Cmd,
     ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
         self.send_packed_command(cmd)
+    }
+
+    fn send_pipeline<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+    ) -> impl Future<Output = Result<Vec<Value>, RedisError>> + Send + 'a {
+        self.send_packed_commands(pipeline, 0, pipeline.len())
     }
 }
 
@@ -368,11 +435,15 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
             rw,
             value,
             ttl_ms,
-        } => evalsha_strs(
-            &scripts::ACQUIRE_READ,
-            &[&rw.write, &rw.writer_deadlines, &rw.readers, key],
-            &[value, &ttl_ms.to_string()],
-        ),
+        } => {
+            // The script builds the other keys' names from the writer's key.
+            debug_assert_eq!(key, rw.reader(value));
+            evalsha_strs(
+                &scripts::ACQUIRE_READ,
+                &[&rw.write],
+                &[value, &ttl_ms.to_string()],
+            )
+        }
         Op::AcquireWrite {
             rw,
             fence_keys,
@@ -401,16 +472,8 @@ fn build(op: Op<'_>) -> (redis::Cmd, Option<&'static Script>) {
                 ],
             )
         }
-        Op::ReleaseRead {
-            key,
-            rw,
-            value,
-            wake,
-        } => evalsha_strs(
-            &scripts::RELEASE_READ,
-            &[key, &rw.readers, &rw.writer_deadlines, &rw.write],
-            &[value, if wake { "1" } else { "0" }],
-        ),
+        // Plain commands: see `release_read`.
+        Op::ReleaseRead { .. } => (redis::Cmd::new(), None),
         Op::ReleaseWrite { rw, value, wake } => evalsha_strs(
             &scripts::RELEASE_WRITE,
             &[&rw.write],

@@ -77,7 +77,9 @@ pub(crate) enum Op<'a> {
         writer: &'a WaitingWriter,
         fence_step_us: u64,
     },
-    /// Compare-and-delete a reader's key; with `wake`, tell waiting writers.
+    /// Delete a reader's key and its name in the readers' set; with `wake`, tell the
+    /// waiting writers. Plain commands, no script: the key names the value, so no
+    /// other value can be in it (see `command::release_read`).
     ReleaseRead {
         key: &'a str,
         rw: &'a RwKeys,
@@ -309,4 +311,32 @@ impl std::fmt::Display for QueueKey<'_> {
 /// Its queue's name and `:until`: the release script builds it so.
 fn deadlines_key(key: &str) -> String {
     format!("{}:until", queue_key(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The read lock's script is given the writer's key alone and builds the other
+    /// names from it: they must be the ones the writer's script and the release use.
+    #[test]
+    fn the_read_script_builds_the_names_rw_keys_gives() {
+        let rw = RwKeys::new("w".to_owned());
+        let source = crate::protocol::scripts::ACQUIRE_READ_SOURCE;
+        for (name, suffix) in [
+            (&rw.writer_deadlines, ":writer-waiting:until"),
+            (&rw.readers, ":readers"),
+            (&rw.reader("v"), ":reader:"),
+        ] {
+            assert!(
+                name.starts_with("w") && name[1..].starts_with(suffix),
+                "{name}"
+            );
+            assert!(
+                source.contains(&format!("writer .. '{suffix}'")),
+                "{suffix}"
+            );
+        }
+        assert_eq!(rw.reader("v"), "w:reader:v");
+    }
 }

@@ -422,36 +422,50 @@ end
     };
 }
 
-/// A read lock of a read-write lock. `KEYS`: the writer's key, the writers' queue
-/// deadlines, the set of reader keys, this reader's key. `ARGV`: value, TTL (ms). Unless
-/// the writer's key is held or a writer waits (a live deadline: a waiting writer stops
-/// new readers, so writers are not starved), sets the reader's key to the value with
-/// the TTL and adds it to the set; past 64 names, it also drops dead ones among two
-/// picked at random (readers that died leave their names behind: the set stays about
-/// as large as the readers alive, with no writer to prune it).
-/// Returns 1 if set, 0 if refused.
+/// A read lock of a read-write lock. `KEYS`: the writer's key alone. `ARGV`: value,
+/// TTL (ms). Unless the writer's key is held or a writer waits (a live deadline in the
+/// writers' queue: a waiting writer stops new readers, so writers are not starved),
+/// sets the reader's key to the value with the TTL and adds its name to the readers'
+/// set. Returns 1 if set, 0 if refused.
+///
+/// Half of every read cycle, so the common case (no writer, none waiting) costs three
+/// commands: one `EXISTS` of both the writer's key and the queue's deadlines (the clock
+/// and the deadlines are read only when the deadlines exist: a writer waits, or
+/// waited), the `SET` and the `SADD`. The other keys' names are built here from the
+/// writer's key, as `RwKeys` names them (`:writer-waiting:until`, `:readers`,
+/// `:reader:<value>`; one hash tag): every key and argument sent costs the node time.
+/// Readers that died leave their names in the set: past 64 names, one acquisition in
+/// 16 (the last character of its random value decides, with no command) drops the dead
+/// ones among 32 names picked at random, so the set stays about as large as the readers
+/// alive, with no writer to prune it, at no cost to the other acquisitions.
 pub(crate) static ACQUIRE_READ: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_READ_SOURCE));
-const ACQUIRE_READ_SOURCE: &str = concat!(
-    now_ms!(),
-    r"
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 0
+pub(crate) const ACQUIRE_READ_SOURCE: &str = r"
+local writer = KEYS[1]
+local deadlines = writer .. ':writer-waiting:until'
+if redis.call('EXISTS', writer, deadlines) > 0 then
+  if redis.call('EXISTS', writer) == 1 then
+    return 0
+  end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if redis.call('ZCOUNT', deadlines, '(' .. now, '+inf') > 0 then
+    return 0
+  end
 end
-if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('ZCOUNT', KEYS[2], '(' .. now_ms(), '+inf') > 0 then
-  return 0
-end
-redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
-if redis.call('SADD', KEYS[3], KEYS[4]) == 1 and redis.call('SCARD', KEYS[3]) > 64 then
-  for _, other in ipairs(redis.call('SRANDMEMBER', KEYS[3], 2)) do
+local readers = writer .. ':readers'
+local reader = writer .. ':reader:' .. ARGV[1]
+redis.call('SET', reader, ARGV[1], 'PX', ARGV[2])
+redis.call('SADD', readers, reader)
+if (string.byte(ARGV[1], -1) or 0) % 16 == 0 and redis.call('SCARD', readers) > 64 then
+  for _, other in ipairs(redis.call('SRANDMEMBER', readers, 32)) do
     if redis.call('EXISTS', other) == 0 then
-      redis.call('SREM', KEYS[3], other)
+      redis.call('SREM', readers, other)
     end
   end
 end
 return 1
-"
-);
+";
 
 /// The write lock of a read-write lock. `KEYS`: the writer's key, the set of reader
 /// keys, the writers' queue and its deadlines, then (with fencing) the counter. `ARGV`:
@@ -527,25 +541,6 @@ return token
 "
 );
 
-/// Releases a read lock. `KEYS`: the reader's key, the set of reader keys, the writers'
-/// queue deadlines, the writer's key (its channel). `ARGV`: value, `'1'` to wake. If the
-/// reader's key holds the value: deletes it, leaves the set, and with `ARGV[2] == '1'`
-/// publishes an empty message on the writer's channel when a writer waits (it may be
-/// the last reader it waits for). Returns 1 if released, 0 if not.
-pub(crate) static RELEASE_READ: LazyLock<Script> =
-    LazyLock::new(|| Script::new(RELEASE_READ_SOURCE));
-const RELEASE_READ_SOURCE: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('DEL', KEYS[1])
-redis.call('SREM', KEYS[2], KEYS[1])
-if ARGV[2] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('PUBLISH', KEYS[4], '')
-end
-return 1
-";
-
 /// Releases a write lock. `KEYS`: the writer's key. `ARGV`: value, `'1'` to wake. If
 /// the key holds the value: deletes it and with `ARGV[2] == '1'` publishes an empty
 /// message on its channel (waiting readers and writers retry). Returns 1 if released.
@@ -598,7 +593,7 @@ return 1
 ";
 
 /// Every script's source, to load on a new connection.
-pub(crate) const ALL_SOURCES: [&str; 16] = [
+pub(crate) const ALL_SOURCES: [&str; 15] = [
     ACQUIRE_QUEUED_SOURCE,
     SERVER_TIME_SOURCE,
     JOIN_QUEUE_SOURCE,
@@ -610,7 +605,6 @@ pub(crate) const ALL_SOURCES: [&str; 16] = [
     RAISE_FENCE_SOURCE,
     ACQUIRE_READ_SOURCE,
     ACQUIRE_WRITE_SOURCE,
-    RELEASE_READ_SOURCE,
     RELEASE_WRITE_SOURCE,
     DOWNGRADE_SOURCE,
     LEAVE_WRITERS_SOURCE,
