@@ -153,8 +153,10 @@ async fn majority_paused_mid_request_signals_loss_or_aborts() {
         })
     };
     tokio::time::sleep(ttl).await; // both hold their lock, extended once or more
-    assert_eq!(cluster.count_keys("*signal:1*").await, 3);
-    assert_eq!(cluster.count_keys("*abort:1*").await, 3);
+    // Held on a majority (an acquisition returns there: the last node's `SET` may land
+    // later, or never); pausing two nodes leaves a majority of none.
+    assert!(cluster.count_keys("*signal:1*").await >= cluster.majority());
+    assert!(cluster.count_keys("*abort:1*").await >= cluster.majority());
     cluster.node(0).pause();
     cluster.node(1).pause();
     let paused_at = Instant::now();

@@ -123,10 +123,11 @@ async fn client_disconnecting_mid_stream_releases_the_lock_at_once() {
     let mut streaming = client.get(format!("{base}/stream/9")).send().await.unwrap();
     streaming.chunk().await.unwrap().unwrap();
     streaming.chunk().await.unwrap().unwrap();
-    assert_eq!(
-        cluster.count_keys("*stream:9*").await,
-        3,
-        "the lock is on every node"
+    // The acquisition returned at a majority: the last node's `SET` may land later, or
+    // never.
+    assert!(
+        cluster.count_keys("*stream:9*").await >= cluster.majority(),
+        "the lock is on a majority of the nodes"
     );
     drop(streaming); // the client goes away mid-body
     drop(client);
