@@ -16,16 +16,56 @@
 //!   once (readers share: uncontended);
 //! - `write`: `rw.write()` + `release()`, a read-write lock per client.
 //!
-//! Prints cycles/s, p50, p99 and CPU per cycle (this process; the Redis servers), and
-//! each cycle over the mutex cycle at p50 (target for a permit: <= 1.5). `BENCH_SECS`
-//! sets each workload's duration (default 3).
+//! Prints cycles/s, p50, p99 and CPU per cycle (this process; the Redis servers), each
+//! cycle over the mutex cycle at p50 and in the servers' CPU (targets: a permit <= 1.5,
+//! a read lock <= 1.3), and what a cycle costs one node: the commands it runs (scripts
+//! and the commands inside them, from `INFO commandstats`) and the time spent in them.
+//! `BENCH_SECS` sets each workload's duration (default 3).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
 
 use redlock_core::{Redlock, RwLock, Semaphore};
 use redlock_examples::Nodes;
 use redlock_examples::measure::{closed_loop, header, interleave, verdict};
+
+/// Per command: calls and microseconds, summed over the nodes.
+type CommandStats = BTreeMap<String, (u64, f64)>;
+
+/// Every node's `INFO commandstats`, summed.
+async fn command_stats(conns: &[MultiplexedConnection]) -> CommandStats {
+    let mut sum = CommandStats::new();
+    for conn in conns {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap_or_default();
+        for line in info.lines() {
+            let Some((name, fields)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|rest| rest.split_once(':'))
+            else {
+                continue;
+            };
+            let (mut calls, mut usec) = (0, 0.0);
+            for field in fields.split(',') {
+                match field.split_once('=') {
+                    Some(("calls", v)) => calls = v.parse().unwrap_or(0),
+                    Some(("usec", v)) => usec = v.parse().unwrap_or(0.0),
+                    _ => {}
+                }
+            }
+            let entry = sum.entry(name.to_owned()).or_default();
+            entry.0 += calls;
+            entry.1 += usec;
+        }
+    }
+    sum
+}
 
 fn concurrency() -> usize {
     std::env::var("BENCH_CONCURRENCY")
@@ -117,9 +157,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await
             .map_err(|e| e as Box<dyn std::error::Error>)?; // warm up
     }
-    let mut tallies = interleave(&workloads, 6, &conns, async |w| run(w).await)
-        .await
-        .map_err(|e| e as Box<dyn std::error::Error>)?;
+    let mut stats: Vec<CommandStats> = vec![BTreeMap::new(); workloads.len()];
+    let mut tallies = interleave(&workloads, 6, &conns, async |w| {
+        let before = command_stats(&conns).await;
+        let result = run(w).await;
+        let after = command_stats(&conns).await;
+        for (name, (calls, usec)) in after {
+            let (calls_before, usec_before) = before.get(&name).copied().unwrap_or_default();
+            let sum = stats[w as usize].entry(name).or_default();
+            sum.0 += calls.saturating_sub(calls_before);
+            sum.1 += usec - usec_before;
+        }
+        result
+    })
+    .await
+    .map_err(|e| e as Box<dyn std::error::Error>)?;
     println!("\n{}", header(&format!("workload (c={clients})")));
     let (mutex_p50, _) = tallies[0].p50_p99();
     let labels = [
@@ -135,15 +187,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (i, what) in [(1, "permit"), (2, "read lock"), (3, "write lock")] {
         let (p50, _) = tallies[i].p50_p99();
         let ratio = p50.as_secs_f64() / mutex_p50.as_secs_f64();
-        let target = if i == 1 {
-            format!(" (target <= 1.5: {})", verdict(ratio <= 1.5))
-        } else {
-            String::new()
+        let target = match i {
+            1 => format!(" (target <= 1.5: {})", verdict(ratio <= 1.5)),
+            2 => format!(" (target <= 1.3: {})", verdict(ratio <= 1.3)),
+            _ => String::new(),
         };
         println!(
             "{what} cycle / mutex cycle at p50: {ratio:.2}{target}; in servers' CPU: {:.2}",
             tallies[i].server_us() / tallies[0].server_us()
         );
+    }
+    // A script's time includes the commands it runs, which are also counted on their own.
+    println!(
+        "\nper cycle on one node (INFO commandstats): calls of each command (in scripts too), and the us spent in them"
+    );
+    let nodes_count = conns.len().max(1) as f64;
+    for ((tally, label), stats) in tallies.iter().zip(labels).zip(&stats) {
+        let per = (tally.cycles().max(1) as f64) * nodes_count;
+        let parts: Vec<String> = stats
+            .iter()
+            .filter(|(name, (calls, _))| *calls > 0 && name.as_str() != "info")
+            .map(|(name, (calls, usec))| {
+                format!("{name} {:.2} ({:.2} us)", *calls as f64 / per, usec / per)
+            })
+            .collect();
+        println!("{label:<46} {}", parts.join(", "));
     }
     drop(nodes);
     Ok(())
