@@ -2,7 +2,7 @@
 //! (bounded by `CONNECT_TIMEOUT`), checked and quarantined before first use, reopened
 //! after it breaks; or a pool.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,8 @@ pub(super) enum Slot {
         opened: Opening,
         /// When the opening started.
         since: Instant,
+        /// How far it got: see [`Progress`].
+        progress: Arc<AtomicU8>,
     },
     Ready {
         id: u64,
@@ -66,6 +68,19 @@ pub(super) enum Slot {
 }
 
 pub(super) type Opening = Shared<BoxFuture<'static, Result<Opened, NodeError>>>;
+
+/// How far the opening of a connection got, for the decisions that wait for its
+/// server's identity (see [`Direct::identifying`]).
+pub(super) struct Progress;
+
+impl Progress {
+    /// Nothing heard from the server yet.
+    const STARTED: u8 = 0;
+    /// The server answered the handshake: it is alive, its identity a round trip away.
+    const ANSWERED: u8 = 1;
+    /// Its identity is claimed (or the opening failed): nothing left to wait for.
+    const IDENTIFIED: u8 = 2;
+}
 
 /// How long a node that refused a connection for good is not asked again.
 pub(super) const REFUSED_FOR: Duration = Duration::from_secs(10);
@@ -108,11 +123,13 @@ impl Direct {
                 }
                 Slot::Empty | Slot::Refused { .. } => {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                    let opened = self.open();
+                    let progress = Arc::new(AtomicU8::new(Progress::STARTED));
+                    let opened = self.open(Arc::clone(&progress));
                     *slot = Slot::Connecting {
                         id,
                         opened: opened.clone(),
                         since: Instant::now(),
+                        progress,
                     };
                     (id, opened)
                 }
@@ -148,12 +165,20 @@ impl Direct {
         }
     }
 
-    /// A connection being opened for less than `wait` at `now`, whose server's identity
-    /// is not known yet: until when a decision waits for it. The server may turn out to
-    /// be one that another node reaches too (see [`Identities`]). `None` where there is
-    /// nothing to wait for: no connection being opened, one opened for longer (the node
-    /// counts as unreachable), a single node.
-    pub(super) fn identifying(&self, wait: Duration, now: Instant) -> Option<Instant> {
+    /// A connection being opened whose server's identity is not known yet: until when a
+    /// decision waits for it, at `now`. The server may turn out to be one that another
+    /// node reaches too (see [`Identities`]). Waited for until it has been opening for
+    /// `short` if the server has not answered yet (it may be down, and must not hold up
+    /// every decision), for `long` once it answered the handshake (it is alive, and its
+    /// identity one round trip away). `None` where there is nothing to wait for: no
+    /// connection being opened, its identity claimed, its wait over (the node counts as
+    /// unreachable), a single node.
+    pub(super) fn identifying(
+        &self,
+        short: Duration,
+        long: Duration,
+        now: Instant,
+    ) -> Option<Instant> {
         if !self
             .identity
             .as_ref()
@@ -161,10 +186,18 @@ impl Direct {
         {
             return None;
         }
-        match &*self.slot() {
-            Slot::Connecting { since, .. } => since.checked_add(wait).filter(|&end| end > now),
-            _ => None,
-        }
+        let Slot::Connecting {
+            since, progress, ..
+        } = &*self.slot()
+        else {
+            return None;
+        };
+        let wait = match progress.load(Ordering::Acquire) {
+            Progress::STARTED => short,
+            Progress::ANSWERED => long,
+            _ => return None,
+        };
+        since.checked_add(wait).filter(|&end| end > now)
     }
 
     /// `PING` on the shared connection (opening it if needed); on failure, the id of the
@@ -177,8 +210,9 @@ impl Direct {
             .map_err(|err| (id, redis_error(err)))
     }
 
-    /// Starts opening a connection in a task of its own.
-    pub(super) fn open(&self) -> Opening {
+    /// Starts opening a connection in a task of its own, reporting how far it got to
+    /// `progress`.
+    pub(super) fn open(&self, progress: Arc<AtomicU8>) -> Opening {
         let client = self.client.clone();
         // Operation timeouts are ours; redis-rs' own would only add a second clock.
         let config = AsyncConnectionConfig::new()
@@ -188,6 +222,7 @@ impl Direct {
         let checks = Arc::clone(&self.checks);
         let quarantine = self.quarantine.clone();
         let identity = self.identity.clone();
+        let reached = Arc::clone(&progress);
         let connect = async move {
             let connecting = client.get_multiplexed_async_connection_with_config(&config);
             let handshake = |err| refused(err, "the connection's handshake (HELLO, AUTH)");
@@ -198,6 +233,7 @@ impl Direct {
                 }
                 _ => connecting.await.map_err(handshake)?,
             };
+            reached.store(Progress::ANSWERED, Ordering::Release);
             // Load the scripts now (one round trip), so that operations on this connection
             // do not meet NOSCRIPT: its fallback costs two more round trips, which may not
             // fit in the per-node timeout. A restarted node comes back through a new
@@ -236,12 +272,19 @@ impl Direct {
                     )))
                 })?;
                 identities.claim(*index, run_id)?;
+                reached.store(Progress::IDENTIFIED, Ordering::Release);
             }
             if let Some(quarantine) = &quarantine {
                 quarantine.observe(&info);
             }
             checks.run(&mut conn).await?;
             Ok(Opened { conn })
+        };
+        // Over, either way: nothing left for a decision to wait for.
+        let connect = async move {
+            let result = connect.await;
+            progress.store(Progress::IDENTIFIED, Ordering::Release);
+            result
         };
         let opening: BoxFuture<'static, _> = match tokio::runtime::Handle::try_current() {
             Ok(handle) => {

@@ -7,26 +7,27 @@
 //! A node's answers count only once its own connection's identity is claimed, and a
 //! majority is not taken as won while another node of the fan-out is still opening a
 //! connection whose identity may show that a node that said yes is the same server:
-//! the decision waits for it, until that connection has been opening for
-//! [`IDENTITY_WAIT`] (or the node timeout, if shorter; see `quorum::Fanout`). So a
-//! configuration that lists one server twice is refused before its first lock, and a
-//! name that becomes the same server as another one (an address that moved) before its
-//! first vote on the new connection. A node whose connection takes longer counts as
-//! unreachable: it does not vote, and holds up no decision; should it turn out to be the
-//! same server as another node once connected, the configuration is refused then (the
-//! locks granted meanwhile stood on distinct servers).
+//! the decision waits for that identity (see `quorum::Fanout`), within the node timeout
+//! once the server has answered the connection's handshake, and for [`IDENTITY_WAIT`]
+//! of the opening before that. So a configuration that lists one server twice is
+//! refused before its first lock, and a name that becomes the same server as another
+//! one (an address that moved) before its first vote on the new connection. A node that
+//! does not answer in that time counts as unreachable: it does not vote, and holds up no
+//! decision; should it turn out to be the same server as another node once connected,
+//! the configuration is refused then (the locks granted meanwhile stood on distinct
+//! servers).
 
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::error::{ConfigError, NodeError};
 
-/// How long a connection being opened holds up the decisions that have their majority
-/// (never longer than the node timeout): its server's identity may show that a node
-/// that said yes is the same server. Two names of one server lead to the same machine
-/// over the same network, so the second name's connection is normally open within a few
-/// round trips of the first; a node down or cut off costs the decisions made while its
-/// connection is that young this long at most, once per connection attempt.
+/// How long a connection being opened whose server has not answered yet holds up the
+/// decisions that have their majority (never longer than the node timeout): once the
+/// server answers the handshake, it is alive and its identity one round trip away, and
+/// the decisions wait for it within the node timeout. A server that does not answer
+/// (down, paused, cut off) so costs the decisions made while its connection is that
+/// young this long at most, once per connection attempt, instead of a node timeout.
 pub(crate) const IDENTITY_WAIT: Duration = Duration::from_millis(100);
 
 /// The `run_id` each node's server reported last, shared by the nodes of one client.

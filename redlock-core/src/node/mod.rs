@@ -142,15 +142,21 @@ impl Node {
         self
     }
 
-    /// A connection to the node is being opened, for less than `wait` at `now`, and the
-    /// server's identity on it may yet show that another node is the same server: until
-    /// when a majority counting another node's yes waits for it (see
-    /// [`IDENTITY_WAIT`]). `None` for a node with nothing to wait for, a connection being
-    /// opened for longer (the node counts as unreachable), and pooled nodes (not
-    /// checked).
-    pub(crate) fn identifying(&self, wait: Duration, now: Instant) -> Option<Instant> {
+    /// A connection to the node is being opened, and the server's identity on it may
+    /// yet show that another node is the same server: until when a majority counting
+    /// another node's yes waits for it, at `now` (see [`IDENTITY_WAIT`]): until the
+    /// connection has been opening for `short` while the server has not answered, for
+    /// `long` once it answered the handshake. `None` for a node with nothing to wait
+    /// for, a connection whose wait is over (the node counts as unreachable), and pooled
+    /// nodes (not checked).
+    pub(crate) fn identifying(
+        &self,
+        short: Duration,
+        long: Duration,
+        now: Instant,
+    ) -> Option<Instant> {
         match &self.backend {
-            Backend::Direct(direct) => direct.identifying(wait, now),
+            Backend::Direct(direct) => direct.identifying(short, long, now),
             _ => None,
         }
     }

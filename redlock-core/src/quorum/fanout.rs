@@ -23,7 +23,10 @@ pub(crate) type NodeFuture = Pin<Box<dyn Future<Output = (usize, Result<u64, Nod
 
 /// The node calls of a fan-out still in flight, answered in any order. At most one per
 /// node, so each wake-up simply polls them all: no allocation per call beyond its own
-/// future (a `FuturesUnordered` would add a task per call and one per set).
+/// future (a `FuturesUnordered` would add a task per call and one per set). Every call
+/// is polled at each pass, also after one answered: every call has started (its command
+/// queued, or its connection being opened) before the first answer is handed out, and so
+/// before any majority is counted (see `Fanout::identity_pending`).
 ///
 /// The calls share one timeout, the node timeout from the fan-out's start: one timer for
 /// the whole fan-out rather than one per node (a timer's registration costs more than
@@ -34,6 +37,8 @@ pub(crate) type NodeFuture = Pin<Box<dyn Future<Output = (usize, Result<u64, Nod
 pub(crate) struct Pending {
     /// Each call, and whether it keeps to the shared deadline.
     calls: Vec<(NodeFuture, bool)>,
+    /// Answers in, not handed out yet.
+    answered: Vec<(usize, Result<u64, NodeError>)>,
     deadline: Option<SharedDeadline>,
 }
 
@@ -48,7 +53,7 @@ struct SharedDeadline {
 
 impl Pending {
     pub(crate) fn is_empty(&self) -> bool {
-        self.calls.is_empty()
+        self.calls.is_empty() && self.answered.is_empty()
     }
 }
 
@@ -58,19 +63,24 @@ impl futures_util::Stream for Pending {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         loop {
+            if let Some(answer) = this.answered.pop() {
+                return Poll::Ready(Some(answer));
+            }
             if this.calls.is_empty() {
                 return Poll::Ready(None);
             }
-            let answered = this
-                .calls
-                .iter_mut()
-                .enumerate()
-                .find_map(|(i, (call, _))| match call.as_mut().poll(cx) {
-                    Poll::Ready(answer) => Some((i, answer)),
-                    Poll::Pending => None,
-                });
-            if let Some((i, answer)) = answered {
-                drop(this.calls.swap_remove(i));
+            let mut i = 0;
+            while let Some((call, _)) = this.calls.get_mut(i) {
+                match call.as_mut().poll(cx) {
+                    Poll::Ready(answer) => {
+                        // The last call takes its place: polled next.
+                        drop(this.calls.swap_remove(i));
+                        this.answered.push(answer);
+                    }
+                    Poll::Pending => i += 1,
+                }
+            }
+            if let Some(answer) = this.answered.pop() {
                 return Poll::Ready(Some(answer));
             }
             let Some(deadline) = this.deadline.as_mut() else {
@@ -97,9 +107,14 @@ impl IntoIterator for Pending {
     type Item = NodeFuture;
     type IntoIter = std::vec::IntoIter<NodeFuture>;
 
-    /// The calls one by one, each bounded by the shared deadline on its own.
+    /// The calls one by one, each bounded by the shared deadline on its own (and the
+    /// answers in, not handed out yet, as calls answered at once).
     fn into_iter(self) -> Self::IntoIter {
         let deadline = self.deadline.map(|d| (d.at, d.timeout, d.expired));
+        let answered = self
+            .answered
+            .into_iter()
+            .map(|answer| Box::pin(std::future::ready(answer)) as NodeFuture);
         self.calls
             .into_iter()
             .map(|(call, shared)| match (&deadline, shared) {
@@ -119,6 +134,7 @@ impl IntoIterator for Pending {
                 }
                 _ => call,
             })
+            .chain(answered)
             .collect::<Vec<_>>()
             .into_iter()
     }
@@ -201,6 +217,7 @@ impl Fanout {
             cluster: Arc::clone(cluster),
             pending: Pending {
                 calls: pending,
+                answered: Vec::new(),
                 deadline: Some(SharedDeadline {
                     at: Instant::now() + timeout,
                     timeout,
@@ -278,12 +295,13 @@ impl Fanout {
         let now = Instant::now();
         // A wait that is over, is over (whatever the clocks' rounding).
         let now = self.waited_until.map_or(now, |until| now.max(until));
-        let wait = IDENTITY_WAIT.min(self.cluster.node_timeout);
+        let long = self.cluster.node_timeout;
+        let short = IDENTITY_WAIT.min(long);
         self.answers
             .iter()
             .enumerate()
             .filter(|(i, answer)| answer.is_none() && self.was_asked(*i))
-            .filter_map(|(i, _)| self.cluster.nodes.get(i)?.identifying(wait, now))
+            .filter_map(|(i, _)| self.cluster.nodes.get(i)?.identifying(short, long, now))
             .max()
     }
 
@@ -322,13 +340,17 @@ impl Fanout {
         self.tally
     }
 
-    /// Records the next answer; false when none is pending. With `settle` and a majority
-    /// of yes in, also returns (true) once the identities of the nodes still out are
-    /// known, or no longer waited for.
+    /// Records the next answers (all those in); false when none is pending. With `settle`
+    /// and a majority of yes in, also returns (true) once the identities of the nodes
+    /// still out are known, or no longer waited for.
     async fn next(&mut self, settle: bool) -> bool {
         std::future::poll_fn(|cx| match self.pending.poll_next_unpin(cx) {
             Poll::Ready(Some((index, result))) => {
                 self.record(index, result);
+                // And every other answer that came in the same pass.
+                while let Some((index, result)) = self.pending.answered.pop() {
+                    self.record(index, result);
+                }
                 Poll::Ready(true)
             }
             Poll::Ready(None) => Poll::Ready(false),
