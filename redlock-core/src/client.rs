@@ -153,6 +153,15 @@ impl Redlock {
         self.shared.cluster.nodes.iter().map(Node::name).collect()
     }
 
+    /// The longest resource name this client accepts, in bytes
+    /// ([`RedlockBuilder::max_resource_len`](crate::RedlockBuilder::max_resource_len),
+    /// by default [`DEFAULT_MAX_RESOURCE_LEN`](crate::DEFAULT_MAX_RESOURCE_LEN)). Code
+    /// that derives resource names from a user's string (a name plus suffixes) checks
+    /// that string against the room this leaves, where the string enters.
+    pub fn max_resource_len(&self) -> usize {
+        self.shared.max_resource_len
+    }
+
     /// The Redis key of `resource`'s lock: `<prefix>{<resource>}`.
     pub fn key_for(&self, resource: &str) -> String {
         self.shared.key(resource)

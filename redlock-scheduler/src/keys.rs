@@ -42,7 +42,6 @@
 //! ```
 
 pub use redlock_core::DEFAULT_MAX_RESOURCE_LEN;
-use redlock_core::Redlock;
 
 use crate::build_error::BuildError;
 
@@ -139,15 +138,6 @@ pub fn max_scheduler_name_len(max_resource_len: usize) -> usize {
         .max()
         .unwrap_or(0);
     leader.min(jobs).min(fence)
-}
-
-/// The longest resource name the client `redlock` takes.
-///
-/// `Redlock` does not say its `max_resource_len`, so this is the default one
-/// ([`DEFAULT_MAX_RESOURCE_LEN`]); the bounds follow the client's own limit once it
-/// does.
-pub(crate) fn client_max_resource_len(_redlock: &Redlock) -> usize {
-    DEFAULT_MAX_RESOURCE_LEN
 }
 
 /// The first bytes of `name` (cut at a character boundary), with `…` if cut.

@@ -219,7 +219,7 @@ impl LeaderElectorBuilder {
         crate::keys::check_len(
             crate::keys::NameKind::Election,
             &self.name,
-            crate::keys::client_max_resource_len(&self.redlock),
+            self.redlock.max_resource_len(),
         )?;
         Ok(self.spawn())
     }

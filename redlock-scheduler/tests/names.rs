@@ -243,3 +243,57 @@ async fn the_longest_names_declared_in_code_run_and_one_byte_more_is_refused_by_
     long_scheduler.shutdown().await;
     long_job.shutdown().await;
 }
+
+/// The bounds follow the client's own `max_resource_len`: with a client that takes
+/// names of at most 100 bytes, `build` refuses a job name that the default bound would
+/// take, and the longest name under 100 bytes runs its ticks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bounds_follow_the_clients_resource_name_limit() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let history = History::connect(&url).await.unwrap();
+    let redlock = || {
+        redlock_testkit::builder(&cluster)
+            .max_resource_len(100)
+            .build()
+            .unwrap()
+    };
+    let max = max_job_name_len(Scheduler::DEFAULT_NAME, 100);
+    assert_eq!(max, 100 - "scheduler".len() - 26);
+    let refused = Scheduler::builder(redlock())
+        .job(Job::new("j".repeat(max + 1), "* * * * * *", committing))
+        .build();
+    match refused {
+        Err(BuildError::NameTooLong {
+            kind: NameKind::Job,
+            len,
+            max: m,
+            ..
+        }) if len == max + 1 && m == max => {}
+        other => panic!("a job name of {} bytes: {:?}", max + 1, other.err()),
+    }
+    let longest = "j".repeat(max);
+    let scheduler = Scheduler::builder(redlock())
+        .history(history.clone())
+        .job(Job::new(longest.as_str(), "* * * * * *", committing))
+        .build()
+        .unwrap();
+    assert_eq!(scheduler.max_job_name_len(), max);
+    let spec = redlock_scheduler::JobSpec::new("k".repeat(max + 1), "* * * * * *");
+    assert_too_long(
+        scheduler.add_job(spec).await,
+        NameKind::Job,
+        max + 1,
+        max,
+        "Scheduler::add_job under a 100-byte client limit",
+    );
+    scheduler.start();
+    until_succeeded(
+        &history,
+        Scheduler::DEFAULT_NAME,
+        &longest,
+        Duration::from_secs(15),
+    )
+    .await;
+    scheduler.shutdown(Duration::from_secs(5)).await;
+}

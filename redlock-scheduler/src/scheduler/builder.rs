@@ -188,7 +188,7 @@ impl SchedulerBuilder {
                 reason: "must not be empty".to_owned(),
             });
         }
-        let max_resource_len = keys::client_max_resource_len(&self.redlock);
+        let max_resource_len = self.redlock.max_resource_len();
         keys::check_scheduler(&self.name, max_resource_len)?;
         let mut names = HashSet::new();
         let mut jobs = Vec::with_capacity(self.jobs.len());
