@@ -405,9 +405,9 @@ pub fn path_param_not_utf8(name: &str) -> Key {
     )))
 }
 
-/// The resource-name bound key room is counted against: redlock-core's default
-/// `max_resource_len`, 512 bytes. A client built with a smaller bound refuses longer
-/// names itself (`400` too, by [`Problem::from_error`]).
+/// redlock-core's default resource-name bound, 512 bytes: the room of keys is counted
+/// against the client's own bound ([`Redlock::max_resource_len`](redlock_core::Redlock::max_resource_len)),
+/// this one unless it was built with another.
 pub const MAX_RESOURCE_LEN: usize = redlock_core::DEFAULT_MAX_RESOURCE_LEN;
 
 /// The separator of a semaphore's slot resources, `<name>/permit/<i>`.
@@ -430,8 +430,8 @@ pub fn permit_suffix_len(limit: u32) -> usize {
     PERMIT_SEPARATOR.len() + digits
 }
 
-/// The room a request's key has in its lock's resource name: the resource-name bound
-/// ([`MAX_RESOURCE_LEN`]) less the configured prefix and whatever is derived after the
+/// The room a request's key has in its lock's resource name: the client's resource-name
+/// bound ([`MAX_RESOURCE_LEN`] by default) less the configured prefix and whatever is derived after the
 /// key (a semaphore's slot suffix, [`permit_suffix_len`]). A key (after escaping) longer
 /// than the room is refused with `400` ([`KeyBoundError::TooLong`]) before anything is
 /// sent; a prefix that leaves no room is the server's mistake
@@ -440,13 +440,17 @@ pub fn permit_suffix_len(limit: u32) -> usize {
 /// ```
 /// use redlock_http::{KeyBoundError, KeyRoom};
 ///
-/// let room = KeyRoom::new("export:", 9).unwrap(); // a limit of 1: `/permit/0`
+/// # fn main() -> Result<(), redlock_core::ConfigError> {
+/// let redlock = redlock_core::Redlock::builder().node("redis://127.0.0.1:6379").build()?;
+/// let room = KeyRoom::new(&redlock, "export:", 9).unwrap(); // a limit of 1: `/permit/0`
 /// assert_eq!(room.bytes(), 512 - 7 - 9);
 /// assert!(room.check("limit key", "k".repeat(496).len()).is_ok());
 /// let refused = room.check("limit key", 497).unwrap_err();
 /// assert_eq!(refused.problem().status, 400);
 /// assert!(refused.problem().detail.contains("at most 496 bytes"));
-/// assert!(matches!(KeyRoom::new(&"p".repeat(510), 9), Err(KeyBoundError::NoRoom { .. })));
+/// assert!(matches!(KeyRoom::new(&redlock, &"p".repeat(510), 9), Err(KeyBoundError::NoRoom { .. })));
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyRoom {
@@ -454,13 +458,18 @@ pub struct KeyRoom {
 }
 
 impl KeyRoom {
-    /// The room under `prefix`, with `suffix_len` bytes derived after the key.
+    /// The room under `prefix` in `redlock`'s resource names, with `suffix_len` bytes
+    /// derived after the key.
     ///
     /// # Errors
     ///
     /// [`KeyBoundError::NoRoom`] when the prefix and the suffix leave no byte for a key.
-    pub fn new(prefix: &str, suffix_len: usize) -> Result<Self, KeyBoundError> {
-        Self::with_bound(MAX_RESOURCE_LEN, prefix.len(), suffix_len)
+    pub fn new(
+        redlock: &redlock_core::Redlock,
+        prefix: &str,
+        suffix_len: usize,
+    ) -> Result<Self, KeyBoundError> {
+        Self::with_bound(redlock.max_resource_len(), prefix.len(), suffix_len)
     }
 
     /// The room under a bound of `max_resource_len` bytes, a prefix of `prefix_len`

@@ -401,7 +401,7 @@ impl Idempotency {
     }
 
     /// The longest record id (the scope and the key, escaped: [`record_id`]) taken: what
-    /// the resource-name bound ([`redlock_http::MAX_RESOURCE_LEN`], 512 bytes) leaves
+    /// the client's resource-name bound ([`Redlock::max_resource_len`](redlock_core::Redlock::max_resource_len), 512 bytes by default) leaves
     /// after the [`resource_prefix`](Self::resource_prefix). A request whose key and
     /// scope are longer once escaped is refused with `400`, naming this bound. The web
     /// crates check it where their middleware is built (a mistake is logged); check it
@@ -430,7 +430,7 @@ impl Idempotency {
     /// when a key of [`max_key_len`](Self::max_key_len) bytes would not fit.
     pub fn room(&self) -> Result<redlock_http::KeyRoom, redlock_http::KeyBoundError> {
         let o = &self.inner.options;
-        let room = redlock_http::KeyRoom::new(&o.resource_prefix, 0)?;
+        let room = redlock_http::KeyRoom::new(&self.inner.redlock, &o.resource_prefix, 0)?;
         if o.max_key_len > room.bytes() {
             return Err(redlock_http::KeyBoundError::KeyLimitAboveRoom {
                 max_key_len: o.max_key_len,

@@ -147,3 +147,35 @@ async fn limit_keys_leave_room_for_the_slot_suffix_or_are_refused_with_the_bound
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// The room follows the client's own resource-name bound: under a client that takes
+/// names of at most 64 bytes, a limit key is refused with `400` naming what that bound
+/// leaves (64 - `lim:` - `/permit/0` = 51), and a key of that length runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_room_follows_the_clients_resource_name_bound() {
+    let locks = Cluster::start(3).await;
+    let redlock = redlock_testkit::builder(&locks)
+        .max_resource_len(64)
+        .build()
+        .unwrap();
+    let layer = ConcurrencyLimitLayer::new(redlock, Header::new("x-tenant").required(), 1)
+        .resource_prefix("lim:");
+    assert_eq!(layer.room().unwrap().bytes(), 51);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new().route("/r", counted(&runs)).layer(layer);
+    let tenant = |t: String| {
+        http::Request::post("/r")
+            .header("x-tenant", t)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (status, body) = send(&app, tenant("t".repeat(52))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        detail(&body).contains("at most 51 bytes are taken"),
+        "{body}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let (status, body) = send(&app, tenant("t".repeat(51))).await;
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, "ran"));
+}

@@ -112,7 +112,7 @@ impl<E> ConcurrencyLimitLayer<E> {
     /// resources with a [`LockLayer`](crate::LockLayer).
     ///
     /// The prefix, a key and the longest slot suffix (`/permit/<limit - 1>`) must fit
-    /// the resource-name bound ([`redlock_http::MAX_RESOURCE_LEN`], 512 bytes): a key
+    /// the client's resource-name bound ([`Redlock::max_resource_len`](redlock_core::Redlock::max_resource_len), 512 bytes by default): a key
     /// longer than the room left ([`room`](Self::room)) is refused with `400`, naming
     /// the bound. A prefix that leaves no room is logged here and every request with a
     /// key is answered `500`; [`room`](Self::room) says so as a typed error.
@@ -135,6 +135,7 @@ impl<E> ConcurrencyLimitLayer<E> {
     /// leaves none.
     pub fn room(&self) -> Result<redlock_http::KeyRoom, redlock_http::KeyBoundError> {
         redlock_http::KeyRoom::new(
+            &self.redlock,
             &self.config.resource_prefix,
             redlock_http::permit_suffix_len(self.limit),
         )

@@ -97,7 +97,13 @@ where
         let config = Arc::clone(&self.config);
         let route = match route(&*self.extractor, &config.resource_prefix, &request) {
             // The key must leave room for the slots' suffix (`/permit/<i>`).
-            Route::Lock(resource, id) => bounded(resource, id, &config.resource_prefix, self.limit),
+            Route::Lock(resource, id) => bounded(
+                &self.redlock,
+                resource,
+                id,
+                &config.resource_prefix,
+                self.limit,
+            ),
             other => other,
         };
         let future = match route {
@@ -132,10 +138,17 @@ where
 /// key leaves no room for the longest slot suffix under the resource-name bound
 /// ([`redlock_http::KeyRoom`]): `400` naming the bound, or `500` for a prefix that
 /// leaves none.
-fn bounded(resource: String, id: Option<String>, prefix: &str, limit: u32) -> Route {
+fn bounded(
+    redlock: &Redlock,
+    resource: String,
+    id: Option<String>,
+    prefix: &str,
+    limit: u32,
+) -> Route {
     let key_len = resource.len().saturating_sub(prefix.len());
-    let checked = redlock_http::KeyRoom::new(prefix, redlock_http::permit_suffix_len(limit))
-        .and_then(|room| room.check("concurrency limit key", key_len));
+    let checked =
+        redlock_http::KeyRoom::new(redlock, prefix, redlock_http::permit_suffix_len(limit))
+            .and_then(|room| room.check("concurrency limit key", key_len));
     match checked {
         Ok(()) => Route::Lock(resource, id),
         Err(error @ redlock_http::KeyBoundError::TooLong { .. }) => {
