@@ -110,7 +110,9 @@ async fn a_semaphore_is_listed_with_its_permits_and_released_by_force() {
     assert!(slots_only.semaphores.is_empty());
     assert_eq!(slots_only.locks.len(), 2, "the slots, as locks");
 
-    // Forced release: every slot of the recorded size, fences raised.
+    // Forced release: every slot of the recorded size, fences raised. Each node's
+    // slot keys are there first (b's permit returned at a majority).
+    cluster.settle_keys("redlock:{exports/permit/*}", 6).await;
     let forced = api.force_release_semaphore("exports").await.unwrap();
     assert_eq!(forced.permits, Some(3));
     assert_eq!(forced.slots.len(), 3);
