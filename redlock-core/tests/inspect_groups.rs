@@ -290,7 +290,9 @@ async fn a_read_write_lock_is_listed_and_released_by_force() {
         assert_eq!(left, ["redlock:{doc/rw}:fence"], "node {i}");
     }
 
-    // Forced release of `page`: the writer goes, its token is stale.
+    // Forced release of `page`: the writer goes, its token is stale. Its key is on
+    // every node first (its acquisition returned at a majority).
+    cluster.settle_keys("redlock:{page/rw}", 3).await;
     let forced = api.force_release_rw("page").await.unwrap();
     assert_eq!(forced.writer_deleted, 3);
     assert!(forced.fencing_token > token);
@@ -347,6 +349,10 @@ async fn a_read_write_lock_in_use_is_listed_and_its_waiting_writer_woken() {
     );
     assert!(listing.locks.is_empty());
 
+    // The writer's mark is on every node first (its client waited for a majority).
+    cluster
+        .settle_keys("redlock:{feed/rw}:writer-waiting", 3)
+        .await;
     let forced = a.force_release_rw("feed").await.unwrap();
     assert_eq!(forced.readers_deleted, 2);
     assert_eq!(forced.writer_waiting_deleted, 3);
