@@ -329,6 +329,44 @@ pub fn header_key<'a>(
     values: impl IntoIterator<Item = &'a [u8]>,
     required: bool,
 ) -> Result<Option<&'a str>, BadKey> {
+    let Some(value) = single_header_value(name, values, required)? else {
+        return Ok(None);
+    };
+    let visible = value
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b));
+    let text = std::str::from_utf8(value)
+        .ok()
+        .filter(|_| visible)
+        .ok_or_else(|| BadKey::new(format!("the `{name}` header must be visible ASCII")))?
+        .trim();
+    if text.is_empty() {
+        return Err(BadKey::new(format!("the `{name}` header is empty")));
+    }
+    Ok(Some(text))
+}
+
+/// The one value of header `name`, given every value the request has for it: `Ok(None)`
+/// for none (an error when `required`), an error for more than one. Every header that
+/// names a key (a lock's, a limit's, an idempotency key) is read through it.
+///
+/// ```
+/// use redlock_http::single_header_value;
+///
+/// assert_eq!(single_header_value("k", [&b"a"[..]], true), Ok(Some(&b"a"[..])));
+/// assert_eq!(single_header_value("k", [], false), Ok(None));
+/// assert!(single_header_value("k", [], true).is_err());
+/// assert!(single_header_value("k", [&b"a"[..], &b"b"[..]], false).is_err());
+/// ```
+///
+/// # Errors
+///
+/// A [`BadKey`]: the header is missing while required, or given more than once.
+pub fn single_header_value<'a>(
+    name: &str,
+    values: impl IntoIterator<Item = &'a [u8]>,
+    required: bool,
+) -> Result<Option<&'a [u8]>, BadKey> {
     let mut values = values.into_iter();
     let Some(value) = values.next() else {
         return if required {
@@ -342,18 +380,7 @@ pub fn header_key<'a>(
             "the `{name}` header must be given once"
         )));
     }
-    let visible = value
-        .iter()
-        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b));
-    let text = std::str::from_utf8(value)
-        .ok()
-        .filter(|_| visible)
-        .ok_or_else(|| BadKey::new(format!("the `{name}` header must be visible ASCII")))?
-        .trim();
-    if text.is_empty() {
-        return Err(BadKey::new(format!("the `{name}` header is empty")));
-    }
-    Ok(Some(text))
+    Ok(Some(value))
 }
 
 /// The key of header `name` ([`header_key`], then [`lock_key`]): what both web crates'

@@ -106,7 +106,7 @@ pub mod key;
 pub use key::{
     BadKey, KEY_SEPARATOR, Key, KeyBoundError, KeyRoom, MAX_RESOURCE_LEN, decode_path_segment,
     header_key, header_lock_key, lock_key, path_param_key, path_param_not_utf8, path_prefix_key,
-    permit_suffix_len, resource_name, sent_path, sent_target,
+    permit_suffix_len, resource_name, sent_path, sent_target, single_header_value,
 };
 
 /// How long a request keeps its lock (the `hold` option of both web crates).

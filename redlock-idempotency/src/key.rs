@@ -63,19 +63,9 @@ impl IdempotencyKey {
         required: bool,
         max_len: usize,
     ) -> Result<Option<Self>, BadKey> {
-        let mut values = values.into_iter();
-        let Some(value) = values.next() else {
-            return if required {
-                Err(BadKey::new(format!("the `{name}` header is required")))
-            } else {
-                Ok(None)
-            };
+        let Some(value) = redlock_http::single_header_value(name, values, required)? else {
+            return Ok(None);
         };
-        if values.next().is_some() {
-            return Err(BadKey::new(format!(
-                "the `{name}` header must be given once"
-            )));
-        }
         let key = parse(name, value)?;
         if key.len() > max_len {
             return Err(BadKey::new(format!(
