@@ -103,11 +103,15 @@ pub const CONTENT_TYPE: &str = "application/problem+json";
 pub const FALLBACK_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 pub mod key;
+mod lock;
+mod refusal;
 pub use key::{
     BadKey, KEY_SEPARATOR, Key, KeyBoundError, KeyRoom, MAX_RESOURCE_LEN, decode_path_segment,
     header_key, header_lock_key, lock_key, path_param_key, path_param_not_utf8, path_prefix_key,
     permit_suffix_len, resource_name, sent_path, sent_target, single_header_value,
 };
+pub use lock::{Held, LimitOptions, LockOptions, Route};
+pub use refusal::{Refusal, RefusalKind};
 
 /// How long a request keeps its lock (the `hold` option of both web crates).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -362,6 +366,16 @@ impl Problem {
                     .to_owned(),
                 None,
             ),
+        }
+    }
+
+    /// The status to answer with: [`status`](Self::status) when it is an HTTP status
+    /// (100 to 999), else `500`. The one mapping both web crates use.
+    pub fn http_status(&self) -> u16 {
+        if (100..=999).contains(&self.status) {
+            self.status
+        } else {
+            500
         }
     }
 

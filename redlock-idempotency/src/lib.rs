@@ -133,6 +133,7 @@ pub mod telemetry;
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use key::{DEFAULT_HEADER, DEFAULT_MAX_KEY_LEN, IdempotencyKey, record_id, scope_from_header};
 pub use record::{Corrupt, Record, RecordState, StoredResponse};
+use refusal::counted;
 pub use refusal::{Refusal, RefusalKind};
 pub use response::is_hop_by_hop;
 pub use run::{Begin, Finished, REPLAYED_HEADER, Replay, Run};
@@ -482,9 +483,9 @@ impl Idempotency {
                 Ok(None)
             }
             Ok(key) => Ok(key),
-            Err(bad) => Err(Refusal::bad_key(format!(
+            Err(bad) => Err(counted(Refusal::bad_key(format!(
                 "The request's idempotency key is unusable: {bad}."
-            ))),
+            )))),
         }
     }
 
@@ -527,6 +528,31 @@ impl Idempotency {
     /// fingerprint mismatch, `503` lock service or store unavailable, `500`
     /// misconfigured (the cause is logged).
     pub async fn begin(
+        &self,
+        scope: Option<&str>,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin, Refusal> {
+        self.decide(scope, key, fingerprint).await.map_err(counted)
+    }
+
+    /// The refusal of a request with a key but no scope, where a scope is configured
+    /// (`400`), counted.
+    pub fn no_scope(&self) -> Refusal {
+        counted(Refusal::bad_key(
+            "The request names no scope for its idempotency key (the client, tenant or subject it is made for)."
+                .to_owned(),
+        ))
+    }
+
+    /// The refusal of a request whose body is over
+    /// [`max_request_body`](Self::max_request_body) (`413`), counted.
+    pub fn body_too_large(&self) -> Refusal {
+        counted(Refusal::body_too_large(self.inner.options.max_request_body))
+    }
+
+    /// [`begin`](Self::begin), uncounted.
+    async fn decide(
         &self,
         scope: Option<&str>,
         key: &IdempotencyKey,

@@ -1,0 +1,486 @@
+//! The request decision of the lock middleware and of the cluster-wide concurrency
+//! limit, with their options ([`LockOptions`], [`LimitOptions`]): one engine, driven by
+//! `redlock-tower`'s layers and `redlock-actix`'s middleware alike.
+//!
+//! For each request: the key extractor's [`Key`] → [`route`](LockOptions::route) (pass,
+//! refuse, or the resource to take) → [`acquire`](LockOptions::acquire) → on an error,
+//! [`refuse`](LockOptions::refuse) (a [`Refusal`], or `None` to serve the request
+//! without a lock when `fail_open` is on) → run the handler → release (dropping the
+//! held lock or permit, when the response ends by [`Hold`]).
+
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use redlock_core::{Error, ErrorClass, Lock, Permit, Redlock, RetryPolicy};
+
+use crate::{Hold, Key, KeyBoundError, KeyRoom, Refusal, RefusalKind, permit_suffix_len};
+
+/// What an extractor's decision and the options make of a request.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Route {
+    /// No key: the request goes through as it is (unlocked, unlimited).
+    Pass,
+    /// Refused before anything is sent to the nodes.
+    Refuse(Refusal),
+    /// Take this resource (the resource prefix and the key), then run the request.
+    Take(String),
+}
+
+/// What a request holds while it runs: a lock, or a permit of a semaphore.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Held {
+    /// The key's lock ([`LockOptions`]).
+    Lock(Lock),
+    /// A permit of the key's semaphore ([`LimitOptions`]): a held slot lock.
+    Permit(Permit),
+}
+
+impl Held {
+    /// The held lock (a permit's: its slot lock).
+    pub fn lock(&self) -> &Lock {
+        match self {
+            Self::Lock(lock) => lock,
+            Self::Permit(permit) => permit.lock(),
+        }
+    }
+
+    /// Releases it.
+    ///
+    /// # Errors
+    ///
+    /// The lock client's error when no majority confirmed the release (it then ends at
+    /// its TTL).
+    pub async fn release(self) -> Result<redlock_core::Released, Error> {
+        match self {
+            Self::Lock(lock) => lock.release().await,
+            Self::Permit(permit) => permit.release().await,
+        }
+    }
+}
+
+/// Writes the setters shared by [`LockOptions`] and [`LimitOptions`] once.
+macro_rules! shared_options {
+    ($name:ident, $what:literal, $busy:literal) => {
+        impl $name {
+            fn set(mut self, change: impl FnOnce(&mut Shared)) -> Self {
+                change(&mut self.shared);
+                self
+            }
+
+            #[doc = concat!("Put `prefix` in front of every extracted key (e.g. `\"order:\"`): the ", $what, "'s resource name is `prefix` followed by the key ([`resource_name`](crate::resource_name)), so that middleware on different routes with the same kind of key do not share ", $what, "s. Default: empty. Not the client's `key_prefix` (the Redis key namespace in front of every resource on the nodes).")]
+            #[must_use]
+            pub fn resource_prefix(self, prefix: impl Into<String>) -> Self {
+                let prefix = prefix.into();
+                self.set(|s| s.resource_prefix = prefix)
+            }
+
+            #[doc = concat!("The ", $what, "'s TTL (default: the client's `default_ttl`). It is extended about every `ttl / 3` while the request runs, so it is how long a replica that died mid-request keeps the key taken, not a limit on the request ([`max_hold`](Self::max_hold) is).")]
+            #[must_use]
+            pub fn ttl(self, ttl: Duration) -> Self {
+                self.set(|s| s.ttl = Some(ttl))
+            }
+
+            #[doc = concat!("Answer `", $busy, "` at once when the key is taken (the default).")]
+            #[must_use]
+            pub fn fail_fast(self) -> Self {
+                self.retry(RetryPolicy::once())
+            }
+
+            #[doc = concat!("When the key is taken, wait up to `deadline` (woken as soon as a holder releases), then answer `", $busy, "`. Waiting requests hold a connection (and, in tower, a slot of the inner service) meanwhile; an unreachable quorum is retried until the deadline too.")]
+            #[must_use]
+            pub fn wait(self, deadline: Duration) -> Self {
+                self.retry(RetryPolicy::deadline(deadline))
+            }
+
+            /// The full retry policy of the acquisition (see [`RetryPolicy`]);
+            /// [`wait`](Self::wait) and [`fail_fast`](Self::fail_fast) are shorthands.
+            #[must_use]
+            pub fn retry(self, retry: RetryPolicy) -> Self {
+                self.set(|s| s.retry = retry)
+            }
+
+            #[doc = concat!("How long a request keeps its ", $what, " (default: [`Hold::UntilBodyEnd`], until the response body has been sent or dropped; [`Hold::UntilHead`]: until the response head is ready).")]
+            #[must_use]
+            pub fn hold(self, hold: Hold) -> Self {
+                self.set(|s| s.hold = hold)
+            }
+
+            #[doc = concat!("The longest a request may keep its ", $what, ", counted from its acquisition (default: the client's `max_hold`). It is not extended past that: it expires at its TTL, and the request is treated as having lost it.")]
+            #[must_use]
+            pub fn max_hold(self, max_hold: Duration) -> Self {
+                self.set(|s| s.max_hold = Some(max_hold))
+            }
+
+            #[doc = concat!("When no quorum of Redis nodes can be reached (or another backend failure), serve the request without a ", $what, ", logging a warning, instead of answering `503` (fail-closed, the default). A taken key is still refused.")]
+            #[must_use]
+            pub fn fail_open(self, on: bool) -> Self {
+                self.set(|s| s.fail_open = on)
+            }
+
+            #[doc = concat!("The status answered when the key is taken (default `", $busy, "`). Takes a `u16` or an `http::StatusCode`; a number that is no HTTP status is answered `500`.")]
+            #[must_use]
+            pub fn busy_status(self, status: impl Into<u16>) -> Self {
+                let status = status.into();
+                self.set(|s| s.busy_status = status)
+            }
+
+            #[doc = concat!("When the ", $what, " is lost while the request runs (a majority of nodes could not extend it in time, or `max_hold` ran out), drop the handler's future and answer `503` ([`RefusalKind::Lost`]); while the body streams, cut the body off with an error so that the client sees an incomplete response. Off by default: the loss is logged (and, for a lock, signalled through its `LockHandle`), and the request carries on.")]
+            #[must_use]
+            pub fn abort_on_loss(self, on: bool) -> Self {
+                self.set(|s| s.abort_on_loss = on)
+            }
+
+            /// The resource prefix.
+            pub fn prefix(&self) -> &str {
+                &self.shared.resource_prefix
+            }
+
+            /// How long a request keeps what it took.
+            pub fn held_until(&self) -> Hold {
+                self.shared.hold
+            }
+
+            /// Whether a loss stops the request.
+            pub fn aborts_on_loss(&self) -> bool {
+                self.shared.abort_on_loss
+            }
+
+            /// Whether a request is served unguarded when the lock service is
+            /// unavailable.
+            pub fn fails_open(&self) -> bool {
+                self.shared.fail_open
+            }
+
+            /// The answer to a failed acquisition of `resource`, logged: `None` serves
+            /// the request without it (`fail_open` and a backend failure). `waited`:
+            /// since the acquisition began.
+            pub fn refuse(
+                &self,
+                resource: &str,
+                error: Error,
+                request_id: Option<&str>,
+                waited: Duration,
+            ) -> Option<Refusal> {
+                self.shared.refuse($what, resource, error, request_id, waited)
+            }
+        }
+    };
+}
+
+/// The options shared by the lock and the limit.
+#[derive(Clone)]
+struct Shared {
+    resource_prefix: String,
+    ttl: Option<Duration>,
+    retry: RetryPolicy,
+    hold: Hold,
+    max_hold: Option<Duration>,
+    fail_open: bool,
+    busy_status: u16,
+    abort_on_loss: bool,
+}
+
+impl Shared {
+    fn new(busy_status: u16) -> Self {
+        Self {
+            resource_prefix: String::new(),
+            ttl: None,
+            retry: RetryPolicy::once(),
+            hold: Hold::default(),
+            max_hold: None,
+            fail_open: false,
+            busy_status,
+            abort_on_loss: false,
+        }
+    }
+
+    fn refuse(
+        &self,
+        what: &str,
+        resource: &str,
+        error: Error,
+        request_id: Option<&str>,
+        waited: Duration,
+    ) -> Option<Refusal> {
+        let waited_ms = waited.as_millis() as u64;
+        // The body is generic (see `Problem::from_error`); the details go to the log.
+        match error.class() {
+            ErrorClass::Contended { .. } => {
+                tracing::debug!(key = %resource, request_id, waited_ms, error = %error, "{what} busy: request refused");
+            }
+            ErrorClass::InvalidResource => {
+                tracing::debug!(key = %resource, request_id, error = %error, "{what} key refused");
+            }
+            ErrorClass::InvalidInput => {
+                tracing::error!(key = %resource, request_id, error = %error, "{what} refused as misconfigured");
+            }
+            _ if self.fail_open => {
+                tracing::warn!(key = %resource, request_id, waited_ms, error = %error, "lock service unavailable: fail-open, serving the request WITHOUT a {what}");
+                return None;
+            }
+            _ => {
+                tracing::warn!(key = %resource, request_id, waited_ms, error = %error, "lock service unavailable: request refused (fail-closed)");
+            }
+        }
+        let mut refusal = Refusal::from_error(error).with_resource(resource);
+        if refusal.kind == RefusalKind::Busy {
+            refusal.problem.status = self.busy_status;
+        }
+        Some(refusal)
+    }
+
+    /// The route of `key`, logged when refused; `suffix`: what is derived after the key
+    /// (a semaphore's slot suffix) under the resource-name bound.
+    fn route(
+        &self,
+        redlock: &Redlock,
+        key: Key,
+        suffix: Option<usize>,
+        request_id: Option<&str>,
+    ) -> Route {
+        match key {
+            Key::Pass => Route::Pass,
+            Key::Reject(problem) => {
+                if problem.status >= 500 {
+                    // The server's own mistake: the details go to the log only.
+                    tracing::error!(status = problem.status, detail = %problem.detail, request_id, "request refused by the key extractor");
+                } else {
+                    tracing::debug!(status = problem.status, detail = %problem.detail, request_id, "request refused by the key extractor");
+                }
+                Route::Refuse(Refusal::from_key_problem(problem))
+            }
+            Key::Lock(key) => {
+                if let Some(suffix) = suffix {
+                    let checked = KeyRoom::new(redlock, &self.resource_prefix, suffix)
+                        .and_then(|room| room.check("concurrency limit key", key.len()));
+                    match checked {
+                        Ok(()) => {}
+                        Err(error @ KeyBoundError::TooLong { .. }) => {
+                            tracing::debug!(%error, request_id, "concurrency limit key too long: request refused");
+                            return Route::Refuse(error.into());
+                        }
+                        Err(error) => {
+                            tracing::error!(%error, request_id, "concurrency limit misconfigured: request refused");
+                            return Route::Refuse(error.into());
+                        }
+                    }
+                }
+                match crate::resource_name(&self.resource_prefix, &key) {
+                    Ok(resource) => Route::Take(resource),
+                    Err(bad) => Route::Refuse(bad.into()),
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Options")
+            .field("resource_prefix", &self.resource_prefix)
+            .field("ttl", &self.ttl)
+            .field("retry", &self.retry)
+            .field("hold", &self.hold)
+            .field("max_hold", &self.max_hold)
+            .field("fail_open", &self.fail_open)
+            .field("busy_status", &self.busy_status)
+            .field("abort_on_loss", &self.abort_on_loss)
+            .finish()
+    }
+}
+
+/// The options of the lock middleware (`redlock_tower::LockLayer`,
+/// `redlock_actix::LockMiddleware` and the `DistributedLock` extractor's
+/// `DistributedLockConfig`): one type, the same defaults in both web crates. See the
+/// table in the [crate docs](crate#the-web-crates-contract).
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_http::{Hold, LockOptions};
+///
+/// let options = LockOptions::new()
+///     .resource_prefix("order:")
+///     .ttl(Duration::from_secs(5))
+///     .wait(Duration::from_secs(2))
+///     .hold(Hold::UntilHead)
+///     .fencing(true)
+///     .busy_status(423u16);
+/// assert_eq!(options.prefix(), "order:");
+/// assert_eq!(LockOptions::default().held_until(), Hold::UntilBodyEnd);
+/// ```
+#[derive(Debug, Clone)]
+pub struct LockOptions {
+    shared: Shared,
+    fencing: Option<bool>,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+shared_options!(LockOptions, "lock", "409 Conflict");
+
+impl LockOptions {
+    /// The defaults: no resource prefix, the client's TTL, `max_hold` and `fencing`,
+    /// fail fast, hold until the body ends, fail closed, `409`, no abort on loss.
+    pub fn new() -> Self {
+        Self {
+            shared: Shared::new(409),
+            fencing: None,
+        }
+    }
+
+    /// Take each lock with a fencing token (default: the client's `fencing` setting);
+    /// the handler takes it as a `FencingToken` (both web crates), or reads it from the
+    /// `LockHandle` in the request.
+    #[must_use]
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = Some(on);
+        self
+    }
+
+    /// The route of a request whose key extractor decided `key` (the request's id for
+    /// the log): pass, refuse, or the lock's resource.
+    pub fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
+        self.shared.route(redlock, key, None, request_id)
+    }
+
+    /// Takes the lock on `resource` by these options, watched by the client's watchdog
+    /// (up to `max_hold`). Dropping the future cancels the acquisition, and whatever it
+    /// had set is released.
+    pub fn acquire(
+        &self,
+        redlock: &Redlock,
+        resource: String,
+    ) -> impl Future<Output = Result<Held, Error>> + Send + 'static {
+        let redlock = redlock.clone();
+        let (ttl, retry, fencing, max_hold) = (
+            self.shared.ttl,
+            self.shared.retry,
+            self.fencing,
+            self.shared.max_hold,
+        );
+        async move {
+            let started = Instant::now();
+            let mut acquire = redlock.lock(resource).retry(retry);
+            if let Some(ttl) = ttl {
+                acquire = acquire.ttl(ttl);
+            }
+            if let Some(on) = fencing {
+                acquire = acquire.fencing(on);
+            }
+            let mut lock = acquire.await?;
+            match max_hold {
+                Some(max_hold) => lock.auto_extend_for(max_hold),
+                None => lock.auto_extend(),
+            }
+            tracing::debug!(
+                key = %lock.resource(),
+                waited_ms = started.elapsed().as_millis() as u64,
+                attempts = lock.attempts(),
+                validity_ms = lock.validity().as_millis() as u64,
+                "lock acquired"
+            );
+            Ok(Held::Lock(lock))
+        }
+    }
+}
+
+/// The options of the cluster-wide concurrency limit (`redlock_tower::ClusterLimitLayer`,
+/// `redlock_actix::ClusterLimitMiddleware`): at most [`limit`](Self::limit) requests per
+/// key at once, across the replicas, on a semaphore of that many permits. The same
+/// names and meanings as [`LockOptions`] (no fencing: a permit's token is per slot),
+/// `429 Too Many Requests` when every permit is taken.
+///
+/// ```
+/// use redlock_http::LimitOptions;
+///
+/// let options = LimitOptions::new(3).resource_prefix("export:");
+/// assert_eq!(options.limit(), 3);
+/// ```
+#[derive(Debug, Clone)]
+pub struct LimitOptions {
+    shared: Shared,
+    limit: u32,
+}
+
+shared_options!(LimitOptions, "permit", "429 Too Many Requests");
+
+impl LimitOptions {
+    /// At most `limit` requests per key at once; the other options' defaults are
+    /// [`LockOptions`]'s but `busy_status` (`429`). A limit of `0` is a
+    /// misconfiguration: every request with a key is answered `500`.
+    pub fn new(limit: u32) -> Self {
+        Self {
+            shared: Shared::new(429),
+            limit,
+        }
+    }
+
+    /// The most requests per key at once.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The longest key (after escaping) taken under this prefix and limit: what the
+    /// client's resource-name bound leaves once the prefix and the longest slot suffix
+    /// (`/permit/<limit - 1>`) are counted. Check it where the middleware is built.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyBoundError::NoRoom`] when the prefix leaves none.
+    pub fn room(&self, redlock: &Redlock) -> Result<KeyRoom, KeyBoundError> {
+        KeyRoom::new(
+            redlock,
+            &self.shared.resource_prefix,
+            permit_suffix_len(self.limit),
+        )
+    }
+
+    /// The route of a request whose key extractor decided `key`: pass, refuse (a key
+    /// that leaves no room for the slot suffix too), or the semaphore's name.
+    pub fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
+        let suffix = permit_suffix_len(self.limit);
+        self.shared.route(redlock, key, Some(suffix), request_id)
+    }
+
+    /// Takes a permit of the semaphore `resource`, watched by the client's watchdog (up
+    /// to `max_hold`). A limit of `0` fails here (`ZeroPermits`: misconfigured).
+    pub fn acquire(
+        &self,
+        redlock: &Redlock,
+        resource: String,
+    ) -> impl Future<Output = Result<Held, Error>> + Send + 'static {
+        let redlock = redlock.clone();
+        let (ttl, retry, max_hold, limit) = (
+            self.shared.ttl,
+            self.shared.retry,
+            self.shared.max_hold,
+            self.limit,
+        );
+        async move {
+            let started = Instant::now();
+            // A permit's fencing token is per slot, not per key: of no use to a handler.
+            let semaphore = redlock
+                .semaphore(resource, limit)?
+                .retry(retry)
+                .fencing(false);
+            let semaphore = match ttl {
+                Some(ttl) => semaphore.ttl(ttl),
+                None => semaphore,
+            };
+            let mut permit = semaphore.acquire().await?;
+            match max_hold {
+                Some(max_hold) => permit.auto_extend_for(max_hold),
+                None => permit.auto_extend(),
+            }
+            tracing::debug!(key = %permit.lock().resource(), slot = permit.slot(), waited_ms = started.elapsed().as_millis() as u64, "concurrency permit acquired");
+            Ok(Held::Permit(permit))
+        }
+    }
+}
