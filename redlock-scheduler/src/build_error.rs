@@ -48,7 +48,7 @@ pub enum BuildError {
     )]
     NameTooLong {
         /// Which name.
-        kind: crate::keys::NameKind,
+        kind: NameKind,
         /// Its first bytes (64 at most, then `…`).
         start: String,
         /// Its length, in bytes.
@@ -65,4 +65,27 @@ pub enum BuildError {
         /// Why it cannot work.
         reason: String,
     },
+}
+
+/// Which name is too long for the keys made from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum NameKind {
+    /// A scheduler's name ([`SchedulerBuilder::name`](crate::SchedulerBuilder::name)).
+    Scheduler,
+    /// A job's name.
+    Job,
+    /// The lock a [`LeaderElector`](crate::leader::LeaderElector) campaigns for.
+    Election,
+}
+
+impl std::fmt::Display for NameKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Scheduler => "scheduler name",
+            Self::Job => "job name",
+            Self::Election => "election's lock name",
+        })
+    }
 }

@@ -24,7 +24,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::{BoxError, CancellationToken};
 
-use crate::time::{BoxFuture, DstPolicy};
+use crate::build_error::BuildError;
+use crate::spec::{JobSpec, Misfire};
+use crate::time::{BoxFuture, DstPolicy, Schedule};
 use crate::transaction::{RunRecord, RunScope, RunTransaction, TransactionError};
 
 pub(crate) type Handler =
@@ -120,75 +122,27 @@ where
     })
 }
 
-/// What to do with ticks that were missed (no replica led, or the leader was late).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "snake_case", tag = "policy")]
-#[non_exhaustive]
-pub enum Misfire {
-    /// Do not run them (each is recorded as skipped, with the reason).
-    Skip,
-    /// The default: run the latest missed tick once, late (unless a tick is due on time
-    /// anyway); the older missed ticks are recorded as skipped. A fail-over delays a
-    /// tick; it does not lose it.
-    #[default]
-    RunOnce,
-    /// Run up to `max` missed ticks, the latest ones, oldest first.
-    CatchUp {
-        /// How many missed ticks to run at most.
-        max: u32,
-    },
-}
-
-impl Misfire {
-    /// The policy as stored with the published job definitions: `skip`, `run_once`,
-    /// `catch_up:<max>`.
-    pub(crate) fn to_text(self) -> String {
-        match self {
-            Self::Skip => "skip".to_owned(),
-            Self::RunOnce => "run_once".to_owned(),
-            Self::CatchUp { max } => format!("catch_up:{max}"),
-        }
-    }
-
-    /// Reads what [`to_text`](Self::to_text) wrote.
-    pub(crate) fn from_text(text: &str) -> Option<Self> {
-        match text {
-            "skip" => Some(Self::Skip),
-            "run_once" => Some(Self::RunOnce),
-            other => other
-                .strip_prefix("catch_up:")
-                .and_then(|max| max.parse().ok())
-                .map(|max| Self::CatchUp { max }),
-        }
-    }
-}
-
 /// One job definition. Every replica must declare the same jobs (same names and
-/// schedules).
+/// schedules). A [`JobSpec`] (the options, written once) and the handler it runs; the
+/// setters here set the spec's.
 #[derive(Clone)]
 pub struct Job {
-    pub(crate) name: String,
-    pub(crate) expression: String,
-    pub(crate) zone: String,
+    pub(crate) spec: JobSpec,
     pub(crate) handler: Handler,
-    pub(crate) misfire: Misfire,
-    pub(crate) grace: Duration,
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) dst: DstPolicy,
-    pub(crate) on_leader: bool,
 }
 
 impl fmt::Debug for Job {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let spec = &self.spec;
         f.debug_struct("Job")
-            .field("name", &self.name)
-            .field("expression", &self.expression)
-            .field("zone", &self.zone)
-            .field("misfire", &self.misfire)
-            .field("grace", &self.grace)
-            .field("timeout", &self.timeout)
-            .field("dst", &self.dst)
-            .field("on_leader", &self.on_leader)
+            .field("name", &spec.name())
+            .field("expression", &spec.expression())
+            .field("zone", &spec.zone())
+            .field("misfire", &spec.misfire_policy())
+            .field("grace", &spec.grace())
+            .field("timeout", &spec.run_timeout())
+            .field("dst", &spec.dst_policy())
+            .field("on_leader", &spec.on_leader())
             .finish_non_exhaustive()
     }
 }
@@ -196,7 +150,7 @@ impl fmt::Debug for Job {
 impl Job {
     /// The default misfire grace window ([`misfire_grace`](Self::misfire_grace)):
     /// ticks missed longer ago are forgotten.
-    pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
+    pub const DEFAULT_GRACE: Duration = crate::spec::DEFAULT_GRACE;
 
     /// A job named `name` running `handler` on the cron `expression` (5 fields, or 6 with
     /// seconds first), in UTC unless [`time_zone`](Self::time_zone) says otherwise. The
@@ -215,24 +169,16 @@ impl Job {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
-        let handler = handler_of(handler);
         Self {
-            name: name.into(),
-            expression: expression.into(),
-            zone: "UTC".to_owned(),
-            handler,
-            misfire: Misfire::default(),
-            grace: Self::DEFAULT_GRACE,
-            timeout: None,
-            dst: DstPolicy::new(),
-            on_leader: false,
+            spec: JobSpec::new(name, expression),
+            handler: handler_of(handler),
         }
     }
 
     /// The IANA time zone the expression is read in (default `UTC`); see
     /// [`dst`](Self::dst) for the DST behaviour.
     pub fn time_zone(mut self, zone: impl Into<String>) -> Self {
-        self.zone = zone.into();
+        self.spec = self.spec.time_zone(zone);
         self
     }
 
@@ -261,13 +207,13 @@ impl Job {
     /// assert_eq!(job.name(), "meter");
     /// ```
     pub fn dst(mut self, dst: DstPolicy) -> Self {
-        self.dst = dst;
+        self.spec = self.spec.dst(dst);
         self
     }
 
     /// What to do with missed ticks (default [`Misfire::RunOnce`]).
     pub fn misfire(mut self, misfire: Misfire) -> Self {
-        self.misfire = misfire;
+        self.spec = self.spec.misfire(misfire);
         self
     }
 
@@ -275,13 +221,13 @@ impl Job {
     /// forgotten. Without a history store it is also capped by how long the Redis claims
     /// can be kept (the `Redlock`'s maximum TTL).
     pub fn misfire_grace(mut self, grace: Duration) -> Self {
-        self.grace = grace;
+        self.spec = self.spec.misfire_grace(grace);
         self
     }
 
     /// Cancels a run that takes longer (through its token), records it as timed out.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
+        self.spec = self.spec.timeout(timeout);
         self
     }
 
@@ -293,44 +239,159 @@ impl Job {
     /// connection it alone opens) opts out here. Its runs end when the leadership ends,
     /// as every run does without a history.
     pub fn run_on_leader(mut self) -> Self {
-        self.on_leader = true;
+        self.spec = self.spec.run_on_leader(true);
         self
     }
 
     /// The job's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.spec.name()
     }
+}
 
-    /// Its schedule, parsed and checked as `build()` does.
-    pub(crate) fn parse_schedule(&self) -> Result<crate::time::Schedule, crate::BuildError> {
-        let schedule = crate::time::Schedule::parse(&self.expression, &self.zone)
-            .map_err(|reason| crate::BuildError::InvalidSchedule {
-                job: self.name.clone(),
-                expression: format!("{} in {}", self.expression, self.zone),
-                reason,
-            })?
-            .with_dst(self.dst);
-        if self.timeout.is_some_and(|t| t.is_zero()) {
-            return Err(crate::BuildError::InvalidOption {
-                what: format!("job `{}`: timeout", self.name),
-                reason: "must be more than zero".to_owned(),
-            });
-        }
-        Ok(schedule)
+/// `spec`'s schedule, parsed and checked as [`SchedulerBuilder::build`](crate::SchedulerBuilder::build)
+/// checks a job declared in code (its name is checked apart, against the scheduler's).
+///
+/// # Errors
+///
+/// [`BuildError`] naming the job and the input.
+pub(crate) fn parse_schedule(spec: &JobSpec) -> Result<Schedule, BuildError> {
+    let schedule = Schedule::parse(spec.expression(), spec.zone())
+        .map_err(|reason| BuildError::InvalidSchedule {
+            job: spec.name().to_owned(),
+            expression: format!("{} in {}", spec.expression(), spec.zone()),
+            reason,
+        })?
+        .with_dst(spec.dst_policy());
+    if spec.run_timeout().is_some_and(|t| t.is_zero()) {
+        return Err(BuildError::InvalidOption {
+            what: format!("job `{}`: timeout", spec.name()),
+            reason: "must be more than zero".to_owned(),
+        });
     }
+    Ok(schedule)
+}
+
+/// Checks `spec` as [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) checks
+/// a job of the scheduler `scheduler` whose client takes resource names up to
+/// `max_resource_len` bytes, its handler named: its parsed schedule.
+///
+/// # Errors
+///
+/// [`BuildError`] naming the job and the input; [`BuildError::NameTooLong`] for a
+/// name too long for its keys (see [`crate::keys`]).
+pub(crate) fn check_spec(
+    spec: &JobSpec,
+    scheduler: &str,
+    max_resource_len: usize,
+) -> Result<Schedule, BuildError> {
+    if spec.name().trim().is_empty() {
+        return Err(BuildError::EmptyName);
+    }
+    crate::keys::check_job(scheduler, spec.name(), max_resource_len)?;
+    if spec.handler_name().trim().is_empty() {
+        return Err(BuildError::InvalidOption {
+            what: format!("job `{}`: handler", spec.name()),
+            reason: "must name a registered handler".to_owned(),
+        });
+    }
+    parse_schedule(spec)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Misfire;
+    #![allow(clippy::unwrap_used)]
+
+    use redlock_core::DEFAULT_MAX_RESOURCE_LEN;
+
+    use super::*;
+    use crate::keys::NameKind;
 
     #[test]
-    fn misfire_text_round_trips() {
-        for misfire in [Misfire::Skip, Misfire::RunOnce, Misfire::CatchUp { max: 7 }] {
-            assert_eq!(Misfire::from_text(&misfire.to_text()), Some(misfire));
-        }
-        assert_eq!(Misfire::from_text("catch_up:x"), None);
-        assert_eq!(Misfire::from_text("later"), None);
+    fn a_spec_is_checked_as_a_job_is() {
+        assert!(
+            check_spec(
+                &JobSpec::new("a", "* * * * *"),
+                "scheduler",
+                DEFAULT_MAX_RESOURCE_LEN
+            )
+            .is_ok()
+        );
+        assert!(matches!(
+            check_spec(
+                &JobSpec::new("a", "every minute"),
+                "scheduler",
+                DEFAULT_MAX_RESOURCE_LEN
+            ),
+            Err(BuildError::InvalidSchedule { .. })
+        ));
+        assert!(matches!(
+            check_spec(
+                &JobSpec::new("a", "* * * * *").time_zone("Mars/Olympus"),
+                "scheduler",
+                DEFAULT_MAX_RESOURCE_LEN
+            ),
+            Err(BuildError::InvalidSchedule { .. })
+        ));
+        assert!(matches!(
+            check_spec(
+                &JobSpec::new(" ", "* * * * *"),
+                "scheduler",
+                DEFAULT_MAX_RESOURCE_LEN
+            ),
+            Err(BuildError::EmptyName)
+        ));
+        assert!(matches!(
+            check_spec(
+                &JobSpec::new("a", "* * * * *").handler(""),
+                "scheduler",
+                DEFAULT_MAX_RESOURCE_LEN
+            ),
+            Err(BuildError::InvalidOption { .. })
+        ));
+        assert!(matches!(
+            check_spec(
+                &JobSpec::new("a", "* * * * *").timeout(Duration::ZERO),
+                "scheduler",
+                DEFAULT_MAX_RESOURCE_LEN
+            ),
+            Err(BuildError::InvalidOption { .. })
+        ));
+        // The name, against the keys made from it (477 bytes beside `scheduler`).
+        let longest = "j".repeat(477);
+        assert!(
+            check_spec(
+                &JobSpec::new(longest.as_str(), "* * * * *"),
+                "scheduler",
+                DEFAULT_MAX_RESOURCE_LEN
+            )
+            .is_ok()
+        );
+        assert!(matches!(
+            check_spec(
+                &JobSpec::new(format!("{longest}j"), "* * * * *"),
+                "scheduler",
+                DEFAULT_MAX_RESOURCE_LEN
+            ),
+            Err(BuildError::NameTooLong {
+                kind: NameKind::Job,
+                len: 478,
+                max: 477,
+                ..
+            })
+        ));
+        assert!(matches!(
+            check_spec(
+                &JobSpec::new("a", "* * * * *"),
+                &"s".repeat(486),
+                DEFAULT_MAX_RESOURCE_LEN
+            ),
+            Err(BuildError::NameTooLong {
+                kind: NameKind::Scheduler,
+                len: 486,
+                max: 485,
+                ..
+            })
+        ));
     }
 }

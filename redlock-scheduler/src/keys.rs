@@ -44,6 +44,7 @@
 pub use redlock_core::DEFAULT_MAX_RESOURCE_LEN;
 
 use crate::build_error::BuildError;
+pub use crate::build_error::NameKind;
 
 /// The widest tick suffix a claim's resource can have: an `i64` of Unix milliseconds
 /// written out, sign included (`-9223372036854775808`).
@@ -55,29 +56,6 @@ pub const FENCE_MAX_RESOURCE_LEN: usize = DEFAULT_MAX_RESOURCE_LEN;
 
 /// How many bytes of a refused name its error keeps (then `…`).
 const START_LEN: usize = 64;
-
-/// Which name is too long for the keys made from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum NameKind {
-    /// A scheduler's name ([`SchedulerBuilder::name`](crate::SchedulerBuilder::name)).
-    Scheduler,
-    /// A job's name.
-    Job,
-    /// The lock a [`LeaderElector`](crate::leader::LeaderElector) campaigns for.
-    Election,
-}
-
-impl std::fmt::Display for NameKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Scheduler => "scheduler name",
-            Self::Job => "job name",
-            Self::Election => "election's lock name",
-        })
-    }
-}
 
 /// `S:leader`: what the scheduler `S`'s replicas campaign for.
 pub(crate) fn leader(scheduler: &str) -> String {

@@ -191,6 +191,7 @@ mod plan;
 mod record;
 mod request;
 mod scheduler;
+mod spec;
 pub mod status;
 pub mod telemetry;
 pub mod time;
@@ -208,11 +209,12 @@ pub mod admin {
 }
 
 pub use build_error::BuildError;
-pub use changes::{JOB_CHANGE_POLL, JobSpec};
+pub use changes::JOB_CHANGE_POLL;
 pub use error::Error;
 pub use history::History;
-pub use job::{Job, JobContext, Misfire};
+pub use job::{Job, JobContext};
 pub use scheduler::{Scheduler, SchedulerBuilder};
+pub use spec::{JobSpec, Misfire};
 
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they
 // stay true to the API.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::job::Misfire;
+use crate::spec::Misfire;
 use crate::time::earlier;
 
 /// A tick whose time passed less than this long ago is on time; older ones are missed.

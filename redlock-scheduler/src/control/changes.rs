@@ -8,11 +8,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::SchedulerAdmin;
-use crate::changes::{JobChange, JobChangeAction, JobSpec};
+use crate::changes::{JobChange, JobChangeAction};
 use crate::error::Error;
 use crate::history::{JobDefinition, NewChange};
-use crate::job::{Job, Misfire};
 use crate::request::RequestError;
+use crate::spec::JobSpec;
+use crate::spec::{DEFAULT_GRACE, Misfire};
 use crate::time::DstPolicy;
 
 /// How many times a change is read again and retried when other changes take its
@@ -51,7 +52,7 @@ impl SchedulerAdmin {
     /// a replica alive then runs a version without job changes;
     /// [`RequestError::ChangeConflict`]; the history's error.
     pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
-        spec.check(&self.scheduler, self.max_resource_len)
+        crate::job::check_spec(&spec, &self.scheduler, self.max_resource_len)
             .map_err(RequestError::from)?;
         self.check_handler(&spec).await?;
         self.change(
@@ -79,7 +80,7 @@ impl SchedulerAdmin {
     /// As [`add_job`](Self::add_job), with [`RequestError::UnknownJob`] instead of
     /// [`RequestError::JobExists`].
     pub async fn reschedule_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
-        spec.check(&self.scheduler, self.max_resource_len)
+        crate::job::check_spec(&spec, &self.scheduler, self.max_resource_len)
             .map_err(RequestError::from)?;
         self.check_handler(&spec).await?;
         self.change(
@@ -235,7 +236,7 @@ impl SchedulerAdmin {
 }
 
 /// A published definition as a spec: what a row written before these columns lacks
-/// takes [`Job`]'s defaults (the handler of the job's name).
+/// takes [`Job`](crate::Job)'s defaults (the handler of the job's name).
 fn spec_of_published(definition: JobDefinition) -> JobSpec {
     let mut spec = JobSpec::new(definition.job.as_str(), definition.schedule)
         .time_zone(definition.time_zone)
@@ -256,7 +257,7 @@ fn spec_of_published(definition: JobDefinition) -> JobSpec {
             definition
                 .grace_ms
                 .and_then(|ms| u64::try_from(ms).ok())
-                .map_or(Job::DEFAULT_GRACE, Duration::from_millis),
+                .map_or(DEFAULT_GRACE, Duration::from_millis),
         )
         .run_on_leader(definition.on_leader.unwrap_or(false));
     if let Some(handler) = definition.handler {

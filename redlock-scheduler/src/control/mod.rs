@@ -54,8 +54,8 @@ use chrono::{DateTime, Utc};
 
 use crate::error::Error;
 use crate::history::{History, JobDefinition, Run, RunFilter};
-use crate::job::Misfire;
 use crate::request::{Dispatched, Request, RequestAction, RequestError};
+use crate::spec::Misfire;
 use crate::status::LastRun;
 use crate::time::{DstPolicy, Schedule};
 

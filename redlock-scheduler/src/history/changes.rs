@@ -8,7 +8,8 @@ use sqlx::Row as _;
 use sqlx::any::AnyRow;
 
 use super::{Error, History, from_ms, ms};
-use crate::changes::{JobChange, JobChangeAction, JobSpec};
+use crate::changes::{JobChange, JobChangeAction};
+use crate::spec::JobSpec;
 
 const CHANGE_COLUMNS: &str = "seq, job, action, definition, previous, changed_by, changed_ms";
 

@@ -205,22 +205,22 @@ impl SchedulerBuilder {
             }
         }
         for job in self.jobs {
-            if job.name.trim().is_empty() {
+            let name = job.name().to_owned();
+            if name.trim().is_empty() {
                 return Err(BuildError::EmptyName);
             }
-            keys::check_job(&self.name, &job.name, max_resource_len)?;
-            if !names.insert(job.name.clone()) {
-                return Err(BuildError::DuplicateJob { name: job.name });
+            keys::check_job(&self.name, &name, max_resource_len)?;
+            if !names.insert(name.clone()) {
+                return Err(BuildError::DuplicateJob { name });
             }
-            let schedule = job.parse_schedule()?;
+            let schedule = crate::job::parse_schedule(&job.spec)?;
             if handlers
-                .insert(job.name.clone(), Arc::clone(&job.handler))
+                .insert(name.clone(), Arc::clone(&job.handler))
                 .is_some()
             {
-                return Err(BuildError::DuplicateHandler { name: job.name });
+                return Err(BuildError::DuplicateHandler { name });
             }
             jobs.push(JobState::new(JobDef {
-                handler: job.name.as_str().into(),
                 job,
                 schedule,
                 since: None,

@@ -10,12 +10,13 @@ use redlock_core::CancellationToken;
 
 use super::Scheduler;
 use super::state::{Inner, JobDef, JobState, lock};
-use crate::changes::{JOB_CHANGE_POLL, JobChange, JobChangeAction, JobSpec};
+use crate::changes::{JOB_CHANGE_POLL, JobChange, JobChangeAction};
 use crate::control::Base;
 use crate::error::Error;
 use crate::history::JobDefinition;
-use crate::job::Handler;
+use crate::job::{Handler, Job, check_spec};
 use crate::request::RequestError;
+use crate::spec::JobSpec;
 
 impl Inner {
     /// Reads the changes recorded since the last one applied here and applies them,
@@ -72,7 +73,7 @@ impl Inner {
                     }
                 };
                 if !def.runnable {
-                    tracing::warn!(job = %change.job, handler = %def.handler, "no handler of this name on this replica: it declines the job's runs handed to it, and records them failed if it runs them as the leader");
+                    tracing::warn!(job = %change.job, handler = %def.job.spec.handler_name(), "no handler of this name on this replica: it declines the job's runs handed to it, and records them failed if it runs them as the leader");
                 }
                 match self.jobs.find(&change.job) {
                     Some((_, state)) => state.redefine(def),
@@ -132,17 +133,19 @@ impl Inner {
 
     /// The definition `spec` puts in force from `change`'s time.
     fn def_of(&self, spec: &JobSpec, change: &JobChange) -> Result<JobDef, crate::BuildError> {
-        let schedule = spec.check(&self.name, self.max_resource_len)?;
+        let schedule = check_spec(spec, &self.name, self.max_resource_len)?;
         let (handler, runnable) = match self.handlers.get(spec.handler_name()) {
             Some(handler) => (Arc::clone(handler), true),
             None => (missing_handler(spec.handler_name(), &self.instance), false),
         };
         Ok(JobDef {
-            job: spec.to_job(handler),
+            job: Job {
+                spec: spec.clone(),
+                handler,
+            },
             schedule,
             since: Some(change.changed),
             version: 0,
-            handler: spec.handler_name().into(),
             runnable,
         })
     }
@@ -150,17 +153,18 @@ impl Inner {
     /// `state`'s definition as published for admin tools.
     pub(super) fn definition(&self, state: &JobState) -> JobDefinition {
         let def = state.def();
+        let spec = &def.job.spec;
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         JobDefinition {
-            job: def.job.name.clone(),
+            job: spec.name().to_owned(),
             schedule: def.schedule.expression().to_owned(),
             time_zone: def.schedule.zone().name().to_owned(),
-            misfire: def.job.misfire.to_text(),
+            misfire: spec.misfire_policy().to_text(),
             dst: Some(def.schedule.dst().to_string()),
-            timeout_ms: def.job.timeout.map(ms),
-            handler: Some(def.handler.to_string()),
-            grace_ms: Some(ms(def.job.grace)),
-            on_leader: Some(def.job.on_leader),
+            timeout_ms: spec.run_timeout().map(ms),
+            handler: Some(spec.handler_name().to_owned()),
+            grace_ms: Some(ms(spec.grace())),
+            on_leader: Some(spec.on_leader()),
             updated: chrono::Utc::now(),
             updated_by: self.instance.to_string(),
         }
@@ -169,8 +173,7 @@ impl Inner {
     /// This replica's definition of `job` (declared in code, or applied here).
     fn local_spec(&self, job: &str) -> Option<JobSpec> {
         let (_, state) = self.job(job).ok()?;
-        let def = state.def();
-        Some(JobSpec::of_job(&def.job, &def.handler))
+        Some(state.def().job.spec.clone())
     }
 }
 
@@ -302,7 +305,7 @@ impl Scheduler {
 
     /// A spec's definition and handler, checked here.
     fn check_spec(&self, spec: &JobSpec) -> Result<(), Error> {
-        spec.check(&self.inner.name, self.inner.max_resource_len)
+        check_spec(spec, &self.inner.name, self.inner.max_resource_len)
             .map_err(RequestError::from)?;
         if !self.inner.handlers.contains_key(spec.handler_name()) {
             return Err(RequestError::UnknownHandler {

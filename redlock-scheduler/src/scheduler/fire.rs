@@ -317,7 +317,7 @@ async fn fire_loop(
     } else {
         Duration::ZERO
     };
-    let misfire = def.job.misfire;
+    let misfire = def.job.spec.misfire_policy();
     loop {
         let now = inner.clock.now();
         let mut until = crate::time::later(now, ahead);

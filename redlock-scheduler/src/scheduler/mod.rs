@@ -420,11 +420,11 @@ impl Scheduler {
                 None => state.paused.load(Ordering::Acquire),
             };
             jobs.push(JobStatus {
-                name: def.job.name.clone(),
+                name: def.job.spec.name().to_owned(),
                 schedule: def.schedule.expression().to_owned(),
                 time_zone: def.schedule.zone().name().to_owned(),
                 next_fire: def.schedule.next_after(now),
-                misfire: def.job.misfire,
+                misfire: def.job.spec.misfire_policy(),
                 dst: def.schedule.dst(),
                 paused,
                 running: state.running.load(Ordering::Acquire),

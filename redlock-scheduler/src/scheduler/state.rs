@@ -84,8 +84,6 @@ pub(super) struct JobDef {
     /// Counts the definitions this job had on this replica (a new one restarts its
     /// firing loop).
     pub(super) version: u64,
-    /// The name of its handler.
-    pub(super) handler: Arc<str>,
     /// Its handler is registered on this replica.
     pub(super) runnable: bool,
 }
@@ -134,7 +132,7 @@ pub(super) struct JobState {
 impl JobState {
     pub(super) fn new(def: JobDef) -> Self {
         Self {
-            name: def.job.name.as_str().into(),
+            name: def.job.spec.name().into(),
             def: RwLock::new(Arc::new(def)),
             replaced: Mutex::new(VecDeque::new()),
             removed: AtomicBool::new(false),
@@ -415,11 +413,12 @@ impl Inner {
     /// how long a claim can be kept, since the claims are then the only record.
     pub(super) fn grace(&self, state: &JobState) -> Duration {
         match self.recorder {
-            Some(_) => state.def().job.grace,
+            Some(_) => state.def().job.spec.grace(),
             None => state
                 .def()
                 .job
-                .grace
+                .spec
+                .grace()
                 .min(self.redlock.max_ttl().saturating_sub(CLAIM_MARGIN)),
         }
     }
@@ -452,7 +451,7 @@ impl Inner {
     /// Whether the leader may hand `state`'s runs to other replicas (it has a history
     /// to hand them over through, and the job does not opt out).
     pub(super) fn spreads(&self, state: &JobState) -> bool {
-        self.recorder.is_some() && !state.def().job.on_leader
+        self.recorder.is_some() && !state.def().job.spec.on_leader()
     }
 
     /// The latest moment `tick` may still be acted on.
@@ -467,7 +466,7 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
-    use crate::changes::JobSpec;
+    use crate::spec::JobSpec;
 
     fn at(second: u32) -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, second).unwrap()
@@ -477,11 +476,13 @@ mod tests {
     fn def(expression: &str, since: Option<DateTime<Utc>>) -> JobDef {
         let spec = JobSpec::new("job", expression).handler("h");
         JobDef {
-            job: spec.to_job(super::super::changes::missing_handler("h", "test")),
-            schedule: spec.check("scheduler", 512).unwrap(),
+            schedule: crate::job::check_spec(&spec, "scheduler", 512).unwrap(),
+            job: Job {
+                spec,
+                handler: super::super::changes::missing_handler("h", "test"),
+            },
             since,
             version: 0,
-            handler: "h".into(),
             runnable: false,
         }
     }

@@ -550,7 +550,8 @@ impl Inner {
         let def = state.def();
         let bound = def
             .job
-            .timeout
+            .spec
+            .run_timeout()
             .map_or(Duration::MAX, |t| t.saturating_add(CANCEL_GRACE * 2));
         // A commit under way when the run must stop is waited for, the lock kept.
         let record = ctx.record.clone();
@@ -565,7 +566,7 @@ impl Inner {
         let handler = Arc::clone(&def.job.handler);
         let mut work = std::pin::pin!(handler(ctx));
         let timeout = async {
-            match def.job.timeout {
+            match def.job.spec.run_timeout() {
                 Some(t) => tokio::time::sleep(t).await,
                 None => std::future::pending().await,
             }

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 pub use self::health::{ComponentHealth, Health};
 pub(crate) use self::health::{HealthCell, watch_redis};
 use crate::history::{Outcome, Run};
-use crate::job::Misfire;
+use crate::spec::Misfire;
 
 /// The scheduler as this replica sees it.
 #[derive(Debug, Clone, serde::Serialize)]
