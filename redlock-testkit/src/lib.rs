@@ -108,6 +108,7 @@ mod reaper;
 #[cfg(feature = "redlock-core")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redlock-core")))]
 pub mod refusals;
+pub mod require;
 mod sandbox;
 mod server;
 mod wait;
