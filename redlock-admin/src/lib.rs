@@ -143,6 +143,9 @@ pub use handle::{AdminRequest, MAX_BODY};
 #[cfg(feature = "tower")]
 pub use service::AdminService;
 
+#[doc = include_str!("../guides/OPERATIONS.md")]
+pub mod _operations {}
+
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they
 // stay true to the API.
 #[cfg(doctest)]

@@ -87,6 +87,9 @@ pub use crate::redis::{DEFAULT_FENCE_PREFIX, RedisFence};
 pub use error::FenceError;
 pub use sql::{DEFAULT_FENCE_TABLE, SqlFence};
 
+#[doc = include_str!("../guides/FENCING.md")]
+pub mod _guide {}
+
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they
 // stay true to the API.
 #[cfg(doctest)]
