@@ -4,13 +4,15 @@
 //! submits nothing; its pause button, with the admin token typed in, pauses the job (the
 //! token posted in the form's body), and the next tick is recorded as skipped.
 //!
-//! Needs `chromedriver` and chromium on `PATH` (Debian: `apt-get install chromium
-//! chromium-driver`; `.ci/run` installs them): where they are missing at build time the
-//! test is marked ignored, with that reason (see `build.rs`). With
+//! Needs `chromedriver` and chromium (or Chrome) on `PATH` (Debian: `apt-get install
+//! chromium chromium-driver`; `.ci/run` installs them): where they are missing the test
+//! says so and returns (`redlock_testkit::require`), or fails under
+//! `REDLOCK_REQUIRE_ALL_TESTS=1`. With
 //! `REDLOCK_SCREENSHOT=<path>` it saves a screenshot of the dashboard there (the one in
 //! `docs/` comes from it).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,9 +22,17 @@ use redlock_admin::Admin;
 use redlock_scheduler::admin::SchedulerAdmin;
 use redlock_scheduler::history::{Outcome, RunFilter};
 use redlock_scheduler::{History, Job, JobContext, Scheduler};
-use redlock_testkit::Cluster;
+use redlock_testkit::{Cluster, require};
 
 const TOKEN: &str = "browser-token-0123456789";
+
+/// The browsers chromedriver can start; any one will do.
+const BROWSERS: &[&str] = &[
+    "chromium",
+    "chromium-browser",
+    "google-chrome",
+    "google-chrome-stable",
+];
 
 mod common;
 use common::{redlock, scheduler, serve_axum, until, until_skipped_as_paused};
@@ -45,9 +55,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-async fn start_driver() -> (Driver, String) {
+async fn start_driver(chromedriver: &Path) -> (Driver, String) {
     let port = free_port();
-    let child = Command::new("chromedriver")
+    let child = Command::new(chromedriver)
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -69,12 +79,14 @@ async fn start_driver() -> (Driver, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(has_chromium),
-    ignore = "needs chromium and chromedriver on PATH: apt-get install chromium chromium-driver"
-)]
 async fn the_dashboard_shows_locks_and_runs_and_its_pause_button_pauses() {
-    let (_driver, webdriver) = start_driver().await;
+    let Some(chromedriver) = require::program("chromedriver", "chromium-driver") else {
+        return;
+    };
+    let Some(_) = require::programs_any(BROWSERS, "chromium") else {
+        return;
+    };
+    let (_driver, webdriver) = start_driver(&chromedriver).await;
     let cluster = Cluster::start(3).await;
     let dir = tempfile::tempdir().unwrap();
     let nightly = Job::new("nightly-report", "0 0 3 * * *", |_ctx: JobContext| async {

@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redlock_core::RetryPolicy;
 use redlock_fence::{FenceError, RedisFence, SqlFence};
-use redlock_testkit::{Cluster, FaultKind, Persistence, RedisServer, run_faults};
+use redlock_testkit::{Cluster, FaultKind, Persistence, RedisServer, require, run_faults};
 use tokio::task::JoinHandle;
 
 const RESOURCE: &str = "ledger";
@@ -102,9 +102,8 @@ macro_rules! sql_write {
 }
 
 impl Store {
-    async fn postgres() -> Self {
-        let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    async fn postgres(url: &str) -> Self {
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
         let fence = SqlFence::with_table(unique("fences")).unwrap();
         fence.migrate(&pool).await.unwrap();
         let log = unique("log");
@@ -449,21 +448,19 @@ async fn unfenced(name: &str, store: Store) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn postgres_accepts_no_stale_write() {
-    fenced("postgres", Store::postgres().await).await;
+    let Some(url) = require::database_url() else {
+        return;
+    };
+    fenced("postgres", Store::postgres(&url).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn postgres_without_the_fence_accepts_stale_writes() {
-    unfenced("postgres", Store::postgres().await).await;
+    let Some(url) = require::database_url() else {
+        return;
+    };
+    unfenced("postgres", Store::postgres(&url).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use redlock_idempotency::{
     Begin, Fingerprint, Finished, Idempotency, IdempotencyKey, Record, RecordState, RefusalKind,
     Started, Store, StoreError, StoredResponse,
 };
-use redlock_testkit::Cluster;
+use redlock_testkit::{Cluster, require};
 
 fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -196,12 +196,10 @@ async fn sqlite_store_rules() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn postgres_store_rules() {
-    let url = std::env::var("DATABASE_URL").unwrap();
+    let Some(url) = require::database_url() else {
+        return;
+    };
     let store = SqlStore::connect(&url)
         .await
         .unwrap()
@@ -359,12 +357,10 @@ async fn decisions_with_sqlite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn decisions_with_postgres() {
-    let url = std::env::var("DATABASE_URL").unwrap();
+    let Some(url) = require::database_url() else {
+        return;
+    };
     let store = SqlStore::connect(&url)
         .await
         .unwrap()

@@ -16,7 +16,7 @@ use redlock_scheduler::admin::{
 use redlock_scheduler::history::{Outcome, Run, RunFilter};
 use redlock_scheduler::leader::LeaderElector;
 use redlock_scheduler::{Error, History, Job, JobContext, Misfire, Scheduler};
-use redlock_testkit::{Cluster, until};
+use redlock_testkit::{Cluster, require, until};
 
 mod common;
 use common::*;
@@ -401,13 +401,10 @@ async fn trigger_pause_cancel_and_filtered_runs() {
 /// on the old leader goes on and is cancelled there on request; the scheduler steps
 /// down directly when it leads and through a request when it does not. On PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn step_down_hands_leadership_over() {
-    let url = std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL is not set at run time but was at build time");
+    let Some(url) = require::database_url() else {
+        return;
+    };
     let cluster = Cluster::start(3).await;
     let name = unique("admin");
     let jobs = Jobs::new();
@@ -639,12 +636,9 @@ async fn the_leader_record_ends_with_the_leadership_on_sqlite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn the_leader_record_ends_with_the_leadership_on_postgres() {
-    let url = std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL is not set at run time but was at build time");
+    let Some(url) = require::database_url() else {
+        return;
+    };
     the_leader_record_ends_with_the_leadership(&url).await;
 }

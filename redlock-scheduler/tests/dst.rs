@@ -13,7 +13,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use redlock_scheduler::History;
 use redlock_scheduler::history::Outcome;
 use redlock_scheduler::time::{DstPolicy, Fold, Gap, ManualClock};
-use redlock_testkit::Cluster;
+use redlock_testkit::{Cluster, require};
 
 mod common;
 use common::*;
@@ -274,13 +274,9 @@ async fn each_policy_runs_its_ticks_through_the_scheduler() {
 /// The same on PostgreSQL (the definitions' `dst` column, and the rows), for New
 /// York's fall-back night: two runs of the `Fold::Twice` jobs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn each_policy_runs_its_ticks_through_the_scheduler_with_postgres() {
-    let Ok(url) = std::env::var("DATABASE_URL") else {
-        panic!("DATABASE_URL is not set at run time but was at build time");
+    let Some(url) = require::database_url() else {
+        return;
     };
     let cluster = Cluster::start(3).await;
     let case = cases()

@@ -21,7 +21,7 @@ use redlock_core::BoxError;
 use redlock_scheduler::history::Outcome;
 use redlock_scheduler::transaction::TransactionError;
 use redlock_scheduler::{History, Job, JobContext};
-use redlock_testkit::{Cluster, until};
+use redlock_testkit::{Cluster, require, until};
 
 /// The longest the leader stays frozen (it is thawed once the other replica took over).
 const FREEZE_MAX: Duration = Duration::from_secs(30);
@@ -247,13 +247,10 @@ async fn a_frozen_leaders_run_is_rolled_back_sqlite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn a_frozen_leaders_run_is_rolled_back_postgres() {
-    let url = std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL is not set at run time but was at build time");
+    let Some(url) = require::database_url() else {
+        return;
+    };
     stale_leader_is_rolled_back(&url, true).await;
 }
 
@@ -367,13 +364,10 @@ async fn stalling_effects(url: &str, name: &str, stall_secs: u32) -> (History, S
 /// commits: the run is recorded `succeeded` with its effect in, and the handler gets
 /// the commit's answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn a_commit_under_way_when_leadership_is_lost_is_recorded_as_committed() {
-    let url = std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL is not set at run time but was at build time");
+    let Some(url) = require::database_url() else {
+        return;
+    };
     let cluster = Cluster::start(3).await;
     let (history, prefix, effects) = stalling_effects(&url, "slow", 4).await;
     let armed = Arc::new(AtomicBool::new(false));
@@ -499,13 +493,10 @@ async fn a_commit_under_way_when_leadership_is_lost_is_recorded_as_committed() {
 /// PostgreSQL commits meanwhile, and the run's end, written afterwards, does not
 /// overwrite the `succeeded` row: the history says succeeded, with the effect in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn a_commit_whose_answer_is_lost_is_recorded_as_its_row_says() {
-    let url = std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL is not set at run time but was at build time");
+    let Some(url) = require::database_url() else {
+        return;
+    };
     let cluster = Cluster::start(3).await;
     let (history, prefix, effects) = stalling_effects(&url, "lost", 5).await;
     let armed = Arc::new(AtomicBool::new(false));
@@ -607,13 +598,10 @@ async fn a_commit_whose_answer_is_lost_is_recorded_as_its_row_says() {
 /// frozen replica wakes up and commits at once: refused (its run lock is gone, though
 /// the leadership's token is the same), and its write rolled back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn a_frozen_followers_run_is_rolled_back() {
-    let url = std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL is not set at run time but was at build time");
+    let Some(url) = require::database_url() else {
+        return;
+    };
     let cluster = Cluster::start(3).await;
     let (history, prefix, effects) = own_history(
         &url,

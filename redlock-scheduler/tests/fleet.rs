@@ -28,7 +28,7 @@ use common::own_history;
 use redlock_core::{BoxError, Redlock};
 use redlock_scheduler::history::Outcome;
 use redlock_scheduler::{History, Job, JobContext, Scheduler};
-use redlock_testkit::Cluster;
+use redlock_testkit::{Cluster, require};
 use sqlx::Row as _;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -196,13 +196,10 @@ async fn spawn(
 type Effect = (String, i64, String, i64, i64);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(database_url),
-    ignore = "needs PostgreSQL: set DATABASE_URL (CI does)"
-)]
 async fn runs_spread_over_replica_processes_through_kills_and_stops() {
-    let url = std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL is not set at run time but was at build time");
+    let Some(url) = require::database_url() else {
+        return;
+    };
     let cluster = Cluster::start(3).await;
     let (history, prefix, effects) = own_history(
         &url,

@@ -54,6 +54,7 @@ pub const SKIPPED: &str = "SKIPPED";
 ///
 /// When the program is missing and `REDLOCK_REQUIRE_ALL_TESTS` is set.
 #[must_use]
+#[track_caller]
 pub fn program(program: &str, package: &str) -> Option<PathBuf> {
     let found = find(program);
     if found.is_none() {
@@ -73,6 +74,7 @@ pub fn program(program: &str, package: &str) -> Option<PathBuf> {
 ///
 /// When none is found and `REDLOCK_REQUIRE_ALL_TESTS` is set.
 #[must_use]
+#[track_caller]
 pub fn programs_any(programs: &[&str], package: &str) -> Option<PathBuf> {
     let found = programs.iter().find_map(|program| find(program));
     if found.is_none() {
@@ -91,6 +93,7 @@ pub fn programs_any(programs: &[&str], package: &str) -> Option<PathBuf> {
 ///
 /// When it is unset and `REDLOCK_REQUIRE_ALL_TESTS` is set.
 #[must_use]
+#[track_caller]
 pub fn database_url() -> Option<String> {
     match std::env::var(DATABASE_URL_VAR) {
         Ok(url) if !url.is_empty() => Some(url),
@@ -114,6 +117,7 @@ pub fn all_required() -> bool {
 
 /// Fails the test when every test must run, else says that it is skipped.
 #[allow(clippy::panic)] // a test that must run and cannot fails
+#[track_caller]
 fn missing(what: &str) {
     let test = current_test();
     if all_required() {
