@@ -213,7 +213,8 @@ pub use changes::JOB_CHANGE_POLL;
 pub use error::Error;
 pub use history::History;
 pub use job::{Job, JobContext};
-pub use scheduler::{Scheduler, SchedulerBuilder};
+pub use scheduler::Scheduler;
+pub use scheduler::builder::SchedulerBuilder;
 pub use spec::{JobSpec, Misfire};
 
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they

@@ -1,16 +1,20 @@
 //! [`SchedulerBuilder`]: jobs and options, checked in `build()`.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redlock_core::{CancellationToken, Redlock};
 use tokio_util::task::TaskTracker;
 
-use super::Scheduler;
-use super::placement::Placement;
-use super::state::{Inner, JobDef, JobState, JobTable, jobs_digest};
+use super::changes::Changes;
+use super::context::Context;
+use super::handoff::Handoffs;
+use super::requests::Requests;
+use super::state::{JobDef, JobState, JobTable, Slots, jobs_digest};
+use super::tenure::Tenure;
+use super::tick::Ticks;
+use super::{Inner, Scheduler};
 use crate::build_error::BuildError;
 use crate::history::History;
 use crate::job::{Handler, Job, JobContext};
@@ -46,8 +50,15 @@ impl std::fmt::Debug for SchedulerBuilder {
     }
 }
 
+impl Scheduler {
+    /// A scheduler whose locks go through `redlock`.
+    pub fn builder(redlock: Redlock) -> SchedulerBuilder {
+        SchedulerBuilder::new(redlock)
+    }
+}
+
 impl SchedulerBuilder {
-    pub(super) fn new(redlock: Redlock) -> Self {
+    fn new(redlock: Redlock) -> Self {
         Self {
             redlock,
             name: Scheduler::DEFAULT_NAME.to_owned(),
@@ -244,39 +255,42 @@ impl SchedulerBuilder {
         let recorder = self
             .history
             .map(|h| Arc::new(Recorder::new(h, self.name.clone(), Arc::clone(&instance))));
+        let handler_names = {
+            let mut names: Vec<&String> = handlers.keys().collect();
+            names.sort_unstable();
+            serde_json::to_string(&names).unwrap_or_default()
+        };
+        let ctx = Arc::new(Context {
+            redlock: self.redlock,
+            name: self.name,
+            max_resource_len,
+            instance,
+            clock: self.clock,
+            recorder,
+            jobs: JobTable::new(jobs),
+            slots: Slots::new(self.max_concurrent_runs),
+            stop_firing: CancellationToken::new(),
+            hard_stop: CancellationToken::new(),
+            runs: TaskTracker::new(),
+        });
+        let tenure = Tenure::new(
+            Arc::clone(&ctx),
+            self.leader_ttl,
+            self.term,
+            self.retry_interval,
+        );
         Ok(Scheduler {
             inner: Arc::new(Inner {
-                run_lock_ttl: self.redlock.default_ttl().min(self.redlock.max_ttl()),
-                redlock: self.redlock,
-                name: self.name,
-                max_resource_len,
-                instance,
-                jobs: JobTable::new(jobs),
-                jobs_digest,
-                handler_names: {
-                    let mut names: Vec<&String> = handlers.keys().collect();
-                    names.sort_unstable();
-                    serde_json::to_string(&names).unwrap_or_default()
-                },
-                handlers,
-                applied_change: tokio::sync::Mutex::new(0),
-                unpublished: Mutex::default(),
-                recorder,
-                clock: self.clock,
-                leader_ttl: self.leader_ttl,
-                term: self.term,
-                retry_interval: self.retry_interval,
-                capacity: self.max_concurrent_runs,
-                running_here: Arc::new(AtomicUsize::new(0)),
-                placement: Mutex::new(Placement::default()),
-                elector: OnceLock::new(),
+                tenure: Arc::new(tenure),
+                ticks: Arc::new(Ticks::new(Arc::clone(&ctx))),
+                handoffs: Arc::new(Handoffs::new(Arc::clone(&ctx), jobs_digest, handler_names)),
+                changes: Arc::new(Changes::new(Arc::clone(&ctx), handlers)),
+                requests: Arc::new(Requests::new(Arc::clone(&ctx))),
+                ctx,
                 background: OnceLock::new(),
                 redis_health: Arc::new(HealthCell::new("the Redis quorum", false)),
                 ready: tokio::sync::watch::channel(false).0,
-                stop_firing: CancellationToken::new(),
-                hard_stop: CancellationToken::new(),
                 stop_background: CancellationToken::new(),
-                runs: TaskTracker::new(),
                 background_tasks: TaskTracker::new(),
             }),
         })

@@ -9,12 +9,17 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::CancellationToken;
 
-use super::handoff::{AHEAD, BEAT, RESCAN};
-use super::requests::REQUEST_POLL;
-use super::state::{Inner, JobDef, JobState, lock};
+use super::changes::Changes;
+use super::context::Context;
+use super::handoff::{BEAT, Handoffs, Placed, RESCAN};
+use super::requests::{REQUEST_POLL, Requests};
+use super::state::{JobDef, JobState, lock};
+use super::tenure::Tenure;
+use super::tick::{AHEAD, NotTaken, Ticks};
 use crate::leader::LeaderEvent;
 use crate::leader::Leadership;
-use crate::plan::{self, Recorded};
+use crate::plan::{self, Action, Recorded};
+use crate::telemetry::SkipReason;
 
 /// How often the leader refreshes the pauses other replicas set in the history.
 const PAUSE_REFRESH: Duration = Duration::from_secs(1);
@@ -27,8 +32,142 @@ const SWEEP_MAX: Duration = Duration::from_secs(30);
 /// How often the leader prunes the history (with a retention set).
 const PRUNE_INTERVAL: Duration = Duration::from_secs(600);
 
+/// The parts the leader's loops use, shared with the scheduler that holds them.
+#[derive(Clone)]
+pub(super) struct Leading {
+    ctx: Arc<Context>,
+    tenure: Arc<Tenure>,
+    ticks: Arc<Ticks>,
+    handoffs: Arc<Handoffs>,
+    changes: Arc<Changes>,
+    requests: Arc<Requests>,
+}
+
+impl Leading {
+    pub(super) fn new(
+        ctx: Arc<Context>,
+        tenure: Arc<Tenure>,
+        ticks: Arc<Ticks>,
+        handoffs: Arc<Handoffs>,
+        changes: Arc<Changes>,
+        requests: Arc<Requests>,
+    ) -> Self {
+        Self {
+            ctx,
+            tenure,
+            ticks,
+            handoffs,
+            changes,
+            requests,
+        }
+    }
+
+    /// Carries out one planned tick.
+    pub(super) async fn handle_tick(
+        &self,
+        index: usize,
+        tick: DateTime<Utc>,
+        action: Action,
+        leadership: &Leadership,
+    ) {
+        let Some(state) = self.ctx.jobs.get(index) else {
+            return;
+        };
+        let state = &*state;
+        let deadline = self.ctx.deadline(state, tick);
+        let token = leadership.epoch();
+        // An on-time run that may go anywhere is placed ahead of its time, and claimed
+        // then if it goes to another replica; a run that stays here is claimed at its
+        // time, so that a leader that stops before leaves the tick to the next one.
+        let mut placed = None;
+        if matches!(action, Action::Run { late: false }) && self.ctx.spreads(state) {
+            match self.handoffs.place(leadership, deadline, true).await {
+                Placed::Stopped => return,
+                place => placed = Some(place),
+            }
+        }
+        let handing_over = matches!(placed, Some(Placed::There(_)));
+        if !handing_over && !self.ticks.wait_for_tick(tick, Some(leadership)).await {
+            return;
+        }
+        match self
+            .ticks
+            .claim(state, tick, deadline, Some(leadership))
+            .await
+        {
+            Ok(()) => {}
+            Err(NotTaken::Held) => {
+                tracing::debug!(job = %state.name, %tick, "tick already claimed elsewhere");
+                return;
+            }
+            Err(NotTaken::Stopped) => return,
+            Err(NotTaken::Failed(err)) => {
+                tracing::warn!(job = %state.name, %tick, error = %err, "could not claim the tick within its grace window: not run");
+                self.ticks.record_skip(
+                    state,
+                    tick,
+                    token,
+                    SkipReason::Unclaimable,
+                    format!("not claimable within the grace window: {err}"),
+                );
+                return;
+            }
+        }
+        let late = match action {
+            Action::Skip(reason) => {
+                self.ticks
+                    .record_skip(state, tick, token, SkipReason::Missed, reason);
+                return;
+            }
+            Action::Run { late } => late,
+        };
+        if state.paused.load(Ordering::Acquire) {
+            let paused = SkipReason::Paused;
+            self.ticks
+                .record_skip(state, tick, token, paused, "paused".to_owned());
+            return;
+        }
+        if self.ticks.dropped(state, tick, token) {
+            return;
+        }
+        if let Some(Placed::There(replica)) = &placed {
+            match self
+                .handoffs
+                .hand_over(state, tick, replica, leadership)
+                .await
+            {
+                Ok(()) | Err(None) => {}
+                Err(Some(reason)) => {
+                    self.ticks
+                        .record_skip(state, tick, token, SkipReason::Untaken, reason);
+                }
+            }
+            return;
+        }
+        // Here: when this replica has room for it.
+        let placed = match placed {
+            Some(placed) => placed,
+            None => self.handoffs.place(leadership, deadline, false).await,
+        };
+        let slot = match placed {
+            Placed::Here(slot) => slot,
+            Placed::Nowhere => {
+                let reason =
+                    "no replica had room for the run (max_concurrent_runs) within the grace window";
+                self.ticks
+                    .record_skip(state, tick, token, SkipReason::NoRoom, reason.to_owned());
+                return;
+            }
+            Placed::There(_) | Placed::Stopped => return,
+        };
+        self.ticks
+            .run_here(index, tick, late, slot, leadership)
+            .await;
+    }
+}
+
 /// Follows the election: while this replica leads, fires the jobs.
-pub(super) async fn lead(inner: Arc<Inner>, mut events: tokio::sync::watch::Receiver<LeaderEvent>) {
+pub(super) async fn lead(leading: Leading, mut events: tokio::sync::watch::Receiver<LeaderEvent>) {
     loop {
         let leadership = match &*events.borrow_and_update() {
             LeaderEvent::Elected(l) if l.is_current() => Some(l.clone()),
@@ -36,23 +175,23 @@ pub(super) async fn lead(inner: Arc<Inner>, mut events: tokio::sync::watch::Rece
         };
         if let Some(leadership) = leadership {
             let firing = CancellationToken::new();
-            if inner.recorder.is_some() {
+            if leading.ctx.recorder.is_some() {
                 tokio::spawn(housekeeping(
-                    Arc::clone(&inner),
+                    leading.clone(),
                     leadership.clone(),
                     firing.clone(),
                 ));
             }
             tokio::select! {
-                () = fire_jobs(&inner, &leadership, &firing) => {}
+                () = fire_jobs(&leading, &leadership, &firing) => {}
                 () = leadership.ended_token().cancelled() => {}
-                () = inner.stop_firing.cancelled() => {}
+                () = leading.ctx.stop_firing.cancelled() => {}
             }
             firing.cancel();
         }
         tokio::select! {
             changed = events.changed() => if changed.is_err() { return },
-            () = inner.stop_firing.cancelled() => return,
+            () = leading.ctx.stop_firing.cancelled() => return,
         }
     }
 }
@@ -94,20 +233,20 @@ impl Retire {
 /// Fires every job in force while `leadership` lasts: a loop per job, started at the
 /// election from where the history says each job stands, and restarted (or ended)
 /// when a job is rescheduled, added or removed at run time.
-async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &CancellationToken) {
-    let mut changes = inner.jobs.subscribe();
+async fn fire_jobs(leading: &Leading, leadership: &Leadership, firing: &CancellationToken) {
+    let mut changes = leading.ctx.jobs.subscribe();
     changes.mark_unchanged();
-    let elected = inner.clock.now();
-    let recorded = last_ticks(inner, leadership).await;
+    let elected = leading.ctx.clock.now();
+    let recorded = last_ticks(leading, leadership).await;
     // The jobs as changed at run time until now (read with the history: if it could
     // not be, the changes apply as they come).
     if recorded.is_some() {
-        inner.sync_changes().await;
+        leading.changes.sync().await;
     }
     let mut loops: HashMap<usize, Firing> = HashMap::new();
     let mut first = true;
     loop {
-        for (index, state) in inner.jobs.all() {
+        for (index, state) in leading.ctx.jobs.all() {
             let def = state.def();
             if state.is_removed() {
                 if let Some(old) = loops.remove(&index) {
@@ -123,7 +262,7 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
                 // when it took effect (those the old one fired are claimed already).
                 Some(old) => {
                     // The old one fires its ticks up to the switch, the new one after.
-                    let now = inner.clock.now();
+                    let now = leading.ctx.clock.now();
                     old.retire
                         .retire(Some(def.since.map_or(now, |since| since.min(now))));
                     Start::Switch
@@ -139,7 +278,7 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
                     },
                     elected,
                     added: !first,
-                    at: inner.clock.now(),
+                    at: leading.ctx.clock.now(),
                 },
             };
             // At the election, the definitions replaced while nobody led fire their
@@ -165,17 +304,17 @@ async fn fire_jobs(inner: &Arc<Inner>, leadership: &Leadership, firing: &Cancell
                     retire: retire.clone(),
                 },
             );
-            let (inner, leadership, firing) =
-                (Arc::clone(inner), leadership.clone(), firing.clone());
+            let (leading, leadership, firing) =
+                (leading.clone(), leadership.clone(), firing.clone());
             tokio::spawn(async move {
                 for (old, until) in replaced {
                     let ended = Retire::new(&firing);
                     ended.retire(Some(until));
                     let state = Arc::clone(&state);
-                    let (inner, leadership) = (Arc::clone(&inner), leadership.clone());
-                    fire_loop(inner, index, state, old, start, leadership, ended).await;
+                    let (leading, leadership) = (leading.clone(), leadership.clone());
+                    fire_loop(leading, index, state, old, start, leadership, ended).await;
                 }
-                fire_loop(inner, index, state, def, start, leadership, retire).await;
+                fire_loop(leading, index, state, def, start, leadership, retire).await;
             });
         }
         first = false;
@@ -253,22 +392,23 @@ impl Start {
 /// without a history, or when it stays unreadable past the longest grace window: the
 /// Redis claims of the ticks in the window then tell what ran.
 async fn last_ticks(
-    inner: &Inner,
+    leading: &Leading,
     leadership: &Leadership,
 ) -> Option<HashMap<String, DateTime<Utc>>> {
-    let recorder = inner.recorder.as_ref()?;
-    let give_up = inner
+    let recorder = leading.ctx.recorder.as_ref()?;
+    let give_up = leading
+        .ctx
         .jobs
         .live()
         .iter()
-        .map(|s| inner.grace(s))
+        .map(|s| leading.ctx.grace(s))
         .max()
         .unwrap_or_default();
     let started = tokio::time::Instant::now();
     let mut backoff = Duration::from_millis(100);
     let mut failing = false;
     loop {
-        match recorder.history().last_ticks(&inner.name).await {
+        match recorder.history().last_ticks(&leading.ctx.name).await {
             Ok(ticks) => {
                 recorder.health.read_ok();
                 if failing {
@@ -291,7 +431,7 @@ async fn last_ticks(
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
             () = leadership.ended_token().cancelled() => return None,
-            () = inner.stop_firing.cancelled() => return None,
+            () = leading.ctx.stop_firing.cancelled() => return None,
         }
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
@@ -302,7 +442,7 @@ async fn last_ticks(
 /// missed before it apart from those that came due while the leader waited for the
 /// history ([`plan::plan_first`]).
 async fn fire_loop(
-    inner: Arc<Inner>,
+    leading: Leading,
     index: usize,
     state: Arc<JobState>,
     def: Arc<JobDef>,
@@ -310,16 +450,20 @@ async fn fire_loop(
     leadership: Leadership,
     retire: Retire,
 ) {
-    let (mut cursor, mut elected) = start.cursor(def.since, inner.clock.now(), inner.grace(&state));
+    let (mut cursor, mut elected) = start.cursor(
+        def.since,
+        leading.ctx.clock.now(),
+        leading.ctx.grace(&state),
+    );
     // Runs handed to other replicas are handed out ahead of their time.
-    let ahead = if inner.spreads(&state) {
+    let ahead = if leading.ctx.spreads(&state) {
         AHEAD
     } else {
         Duration::ZERO
     };
     let misfire = def.job.spec.misfire_policy();
     loop {
-        let now = inner.clock.now();
+        let now = leading.ctx.clock.now();
         let mut until = crate::time::later(now, ahead);
         let retired = retire.retired();
         match retired {
@@ -345,31 +489,31 @@ async fn fire_loop(
                     tokio::select! {
                         () = state.wait_idle() => {}
                         () = leadership.ended_token().cancelled() => return,
-                        () = inner.stop_firing.cancelled() => return,
+                        () = leading.ctx.stop_firing.cancelled() => return,
                     }
                 }
                 // Removed: nothing more (also for the loop of a replaced definition,
                 // which no retirement reaches).
                 if !leadership.is_current()
-                    || inner.stop_firing.is_cancelled()
+                    || leading.ctx.stop_firing.is_cancelled()
                     || state.is_removed()
                 {
                     return;
                 }
                 let late = matches!(action, plan::Action::Run { late: true });
                 let task = {
-                    let (inner, leadership) = (Arc::clone(&inner), leadership.clone());
-                    async move { inner.handle_tick(index, tick, action, &leadership).await }
+                    let (leading, leadership) = (leading.clone(), leadership.clone());
+                    async move { leading.handle_tick(index, tick, action, &leadership).await }
                 };
                 if late {
                     // Claimed and started before the next one is considered.
                     tokio::select! {
-                        () = inner.runs.track_future(task) => {}
+                        () = leading.ctx.runs.track_future(task) => {}
                         () = leadership.ended_token().cancelled() => return,
-                        () = inner.stop_firing.cancelled() => return,
+                        () = leading.ctx.stop_firing.cancelled() => return,
                     }
                 } else {
-                    inner.runs.spawn(task);
+                    leading.ctx.runs.spawn(task);
                 }
             }
         } else {
@@ -386,33 +530,31 @@ async fn fire_loop(
             // A tick due now fires before a retirement is heeded (it may be before the
             // switch); a retired loop goes round once more to fire up to the switch.
             biased;
-            () = inner.clock.sleep_until(wake) => {}
+            () = leading.ctx.clock.sleep_until(wake) => {}
             () = retire.token.cancelled() => {}
             () = leadership.ended_token().cancelled() => return,
-            () = inner.stop_firing.cancelled() => return,
+            () = leading.ctx.stop_firing.cancelled() => return,
         }
     }
 }
 
 /// The leader's chores: refresh pauses set by other replicas; carry out operators'
 /// requests; close runs whose replica died; prune the history per its retention.
-async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: CancellationToken) {
-    let Some(recorder) = inner.recorder.clone() else {
+async fn housekeeping(leading: Leading, leadership: Leadership, firing: CancellationToken) {
+    let Some(recorder) = leading.ctx.recorder.clone() else {
         return;
     };
     // The leader's record for admin tools: renewed while leading, ended with it.
-    tokio::spawn(super::tenure::keep_record(
-        Arc::clone(&inner),
-        leadership.clone(),
-    ));
+    let (tenure, elected) = (Arc::clone(&leading.tenure), leadership.clone());
+    tokio::spawn(async move { tenure.keep_record(elected).await });
     // Runs of earlier leaderships can no longer commit their transactions (a replica
     // paused past its term); the fences are also raised by this leadership's first
     // commit of each job, should this fail.
-    let live = inner.jobs.live();
+    let live = leading.ctx.jobs.live();
     let jobs = live.iter().map(|state| &*state.name);
     if let Err(err) = recorder
         .history()
-        .raise_fences(&inner.name, jobs, leadership.epoch())
+        .raise_fences(&leading.ctx.name, jobs, leadership.epoch())
         .await
     {
         tracing::warn!(error = %err, "could not raise the jobs' fences for this leadership");
@@ -422,32 +564,33 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
     let mut requests = tokio::time::interval(REQUEST_POLL);
     // A slow round (a trigger waiting on Redis) is not made up for with a burst.
     requests.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sweeps = tokio::time::interval((inner.run_lock_ttl * 2).clamp(SWEEP_MIN, SWEEP_MAX));
+    let mut sweeps =
+        tokio::time::interval((leading.ticks.run_lock_ttl() * 2).clamp(SWEEP_MIN, SWEEP_MAX));
     let mut prunes = tokio::time::interval(PRUNE_INTERVAL);
     // Where runs go: who is alive, and the hand-offs not taken.
-    lock(&inner.placement).reset();
+    leading.handoffs.reset();
     let mut replicas = tokio::time::interval(BEAT);
     let mut rescans = tokio::time::interval(RESCAN);
     replicas.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     rescans.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = pauses.tick() => match recorder.history().paused_jobs(&inner.name).await {
+            _ = pauses.tick() => match recorder.history().paused_jobs(&leading.ctx.name).await {
                 Ok(paused) => {
                     recorder.health.read_ok();
-                    for state in inner.jobs.live() {
+                    for state in leading.ctx.jobs.live() {
                         state.paused.store(paused.iter().any(|p| *p == *state.name), Ordering::Release);
                     }
                 }
                 // The pauses last read stay in force.
                 Err(err) => recorder.health.fail(&err),
             },
-            _ = requests.tick() => inner.serve_requests(&leadership).await,
-            _ = sweeps.tick() => inner.sweep_abandoned(&leadership).await,
-            _ = replicas.tick() => inner.refresh_replicas().await,
-            _ = rescans.tick() => inner.rescan_handoffs(&leadership).await,
+            _ = requests.tick() => leading.requests.serve(&leading.ticks, &leading.tenure, &leadership).await,
+            _ = sweeps.tick() => leading.ticks.sweep_abandoned(&leadership).await,
+            _ = replicas.tick() => leading.handoffs.refresh_replicas().await,
+            _ = rescans.tick() => leading.handoffs.rescan(&leading.ticks, &leadership).await,
             _ = prunes.tick(), if recorder.history().prunes() => {
-                match recorder.history().prune(&inner.name, inner.clock.now()).await {
+                match recorder.history().prune(&leading.ctx.name, leading.ctx.clock.now()).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(rows = n, "history pruned"),
                     Err(err) => recorder.health.fail(&err),
@@ -456,85 +599,6 @@ async fn housekeeping(inner: Arc<Inner>, leadership: Leadership, firing: Cancell
             () = firing.cancelled() => return,
             () = leadership.ended_token().cancelled() => return,
         }
-    }
-}
-
-impl Inner {
-    /// Closes the rows left `running` whose run no longer holds its job's run lock:
-    /// their replica died (or lost contact) mid-run. The lock is free (probed), or a
-    /// run on this replica holds it now: either way the row's run cannot be alive.
-    async fn sweep_abandoned(&self, leadership: &Leadership) {
-        let Some(recorder) = &self.recorder else {
-            return;
-        };
-        let running = match recorder.history().running(&self.name).await {
-            Ok(running) => running,
-            Err(err) => {
-                recorder.health.fail(&err);
-                return;
-            }
-        };
-        for run in running {
-            // A removed job's rows are closed too.
-            let Some((_, state)) = self.jobs.find(&run.job) else {
-                continue;
-            };
-            let state = &*state;
-            // A live run of the job holds its run lock; a row whose tick is being
-            // claimed right now is younger than a claim attempt.
-            let young = (self.clock.now() - run.started.unwrap_or(run.tick))
-                .to_std()
-                .unwrap_or_default()
-                < self.run_lock_ttl;
-            if young {
-                continue;
-            }
-            // This row is this replica's live run.
-            if state.running_tick() == Some(run.tick) && *run.instance == *self.instance {
-                continue;
-            }
-            // A run here holds the job's run lock now (a job's runs never overlap, so
-            // the row's run cannot be alive); otherwise the lock is probed: another
-            // replica's run may hold it (runs are spread).
-            if !state.holds_run_lock() && !self.run_lock_is_free(&run.job, leadership).await {
-                continue;
-            }
-            let reason = format!(
-                "abandoned: replica {} stopped while it ran (its run lock expired)",
-                run.instance
-            );
-            match recorder
-                .history()
-                .abandon(&run, &self.instance, &reason, self.clock.now())
-                .await
-            {
-                Ok(true) => {
-                    state.abandoned.fetch_add(1, Ordering::Relaxed);
-                    crate::telemetry::abandoned(&run.job);
-                    tracing::warn!(job = %run.job, tick = %run.tick, instance = %run.instance, "run abandoned by its replica: marked so");
-                }
-                Ok(false) => {}
-                Err(err) => recorder.health.fail(&err),
-            }
-        }
-    }
-
-    /// Whether nobody holds `job`'s run lock (probed by taking and releasing it).
-    async fn run_lock_is_free(&self, job: &str, leadership: &Leadership) -> bool {
-        let Ok(probe) = self
-            .take(
-                &self.run_resource(job),
-                self.run_lock_ttl,
-                Duration::ZERO,
-                self.clock.now(),
-                Some(leadership),
-            )
-            .await
-        else {
-            return false;
-        };
-        let _ = probe.release().await;
-        true
     }
 }
 

@@ -4,7 +4,7 @@
 //! ([`Placement`](super::placement::Placement)), through the history database:
 //!
 //! - every replica says every [`BEAT`] that it is alive, its limit and its runs going;
-//! - the leader hands a tick over [`AHEAD`] of its time (a row naming the replica);
+//! - the leader hands a tick over [`AHEAD`](super::tick::AHEAD) of its time (a row naming the replica);
 //! - the replica looks for its rows every [`POLL`], waits for the tick, takes the job's
 //!   run lock (no overlap, cluster-wide), then takes the row (deleting it where it still
 //!   names this replica: one replica at most), inserts the tick's run row and runs it
@@ -25,9 +25,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::CancellationToken;
 
+use super::context::Context;
 use super::placement::Place;
-use super::state::{Inner, JobState, Slot, lock};
-use super::tick::{Grant, RunLockRefused};
+use super::placement::Placement;
+use super::state::{JobState, Slot, lock};
+use super::tick::{Grant, RunLockRefused, Ticks};
 use crate::history::{Handoff, Outcome, Presence};
 use crate::leader::Leadership;
 use crate::telemetry::SkipReason;
@@ -40,10 +42,6 @@ const ALIVE: Duration = Duration::from_millis(1000);
 
 /// A replica silent for this long is forgotten (its row deleted).
 const FORGET: Duration = Duration::from_secs(3600);
-
-/// How long before its time a tick is handed over: the replica sees it within a
-/// [`POLL`] and starts it on time.
-pub(super) const AHEAD: Duration = Duration::from_millis(500);
 
 /// How often a replica looks for the ticks handed to it.
 const POLL: Duration = Duration::from_millis(100);
@@ -61,7 +59,7 @@ pub(super) const RESCAN: Duration = Duration::from_millis(250);
 /// How often a tick that found every replica full looks for room again.
 const ROOM_WAIT: Duration = Duration::from_millis(50);
 
-/// Where [`Inner::place`] puts a run.
+/// Where [`Handoffs::place`] puts a run.
 pub(super) enum Placed {
     /// Here, counted by this slot.
     Here(Slot),
@@ -77,7 +75,36 @@ fn earlier(t: DateTime<Utc>, by: Duration) -> DateTime<Utc> {
     t - chrono::Duration::from_std(by).unwrap_or_default()
 }
 
-impl Inner {
+/// Hand-offs: the leader's view of the replicas (where runs go) and what this replica
+/// says of itself to the leader.
+pub(super) struct Handoffs {
+    ctx: Arc<Context>,
+    /// The leader's view of where runs go.
+    placement: Mutex<Placement>,
+    /// A digest of the names of the jobs declared in code: runs are handed only to
+    /// replicas with the same (jobs changed at run time are the same on every replica
+    /// once applied; one that lacks a job or its handler yet declines its runs).
+    jobs_digest: String,
+    /// The names of the handlers registered here, sorted, as a JSON array (for the
+    /// replica's beats).
+    handler_names: String,
+}
+
+impl Handoffs {
+    pub(super) fn new(ctx: Arc<Context>, jobs_digest: String, handler_names: String) -> Self {
+        Self {
+            ctx,
+            placement: Mutex::new(Placement::default()),
+            jobs_digest,
+            handler_names,
+        }
+    }
+
+    /// The leader, elected: forgets what an earlier leadership knew of the replicas.
+    pub(super) fn reset(&self) {
+        lock(&self.placement).reset();
+    }
+
     /// The leader: where the next run goes, on any replica (`anywhere`) or here only.
     /// Waits for room (every replica full, or this one) until `deadline`.
     pub(super) async fn place(
@@ -87,18 +114,18 @@ impl Inner {
         anywhere: bool,
     ) -> Placed {
         loop {
-            let now = self.clock.now();
+            let now = self.ctx.clock.now();
             // While the history fails, nothing is handed over (a hand-off would wait
             // for it): runs stay here, their Redis claims keeping them to this replica.
-            let anywhere = anywhere && self.recorder.as_ref().is_some_and(|r| r.health.is_ok());
+            let anywhere = anywhere && self.ctx.recorder.as_ref().is_some_and(|r| r.health.is_ok());
             if !anywhere {
-                if let Some(slot) = Slot::try_take(self) {
+                if let Some(slot) = self.ctx.slots.try_take() {
                     return Placed::Here(slot);
                 }
             } else {
                 match self.choose(&[], now) {
                     Some(Place::Here) => {
-                        if let Some(slot) = Slot::try_take(self) {
+                        if let Some(slot) = self.ctx.slots.try_take() {
                             return Placed::Here(slot);
                         }
                         // A run started here meanwhile: choose again.
@@ -114,7 +141,7 @@ impl Inner {
             tokio::select! {
                 () = tokio::time::sleep(ROOM_WAIT) => {}
                 () = leadership.ended_token().cancelled() => return Placed::Stopped,
-                () = self.stop_firing.cancelled() => return Placed::Stopped,
+                () = self.ctx.stop_firing.cancelled() => return Placed::Stopped,
             }
         }
     }
@@ -130,17 +157,17 @@ impl Inner {
         replica: &str,
         leadership: &Leadership,
     ) -> Result<(), Option<String>> {
-        let Some(recorder) = &self.recorder else {
+        let Some(recorder) = &self.ctx.recorder else {
             return Err(Some("no history to hand it over through".to_owned()));
         };
-        let deadline = self.deadline(state, tick);
+        let deadline = self.ctx.deadline(state, tick);
         let mut backoff = ROOM_WAIT;
         loop {
-            let now = self.clock.now();
+            let now = self.ctx.clock.now();
             let handed = recorder
                 .history()
                 .hand_off(
-                    &self.name,
+                    &self.ctx.name,
                     &state.name,
                     tick,
                     replica,
@@ -167,7 +194,7 @@ impl Inner {
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
                 () = leadership.ended_token().cancelled() => return Err(None),
-                () = self.stop_firing.cancelled() => return Err(None),
+                () = self.ctx.stop_firing.cancelled() => return Err(None),
             }
             backoff = (backoff * 2).min(Duration::from_secs(1));
         }
@@ -176,32 +203,42 @@ impl Inner {
     /// What this replica says of itself to the leader, having picked up the hand-offs
     /// made until `polled_ms`.
     fn presence(&self, polled_ms: i64) -> Presence {
-        let running = self.running_here.load(std::sync::atomic::Ordering::Acquire);
+        let running = self.ctx.slots.running();
         Presence {
-            instance: self.instance.to_string(),
-            capacity: self.capacity.map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
+            instance: self.ctx.instance.to_string(),
+            capacity: self
+                .ctx
+                .slots
+                .capacity()
+                .map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
             running: u32::try_from(running).unwrap_or(u32::MAX),
             polled_ms,
             jobs_digest: self.jobs_digest.clone(),
-            seen: self.clock.now(),
+            seen: self.ctx.clock.now(),
         }
     }
 
     /// The placement's choice for one run, replicas in `exclude` passed over.
     fn choose(&self, exclude: &[&str], now: DateTime<Utc>) -> Option<Place> {
-        let running = self.running_here.load(std::sync::atomic::Ordering::Acquire);
-        lock(&self.placement).choose(&self.instance, running, self.capacity, exclude, now)
+        let slots = &self.ctx.slots;
+        lock(&self.placement).choose(
+            &self.ctx.instance,
+            slots.running(),
+            slots.capacity(),
+            exclude,
+            now,
+        )
     }
 
     /// The leader: reads which replicas are alive and how busy (every [`BEAT`]).
     pub(super) async fn refresh_replicas(&self) {
-        let Some(recorder) = &self.recorder else {
+        let Some(recorder) = &self.ctx.recorder else {
             return;
         };
-        let now = self.clock.now();
+        let now = self.ctx.clock.now();
         let replicas = recorder
             .history()
-            .replicas(&self.name, earlier(now, ALIVE), earlier(now, FORGET))
+            .replicas(&self.ctx.name, earlier(now, ALIVE), earlier(now, FORGET))
             .await;
         match replicas {
             Ok(replicas) => {
@@ -219,14 +256,14 @@ impl Inner {
     /// The leader: moves the hand-offs declined, or not taken within [`TAKE_WITHIN`]
     /// of their tick, to another replica (or runs them here); records those whose grace
     /// window ended as skipped.
-    pub(super) async fn rescan_handoffs(self: &Arc<Self>, leadership: &Leadership) {
-        let Some(recorder) = &self.recorder else {
+    pub(super) async fn rescan(&self, ticks: &Arc<Ticks>, leadership: &Leadership) {
+        let Some(recorder) = &self.ctx.recorder else {
             return;
         };
         let history = recorder.history();
-        let now = self.clock.now();
+        let now = self.ctx.clock.now();
         let stale = match history
-            .stale_handoffs(&self.name, earlier(now, TAKE_WITHIN))
+            .stale_handoffs(&self.ctx.name, earlier(now, TAKE_WITHIN))
             .await
         {
             Ok(stale) => stale,
@@ -236,26 +273,26 @@ impl Inner {
             }
         };
         for handoff in stale {
-            if !leadership.is_current() || self.stop_firing.is_cancelled() {
+            if !leadership.is_current() || self.ctx.stop_firing.is_cancelled() {
                 return;
             }
             let token = leadership.epoch();
-            if let Some((_, state)) = self.jobs.find(&handoff.job)
+            if let Some((_, state)) = self.ctx.jobs.find(&handoff.job)
                 && (state.is_removed() || state.superseded(handoff.tick))
             {
                 if let Ok(true) = history
-                    .move_handoff(&self.name, &handoff, None, token, now)
+                    .move_handoff(&self.ctx.name, &handoff, None, token, now)
                     .await
                 {
-                    self.dropped(&state, handoff.tick, token);
+                    ticks.dropped(&state, handoff.tick, token);
                 }
                 continue;
             }
-            let Ok((index, state)) = self.job(&handoff.job) else {
+            let Ok((index, state)) = self.ctx.job(&handoff.job) else {
                 // A job this replica does not have (replicas declare different jobs):
                 // nobody here can run it.
                 if let Ok(true) = history
-                    .move_handoff(&self.name, &handoff, None, token, now)
+                    .move_handoff(&self.ctx.name, &handoff, None, token, now)
                     .await
                 {
                     tracing::warn!(job = %handoff.job, tick = %handoff.tick, "a tick of a job this leader does not declare was not taken: dropped");
@@ -265,58 +302,61 @@ impl Inner {
             let state = &*state;
             // A replica alive may be waiting for the job's run lock (a late tick): its
             // hand-off stays with it. One that stopped beating, or declined, loses it.
-            let alive = *handoff.replica == *self.instance
+            let alive = *handoff.replica == *self.ctx.instance
                 || lock(&self.placement).is_alive(&handoff.replica);
-            if handoff.declined_by.is_none() && alive && now <= self.deadline(state, handoff.tick) {
+            if handoff.declined_by.is_none()
+                && alive
+                && now <= self.ctx.deadline(state, handoff.tick)
+            {
                 continue;
             }
             let why = match &handoff.declined_by {
                 Some(by) => format!("declined by replica {by}"),
                 None => format!("not taken by replica {}", handoff.replica),
             };
-            if now > self.deadline(state, handoff.tick) {
+            if now > self.ctx.deadline(state, handoff.tick) {
                 if let Ok(true) = history
-                    .move_handoff(&self.name, &handoff, None, token, now)
+                    .move_handoff(&self.ctx.name, &handoff, None, token, now)
                     .await
                 {
                     let reason = format!("handed over but {why} within the grace window");
-                    self.record_skip(state, handoff.tick, token, SkipReason::Untaken, reason);
+                    ticks.record_skip(state, handoff.tick, token, SkipReason::Untaken, reason);
                 }
                 continue;
             }
             // Not the replica that declined it, nor the one that did not take it (unless
             // that is this one: its history was away).
             let mut exclude: Vec<&str> = handoff.declined_by.iter().map(String::as_str).collect();
-            if handoff.replica != *self.instance {
+            if handoff.replica != *self.ctx.instance {
                 exclude.push(&handoff.replica);
             }
             match self.choose(&exclude, now) {
                 Some(Place::There(replica)) => {
                     if let Ok(true) = history
-                        .move_handoff(&self.name, &handoff, Some(&replica), token, now)
+                        .move_handoff(&self.ctx.name, &handoff, Some(&replica), token, now)
                         .await
                     {
                         tracing::info!(job = %state.name, tick = %handoff.tick, %why, to = %replica, "tick handed over again");
                     }
                 }
                 Some(Place::Here) => {
-                    let Some(slot) = Slot::try_take(self) else {
+                    let Some(slot) = self.ctx.slots.try_take() else {
                         continue; // a run started here meanwhile: the next rescan
                     };
                     if let Ok(true) = history
-                        .move_handoff(&self.name, &handoff, None, token, now)
+                        .move_handoff(&self.ctx.name, &handoff, None, token, now)
                         .await
                     {
                         tracing::info!(job = %state.name, tick = %handoff.tick, %why, "running a tick handed over here");
                         // Its replica may have died holding the job's run lock: waited for
                         // as a late run waits, within the grace window.
-                        let (inner, leadership) = (Arc::clone(self), leadership.clone());
+                        let (ticks, leadership) = (Arc::clone(ticks), leadership.clone());
                         let tick = handoff.tick;
                         // Past its time, its replica may have died holding the job's
                         // run lock: waited for as a late run waits.
                         let late = now > tick;
-                        self.runs.spawn(async move {
-                            inner.run_here(index, tick, late, slot, &leadership).await;
+                        self.ctx.runs.spawn(async move {
+                            ticks.run_here(index, tick, late, slot, &leadership).await;
                         });
                     }
                 }
@@ -326,104 +366,107 @@ impl Inner {
             }
         }
     }
-}
 
-/// Every replica with a history, from `start()` to shutdown: says it is alive, and
-/// takes the ticks handed to it. On shutdown, declines those it has not started and
-/// takes itself out of the replicas runs are handed to.
-pub(super) async fn serve(inner: Arc<Inner>, stop: CancellationToken) {
-    let Some(recorder) = inner.recorder.clone() else {
-        return;
-    };
-    let history = recorder.history();
-    let taking: Arc<Mutex<HashSet<(String, i64, i64)>>> = Arc::default();
-    // The newest hand-off picked up (its slot reserved, so `running` counts it).
-    let mut polled_ms = 0;
-    let mut beat = tokio::time::interval(BEAT);
-    let mut poll = tokio::time::interval(POLL);
-    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut handlers_said: Option<tokio::time::Instant> = None;
-    loop {
-        tokio::select! {
-            _ = beat.tick() => {
-                if let Err(err) = history.beat(&inner.name, &inner.presence(polled_ms)).await {
-                    recorder.health.fail(&err);
-                    continue;
-                }
-                // The handlers' names, for admin tools: with the first beat, then now
-                // and then (the list does not change; a row written anew gets it back).
-                if handlers_said.is_none_or(|at| at.elapsed() >= HANDLERS_EVERY) {
-                    match history
-                        .say_handlers(&inner.name, &inner.instance, &inner.handler_names)
-                        .await
-                    {
-                        Ok(()) => handlers_said = Some(tokio::time::Instant::now()),
-                        Err(err) => recorder.health.fail(&err),
-                    }
-                }
-            }
-            _ = poll.tick() => {
-                let handed = match history.handed_to(&inner.name, &inner.instance).await {
-                    Ok(handed) => handed,
-                    Err(err) => {
+    /// Every replica with a history, from `start()` to shutdown: says it is alive,
+    /// and takes the ticks handed to it. On shutdown, declines those it has not started
+    /// and takes itself out of the replicas runs are handed to.
+    pub(super) async fn serve(self: Arc<Self>, ticks: Arc<Ticks>, stop: CancellationToken) {
+        let inner = self;
+        let Some(recorder) = inner.ctx.recorder.clone() else {
+            return;
+        };
+        let history = recorder.history();
+        let taking: Arc<Mutex<HashSet<(String, i64, i64)>>> = Arc::default();
+        // The newest hand-off picked up (its slot reserved, so `running` counts it).
+        let mut polled_ms = 0;
+        let mut beat = tokio::time::interval(BEAT);
+        let mut poll = tokio::time::interval(POLL);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut handlers_said: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                _ = beat.tick() => {
+                    if let Err(err) = history.beat(&inner.ctx.name, &inner.presence(polled_ms)).await {
                         recorder.health.fail(&err);
                         continue;
                     }
-                };
-                for handoff in handed {
-                    polled_ms = polled_ms.max(handoff.dispatched_ms);
-                    let key = (handoff.job.clone(), handoff.tick.timestamp_millis(), handoff.dispatched_ms);
-                    if !lock(&taking).insert(key.clone()) {
-                        continue;
+                    // The handlers' names, for admin tools: with the first beat, then now
+                    // and then (the list does not change; a row written anew gets it back).
+                    if handlers_said.is_none_or(|at| at.elapsed() >= HANDLERS_EVERY) {
+                        match history
+                            .say_handlers(&inner.ctx.name, &inner.ctx.instance, &inner.handler_names)
+                            .await
+                        {
+                            Ok(()) => handlers_said = Some(tokio::time::Instant::now()),
+                            Err(err) => recorder.health.fail(&err),
+                        }
                     }
-                    // Counted here from now on (or declined, at the limit).
-                    let slot = Slot::try_take(&inner);
-                    let (inner, taking) = (Arc::clone(&inner), Arc::clone(&taking));
-                    inner.clone().runs.spawn(async move {
-                        inner.take_handoff(handoff, slot).await;
-                        lock(&taking).remove(&key);
-                    });
+                }
+                _ = poll.tick() => {
+                    let handed = match history.handed_to(&inner.ctx.name, &inner.ctx.instance).await {
+                        Ok(handed) => handed,
+                        Err(err) => {
+                            recorder.health.fail(&err);
+                            continue;
+                        }
+                    };
+                    for handoff in handed {
+                        polled_ms = polled_ms.max(handoff.dispatched_ms);
+                        let key = (handoff.job.clone(), handoff.tick.timestamp_millis(), handoff.dispatched_ms);
+                        if !lock(&taking).insert(key.clone()) {
+                            continue;
+                        }
+                        // Counted here from now on (or declined, at the limit).
+                        let slot = inner.ctx.slots.try_take();
+                        let (handoffs, ticks, taking) =
+                            (Arc::clone(&inner), Arc::clone(&ticks), Arc::clone(&taking));
+                        inner.ctx.runs.spawn(async move {
+                            handoffs.take_handoff(&ticks, handoff, slot).await;
+                            lock(&taking).remove(&key);
+                        });
+                    }
+                }
+                () = inner.ctx.stop_firing.cancelled() => break,
+                () = stop.cancelled() => break,
+            }
+        }
+        // Leaving: what was handed here and not started goes back to the leader at once.
+        if let Ok(handed) = history
+            .handed_to(&inner.ctx.name, &inner.ctx.instance)
+            .await
+        {
+            for handoff in handed {
+                let key = (
+                    handoff.job.clone(),
+                    handoff.tick.timestamp_millis(),
+                    handoff.dispatched_ms,
+                );
+                if !lock(&taking).contains(&key) {
+                    let _ = history.decline_handoff(&inner.ctx.name, &handoff).await;
                 }
             }
-            () = inner.stop_firing.cancelled() => break,
-            () = stop.cancelled() => break,
+        }
+        if let Err(err) = history.leave(&inner.ctx.name, &inner.ctx.instance).await {
+            tracing::debug!(error = %err, "could not take this replica out of the history's replicas");
         }
     }
-    // Leaving: what was handed here and not started goes back to the leader at once.
-    if let Ok(handed) = history.handed_to(&inner.name, &inner.instance).await {
-        for handoff in handed {
-            let key = (
-                handoff.job.clone(),
-                handoff.tick.timestamp_millis(),
-                handoff.dispatched_ms,
-            );
-            if !lock(&taking).contains(&key) {
-                let _ = history.decline_handoff(&inner.name, &handoff).await;
-            }
-        }
-    }
-    if let Err(err) = history.leave(&inner.name, &inner.instance).await {
-        tracing::debug!(error = %err, "could not take this replica out of the history's replicas");
-    }
-}
 
-impl Inner {
     /// A replica: runs a tick the leader handed to it, or declines it (at its limit,
     /// without the job, without a quorum for the run lock, or shutting down).
-    async fn take_handoff(self: &Arc<Self>, handoff: Handoff, slot: Option<Slot>) {
-        let Some(recorder) = &self.recorder else {
+    async fn take_handoff(&self, ticks: &Arc<Ticks>, handoff: Handoff, slot: Option<Slot>) {
+        let Some(recorder) = &self.ctx.recorder else {
             return;
         };
         let history = recorder.history();
         let handoff = &handoff;
         let decline = |why: &'static str| async move {
             tracing::debug!(job = %handoff.job, tick = %handoff.tick, why, "declining a tick handed over");
-            if let Err(err) = history.decline_handoff(&self.name, handoff).await {
+            if let Err(err) = history.decline_handoff(&self.ctx.name, handoff).await {
                 recorder.health.fail(&err);
             }
         };
-        let Ok((index, state)) = self.job(&handoff.job) else {
+        let Ok((index, state)) = self.ctx.job(&handoff.job) else {
             decline("this replica does not declare the job").await;
             return;
         };
@@ -436,7 +479,7 @@ impl Inner {
             decline("at max_concurrent_runs").await;
             return;
         };
-        if !self.wait_for_tick(handoff.tick, None).await {
+        if !ticks.wait_for_tick(handoff.tick, None).await {
             decline("shutting down").await;
             return;
         }
@@ -445,7 +488,7 @@ impl Inner {
             decline("the job was rescheduled without this tick").await;
             return;
         }
-        if self.clock.now() > self.deadline(state, handoff.tick) {
+        if self.ctx.clock.now() > self.ctx.deadline(state, handoff.tick) {
             // Past its grace window: given back, for the leader to record.
             decline("past its grace window").await;
             return;
@@ -454,21 +497,21 @@ impl Inner {
         // it, maybe one that died holding the job's run lock) waits for the run lock as
         // a late run does, within the grace window.
         let late = handoff.dispatched_ms > handoff.tick.timestamp_millis();
-        let run_lock = match self.take_run_lock(state, handoff.tick, late, None).await {
+        let run_lock = match ticks.take_run_lock(state, handoff.tick, late, None).await {
             Ok(run_lock) => run_lock,
             Err(RunLockRefused::Overlap(reason)) => {
                 // The tick is this replica's to record only once it took it.
                 let taken = history
                     .take_handoff(
-                        &self.name,
+                        &self.ctx.name,
                         handoff,
                         Outcome::Skipped,
                         Some(&reason),
-                        self.clock.now(),
+                        self.ctx.clock.now(),
                     )
                     .await;
                 if let Ok(true) = taken {
-                    self.note_skip(state, handoff.tick, SkipReason::Overlap, &reason);
+                    ticks.note_skip(state, handoff.tick, SkipReason::Overlap, &reason);
                 }
                 return;
             }
@@ -483,11 +526,11 @@ impl Inner {
         };
         let taken = history
             .take_handoff(
-                &self.name,
+                &self.ctx.name,
                 handoff,
                 Outcome::Running,
                 None,
-                self.clock.now(),
+                self.ctx.clock.now(),
             )
             .await;
         match taken {
@@ -500,10 +543,12 @@ impl Inner {
             Err(err) => {
                 // The answer was lost: the run's row says whether the take committed.
                 recorder.health.fail(&err);
-                let row = history.run_at(&self.name, &handoff.job, handoff.tick).await;
+                let row = history
+                    .run_at(&self.ctx.name, &handoff.job, handoff.tick)
+                    .await;
                 let ours = row.is_ok_and(|row| {
                     row.is_some_and(|row| {
-                        *row.instance == *self.instance && row.outcome == Outcome::Running
+                        *row.instance == *self.ctx.instance && row.outcome == Outcome::Running
                     })
                 });
                 if !ours {
@@ -513,6 +558,6 @@ impl Inner {
             }
         }
         let grant = Grant::handed(handoff.token);
-        self.start_run(index, handoff.tick, run_lock, grant, slot, false, false);
+        ticks.start_run(index, handoff.tick, run_lock, grant, slot, false, false);
     }
 }

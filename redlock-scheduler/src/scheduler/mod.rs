@@ -14,8 +14,9 @@
 //! tasks of their own, the Redis claim stays the guard while the database is away, and
 //! the rows it could not write are written when it returns (see [`Health`]).
 
-mod builder;
+pub(crate) mod builder;
 mod changes;
+mod context;
 mod fire;
 mod handoff;
 mod placement;
@@ -24,24 +25,29 @@ mod state;
 mod tenure;
 mod tick;
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use redlock_core::Redlock;
+use redlock_core::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-pub use self::builder::SchedulerBuilder;
-use self::requests::triggered;
-use self::state::Slot;
-use self::state::{Inner, lock};
-use self::tick::{Grant, NotTaken};
-use crate::control::SchedulerAdmin;
+use self::changes::Changes;
+use self::context::Context;
+use self::fire::Leading;
+use self::handoff::Handoffs;
+use self::requests::{Requests, triggered};
+use self::state::lock;
+use self::tenure::Tenure;
+use self::tick::Ticks;
+use crate::changes::{JobChange, JobChangeAction};
+use crate::control::{Base, SchedulerAdmin};
 use crate::error::Error;
 use crate::history::Outcome;
 use crate::leader::{LeaderElector, LeaderEvent, Leadership};
 use crate::request::{Dispatched, RequestAction, RequestError};
-use crate::status::{self, Health, JobStatus, LastRun, SchedulerStatus};
+use crate::spec::JobSpec;
+use crate::status::{self, Health, HealthCell, JobStatus, LastRun, SchedulerStatus};
 
 /// A cron scheduler whose every tick runs on exactly one replica. Cheap to clone.
 ///
@@ -79,12 +85,49 @@ pub struct Scheduler {
     inner: Arc<Inner>,
 }
 
+/// What a [`Scheduler`] holds: the shared context, the parts of the engine (each with
+/// its own state), and the background tasks.
+struct Inner {
+    ctx: Arc<Context>,
+    /// Leadership: the election and the leader's record.
+    tenure: Arc<Tenure>,
+    /// Claims and runs.
+    ticks: Arc<Ticks>,
+    /// Runs spread over the replicas.
+    handoffs: Arc<Handoffs>,
+    /// Jobs changed at run time.
+    changes: Arc<Changes>,
+    /// Operators' requests.
+    requests: Arc<Requests>,
+    /// Background tasks started (Redis probe, history writer).
+    background: OnceLock<()>,
+    redis_health: Arc<HealthCell>,
+    ready: tokio::sync::watch::Sender<bool>,
+    /// The runs (and ticks being claimed) are done: background tasks may end.
+    stop_background: CancellationToken,
+    background_tasks: TaskTracker,
+}
+
+impl Inner {
+    /// The parts the leader's loops use.
+    fn leading(&self) -> Leading {
+        Leading::new(
+            Arc::clone(&self.ctx),
+            Arc::clone(&self.tenure),
+            Arc::clone(&self.ticks),
+            Arc::clone(&self.handoffs),
+            Arc::clone(&self.changes),
+            Arc::clone(&self.requests),
+        )
+    }
+}
+
 impl std::fmt::Debug for Scheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scheduler")
-            .field("name", &self.inner.name)
-            .field("instance", &self.inner.instance)
-            .field("jobs", &self.inner.jobs.live().len())
+            .field("name", &self.inner.ctx.name)
+            .field("instance", &self.inner.ctx.instance)
+            .field("jobs", &self.inner.ctx.jobs.live().len())
             .finish_non_exhaustive()
     }
 }
@@ -94,11 +137,6 @@ impl Scheduler {
     /// [`SchedulerAdmin::new`](crate::admin::SchedulerAdmin::new) takes to find it.
     pub const DEFAULT_NAME: &'static str = "scheduler";
 
-    /// A scheduler whose locks go through `redlock`.
-    pub fn builder(redlock: Redlock) -> SchedulerBuilder {
-        SchedulerBuilder::new(redlock)
-    }
-
     /// Starts the background tasks once: the Redis probe and, with a history, its
     /// writer, the publication of the job definitions and the follower's share of the
     /// operators' requests.
@@ -106,24 +144,25 @@ impl Scheduler {
         let inner = &self.inner;
         inner.background.get_or_init(|| {
             inner.background_tasks.spawn(status::watch_redis(
-                inner.redlock.clone(),
+                inner.ctx.redlock.clone(),
                 Arc::clone(&inner.redis_health),
                 inner.ready.clone(),
                 inner.stop_background.clone(),
             ));
-            if let Some(recorder) = inner.recorder.clone() {
-                let (stop, give_up) = (inner.stop_background.clone(), inner.hard_stop.clone());
+            if let Some(recorder) = inner.ctx.recorder.clone() {
+                let (stop, give_up) = (inner.stop_background.clone(), inner.ctx.hard_stop.clone());
                 inner
                     .background_tasks
                     .spawn(async move { recorder.run(stop, give_up).await });
                 // The jobs changed at run time; for admin tools, what this replica
                 // runs; and the cancels of its runs.
-                inner.background_tasks.spawn(changes::follow_changes(
-                    Arc::clone(inner),
-                    inner.stop_background.clone(),
-                ));
+                let (changes, stop) = (Arc::clone(&inner.changes), inner.stop_background.clone());
+                inner
+                    .background_tasks
+                    .spawn(async move { changes.follow(stop).await });
                 inner.background_tasks.spawn(requests::follow(
-                    Arc::clone(inner),
+                    Arc::clone(&inner.requests),
+                    Arc::clone(&inner.tenure),
                     inner.stop_background.clone(),
                 ));
             }
@@ -134,34 +173,17 @@ impl Scheduler {
     /// current tokio runtime). Calling it again does nothing.
     pub fn start(&self) {
         let inner = &self.inner;
-        if inner.stop_firing.is_cancelled() {
+        if inner.ctx.stop_firing.is_cancelled() {
             return;
         }
         self.start_background();
-        let mut started = false;
-        let elector = inner.elector.get_or_init(|| {
-            started = true;
-            let mut builder =
-                LeaderElector::builder(inner.redlock.clone(), crate::keys::leader(&inner.name))
-                    .instance(inner.instance.to_string())
-                    .term(inner.term)
-                    .retry_interval(inner.retry_interval);
-            if let Some(ttl) = inner.leader_ttl {
-                builder = builder.ttl(ttl);
-            }
-            // The options were checked by `SchedulerBuilder::build`.
-            builder.spawn()
-        });
-        if started {
-            let (inner, events) = (Arc::clone(&self.inner), elector.subscribe());
-            tokio::spawn(fire::lead(inner, events));
-            if self.inner.recorder.is_some() {
+        if let Some(events) = inner.tenure.start() {
+            tokio::spawn(fire::lead(inner.leading(), events));
+            if inner.ctx.recorder.is_some() {
                 // Runs the leader hands to this replica.
-                let inner = Arc::clone(&self.inner);
+                let (handoffs, ticks) = (Arc::clone(&inner.handoffs), Arc::clone(&inner.ticks));
                 let stop = inner.stop_background.clone();
-                self.inner
-                    .background_tasks
-                    .spawn(handoff::serve(inner, stop));
+                inner.background_tasks.spawn(handoffs.serve(ticks, stop));
             }
         }
     }
@@ -201,24 +223,29 @@ impl Scheduler {
         Health {
             ready: self.is_ready(),
             redis: self.inner.redis_health.snapshot(),
-            history: self.inner.recorder.as_ref().map(|r| r.health.snapshot()),
+            history: self
+                .inner
+                .ctx
+                .recorder
+                .as_ref()
+                .map(|r| r.health.snapshot()),
         }
     }
 
     /// This replica's id.
     pub fn instance(&self) -> &str {
-        &self.inner.instance
+        &self.inner.ctx.instance
     }
 
     /// This replica's leadership changes, as a `watch` receiver (`None` before
     /// [`start`](Self::start)).
     pub fn leader_events(&self) -> Option<tokio::sync::watch::Receiver<LeaderEvent>> {
-        self.inner.elector.get().map(LeaderElector::subscribe)
+        self.inner.tenure.elector().map(LeaderElector::subscribe)
     }
 
     /// The current leadership, if this replica leads.
     pub fn leadership(&self) -> Option<Leadership> {
-        self.inner.leadership()
+        self.inner.tenure.leadership()
     }
 
     /// Runs `job` once now, through the same claim path as a scheduled tick (the tick is
@@ -238,12 +265,12 @@ impl Scheduler {
     /// [`RequestError::NotLeader`] on another replica; the history's error.
     pub async fn trigger(&self, job: &str) -> Result<Dispatched, Error> {
         let inner = &self.inner;
-        inner.job(job)?;
-        if inner.stop_firing.is_cancelled() {
+        inner.ctx.job(job)?;
+        if inner.ctx.stop_firing.is_cancelled() {
             return Err(Error::ShutDown);
         }
-        if inner.leadership().is_some() || inner.history().is_none() {
-            let tick = inner.trigger(job).await?;
+        if inner.tenure.leadership().is_some() || inner.ctx.history().is_none() {
+            let tick = inner.ticks.trigger(job, inner.tenure.leadership()).await?;
             return Ok(Dispatched::Done {
                 result: triggered(tick),
                 tick: Some(tick),
@@ -266,19 +293,19 @@ impl Scheduler {
     pub async fn cancel(&self, job: &str) -> Result<Dispatched, Error> {
         let inner = &self.inner;
         // A job removed while its run goes on included.
-        if inner.jobs.find(job).is_none() {
+        if inner.ctx.jobs.find(job).is_none() {
             return Err(RequestError::UnknownJob {
                 name: job.to_owned(),
             }
             .into());
         }
-        if let Some(tick) = inner.cancel_local(job) {
+        if let Some(tick) = inner.requests.cancel_local(job) {
             return Ok(Dispatched::Done {
-                result: inner.cancelled(tick),
+                result: inner.requests.cancelled(tick),
                 tick: Some(tick),
             });
         }
-        let Some(history) = inner.history() else {
+        let Some(history) = inner.ctx.history() else {
             return Err(match self.leadership() {
                 Some(_) => RequestError::NotRunning {
                     job: job.to_owned(),
@@ -288,10 +315,10 @@ impl Scheduler {
             .into());
         };
         let elsewhere = history
-            .running(&inner.name)
+            .running(&inner.ctx.name)
             .await?
             .iter()
-            .any(|run| run.job == job && *run.instance != *inner.instance);
+            .any(|run| run.job == job && *run.instance != *inner.ctx.instance);
         if !elsewhere {
             return Err(RequestError::NotRunning {
                 job: job.to_owned(),
@@ -314,18 +341,18 @@ impl Scheduler {
     /// does not lead; the history's error.
     pub async fn step_down(&self) -> Result<Dispatched, Error> {
         let inner = &self.inner;
-        if inner.stop_firing.is_cancelled() {
+        if inner.ctx.stop_firing.is_cancelled() {
             return Err(Error::ShutDown);
         }
-        if let (Some(elector), Some(leadership)) = (inner.elector.get(), self.leadership())
-            && elector.step_down(inner.step_down_back_off()).await
+        if let Some(leadership) = self.leadership()
+            && inner.tenure.step_down().await
         {
             return Ok(Dispatched::Done {
-                result: inner.stepped_down(leadership.epoch()),
+                result: inner.requests.stepped_down(leadership.epoch()),
                 tick: None,
             });
         }
-        if inner.history().is_none() {
+        if inner.ctx.history().is_none() {
             return Err(RequestError::NotLeader.into());
         }
         self.request(None, RequestAction::StepDown).await
@@ -346,10 +373,10 @@ impl Scheduler {
     /// `None` without a [`History`](crate::History).
     pub fn admin(&self) -> Option<SchedulerAdmin> {
         let inner = &self.inner;
-        inner.history().map(|history| {
-            SchedulerAdmin::new(history.clone(), inner.name.clone())
-                .operator(inner.instance.to_string())
-                .max_resource_len(inner.max_resource_len)
+        inner.ctx.history().map(|history| {
+            SchedulerAdmin::new(history.clone(), inner.ctx.name.clone())
+                .operator(inner.ctx.instance.to_string())
+                .max_resource_len(inner.ctx.max_resource_len)
         })
     }
 
@@ -374,9 +401,11 @@ impl Scheduler {
     }
 
     async fn set_paused(&self, job: &str, paused: bool) -> Result<(), Error> {
-        let (_, state) = self.inner.job(job)?;
-        if let Some(history) = self.inner.history() {
-            history.set_paused(&self.inner.name, job, paused).await?;
+        let (_, state) = self.inner.ctx.job(job)?;
+        if let Some(history) = self.inner.ctx.history() {
+            history
+                .set_paused(&self.inner.ctx.name, job, paused)
+                .await?;
         }
         state.paused.store(paused, Ordering::Release);
         Ok(())
@@ -388,20 +417,20 @@ impl Scheduler {
     /// not answer, this replica's own view is shown.
     pub async fn status(&self) -> SchedulerStatus {
         let inner = &self.inner;
-        let now = inner.clock.now();
+        let now = inner.ctx.clock.now();
         let leading = self.leadership();
-        let paused_in_history = match inner.history() {
-            Some(history) => history.paused_jobs(&inner.name).await.ok(),
+        let paused_in_history = match inner.ctx.history() {
+            Some(history) => history.paused_jobs(&inner.ctx.name).await.ok(),
             None => None,
         };
-        let live = inner.jobs.live();
+        let live = inner.ctx.jobs.live();
         let mut jobs = Vec::with_capacity(live.len());
         for state in live {
             let def = state.def();
             let local = lock(&state.last).clone();
             let mut last_run = local.clone();
-            if let Some(history) = inner.history()
-                && let Ok(runs) = history.runs(&inner.name, &state.name, 1).await
+            if let Some(history) = inner.ctx.history()
+                && let Ok(runs) = history.runs(&inner.ctx.name, &state.name, 1).await
                 && let Some(run) = runs.into_iter().next()
             {
                 let row = LastRun::from(run);
@@ -435,11 +464,11 @@ impl Scheduler {
             });
         }
         SchedulerStatus {
-            scheduler: inner.name.clone(),
-            instance: inner.instance.to_string(),
+            scheduler: inner.ctx.name.clone(),
+            instance: inner.ctx.instance.to_string(),
             is_leader: leading.is_some(),
             leader: match &leading {
-                Some(_) => Some(inner.instance.to_string()),
+                Some(_) => Some(inner.ctx.instance.to_string()),
                 None => self.leader().await,
             },
             epoch: leading.map(|l| l.epoch()),
@@ -450,7 +479,7 @@ impl Scheduler {
 
     /// The leader as last recorded in the history (`None` without one).
     async fn leader(&self) -> Option<String> {
-        self.inner.recorded_leader().await
+        self.inner.tenure.recorded_leader().await
     }
 
     /// Stops firing and hands leadership over to another replica at once; lets the runs
@@ -462,29 +491,21 @@ impl Scheduler {
     pub async fn shutdown(&self, deadline: Duration) {
         let inner = &self.inner;
         let until = crate::time::instant_after(deadline);
-        inner.stop_firing.cancel();
-        if let Some(elector) = inner.elector.get() {
-            let leading = elector.leadership();
-            elector.shutdown().await;
-            // Admin tools name no leader until the next one records itself.
-            if let Some(leadership) = leading {
-                let ended = inner.record_leadership_end(leadership.epoch());
-                let _ = tokio::time::timeout_at(until, ended).await;
-            }
-        }
-        inner.runs.close();
-        if tokio::time::timeout_at(until, inner.runs.wait())
+        inner.ctx.stop_firing.cancel();
+        inner.tenure.shutdown(until).await;
+        inner.ctx.runs.close();
+        if tokio::time::timeout_at(until, inner.ctx.runs.wait())
             .await
             .is_err()
         {
-            tracing::warn!(scheduler = %inner.name, "shutdown deadline reached: cancelling the runs still going");
-            inner.hard_stop.cancel();
-            inner.runs.wait().await;
+            tracing::warn!(scheduler = %inner.ctx.name, "shutdown deadline reached: cancelling the runs still going");
+            inner.ctx.hard_stop.cancel();
+            inner.ctx.runs.wait().await;
         }
         // The writer empties its queue, then ends (or gives up at the deadline).
         inner.stop_background.cancel();
         inner.background_tasks.close();
-        let give_up = inner.hard_stop.clone();
+        let give_up = inner.ctx.hard_stop.clone();
         let deadline_passed = async move {
             tokio::time::sleep_until(until).await;
             give_up.cancel();
@@ -496,77 +517,97 @@ impl Scheduler {
     }
 }
 
-impl Inner {
-    /// Runs `job` now, on the leader ([`Scheduler::trigger`]): the tick run.
-    pub(super) async fn trigger(self: &Arc<Self>, job: &str) -> Result<DateTime<Utc>, Error> {
-        let inner = self;
-        let (index, state) = inner.job(job)?;
-        let state = &*state;
-        if inner.stop_firing.is_cancelled() {
+impl Scheduler {
+    /// Adds a job at run time, on every replica: with a [`History`](crate::History) the
+    /// change is recorded there, applied here at once and on the other replicas within
+    /// [`JOB_CHANGE_POLL`](crate::JOB_CHANGE_POLL); the leader fires the job's ticks after the time of the
+    /// change. Without a history it is added to this replica alone. Its handler must be
+    /// registered here ([`SchedulerBuilder::handler`](crate::SchedulerBuilder::handler)),
+    /// and should be on every replica.
+    ///
+    /// The job's name may be at most [`max_job_name_len`](Self::max_job_name_len)
+    /// bytes (477 for the default scheduler name under the default `max_resource_len`;
+    /// see [`keys`](crate::keys)), so that every lock key made from it fits.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError::InvalidJob`]; [`RequestError::NameTooLong`] with the bound in
+    /// bytes; [`RequestError::UnknownHandler`]; [`RequestError::JobExists`];
+    /// [`RequestError::ChangeConflict`]; [`Error::ShutDown`]; the history's error.
+    pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
+        self.inner.changes.check(&spec)?;
+        let name = spec.name().to_owned();
+        self.change(&name, |current| match current {
+            Some(_) => Err(RequestError::JobExists { name: name.clone() }),
+            None => Ok((JobChangeAction::Add, Some(spec.clone()))),
+        })
+        .await
+    }
+
+    /// Puts `spec` in force for the job of its name, on every replica, as
+    /// [`add_job`](Self::add_job) adds one (and
+    /// [`SchedulerAdmin::reschedule_job`](crate::admin::SchedulerAdmin::reschedule_job)
+    /// says what happens at the switch).
+    ///
+    /// # Errors
+    ///
+    /// As [`add_job`](Self::add_job) (the name's bound included), with
+    /// [`RequestError::UnknownJob`] instead of [`RequestError::JobExists`].
+    pub async fn reschedule_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
+        self.inner.changes.check(&spec)?;
+        let name = spec.name().to_owned();
+        self.change(&name, |current| match current {
+            Some(_) => Ok((JobChangeAction::Reschedule, Some(spec.clone()))),
+            None => Err(RequestError::UnknownJob { name: name.clone() }),
+        })
+        .await
+    }
+
+    /// Removes `job` at run time, on every replica, as [`add_job`](Self::add_job) adds
+    /// one: no tick of it fires once the leader has the change; a run of it going on
+    /// then finishes.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError::UnknownJob`]; [`RequestError::ChangeConflict`];
+    /// [`Error::ShutDown`]; the history's error.
+    pub async fn remove_job(&self, job: &str) -> Result<JobChange, Error> {
+        self.change(job, |current| match current {
+            Some(_) => Ok((JobChangeAction::Remove, None)),
+            None => Err(RequestError::UnknownJob {
+                name: job.to_owned(),
+            }),
+        })
+        .await
+    }
+
+    /// The longest job name this scheduler takes, in bytes: what its name leaves
+    /// under the client's `max_resource_len` for the longest key made from a job's
+    /// name (see [`keys::max_job_name_len`](crate::keys::max_job_name_len)).
+    pub fn max_job_name_len(&self) -> usize {
+        crate::keys::max_job_name_len(&self.inner.ctx.name, self.inner.ctx.max_resource_len)
+    }
+
+    /// Records the change `decide` makes (through the history, or here alone without
+    /// one) and applies it here.
+    async fn change(
+        &self,
+        job: &str,
+        decide: impl Fn(Option<JobSpec>) -> Result<(JobChangeAction, Option<JobSpec>), RequestError>,
+    ) -> Result<JobChange, Error> {
+        let inner = &self.inner;
+        if inner.ctx.stop_firing.is_cancelled() {
             return Err(Error::ShutDown);
         }
-        let Some(leadership) = inner.leadership() else {
-            return Err(RequestError::NotLeader.into());
+        let now = inner.ctx.clock.now();
+        let Some(admin) = self.admin() else {
+            // This replica alone.
+            return inner.changes.change_here(job, now, decide).await;
         };
-        // Millisecond precision, like the history's.
-        let now = inner.clock.now();
-        let mut tick = DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now);
-        if tick.timestamp_subsec_millis() == 0 {
-            // Not the key of a scheduled tick (those are whole seconds).
-            tick += chrono::Duration::milliseconds(1);
-        }
-        let already_claimed = || -> Error {
-            RequestError::AlreadyClaimed {
-                job: job.to_owned(),
-                tick: tick.to_rfc3339(),
-            }
-            .into()
-        };
-        let now = inner.clock.now();
-        match inner
-            .take(
-                &inner.claim_resource(state, tick),
-                inner.claim_ttl(state),
-                Duration::ZERO,
-                now,
-                Some(&leadership),
-            )
-            .await
-        {
-            Ok(claim) => drop(claim.detach()),
-            Err(NotTaken::Held) => return Err(already_claimed()),
-            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
-            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
-        }
-        let run_lock = match inner
-            .take(
-                &inner.run_resource(job),
-                inner.run_lock_ttl,
-                Duration::ZERO,
-                now,
-                Some(&leadership),
-            )
-            .await
-        {
-            Ok(run_lock) => run_lock,
-            Err(NotTaken::Held) => {
-                return Err(RequestError::AlreadyRunning {
-                    job: job.to_owned(),
-                }
-                .into());
-            }
-            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
-            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
-        };
-        if !inner
-            .insert_row(state, tick, leadership.epoch(), true)
-            .await
-        {
-            let _ = run_lock.release().await;
-            return Err(already_claimed());
-        }
-        let grant = Grant::of(&leadership);
-        inner.start_run(index, tick, run_lock, grant, Slot::take(inner), false, true);
-        Ok(tick)
+        let base = Base::Local(inner.changes.local_spec(job));
+        let change = admin.change(job, base, now, decide).await?;
+        // In force here at once (and every change before it, in order).
+        inner.changes.sync().await;
+        Ok(change)
     }
 }

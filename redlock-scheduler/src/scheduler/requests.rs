@@ -12,7 +12,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::CancellationToken;
 
-use super::state::Inner;
+use super::context::Context;
+use super::state::lock;
+use super::tenure::Tenure;
+use super::tick::Ticks;
 use crate::leader::Leadership;
 use crate::request::{EXPIRED, Request, RequestAction, RequestError};
 
@@ -25,16 +28,25 @@ const REQUEST_EXPIRY: Duration = Duration::from_secs(60);
 /// Attempts at writing a request's result.
 const RESULT_ATTEMPTS: u32 = 3;
 
-impl Inner {
+/// Operators' requests, as this replica carries them out.
+pub(super) struct Requests {
+    ctx: Arc<Context>,
+}
+
+impl Requests {
+    pub(super) fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
+    }
+
     /// The leader's share of the pending requests: all of them, oldest first, except
     /// the cancels of runs going on other replicas (theirs to carry out).
-    pub(super) async fn serve_requests(self: &Arc<Self>, leadership: &Leadership) {
+    pub(super) async fn serve(&self, ticks: &Arc<Ticks>, tenure: &Tenure, leadership: &Leadership) {
         let Some(pending) = self.pending_requests().await else {
             return;
         };
         let now = Utc::now();
         for request in pending {
-            if !leadership.is_current() || self.stop_firing.is_cancelled() {
+            if !leadership.is_current() || self.ctx.stop_firing.is_cancelled() {
                 return;
             }
             let age = (now - request.requested).to_std().unwrap_or_default();
@@ -53,7 +65,7 @@ impl Inner {
                         continue;
                     }
                     let job = request.job.as_deref().unwrap_or_default();
-                    let result = match self.trigger(job).await {
+                    let result = match ticks.trigger(job, tenure.leadership()).await {
                         Ok(tick) => triggered(tick),
                         Err(err) => err.to_string(),
                     };
@@ -65,14 +77,10 @@ impl Inner {
                     if !self.claim(&request, None).await {
                         continue;
                     }
-                    let stepped_down = match self.elector.get() {
-                        Some(elector) => elector.step_down(self.step_down_back_off()).await,
-                        None => false,
-                    };
-                    let result = if stepped_down {
+                    let result = if tenure.step_down().await {
                         self.stepped_down(leadership.epoch())
                     } else {
-                        format!("{} no longer led", self.instance)
+                        format!("{} no longer led", self.ctx.instance)
                     };
                     tracing::info!(id = %request.id, %result, by = %request.requested_by, "step-down requested");
                     self.finish(&request, &result).await;
@@ -87,6 +95,7 @@ impl Inner {
     /// only while one goes).
     pub(super) async fn serve_cancels(&self) {
         if !self
+            .ctx
             .jobs
             .all()
             .iter()
@@ -110,7 +119,7 @@ impl Inner {
     async fn serve_cancel(&self, request: &Request, leader: bool) {
         let job = request.job.as_deref().unwrap_or_default();
         // A removed job's run going on can still be cancelled.
-        let Some((_, state)) = self.jobs.find(job) else {
+        let Some((_, state)) = self.ctx.jobs.find(job) else {
             if leader {
                 let unknown = RequestError::UnknownJob {
                     name: job.to_owned(),
@@ -135,14 +144,14 @@ impl Inner {
         if !leader {
             return;
         }
-        let Some(recorder) = &self.recorder else {
+        let Some(recorder) = &self.ctx.recorder else {
             return;
         };
-        match recorder.history().running(&self.name).await {
+        match recorder.history().running(&self.ctx.name).await {
             Ok(running) => {
                 if running
                     .iter()
-                    .any(|run| run.job == job && *run.instance != *self.instance)
+                    .any(|run| run.job == job && *run.instance != *self.ctx.instance)
                 {
                     // That replica's to cancel (or, if it died, the sweep closes its row
                     // and the next look answers).
@@ -155,8 +164,8 @@ impl Inner {
     }
 
     async fn pending_requests(&self) -> Option<Vec<Request>> {
-        let recorder = self.recorder.as_ref()?;
-        match recorder.history().pending_requests(&self.name).await {
+        let recorder = self.ctx.recorder.as_ref()?;
+        match recorder.history().pending_requests(&self.ctx.name).await {
             Ok(pending) => {
                 recorder.health.read_ok();
                 Some(pending)
@@ -170,12 +179,12 @@ impl Inner {
 
     /// Takes `request` (done at once with a `result`): whether this replica got it.
     async fn claim(&self, request: &Request, result: Option<&str>) -> bool {
-        let Some(recorder) = &self.recorder else {
+        let Some(recorder) = &self.ctx.recorder else {
             return false;
         };
         match recorder
             .history()
-            .claim_request(&request.id, &self.instance, Utc::now(), result)
+            .claim_request(&request.id, &self.ctx.instance, Utc::now(), result)
             .await
         {
             Ok(taken) => taken,
@@ -188,7 +197,7 @@ impl Inner {
 
     /// Writes the result of a request this replica took.
     async fn finish(&self, request: &Request, result: &str) {
-        let Some(recorder) = &self.recorder else {
+        let Some(recorder) = &self.ctx.recorder else {
             return;
         };
         for attempt in 1..=RESULT_ATTEMPTS {
@@ -213,33 +222,44 @@ pub(super) fn triggered(tick: DateTime<Utc>) -> String {
     format!("ok: tick {}", tick.to_rfc3339())
 }
 
-impl Inner {
+impl Requests {
+    /// Cancels the run of `job` going on this replica, as an operator asked: its tick,
+    /// or `None` if no run of it goes here.
+    pub(super) fn cancel_local(&self, job: &str) -> Option<DateTime<Utc>> {
+        // A job removed while its run goes on can still have that run cancelled.
+        let (_, state) = self.ctx.jobs.find(job)?;
+        let token = lock(&state.operator_cancel).clone()?;
+        let tick = state.running_tick()?;
+        token.cancel();
+        Some(tick)
+    }
+
     /// A cancel's result, as [`triggered`]'s.
     pub(super) fn cancelled(&self, tick: DateTime<Utc>) -> String {
         format!(
             "ok: cancelled the run of {} on {}",
             tick.to_rfc3339(),
-            self.instance
+            self.ctx.instance
         )
     }
 
     /// A step-down's result, as [`triggered`]'s.
     pub(super) fn stepped_down(&self, epoch: u64) -> String {
-        format!("ok: {} stepped down from epoch {epoch}", self.instance)
+        format!("ok: {} stepped down from epoch {epoch}", self.ctx.instance)
     }
 }
 
 /// On every replica with a history: carries out the cancels of the runs going here
-/// while another replica leads, until `stop`.
-pub(super) async fn follow(inner: Arc<Inner>, stop: CancellationToken) {
+/// while another replica leads (per `tenure`), until `stop`.
+pub(super) async fn follow(requests: Arc<Requests>, tenure: Arc<Tenure>, stop: CancellationToken) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(REQUEST_POLL) => {}
             () = stop.cancelled() => return,
         }
         // The leader serves them all from its housekeeping.
-        if inner.leadership().is_none() {
-            inner.serve_cancels().await;
+        if tenure.leadership().is_none() {
+            requests.serve_cancels().await;
         }
     }
 }

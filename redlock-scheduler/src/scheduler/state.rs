@@ -1,77 +1,16 @@
-//! What a scheduler holds: its options, its jobs' state, its background tasks.
+//! The jobs as this replica holds them (their definitions and the state of their runs)
+//! and the count of its runs against its limit. Uses no other part of the scheduler.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
 
 use chrono::{DateTime, Utc};
-use redlock_core::{CancellationToken, Redlock};
-use tokio_util::task::TaskTracker;
+use redlock_core::CancellationToken;
 
-use super::placement::Placement;
-use crate::error::Error;
 use crate::job::Job;
-use crate::leader::{LeaderElector, Leadership};
-use crate::record::Recorder;
-use crate::request::RequestError;
-use crate::status::HealthCell;
 use crate::status::LastRun;
-use crate::time::Clock;
 use crate::time::Schedule;
-
-/// What a tick's claim is kept for beyond the misfire grace window (clock skew between
-/// replicas).
-pub(super) const CLAIM_MARGIN: Duration = Duration::from_secs(5);
-
-pub(super) struct Inner {
-    pub(super) redlock: Redlock,
-    pub(super) name: String,
-    /// The longest resource name `redlock` takes: the job names' bound follows from it
-    /// (see [`crate::keys`]).
-    pub(super) max_resource_len: usize,
-    pub(super) instance: Arc<str>,
-    pub(super) jobs: JobTable,
-    pub(super) recorder: Option<Arc<Recorder>>,
-    pub(super) clock: Arc<dyn Clock>,
-    pub(super) leader_ttl: Option<Duration>,
-    pub(super) term: Duration,
-    pub(super) retry_interval: Duration,
-    /// TTL of a job's run lock while its run goes on (auto-extended).
-    pub(super) run_lock_ttl: Duration,
-    /// How many runs this replica takes at once (`None`: no limit).
-    pub(super) capacity: Option<usize>,
-    /// The runs going on this replica, and those about to start here.
-    pub(super) running_here: Arc<AtomicUsize>,
-    /// A digest of the names of the jobs declared in code: runs are handed only to
-    /// replicas with the same (jobs changed at run time are the same on every replica
-    /// once applied; one that lacks a job or its handler yet declines its runs).
-    pub(super) jobs_digest: String,
-    /// The handlers jobs added at run time may name (those of the jobs declared in
-    /// code under their names, and those registered by name).
-    pub(super) handlers: HashMap<String, crate::job::Handler>,
-    /// Their names, sorted, as a JSON array (for the replica's beats).
-    pub(super) handler_names: String,
-    /// The number of the last job change applied here.
-    pub(super) applied_change: super::changes::Applied,
-    /// The jobs whose definition changed here and is not yet published.
-    pub(super) unpublished: Mutex<std::collections::HashSet<String>>,
-    /// The leader's view of where runs go.
-    pub(super) placement: Mutex<Placement>,
-    pub(super) elector: OnceLock<LeaderElector>,
-    /// Background tasks started (Redis probe, history writer).
-    pub(super) background: OnceLock<()>,
-    pub(super) redis_health: Arc<HealthCell>,
-    pub(super) ready: tokio::sync::watch::Sender<bool>,
-    /// Shutdown began: fire no more ticks.
-    pub(super) stop_firing: CancellationToken,
-    /// Shutdown's deadline passed: cancel the runs still going.
-    pub(super) hard_stop: CancellationToken,
-    /// The runs (and ticks being claimed) are done: background tasks may end.
-    pub(super) stop_background: CancellationToken,
-    pub(super) runs: TaskTracker,
-    pub(super) background_tasks: TaskTracker,
-}
 
 /// A job's definition as this replica runs it now: replaced whole when the job is
 /// rescheduled at run time.
@@ -322,28 +261,52 @@ pub(super) fn jobs_digest<'a>(names: impl Iterator<Item = &'a str>) -> String {
     format!("{hash:016x}")
 }
 
-/// A run counted in [`Inner::running_here`] for as long as this lives.
-pub(super) struct Slot(Arc<AtomicUsize>);
+/// The runs going on this replica, and those about to start here, against its limit
+/// ([`SchedulerBuilder::max_concurrent_runs`](crate::SchedulerBuilder::max_concurrent_runs)).
+pub(super) struct Slots {
+    /// How many runs this replica takes at once (`None`: no limit).
+    capacity: Option<usize>,
+    running: Arc<AtomicUsize>,
+}
 
-impl Slot {
+impl Slots {
+    pub(super) fn new(capacity: Option<usize>) -> Self {
+        Self {
+            capacity,
+            running: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// The limit (`None`: no limit).
+    pub(super) fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
+    /// How many runs are counted now.
+    pub(super) fn running(&self) -> usize {
+        self.running.load(Ordering::Acquire)
+    }
+
     /// Counts one more run here, whatever the limit (runs only the leader may start).
-    pub(super) fn take(inner: &Inner) -> Self {
-        inner.running_here.fetch_add(1, Ordering::AcqRel);
-        Self(Arc::clone(&inner.running_here))
+    pub(super) fn take(&self) -> Slot {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        Slot(Arc::clone(&self.running))
     }
 
     /// Counts one more run here if the limit leaves room for it.
-    pub(super) fn try_take(inner: &Inner) -> Option<Self> {
-        let limit = inner.capacity.unwrap_or(usize::MAX);
-        inner
-            .running_here
+    pub(super) fn try_take(&self) -> Option<Slot> {
+        let limit = self.capacity.unwrap_or(usize::MAX);
+        self.running
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)
             })
             .ok()
-            .map(|_| Self(Arc::clone(&inner.running_here)))
+            .map(|_| Slot(Arc::clone(&self.running)))
     }
 }
+
+/// A run counted in [`Slots`] for as long as this lives.
+pub(super) struct Slot(Arc<AtomicUsize>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -356,108 +319,6 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-impl Inner {
-    /// The job named `name`, if it is in force here.
-    pub(super) fn job(&self, name: &str) -> Result<(usize, Arc<JobState>), Error> {
-        self.jobs
-            .find(name)
-            .filter(|(_, state)| !state.is_removed())
-            .ok_or_else(|| {
-                RequestError::UnknownJob {
-                    name: name.to_owned(),
-                }
-                .into()
-            })
-    }
-
-    pub(super) fn history(&self) -> Option<&crate::History> {
-        self.recorder.as_deref().map(Recorder::history)
-    }
-
-    /// The current leadership, if this replica leads.
-    pub(super) fn leadership(&self) -> Option<Leadership> {
-        self.elector.get().and_then(LeaderElector::leadership)
-    }
-
-    /// The leader as recorded in the history, for a replica that does not lead (`None`
-    /// without a history, or before the leader recorded itself). A record naming this
-    /// replica is its own leadership, ended before the record says so: no leader is
-    /// known then, rather than this replica.
-    pub(super) async fn recorded_leader(&self) -> Option<String> {
-        let leader = self.history()?.leader(&self.name).await.ok().flatten()?;
-        (*leader != *self.instance).then_some(leader)
-    }
-
-    /// How long a leader that stepped down keeps out of the election: the leadership
-    /// TTL, at least 2 s, so that another replica takes over.
-    pub(super) fn step_down_back_off(&self) -> Duration {
-        self.leader_ttl
-            .unwrap_or_else(|| self.redlock.default_ttl())
-            .max(Duration::from_secs(2))
-    }
-
-    /// Cancels the run of `job` going on this replica, as an operator asked: its tick,
-    /// or `None` if no run of it goes here.
-    pub(super) fn cancel_local(&self, job: &str) -> Option<DateTime<Utc>> {
-        // A job removed while its run goes on can still have that run cancelled.
-        let (_, state) = self.jobs.find(job)?;
-        let token = lock(&state.operator_cancel).clone()?;
-        let tick = state.running_tick()?;
-        token.cancel();
-        Some(tick)
-    }
-
-    /// How old a missed tick may be: the job's grace, capped (without a history) by
-    /// how long a claim can be kept, since the claims are then the only record.
-    pub(super) fn grace(&self, state: &JobState) -> Duration {
-        match self.recorder {
-            Some(_) => state.def().job.spec.grace(),
-            None => state
-                .def()
-                .job
-                .spec
-                .grace()
-                .min(self.redlock.max_ttl().saturating_sub(CLAIM_MARGIN)),
-        }
-    }
-
-    /// How long a tick's claim is kept: until its tick leaves the grace window (and a
-    /// margin), as far as the Redis nodes allow.
-    pub(super) fn claim_ttl(&self, state: &JobState) -> Duration {
-        // A tick handed over is claimed ahead of its time.
-        let ahead = if self.spreads(state) {
-            super::handoff::AHEAD
-        } else {
-            Duration::ZERO
-        };
-        self.grace(state)
-            .saturating_add(CLAIM_MARGIN)
-            .saturating_add(ahead)
-            .min(self.redlock.max_ttl())
-    }
-
-    pub(super) fn claim_resource(&self, state: &JobState, tick: DateTime<Utc>) -> String {
-        crate::keys::claim(&self.name, &state.name, tick.timestamp_millis())
-    }
-
-    /// The lock a run of the job holds while it goes on, on whichever replica: no run
-    /// starts while another holds it (no overlap, cluster-wide).
-    pub(super) fn run_resource(&self, job: &str) -> String {
-        crate::keys::run(&self.name, job)
-    }
-
-    /// Whether the leader may hand `state`'s runs to other replicas (it has a history
-    /// to hand them over through, and the job does not opt out).
-    pub(super) fn spreads(&self, state: &JobState) -> bool {
-        self.recorder.is_some() && !state.def().job.spec.on_leader()
-    }
-
-    /// The latest moment `tick` may still be acted on.
-    pub(super) fn deadline(&self, state: &JobState, tick: DateTime<Utc>) -> DateTime<Utc> {
-        crate::time::later(tick, self.grace(state))
-    }
 }
 
 #[cfg(test)]

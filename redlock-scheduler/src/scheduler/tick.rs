@@ -11,13 +11,14 @@ use chrono::{DateTime, Utc};
 use redlock_core::{CancellationToken, Error as LockError, Lock, RetryPolicy};
 use tracing::Instrument;
 
-use super::handoff::Placed;
-use super::state::{Inner, JobState, Slot, lock};
+use super::context::{CLAIM_MARGIN, Context};
+use super::state::{JobState, Slot, lock};
+use crate::error::Error;
 use crate::history::Outcome;
 use crate::job::JobContext;
 use crate::leader::Leadership;
-use crate::plan::Action;
 use crate::record::{Inserted, Row};
+use crate::request::RequestError;
 use crate::status::LastRun;
 use crate::telemetry::{self, SkipReason};
 use crate::transaction::RunRecord;
@@ -80,7 +81,76 @@ impl Grant {
     }
 }
 
-impl Inner {
+/// How long before its time a tick handed to another replica is claimed (and handed
+/// over): that replica sees it in time and starts it on time.
+pub(super) const AHEAD: Duration = Duration::from_millis(500);
+
+/// Claims and runs: takes a tick's claim and its job's run lock, writes its row,
+/// starts and watches its run, records what did not run; and closes the rows of runs
+/// whose replica died.
+pub(super) struct Ticks {
+    ctx: Arc<Context>,
+    /// TTL of a job's run lock while its run goes on (auto-extended).
+    run_lock_ttl: Duration,
+}
+
+impl Ticks {
+    pub(super) fn new(ctx: Arc<Context>) -> Self {
+        let run_lock_ttl = ctx.redlock.default_ttl().min(ctx.redlock.max_ttl());
+        Self { ctx, run_lock_ttl }
+    }
+
+    /// TTL of a job's run lock while its run goes on.
+    pub(super) fn run_lock_ttl(&self) -> Duration {
+        self.run_lock_ttl
+    }
+
+    /// How long a tick's claim is kept: until its tick leaves the grace window (and a
+    /// margin), as far as the Redis nodes allow.
+    fn claim_ttl(&self, state: &JobState) -> Duration {
+        // A tick handed over is claimed ahead of its time.
+        let ahead = if self.ctx.spreads(state) {
+            AHEAD
+        } else {
+            Duration::ZERO
+        };
+        self.ctx
+            .grace(state)
+            .saturating_add(CLAIM_MARGIN)
+            .saturating_add(ahead)
+            .min(self.ctx.redlock.max_ttl())
+    }
+
+    /// Claims `tick` of `state`: a lock left to expire (never released) once the tick
+    /// has left its grace window, retried on failures until `until`.
+    pub(super) async fn claim(
+        &self,
+        state: &JobState,
+        tick: DateTime<Utc>,
+        until: DateTime<Utc>,
+        leadership: Option<&Leadership>,
+    ) -> Result<(), NotTaken> {
+        let resource = crate::keys::claim(&self.ctx.name, &state.name, tick.timestamp_millis());
+        let claim = self
+            .take(
+                &resource,
+                self.claim_ttl(state),
+                Duration::ZERO,
+                until,
+                leadership,
+            )
+            .await?;
+        // Left to expire: until then no replica considers the tick again.
+        let _ = claim.detach();
+        Ok(())
+    }
+
+    /// The lock a run of the job holds while it goes on, on whichever replica: no run
+    /// starts while another holds it (no overlap, cluster-wide).
+    fn run_resource(&self, job: &str) -> String {
+        crate::keys::run(&self.ctx.name, job)
+    }
+
     /// Takes `resource` for `ttl`, waiting up to `wait` while someone holds it, retrying
     /// failures until `until` (wall clock).
     pub(super) async fn take(
@@ -95,9 +165,10 @@ impl Inner {
         let mut backoff = RETRY_FIRST;
         loop {
             let acquire = if wait.is_zero() {
-                self.redlock.try_lock(resource)
+                self.ctx.redlock.try_lock(resource)
             } else {
-                self.redlock
+                self.ctx
+                    .redlock
                     .lock(resource)
                     .retry(RetryPolicy::deadline(wait))
             }
@@ -106,7 +177,7 @@ impl Inner {
             let result = tokio::select! {
                 result = acquire => result,
                 () = ended.cancelled() => return Err(NotTaken::Stopped),
-                () = self.stop_firing.cancelled() => return Err(NotTaken::Stopped),
+                () = self.ctx.stop_firing.cancelled() => return Err(NotTaken::Stopped),
             };
             let err = match result {
                 Ok(lock) => return Ok(lock),
@@ -114,7 +185,7 @@ impl Inner {
                 Err(err) => err,
             };
             let next_try =
-                self.clock.now() + chrono::Duration::from_std(backoff).unwrap_or_default();
+                self.ctx.clock.now() + chrono::Duration::from_std(backoff).unwrap_or_default();
             if next_try > until {
                 return Err(NotTaken::Failed(err));
             }
@@ -122,109 +193,76 @@ impl Inner {
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
                 () = ended.cancelled() => return Err(NotTaken::Stopped),
-                () = self.stop_firing.cancelled() => return Err(NotTaken::Stopped),
+                () = self.ctx.stop_firing.cancelled() => return Err(NotTaken::Stopped),
             }
             backoff = (backoff * 2).min(RETRY_MAX);
         }
     }
 
-    /// Carries out one planned tick.
-    pub(super) async fn handle_tick(
+    /// Runs `job` now, on the leader ([`Scheduler::trigger`](crate::Scheduler::trigger)),
+    /// `leadership` being this replica's: the tick run.
+    pub(super) async fn trigger(
         self: &Arc<Self>,
-        index: usize,
-        tick: DateTime<Utc>,
-        action: Action,
-        leadership: &Leadership,
-    ) {
-        let Some(state) = self.jobs.get(index) else {
-            return;
-        };
+        job: &str,
+        leadership: Option<Leadership>,
+    ) -> Result<DateTime<Utc>, Error> {
+        let ctx = &self.ctx;
+        let (index, state) = ctx.job(job)?;
         let state = &*state;
-        let deadline = self.deadline(state, tick);
-        let token = leadership.epoch();
-        // An on-time run that may go anywhere is placed ahead of its time, and claimed
-        // then if it goes to another replica; a run that stays here is claimed at its
-        // time, so that a leader that stops before leaves the tick to the next one.
-        let mut placed = None;
-        if matches!(action, Action::Run { late: false }) && self.spreads(state) {
-            match self.place(leadership, deadline, true).await {
-                Placed::Stopped => return,
-                place => placed = Some(place),
+        if ctx.stop_firing.is_cancelled() {
+            return Err(Error::ShutDown);
+        }
+        let Some(leadership) = leadership else {
+            return Err(RequestError::NotLeader.into());
+        };
+        // Millisecond precision, like the history's.
+        let now = ctx.clock.now();
+        let mut tick = DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now);
+        if tick.timestamp_subsec_millis() == 0 {
+            // Not the key of a scheduled tick (those are whole seconds).
+            tick += chrono::Duration::milliseconds(1);
+        }
+        let already_claimed = || -> Error {
+            RequestError::AlreadyClaimed {
+                job: job.to_owned(),
+                tick: tick.to_rfc3339(),
             }
+            .into()
+        };
+        let now = ctx.clock.now();
+        match self.claim(state, tick, now, Some(&leadership)).await {
+            Ok(()) => {}
+            Err(NotTaken::Held) => return Err(already_claimed()),
+            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
+            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
         }
-        let handing_over = matches!(placed, Some(Placed::There(_)));
-        if !handing_over && !self.wait_for_tick(tick, Some(leadership)).await {
-            return;
-        }
-        let claim = self
+        let run_lock = match self
             .take(
-                &self.claim_resource(state, tick),
-                self.claim_ttl(state),
+                &self.run_resource(job),
+                self.run_lock_ttl,
                 Duration::ZERO,
-                deadline,
-                Some(leadership),
+                now,
+                Some(&leadership),
             )
-            .await;
-        match claim {
-            // Left to expire: until then no replica considers the tick again.
-            Ok(claim) => drop(claim.detach()),
+            .await
+        {
+            Ok(run_lock) => run_lock,
             Err(NotTaken::Held) => {
-                tracing::debug!(job = %state.name, %tick, "tick already claimed elsewhere");
-                return;
-            }
-            Err(NotTaken::Stopped) => return,
-            Err(NotTaken::Failed(err)) => {
-                tracing::warn!(job = %state.name, %tick, error = %err, "could not claim the tick within its grace window: not run");
-                self.record_skip(
-                    state,
-                    tick,
-                    token,
-                    SkipReason::Unclaimable,
-                    format!("not claimable within the grace window: {err}"),
-                );
-                return;
-            }
-        }
-        let late = match action {
-            Action::Skip(reason) => {
-                self.record_skip(state, tick, token, SkipReason::Missed, reason);
-                return;
-            }
-            Action::Run { late } => late,
-        };
-        if state.paused.load(Ordering::Acquire) {
-            let paused = SkipReason::Paused;
-            self.record_skip(state, tick, token, paused, "paused".to_owned());
-            return;
-        }
-        if self.dropped(state, tick, token) {
-            return;
-        }
-        if let Some(Placed::There(replica)) = &placed {
-            match self.hand_over(state, tick, replica, leadership).await {
-                Ok(()) | Err(None) => {}
-                Err(Some(reason)) => {
-                    self.record_skip(state, tick, token, SkipReason::Untaken, reason);
+                return Err(RequestError::AlreadyRunning {
+                    job: job.to_owned(),
                 }
+                .into());
             }
-            return;
+            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
+            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
+        };
+        if !self.insert_row(state, tick, leadership.epoch(), true).await {
+            let _ = run_lock.release().await;
+            return Err(already_claimed());
         }
-        // Here: when this replica has room for it.
-        let placed = match placed {
-            Some(placed) => placed,
-            None => self.place(leadership, deadline, false).await,
-        };
-        let slot = match placed {
-            Placed::Here(slot) => slot,
-            Placed::Nowhere => {
-                let reason =
-                    "no replica had room for the run (max_concurrent_runs) within the grace window";
-                self.record_skip(state, tick, token, SkipReason::NoRoom, reason.to_owned());
-                return;
-            }
-            Placed::There(_) | Placed::Stopped => return,
-        };
-        self.run_here(index, tick, late, slot, leadership).await;
+        let grant = Grant::of(&leadership);
+        self.start_run(index, tick, run_lock, grant, ctx.slots.take(), false, true);
+        Ok(tick)
     }
 
     /// The leader: runs `tick` here, counted by `slot`, once its time comes (a tick
@@ -237,7 +275,7 @@ impl Inner {
         slot: Slot,
         leadership: &Leadership,
     ) {
-        let Some(state) = self.jobs.get(index) else {
+        let Some(state) = self.ctx.jobs.get(index) else {
             return;
         };
         let state = &*state;
@@ -275,9 +313,9 @@ impl Inner {
     ) -> bool {
         let ended = leadership.map_or_else(CancellationToken::new, |l| l.ended_token().clone());
         tokio::select! {
-            () = self.clock.sleep_until(tick) => true,
+            () = self.ctx.clock.sleep_until(tick) => true,
             () = ended.cancelled() => false,
-            () = self.stop_firing.cancelled() => false,
+            () = self.ctx.stop_firing.cancelled() => false,
         }
     }
 
@@ -290,9 +328,11 @@ impl Inner {
         late: bool,
         leadership: Option<&Leadership>,
     ) -> Result<Lock, RunLockRefused> {
-        let deadline = self.deadline(state, tick);
+        let deadline = self.ctx.deadline(state, tick);
         let wait = if late {
-            (deadline - self.clock.now()).to_std().unwrap_or_default()
+            (deadline - self.ctx.clock.now())
+                .to_std()
+                .unwrap_or_default()
         } else {
             OVERLAP_WAIT
         };
@@ -367,7 +407,7 @@ impl Inner {
         token: u64,
         manual: bool,
     ) -> bool {
-        let Some(recorder) = &self.recorder else {
+        let Some(recorder) = &self.ctx.recorder else {
             return true;
         };
         let row = Row {
@@ -377,7 +417,7 @@ impl Inner {
             outcome: Outcome::Running,
             note: None,
             manual,
-            at: self.clock.now(),
+            at: self.ctx.clock.now(),
         };
         match recorder.insert(row).await {
             Inserted::Yes | Inserted::Queued => true,
@@ -398,7 +438,7 @@ impl Inner {
         reason: String,
     ) {
         self.note_skip(state, tick, kind, &reason);
-        if let Some(recorder) = &self.recorder {
+        if let Some(recorder) = &self.ctx.recorder {
             recorder.insert_later(Row {
                 job: Arc::clone(&state.name),
                 tick,
@@ -406,7 +446,7 @@ impl Inner {
                 outcome: Outcome::Skipped,
                 note: Some(reason),
                 manual: false,
-                at: self.clock.now(),
+                at: self.ctx.clock.now(),
             });
         }
     }
@@ -424,7 +464,7 @@ impl Inner {
         state.skipped.fetch_add(1, Ordering::Relaxed);
         *lock(&state.last_skipped) = Some(LastRun {
             tick,
-            instance: self.instance.to_string(),
+            instance: self.ctx.instance.to_string(),
             outcome: Outcome::Skipped,
             error: Some(reason.to_owned()),
             recorded: false,
@@ -444,7 +484,7 @@ impl Inner {
         late: bool,
         manual: bool,
     ) {
-        let Some(state) = self.jobs.get(index) else {
+        let Some(state) = self.ctx.jobs.get(index) else {
             return;
         };
         let state = &*state;
@@ -454,30 +494,30 @@ impl Inner {
         let operator_cancel = CancellationToken::new();
         *lock(&state.operator_cancel) = Some(operator_cancel.clone());
         let inner = Arc::clone(self);
-        let lag_ms = (inner.clock.now() - tick).num_milliseconds();
+        let lag_ms = (inner.ctx.clock.now() - tick).num_milliseconds();
         let lag = Duration::from_millis(u64::try_from(lag_ms).unwrap_or(0));
         telemetry::run_started(&state.name, lag);
         let span = tracing::info_span!(
             "job.run",
             job = %state.name,
             %tick,
-            instance = %inner.instance,
+            instance = %inner.ctx.instance,
             token = grant.token,
             lag_ms,
             manual,
         );
-        let record = self.recorder.as_ref().map(|recorder| {
+        let record = self.ctx.recorder.as_ref().map(|recorder| {
             Arc::new(RunRecord::new(
                 recorder.history().clone(),
-                self.name.clone(),
-                self.clock.now(),
-                Arc::clone(&self.clock),
+                self.ctx.name.clone(),
+                self.ctx.clock.now(),
+                Arc::clone(&self.ctx.clock),
             ))
         });
-        self.runs.spawn(
+        self.ctx.runs.spawn(
             async move {
                 let _slot = slot;
-                let Some(state) = inner.jobs.get(index) else {
+                let Some(state) = inner.ctx.jobs.get(index) else {
                     return;
                 };
                 let state = &*state;
@@ -486,7 +526,7 @@ impl Inner {
                     job: Arc::clone(&state.name),
                     tick,
                     fencing_token: grant.token,
-                    instance: Arc::clone(&inner.instance),
+                    instance: Arc::clone(&inner.ctx.instance),
                     cancel: CancellationToken::new(),
                     manual,
                     record: record.clone(),
@@ -514,12 +554,12 @@ impl Inner {
                 }
                 *lock(&state.last) = Some(LastRun {
                     tick,
-                    instance: inner.instance.to_string(),
+                    instance: inner.ctx.instance.to_string(),
                     outcome,
                     error: error.clone(),
                     recorded: false,
                 });
-                if let Some(recorder) = &inner.recorder {
+                if let Some(recorder) = &inner.ctx.recorder {
                     recorder.finish(
                         Arc::clone(&state.name),
                         tick,
@@ -582,7 +622,7 @@ impl Inner {
             }
             () = grant.lost.cancelled() => (Outcome::Cancelled, "leadership lost"),
             () = run_lock.lost() => (Outcome::Cancelled, "the job's run lock was lost"),
-            () = self.hard_stop.cancelled() => (Outcome::Cancelled, "shutdown deadline reached"),
+            () = self.ctx.hard_stop.cancelled() => (Outcome::Cancelled, "shutdown deadline reached"),
             () = operator_cancel.cancelled() => (Outcome::Cancelled, "cancelled by an operator"),
             () = timeout => (Outcome::TimedOut, "timed out"),
         };
@@ -598,6 +638,83 @@ impl Inner {
         *lock(&state.run_lock) = None;
         let _ = run_lock.release().await;
         (stopped.0, Some(stopped.1.to_owned()))
+    }
+
+    /// Closes the rows left `running` whose run no longer holds its job's run lock:
+    /// their replica died (or lost contact) mid-run. The lock is free (probed), or a
+    /// run on this replica holds it now: either way the row's run cannot be alive.
+    pub(super) async fn sweep_abandoned(&self, leadership: &Leadership) {
+        let Some(recorder) = &self.ctx.recorder else {
+            return;
+        };
+        let running = match recorder.history().running(&self.ctx.name).await {
+            Ok(running) => running,
+            Err(err) => {
+                recorder.health.fail(&err);
+                return;
+            }
+        };
+        for run in running {
+            // A removed job's rows are closed too.
+            let Some((_, state)) = self.ctx.jobs.find(&run.job) else {
+                continue;
+            };
+            let state = &*state;
+            // A live run of the job holds its run lock; a row whose tick is being
+            // claimed right now is younger than a claim attempt.
+            let young = (self.ctx.clock.now() - run.started.unwrap_or(run.tick))
+                .to_std()
+                .unwrap_or_default()
+                < self.run_lock_ttl;
+            if young {
+                continue;
+            }
+            // This row is this replica's live run.
+            if state.running_tick() == Some(run.tick) && *run.instance == *self.ctx.instance {
+                continue;
+            }
+            // A run here holds the job's run lock now (a job's runs never overlap, so
+            // the row's run cannot be alive); otherwise the lock is probed: another
+            // replica's run may hold it (runs are spread).
+            if !state.holds_run_lock() && !self.run_lock_is_free(&run.job, leadership).await {
+                continue;
+            }
+            let reason = format!(
+                "abandoned: replica {} stopped while it ran (its run lock expired)",
+                run.instance
+            );
+            match recorder
+                .history()
+                .abandon(&run, &self.ctx.instance, &reason, self.ctx.clock.now())
+                .await
+            {
+                Ok(true) => {
+                    state.abandoned.fetch_add(1, Ordering::Relaxed);
+                    crate::telemetry::abandoned(&run.job);
+                    tracing::warn!(job = %run.job, tick = %run.tick, instance = %run.instance, "run abandoned by its replica: marked so");
+                }
+                Ok(false) => {}
+                Err(err) => recorder.health.fail(&err),
+            }
+        }
+    }
+
+    /// Whether nobody holds `job`'s run lock (probed by taking and releasing it).
+    async fn run_lock_is_free(&self, job: &str, leadership: &Leadership) -> bool {
+        let Ok(probe) = self
+            .take(
+                &self.run_resource(job),
+                self.run_lock_ttl,
+                Duration::ZERO,
+                self.ctx.clock.now(),
+                Some(leadership),
+            )
+            .await
+        else {
+            return false;
+        };
+        let _ = probe.release().await;
+        true
     }
 }
 
