@@ -78,6 +78,9 @@
 //!   Redlock as cycles, closed loops interleaved in slices, CPU time per cycle of the
 //!   client and of the servers. The `cost` program (feature `redlock-core`) runs CI's
 //!   check that a lock cycle costs the servers at most 1.2 times the minimal Redlock's.
+//! - [`require`]: what a test needs beside `redis-server` (a program, `DATABASE_URL`),
+//!   checked when it runs: missing, the test prints `SKIPPED` and returns, or fails
+//!   under `REDLOCK_REQUIRE_ALL_TESTS`.
 //! - With the `redlock-core` feature: `builder` / `builder_for` (a
 //!   `redlock_core::RedlockBuilder` for a cluster's nodes, the restart quarantine off,
 //!   the library's defaults otherwise: a test sets what it depends on on top of it),
