@@ -133,7 +133,7 @@ impl std::fmt::Debug for Scheduler {
 }
 
 impl Scheduler {
-    /// A scheduler's name unless [`SchedulerBuilder::name`] sets one: the name
+    /// A scheduler's name unless [`SchedulerBuilder::name`](crate::SchedulerBuilder::name) sets one: the name
     /// [`SchedulerAdmin::new`](crate::admin::SchedulerAdmin::new) takes to find it.
     pub const DEFAULT_NAME: &'static str = "scheduler";
 

@@ -214,15 +214,7 @@ impl Requests {
             }
         }
     }
-}
 
-/// A trigger's result: the same text whether the leader was asked directly or through
-/// a request.
-pub(super) fn triggered(tick: DateTime<Utc>) -> String {
-    format!("ok: tick {}", tick.to_rfc3339())
-}
-
-impl Requests {
     /// Cancels the run of `job` going on this replica, as an operator asked: its tick,
     /// or `None` if no run of it goes here.
     pub(super) fn cancel_local(&self, job: &str) -> Option<DateTime<Utc>> {
@@ -247,6 +239,12 @@ impl Requests {
     pub(super) fn stepped_down(&self, epoch: u64) -> String {
         format!("ok: {} stepped down from epoch {epoch}", self.ctx.instance)
     }
+}
+
+/// A trigger's result: the same text whether the leader was asked directly or through
+/// a request.
+pub(super) fn triggered(tick: DateTime<Utc>) -> String {
+    format!("ok: tick {}", tick.to_rfc3339())
 }
 
 /// On every replica with a history: carries out the cancels of the runs going here
