@@ -1,6 +1,6 @@
 //! Idempotent requests across replicas of both web frameworks: two axum replicas
 //! (`redlock_tower::IdempotencyLayer`) and two actix-web replicas
-//! (`redlock_actix::Idempotency`), each with its own lock client and store connection,
+//! (`redlock_actix::IdempotencyMiddleware`), each with its own lock client and store connection,
 //! over one lock cluster and one data Redis. A key's request runs once whichever replica
 //! gets it; its retries get the stored bytes; a replica that dies mid-request lets a
 //! retry run once on another, and the dead run's late fenced write is refused. The
@@ -83,9 +83,10 @@ async fn axum_replica(cluster: &Cluster, data_url: &str, records: &Records) -> S
             }
         })
         .route_layer(
-            redlock_tower::IdempotencyLayer::from_core(
-                redlock_idempotency::Idempotency::with_store(client(cluster), store),
-            )
+            redlock_tower::IdempotencyLayer::new(redlock_idempotency::Idempotency::with_store(
+                client(cluster),
+                store,
+            ))
             .scope_header("x-tenant-id"),
         ),
     );
@@ -104,7 +105,7 @@ fn actix_replica(cluster: &Cluster, data_url: &str, records: &Records) -> String
     std::thread::spawn(move || {
         actix_web::rt::System::new().block_on(async move {
             let store = records.open().await;
-            let idempotency = redlock_actix::Idempotency::from_core(
+            let idempotency = redlock_actix::IdempotencyMiddleware::new(
                 redlock_idempotency::Idempotency::with_store(redlock, store),
             )
             .scope_header("x-tenant-id");
@@ -312,7 +313,9 @@ async fn a_replica_dying_mid_request_lets_one_retry_run_and_fences_the_dead_run(
                             "never"
                         }
                     })
-                    .route_layer(redlock_tower::IdempotencyLayer::new(redlock, store)),
+                    .route_layer(redlock_tower::IdempotencyLayer::new(
+                        redlock_idempotency::Idempotency::new(redlock, store),
+                    )),
                 );
                     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -359,8 +362,7 @@ async fn a_replica_dying_mid_request_lets_one_retry_run_and_fences_the_dead_run(
                 },
             )
             .route_layer(redlock_tower::IdempotencyLayer::new(
-                client(&cluster),
-                store,
+                redlock_idempotency::Idempotency::new(client(&cluster), store),
             )),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,49 +1,34 @@
-//! [`DistributedLockConfig`]: the client, TTL, wait policy, resource prefix, the
-//! options shared with redlock-tower's layer, the rejection hook, and
-//! the runtime where the lock's background work runs.
+//! [`DistributedLockConfig`]: the client, the engine's [`LockOptions`], the refusal
+//! hook, and the runtime where the lock's background work runs.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
 
-use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use redlock_core::{Redlock, RetryPolicy};
-use redlock_http::{BadKey, Hold, RejectionKind};
+use redlock_core::Redlock;
+use redlock_http::{BadKey, LockOptions, Refusal, RefusalKind};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::error::{DistributedLockError, Rejection, problem_response, request_id};
+use crate::error::{DistributedLockError, problem_response, request_id};
 use crate::guard::LockGuard;
 
-type OnRejection = dyn Fn(&Rejection<'_>) -> HttpResponse + Send + Sync;
-
-/// How [`DistributedLock`](crate::DistributedLock) and
-/// [`LockMiddleware`](crate::LockMiddleware) take their locks.
+/// How [`LockMiddleware`](crate::LockMiddleware) and the
+/// [`DistributedLock`](crate::DistributedLock) extractor take their locks: the client,
+/// the engine's [`LockOptions`] ([`options`](Self::options): the same type as
+/// `redlock-tower`'s `LockLayer` takes; one table for both in [`redlock_http`'s
+/// contract](redlock_http#the-web-crates-contract)), the refusal hook
+/// ([`on_refusal`](Self::on_refusal)) and the [runtime](Self#runtimes).
 ///
-/// Register it with `.app_data(config)` on the `App`, a scope or a resource; the
-/// innermost one applies (resource over scope over app), as with actix's own
-/// `PathConfig`. It is looked up as a plain value first, then as
-/// `web::Data<DistributedLockConfig>`. A route without one answers 500 with
+/// [`LockMiddleware::new`](crate::LockMiddleware::new) takes it directly. The
+/// extractors (`DistributedLock<T>`, `FencingToken`) find it in `app_data`: register it
+/// with `.app_data(config)` on the `App`, a scope or a resource; the innermost one
+/// applies (resource over scope over app), as with actix's own `PathConfig`. It is
+/// looked up as a plain value first, then as `web::Data<DistributedLockConfig>`. A
+/// route whose extractor finds none answers 500 with
 /// [`DistributedLockError::MissingConfig`]'s message.
-///
-/// - **TTL**: the lock's TTL (default: the client's). The lock is auto-extended by the
-///   client's watchdog while held, up to [`max_hold`](Self::max_hold).
-/// - **Wait policy**: [`fail_fast`](Self::fail_fast) (default: one attempt, 409 when
-///   busy) or [`wait`](Self::wait) a deadline (woken as soon as the holder
-///   releases; 409 past the deadline); any [`RetryPolicy`] with [`retry`](Self::retry).
-/// - **Resource prefix**: the lock's resource is `resource_prefix + key` (default:
-///   empty).
-/// - **Hold**, **fail open**, **busy status**, **abort on loss**: as `redlock-tower`'s
-///   options of the same names (for [`LockMiddleware`](crate::LockMiddleware); the
-///   extractor's differences are said at each).
-/// - **On rejection**: turns a [`Rejection`] into the response you want.
-///
-/// The options, their defaults and meanings are those of `redlock-tower`'s
-/// `LockLayer`: one table for both, in [`redlock_http`'s
-/// contract](redlock_http#the-web-crates-contract).
 ///
 /// # Runtimes
 ///
@@ -65,7 +50,7 @@ type OnRejection = dyn Fn(&Rejection<'_>) -> HttpResponse + Send + Sync;
 /// ```
 /// use std::time::Duration;
 /// use actix_web::{App, HttpResponse, web};
-/// use redlock_actix::{DistributedLock, DistributedLockConfig, Redlock};
+/// use redlock_actix::{DistributedLock, DistributedLockConfig, LockOptions, Redlock};
 ///
 /// async fn pay(order: DistributedLock<web::Path<u64>>) -> HttpResponse {
 ///     HttpResponse::Ok().body(format!("paid order {}", *order))
@@ -75,15 +60,16 @@ type OnRejection = dyn Fn(&Rejection<'_>) -> HttpResponse + Send + Sync;
 /// let redlock = Redlock::builder()
 ///     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
 ///     .build()?;
-/// let config = DistributedLockConfig::new(redlock)
+/// let options = LockOptions::new()
 ///     .ttl(Duration::from_secs(5))
 ///     .resource_prefix("order:");
+/// let config = DistributedLockConfig::new(redlock).options(options.clone());
 /// let app = App::new()
 ///     .app_data(config.clone())
 ///     .service(
 ///         web::scope("/orders")
 ///             // here: wait up to 2 s for a busy order instead of answering 409 at once
-///             .app_data(config.wait(Duration::from_secs(2)))
+///             .app_data(config.options(options.wait(Duration::from_secs(2))))
 ///             .route("/{id}/pay", web::post().to(pay)),
 ///     );
 /// # let _ = app;
@@ -92,221 +78,98 @@ type OnRejection = dyn Fn(&Rejection<'_>) -> HttpResponse + Send + Sync;
 /// ```
 #[derive(Clone)]
 pub struct DistributedLockConfig {
-    redlock: Redlock,
-    ttl: Option<Duration>,
-    retry: RetryPolicy,
-    resource_prefix: Arc<str>,
-    max_hold: Option<Duration>,
-    fencing: Option<bool>,
-    hold: Hold,
-    fail_open: bool,
-    busy_status: StatusCode,
-    abort_on_loss: bool,
-    runtime: Option<Handle>,
-    on_rejection: Option<Arc<OnRejection>>,
+    pub(crate) setup: Setup,
+    pub(crate) options: LockOptions,
 }
 
 impl std::fmt::Debug for DistributedLockConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DistributedLockConfig")
-            .field("redlock", &self.redlock)
-            .field("ttl", &self.ttl)
-            .field("retry", &self.retry)
-            .field("resource_prefix", &self.resource_prefix)
-            .field("max_hold", &self.max_hold)
-            .field("fencing", &self.fencing)
-            .field("hold", &self.hold)
-            .field("fail_open", &self.fail_open)
-            .field("busy_status", &self.busy_status)
-            .field("abort_on_loss", &self.abort_on_loss)
-            .field("runtime", &self.runtime.is_some())
-            .field("on_rejection", &self.on_rejection.is_some())
+            .field("setup", &self.setup)
+            .field("options", &self.options)
             .finish()
     }
 }
 
 impl DistributedLockConfig {
     /// A configuration taking its locks through `redlock` (cheap to clone: share one per
-    /// process): the client's TTL, fail fast, no resource prefix, the other options'
-    /// defaults (see the table in [`redlock_http`](redlock_http#the-web-crates-contract)).
+    /// process), with the default [`LockOptions`] (see the table in
+    /// [`redlock_http`](redlock_http#the-web-crates-contract)).
     pub fn new(redlock: Redlock) -> Self {
         Self {
-            redlock,
-            ttl: None,
-            retry: RetryPolicy::once(),
-            resource_prefix: Arc::from(""),
-            max_hold: None,
-            fencing: None,
-            hold: Hold::default(),
-            fail_open: false,
-            busy_status: StatusCode::CONFLICT,
-            abort_on_loss: false,
-            runtime: None,
-            on_rejection: None,
+            setup: Setup::new(redlock),
+            options: LockOptions::new(),
         }
     }
 
-    /// The client.
-    pub fn redlock(&self) -> &Redlock {
-        &self.redlock
-    }
-
-    /// The lock's TTL (default: the client's). The watchdog extends the lock about every
-    /// `ttl / 3` while it is held; a shorter TTL means another replica can take over
-    /// sooner after this one dies, at the cost of more extension traffic.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-
-    /// One attempt: a busy lock answers 409 at once (the default).
-    pub fn fail_fast(mut self) -> Self {
-        self.retry = RetryPolicy::once();
-        self
-    }
-
-    /// Waits up to `deadline` for a busy lock (retrying as soon as the holder releases
-    /// it); past the deadline, 409.
-    pub fn wait(mut self, deadline: Duration) -> Self {
-        self.retry = RetryPolicy::deadline(deadline);
-        self
-    }
-
-    /// Any retry policy (attempts, deadline, delays).
-    pub fn retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// The lock's resource is `prefix` followed by the key (default: empty;
-    /// [`redlock_http::resource_name`]). Use it to keep different routes' keys apart,
-    /// e.g. `"order:"`. Not to be confused with the client's
-    /// [`key_prefix`](redlock_core::RedlockBuilder::key_prefix), the Redis key namespace
-    /// in front of every resource on the nodes.
-    pub fn resource_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.resource_prefix = Arc::from(prefix.into());
-        self
-    }
-
-    /// How long a request under [`LockMiddleware`](crate::LockMiddleware) keeps its
-    /// lock (default: [`Hold::UntilBodyEnd`], until the response body has been sent or
-    /// dropped; [`Hold::UntilHead`]: until the handler's response is ready). The
-    /// [`DistributedLock`](crate::DistributedLock) extractor holds its lock for as long
-    /// as the handler keeps it (its argument is dropped when the handler returns;
-    /// [`LockGuard::hold_during`] keeps it until a body is sent): an extractor has no
-    /// hold on the response.
-    pub fn hold(mut self, hold: Hold) -> Self {
-        self.hold = hold;
-        self
-    }
-
-    /// When no quorum of Redis nodes can be reached (or another backend failure), let
-    /// the request through [`LockMiddleware`](crate::LockMiddleware) without a lock,
-    /// logging a warning, instead of answering `503` (fail-closed, the default). A busy
-    /// key is still refused. A handler taking a [`FencingToken`](crate::FencingToken)
-    /// is not called for a request let through unlocked: it is answered `503`.
+    /// Takes its locks by `options` (resource prefix, TTL, wait policy, hold, fencing,
+    /// fail-open, busy status, abort on loss: the engine's, the same type as
+    /// `redlock-tower`'s `LockLayer` takes).
     ///
-    /// The [`DistributedLock`](crate::DistributedLock) extractor still answers `503`:
-    /// its value is the held lock, which it cannot be without one.
-    pub fn fail_open(mut self, on: bool) -> Self {
-        self.fail_open = on;
-        self
-    }
-
-    /// The status answered when the key is busy (default `409 Conflict`; `423 Locked`
-    /// or `429 Too Many Requests` are other common choices).
-    pub fn busy_status(mut self, status: StatusCode) -> Self {
-        self.busy_status = status;
-        self
-    }
-
-    /// When the lock is lost while a request under
-    /// [`LockMiddleware`](crate::LockMiddleware) runs (a majority of Redis nodes could
-    /// not extend it in time), drop the handler's future and answer `503`; while the
-    /// body streams, end the body with a [`LockLost`](crate::LockLost) error so that the
-    /// client sees an incomplete response. Off by default: the loss is logged and
-    /// signalled through the [`LockHandle`](crate::LockHandle) (`lost()`, `is_held()`).
-    /// The `503` is the middleware's error (an `actix_web::Error` carrying the response,
-    /// [`on_rejection`](Self::on_rejection)'s if set): the request went with the
-    /// handler's future, so outer middleware sees an error where other rejections are
-    /// responses.
-    ///
-    /// The [`DistributedLock`](crate::DistributedLock) extractor cannot stop the
-    /// handler it is an argument of (actix gives an extractor no hold on the handler's
-    /// future): the handler watches [`LockGuard::lost`] itself.
-    pub fn abort_on_loss(mut self, on: bool) -> Self {
-        self.abort_on_loss = on;
-        self
-    }
-
-    /// How long a lock is auto-extended at most, counted from its acquisition (default:
-    /// the client's [`max_hold`](redlock_core::RedlockBuilder::max_hold)). Past it the
-    /// lock expires at its TTL and the guard reports it lost.
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
-        self
-    }
-
-    /// Take the lock with a fencing token (default: the client's setting); read it with
-    /// [`LockGuard::fencing_token`].
-    pub fn fencing(mut self, on: bool) -> Self {
-        self.fencing = Some(on);
+    /// The [`DistributedLock`](crate::DistributedLock) extractor has no hold on the
+    /// response nor on the handler's future: it holds its lock for as long as the
+    /// handler keeps it ([`LockGuard::hold_during`] keeps it until a body is sent),
+    /// answers `503` where the middleware would fail open (its value is the held lock),
+    /// and leaves a loss to the handler ([`LockGuard::lost`]); `hold`, `fail_open` and
+    /// `abort_on_loss` are the middleware's.
+    #[must_use]
+    pub fn options(mut self, options: LockOptions) -> Self {
+        self.options = options;
         self
     }
 
     /// Runs the client's calls (and so its background tasks) on this runtime instead of
     /// the crate's own thread (see [Runtimes](Self#runtimes)). It must outlive every
     /// request using this configuration, and have its time and I/O drivers enabled.
+    #[must_use]
     pub fn runtime(mut self, handle: Handle) -> Self {
-        self.runtime = Some(handle);
+        self.setup.runtime = Some(handle);
         self
     }
 
-    /// Build rejection responses yourself (default: [`Rejection::to_response`], an
-    /// `application/problem+json` document), as `redlock-tower`'s `on_rejection`. Not
-    /// used for a route without configuration, nor for the inner extractor's own
-    /// errors.
+    /// Build refusal responses yourself (default: [`problem_response`] of the refusal's
+    /// problem, an `application/problem+json` document), as `redlock-tower`'s
+    /// `on_refusal`. Not used for a route without configuration, nor for the inner
+    /// extractor's own errors.
     ///
     /// ```
     /// use actix_web::HttpResponse;
-    /// use redlock_actix::{DistributedLockConfig, RejectionKind};
+    /// use redlock_actix::{DistributedLockConfig, RefusalKind, problem_response};
     /// # let redlock = redlock_actix::Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
-    /// let config = DistributedLockConfig::new(redlock).on_rejection(|rejection| {
-    ///     match rejection.kind {
-    ///         RejectionKind::Busy => HttpResponse::build(rejection.status()).body("try again later"),
-    ///         _ => rejection.to_response(),
-    ///     }
+    /// let config = DistributedLockConfig::new(redlock).on_refusal(|refusal| match refusal.kind {
+    ///     RefusalKind::Busy => HttpResponse::Conflict().body("try again later"),
+    ///     _ => problem_response(&refusal.problem),
     /// });
     /// # let _ = config;
     /// ```
-    pub fn on_rejection<F>(mut self, hook: F) -> Self
+    #[must_use]
+    pub fn on_refusal<F>(mut self, hook: F) -> Self
     where
-        F: Fn(&Rejection<'_>) -> HttpResponse + Send + Sync + 'static,
+        F: Fn(&Refusal) -> HttpResponse + Send + Sync + 'static,
     {
-        self.on_rejection = Some(Arc::new(hook));
+        self.setup.on_refusal = Some(Arc::new(hook));
         self
     }
 
-    pub(crate) fn hold_setting(&self) -> Hold {
-        self.hold
+    /// The client.
+    pub fn redlock(&self) -> &Redlock {
+        &self.setup.redlock
     }
 
-    pub(crate) fn fails_open(&self) -> bool {
-        self.fail_open
-    }
-
-    pub(crate) fn aborts_on_loss(&self) -> bool {
-        self.abort_on_loss
+    /// The lock options.
+    pub fn lock_options(&self) -> &LockOptions {
+        &self.options
     }
 
     /// The innermost configuration for `req` (resource, then scope, then app), as a plain
-    /// value or in `web::Data`.
+    /// value or in `web::Data`: what the [`DistributedLock`](crate::DistributedLock)
+    /// and [`FencingToken`](crate::FencingToken) extractors use.
     pub fn from_req(req: &HttpRequest) -> Option<&Self> {
         req.app_data::<Self>()
             .or_else(|| req.app_data::<web::Data<Self>>().map(|data| &***data))
     }
 
-    /// `err` as an actix error, logged, carrying the `on_rejection` hook's response if
+    /// `err` as an actix error, logged, carrying the `on_refusal` hook's response if
     /// one is set, else a generic problem with the request's id (and the configured
     /// `busy_status` for a busy key).
     pub(crate) fn reject(
@@ -315,34 +178,16 @@ impl DistributedLockConfig {
         key: Option<&str>,
         req: &HttpRequest,
     ) -> actix_web::Error {
-        self.reject_request(err, key, req.path(), request_id(req))
-    }
-
-    /// [`reject`](Self::reject), for the request at `path` with id `id` (when the
-    /// request itself is gone with the handler's future).
-    pub(crate) fn reject_request(
-        &self,
-        err: DistributedLockError,
-        key: Option<&str>,
-        path: &str,
-        id: Option<String>,
-    ) -> actix_web::Error {
-        err.log(path, id.as_deref());
-        let kind = err.kind();
-        let mut problem = err.problem().with_request_id(id);
-        if kind == RejectionKind::Busy {
-            problem.status = self.busy_status.as_u16();
+        let id = request_id(req);
+        err.log(req.path(), id.as_deref());
+        let mut refusal = Refusal::new(err.kind(), err.problem()).with_request_id(id);
+        if refusal.kind == RefusalKind::Busy {
+            refusal.problem.status = self.options.busy_code();
         }
-        let rejection = Rejection {
-            kind,
-            key,
-            problem,
-            error: err.lock_error(),
-        };
-        let response = match &self.on_rejection {
-            Some(hook) => hook(&rejection),
-            None => problem_response(&rejection.problem),
-        };
+        if let Some(key) = key {
+            refusal = refusal.with_resource(key);
+        }
+        let response = self.setup.render(&refusal);
         actix_web::error::InternalError::from_response(err, response).into()
     }
 
@@ -351,17 +196,7 @@ impl DistributedLockConfig {
     /// ([`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)), before
     /// anything is sent.
     pub(crate) fn resource(&self, key: &str) -> Result<String, BadKey> {
-        redlock_http::resource_name(&self.resource_prefix, key)
-    }
-
-    /// The runtime the client's calls run on.
-    fn handle(&self) -> Result<Handle, DistributedLockError> {
-        match &self.runtime {
-            Some(handle) => Ok(handle.clone()),
-            None => background()
-                .cloned()
-                .map_err(DistributedLockError::Background),
-        }
+        redlock_http::resource_name(self.options.prefix(), key)
     }
 
     /// Takes the lock on `resource` by this configuration, watched by the client's
@@ -371,51 +206,108 @@ impl DistributedLockConfig {
         &self,
         resource: String,
     ) -> Result<LockGuard, DistributedLockError> {
-        let handle = self.handle()?;
-        let redlock = self.redlock.clone();
-        let (ttl, retry, fencing, max_hold) = (self.ttl, self.retry, self.fencing, self.max_hold);
-        let started = Instant::now();
-        let task = {
-            let resource = resource.clone();
-            async move {
-                let mut acquire = redlock.lock(resource).retry(retry);
-                if let Some(ttl) = ttl {
-                    acquire = acquire.ttl(ttl);
-                }
-                if let Some(fencing) = fencing {
-                    acquire = acquire.fencing(fencing);
-                }
-                let mut lock = acquire.await?;
-                // Still on the background runtime: the watchdog task starts there.
-                match max_hold {
-                    Some(max_hold) => lock.auto_extend_for(max_hold),
-                    None => lock.auto_extend(),
-                }
-                Ok::<_, redlock_core::Error>(lock)
-            }
-        };
-        let joined = AbortOnDrop {
-            task: Some(handle.spawn(task.in_current_span())),
-            runtime: handle.clone(),
+        self.take(resource).await.map_err(Failure::into_error)
+    }
+
+    /// [`acquire`](Self::acquire), with the lock client's error as it is.
+    pub(crate) async fn take(&self, resource: String) -> Result<LockGuard, Failure> {
+        take_lock(&self.setup, &self.options, resource).await
+    }
+}
+
+/// Takes the lock on `resource` by `options`, on `setup`'s runtime.
+pub(crate) fn take_lock(
+    setup: &Setup,
+    options: &LockOptions,
+    resource: String,
+) -> impl Future<Output = Result<LockGuard, Failure>> + 'static {
+    let task = options.acquire(&setup.redlock, resource);
+    let setup = setup.clone();
+    async move {
+        let (lock, runtime) = setup.run(task).await?;
+        Ok(LockGuard::new(lock, runtime))
+    }
+}
+
+/// Why an acquisition on the background runtime failed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The lock client's answer.
+    Lock(redlock_core::Error),
+    /// The background task did not run to its end.
+    Background(String),
+}
+
+impl Failure {
+    pub(crate) fn into_error(self) -> DistributedLockError {
+        match self {
+            Self::Lock(err) => DistributedLockError::from(err),
+            Self::Background(err) => DistributedLockError::Background(err),
         }
-        .await;
-        let waited_ms = started.elapsed().as_millis() as u64;
-        match joined {
-            Ok(Ok(lock)) => {
-                tracing::debug!(
-                    key = %resource,
-                    attempts = lock.attempts(),
-                    waited_ms,
-                    validity_ms = lock.validity().as_millis() as u64,
-                    "lock acquired"
-                );
-                Ok(LockGuard::new(lock, handle))
-            }
-            Ok(Err(err)) => Err(DistributedLockError::from(err)),
+    }
+}
+
+/// The refusal hook of a middleware or a configuration.
+pub(crate) type OnRefusal = dyn Fn(&Refusal) -> HttpResponse + Send + Sync;
+
+/// What a lock or a limit needs besides its options: the client, the runtime its calls
+/// run on, the refusal hook.
+#[derive(Clone)]
+pub(crate) struct Setup {
+    pub(crate) redlock: Redlock,
+    pub(crate) runtime: Option<Handle>,
+    pub(crate) on_refusal: Option<Arc<OnRefusal>>,
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup")
+            .field("redlock", &self.redlock)
+            .field("runtime", &self.runtime.is_some())
+            .field("on_refusal", &self.on_refusal.is_some())
+            .finish()
+    }
+}
+
+impl Setup {
+    pub(crate) fn new(redlock: Redlock) -> Self {
+        Self {
+            redlock,
+            runtime: None,
+            on_refusal: None,
+        }
+    }
+
+    /// The runtime the client's calls run on.
+    pub(crate) fn handle(&self) -> Result<Handle, String> {
+        match &self.runtime {
+            Some(handle) => Ok(handle.clone()),
+            None => background().cloned(),
+        }
+    }
+
+    /// Runs `task` (an acquisition) on the background runtime; dropping the returned
+    /// future cancels it, and whatever it had set is released.
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        task: impl Future<Output = Result<T, redlock_core::Error>> + Send + 'static,
+    ) -> Result<(T, Handle), Failure> {
+        let runtime = self.handle().map_err(Failure::Background)?;
+        match AbortOnDrop::spawn(&runtime, task.in_current_span()).await {
+            Ok(Ok(value)) => Ok((value, runtime)),
+            Ok(Err(err)) => Err(Failure::Lock(err)),
             Err(join) => {
-                tracing::error!(key = %resource, error = %join, "lock task failed");
-                Err(DistributedLockError::Background(join.to_string()))
+                tracing::error!(error = %join, "lock task failed");
+                Err(Failure::Background(join.to_string()))
             }
+        }
+    }
+
+    /// The response to `refusal`: the hook's, or the problem+json default.
+    pub(crate) fn render(&self, refusal: &Refusal) -> HttpResponse {
+        match &self.on_refusal {
+            Some(hook) => hook(refusal),
+            None => problem_response(&refusal.problem),
         }
     }
 }

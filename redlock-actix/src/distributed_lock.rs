@@ -27,13 +27,13 @@ use crate::token::Acquiring;
 /// Rejections are [`DistributedLockError`]s: busy → 409, no quorum → 503, bad key →
 /// 400, no configuration → 500. Of the configuration's options, `hold`, `fail_open`
 /// and `abort_on_loss` are the middleware's: the extractor's value is the held lock,
-/// kept as long as the handler keeps it (see [`DistributedLockConfig::fail_open`] and
-/// [`DistributedLockConfig::abort_on_loss`]).
+/// kept as long as the handler keeps it (see [`LockOptions::fail_open`](crate::LockOptions::fail_open) and
+/// [`LockOptions::abort_on_loss`](crate::LockOptions::abort_on_loss)).
 ///
 /// Once the lock is held, its [`LockHandle`](crate::LockHandle) is also put into the
 /// request's extensions, so that a [`FencingToken`](crate::FencingToken) argument of the
 /// same handler gets the lock's fencing token (with
-/// [`fencing`](crate::DistributedLockConfig::fencing) on), as under
+/// [`fencing`](crate::LockOptions::fencing) on), as under
 /// [`LockMiddleware`](crate::LockMiddleware).
 ///
 /// It dereferences to `T`. To keep the lock while a streaming body is sent, take it
@@ -43,7 +43,7 @@ use crate::token::Acquiring;
 /// ```
 /// use std::time::Duration;
 /// use actix_web::{App, HttpResponse, test, web};
-/// use redlock_actix::{DistributedLock, DistributedLockConfig, Redlock};
+/// use redlock_actix::{DistributedLock, DistributedLockConfig, LockOptions, Redlock};
 ///
 /// async fn pay(order: DistributedLock<web::Path<u64>>) -> HttpResponse {
 ///     // Only one replica at a time gets here for a given order.
@@ -60,9 +60,11 @@ use crate::token::Acquiring;
 ///     .nodes(urls)
 /// #   .restart_quarantine(false) // the test nodes were started a moment ago
 ///     .build()?;
-/// let config = DistributedLockConfig::new(redlock.clone())
-///     .ttl(Duration::from_secs(5))
-///     .resource_prefix("order:");
+/// let config = DistributedLockConfig::new(redlock.clone()).options(
+///     LockOptions::new()
+///         .ttl(Duration::from_secs(5))
+///         .resource_prefix("order:"),
+/// );
 /// let app = test::init_service(
 ///     App::new().app_data(config).route("/orders/{id}/pay", web::post().to(pay)),
 /// )

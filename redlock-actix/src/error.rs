@@ -4,7 +4,7 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 
-use redlock_http::{self as problem, BadKey, MissingToken, Problem, RejectionKind};
+use redlock_http::{self as problem, BadKey, MissingToken, Problem, RefusalKind};
 
 /// Why a request could not get (or release) its lock.
 ///
@@ -85,16 +85,16 @@ pub enum DistributedLockError {
     /// A handler takes a [`FencingToken`](crate::FencingToken), but the request's lock
     /// was taken without one (fencing is off): 500.
     #[error(
-        "the handler takes a `redlock_actix::FencingToken`, but the request's lock was taken without one: turn fencing on with `DistributedLockConfig::fencing(true)` (or for the client with `RedlockBuilder::fencing(true)`)"
+        "the handler takes a `redlock_actix::FencingToken`, but the request's lock was taken without one: turn fencing on with `LockOptions::fencing(true)` (or for the client with `RedlockBuilder::fencing(true)`)"
     )]
     NoFencingToken,
 
     /// A handler takes a [`FencingToken`](crate::FencingToken), but
     /// [`LockMiddleware`](crate::LockMiddleware) let the request through without a lock
     /// because the lock service was unavailable
-    /// ([`fail_open`](crate::DistributedLockConfig::fail_open)): 503.
+    /// ([`fail_open`](crate::LockOptions::fail_open)): 503.
     #[error(
-        "the handler takes a `redlock_actix::FencingToken`, but the middleware let the request through without a lock because the lock service was unavailable (`DistributedLockConfig::fail_open`): answered 503 instead"
+        "the handler takes a `redlock_actix::FencingToken`, but the middleware let the request through without a lock because the lock service was unavailable (`LockOptions::fail_open`): answered 503 instead"
     )]
     FailedOpen,
 
@@ -106,7 +106,7 @@ pub enum DistributedLockError {
     Refused(Problem),
 
     /// The lock was lost while the request ran, and the middleware
-    /// [aborts on loss](crate::DistributedLockConfig::abort_on_loss): 503.
+    /// [aborts on loss](crate::LockOptions::abort_on_loss): 503.
     #[error("the lock on `{0}` was lost while the request ran: request stopped")]
     Lost(String),
 }
@@ -134,16 +134,17 @@ impl From<BadKey> for DistributedLockError {
 }
 
 impl DistributedLockError {
-    /// Why the request was refused, in the words both web crates use (the `kind` of
-    /// the [`Rejection`](crate::Rejection) handed to
-    /// [`on_rejection`](crate::DistributedLockConfig::on_rejection)).
-    pub fn kind(&self) -> RejectionKind {
+    /// Why the request was refused, in the words of both web crates (the `kind` of
+    /// the [`Refusal`](crate::Refusal) handed to
+    /// [`on_refusal`](crate::DistributedLockConfig::on_refusal)).
+    pub fn kind(&self) -> RefusalKind {
         match self {
-            Self::Busy(_) => RejectionKind::Busy,
-            Self::Unavailable(_) | Self::FailedOpen => RejectionKind::Unavailable,
-            Self::BadKey(_) | Self::Refused(_) => RejectionKind::Key,
-            Self::Lost(_) => RejectionKind::Lost,
-            _ => RejectionKind::Misconfigured,
+            Self::Busy(_) => RefusalKind::Busy,
+            Self::Unavailable(_) | Self::FailedOpen => RefusalKind::Unavailable,
+            Self::BadKey(_) => RefusalKind::BadKey,
+            Self::Refused(problem) if problem.status < 500 => RefusalKind::BadKey,
+            Self::Lost(_) => RefusalKind::Lost,
+            _ => RefusalKind::Misconfigured,
         }
     }
 
@@ -171,12 +172,9 @@ impl DistributedLockError {
             Self::NoFencingToken => MissingToken::FencingOff.problem(),
             Self::FailedOpen => MissingToken::FailedOpen.problem(),
             Self::Lost(_) => Problem::lost_while_running(),
-            Self::Refused(problem) if problem.status >= 500 => {
-                let mut problem = problem.clone();
-                problem.detail = problem::MISCONFIGURED_DETAIL.to_owned();
-                problem
+            Self::Refused(problem) => {
+                redlock_http::Refusal::from_key_problem(problem.clone()).problem
             }
-            Self::Refused(problem) => problem.clone(),
         }
     }
 
@@ -233,7 +231,7 @@ pub(crate) fn request_id(req: &HttpRequest) -> Option<String> {
 
 impl ResponseError for DistributedLockError {
     fn status_code(&self) -> StatusCode {
-        StatusCode::from_u16(self.problem().status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        status_of(&self.problem())
     }
 
     fn error_response(&self) -> HttpResponse {
@@ -244,8 +242,7 @@ impl ResponseError for DistributedLockError {
 /// An `application/problem+json` response for `problem`, with `Retry-After` when it
 /// has one.
 pub fn problem_response(problem: &Problem) -> HttpResponse {
-    let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = HttpResponse::build(status);
+    let mut response = HttpResponse::build(status_of(problem));
     response.insert_header((
         CONTENT_TYPE,
         HeaderValue::from_static(problem::CONTENT_TYPE),
@@ -254,6 +251,11 @@ pub fn problem_response(problem: &Problem) -> HttpResponse {
         response.insert_header((RETRY_AFTER, HeaderValue::from(secs)));
     }
     response.body(problem.to_json())
+}
+
+/// The status of `problem` ([`Problem::http_status`]).
+pub(crate) fn status_of(problem: &Problem) -> StatusCode {
+    StatusCode::from_u16(problem.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 #[cfg(test)]
@@ -339,35 +341,5 @@ mod tests {
         assert_eq!(status, 400);
         assert_eq!(retry_after, None);
         assert!(body.contains("the id is empty"), "{body}");
-    }
-}
-
-/// A rejection, handed to the [`on_rejection`](crate::DistributedLockConfig::on_rejection)
-/// hook: the same fields as `redlock_tower::response::Rejection`.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Rejection<'a> {
-    /// Why.
-    pub kind: RejectionKind,
-    /// The lock's resource name (the configuration's resource prefix and the key), when
-    /// a key was derived.
-    pub key: Option<&'a str>,
-    /// The standard description: status (already the configuration's
-    /// [`busy_status`](crate::DistributedLockConfig::busy_status) for
-    /// [`RejectionKind::Busy`]), title, detail, `Retry-After`, the request's id.
-    pub problem: Problem,
-    /// The lock error behind it, for `Busy`, `Unavailable` and `Misconfigured`.
-    pub error: Option<&'a redlock_core::Error>,
-}
-
-impl Rejection<'_> {
-    /// The HTTP status of [`problem`](Self::problem).
-    pub fn status(&self) -> StatusCode {
-        StatusCode::from_u16(self.problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-    }
-
-    /// The default answer: [`problem_response`].
-    pub fn to_response(&self) -> HttpResponse {
-        problem_response(&self.problem)
     }
 }

@@ -10,8 +10,9 @@
 //!
 //! Built in, with the names and keys of `redlock_tower::extract`: [`Header`]
 //! (optionally required), [`PathParam`], [`PathPrefix`], [`Global`]. Any closure
-//! `Fn(&ServiceRequest) -> Result<K, BadKey>` with `K:` [`LockKey`] is an extractor too,
-//! and [`from_fn`] wraps a closure that returns a full [`Key`].
+//! `Fn(&ServiceRequest) -> Result<Option<K>, BadKey>` with `K:` [`LockKey`] is an
+//! extractor too (`None` passes the request through, as in `redlock-tower`), and
+//! [`from_fn`] wraps a closure that returns a full [`Key`].
 //!
 //! ```
 //! use actix_web::test::TestRequest;
@@ -45,9 +46,11 @@ pub use redlock_http::Key;
 /// Names the lock a request takes in [`LockMiddleware`](crate::LockMiddleware). See the
 /// [module documentation](self).
 ///
-/// Implemented for closures `Fn(&ServiceRequest) -> Result<K, BadKey>` where `K:`
-/// [`LockKey`] (the value's key by [`LockKey::lock_key`]: a string is escaped as
-/// `redlock-tower`'s closures' strings are), and for [`PathParam`], [`Header`],
+/// Implemented for closures `Fn(&ServiceRequest) -> Result<Option<K>, BadKey>` where
+/// `K:` [`LockKey`], with the meaning `redlock-tower`'s closures have: `Ok(Some(value))`
+/// locks by the value's key ([`LockKey::lock_key`]: a string is escaped as tower's
+/// closures' strings are), `Ok(None)` passes the request through, `Err` refuses it with
+/// `400`; and for [`PathParam`], [`Header`],
 /// [`PathPrefix`], [`Global`] and [`from_fn`]. A [`Key::Lock`] you return yourself is
 /// the final key.
 pub trait KeyExtractor: 'static {
@@ -57,11 +60,15 @@ pub trait KeyExtractor: 'static {
 
 impl<F, K> KeyExtractor for F
 where
-    F: Fn(&ServiceRequest) -> Result<K, BadKey> + 'static,
+    F: Fn(&ServiceRequest) -> Result<Option<K>, BadKey> + 'static,
     K: LockKey,
 {
     fn extract(&self, req: &ServiceRequest) -> Key {
-        Key::from(self(req).and_then(|key| key.lock_key()))
+        match self(req) {
+            Ok(Some(value)) => Key::from(value.lock_key()),
+            Ok(None) => Key::Pass,
+            Err(bad) => Key::Reject(bad.problem()),
+        }
     }
 }
 
@@ -79,7 +86,8 @@ where
 ///     }
 ///     _ => Key::Pass,
 /// });
-/// # let _ = redlock_actix::LockMiddleware::new(by_tenant);
+/// # let redlock = redlock_actix::Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
+/// # let _ = redlock_actix::LockMiddleware::new(redlock_actix::DistributedLockConfig::new(redlock), by_tenant);
 /// ```
 pub fn from_fn<F>(f: F) -> FromFn<F> {
     FromFn(f)

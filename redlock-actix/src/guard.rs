@@ -70,7 +70,7 @@ impl LockGuard {
     }
 
     /// The fencing token, if the lock was taken with fencing on
-    /// ([`DistributedLockConfig::fencing`](crate::DistributedLockConfig::fencing)): pass it
+    /// ([`LockOptions::fencing`](crate::LockOptions::fencing)(crate::LockOptions::fencing)): pass it
     /// with every write to the protected resource, which refuses older tokens.
     pub fn fencing_token(&self) -> Option<u64> {
         self.handle.fencing_token()
@@ -162,7 +162,7 @@ impl Drop for LockGuard {
 }
 
 /// The error a [`LockBody`] ends with when the lock is lost while the body streams and
-/// the middleware [aborts on loss](crate::DistributedLockConfig::abort_on_loss): the
+/// the middleware [aborts on loss](crate::LockOptions::abort_on_loss): the
 /// server then cuts the response off, so the client sees an incomplete body rather than
 /// a complete one produced without the lock (as `redlock_tower::LockLost`).
 #[derive(Debug, Clone)]
@@ -242,6 +242,11 @@ impl<B> LockBody<B> {
         Self {
             inner: HoldingBody::new(body, guard, abort_on_loss),
         }
+    }
+
+    /// The body of a locked request, as the middleware's engine wrapped it.
+    pub(crate) fn holding(inner: HoldingBody<B, LockGuard>) -> Self {
+        Self { inner }
     }
 
     /// Whether this body still holds the request's lock (it is released when the body

@@ -7,7 +7,6 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use actix_web::body::{BodySize, BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
@@ -17,46 +16,25 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 use futures_util::future::LocalBoxFuture;
-use redlock_core::Redlock;
 use redlock_http::Problem;
 use redlock_idempotency::Idempotency as Core;
-use redlock_idempotency::{Begin, REPLAYED_HEADER, Refusal, Replay, Run, Store};
+use redlock_idempotency::{Begin, REPLAYED_HEADER, Refusal, Replay, Run};
 use tokio::runtime::Handle;
 
 use crate::config::{AbortOnDrop, background};
 use crate::error::{problem_response, request_id};
 
-/// The type of the problem answered when the request's body cannot be read.
-const UNREADABLE_BODY: &str = "urn:redlock:idempotency:unreadable-body";
-/// The type of the problem answered when the handler's body fails before it could be
-/// stored.
-const RESPONSE_FAILED: &str = "urn:redlock:idempotency:response-failed";
-
 type ScopeFn = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 
 /// Runs each request with an idempotency key once, cluster-wide, and replays its
 /// response to retries: `wrap()` it around an `App`, a scope or a resource. Built on
-/// [`redlock_idempotency`] (its docs say the semantics and the guarantees), with the
-/// options of `redlock-tower`'s `IdempotencyLayer`, under the same names:
-///
-/// | option | default | meaning |
-/// | --- | --- | --- |
-/// | [`header`](Self::header) | `Idempotency-Key` | the request header with the key |
-/// | [`required`](Self::required) | `true` | no key: `400`; `false`: the request passes through, unprotected |
-/// | [`scope`](Self::scope), [`scope_header`](Self::scope_header) | none | whose key it is: the subject, the tenant; a configured scope that names none: `400` |
-/// | [`resource_prefix`](Self::resource_prefix) | `idempotency:` | the locks' resource names: the prefix, then the record's id |
-/// | [`ttl`](Self::ttl) | the client's `default_ttl` | the lock's TTL, extended while the handler runs |
-/// | [`fail_fast`](Self::fail_fast) | yes | a request while its key's first one runs: `409` at once |
-/// | [`wait`](Self::wait) | | wait up to a deadline for the first to finish, then replay its response (else `409`) |
-/// | [`max_hold`](Self::max_hold) | the client's | no extension past this: the lock is then lost |
-/// | [`expire_after`](Self::expire_after) | 24 h | how long records live after their run |
-/// | [`max_body`](Self::max_body) | 1 MiB | the largest response body stored; larger ones are answered, not stored |
-/// | [`max_request_body`](Self::max_request_body) | 1 MiB | the largest request body taken; larger: `413` |
-/// | [`max_key_len`](Self::max_key_len) | 255 | the longest key, in bytes; escaped and joined to its escaped scope, it must also fit the room the resource prefix leaves under the 512-byte resource-name bound (`room()`: 500 bytes by default), else `400` naming the bound |
-/// | [`fingerprint_headers`](Self::fingerprint_headers) | none | request headers that are part of the fingerprint |
-/// | [`store_if`](Self::store_if) | `2xx`, `4xx` | which statuses are stored (others: the next request runs again) |
-/// | [`store_timeout`](Self::store_timeout) | 2 s | how long a store operation may take (then `503`) |
-/// | [`runtime`](Self::runtime) | the crate's own thread | where the lock client's and the store's calls run |
+/// [`redlock_idempotency`] (its docs say the semantics and the guarantees): it takes
+/// the engine, [`Idempotency`](redlock_idempotency::Idempotency), with its options (the
+/// same type as `redlock-tower`'s `IdempotencyLayer` takes; the table is there), and
+/// adds what reads an actix request or runs on actix: [`scope`](Self::scope),
+/// [`scope_header`](Self::scope_header) (whose key it is: the subject, the tenant; a
+/// configured scope that names none: `400`) and [`runtime`](Self::runtime) (where the
+/// lock client's and the store's calls run; default: the crate's own thread).
 ///
 /// A request with a key is read whole (to fingerprint its body), then handed to the
 /// handler with the same body. The first one runs under the key's lock; its response
@@ -82,8 +60,8 @@ type ScopeFn = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 /// ```
 /// use std::time::Duration;
 /// use actix_web::{App, HttpResponse, web};
-/// use redlock_actix::{Idempotency, Redlock};
-/// use redlock_idempotency::store::RedisStore;
+/// use redlock_actix::{IdempotencyMiddleware, Redlock};
+/// use redlock_idempotency::{Idempotency, store::RedisStore};
 ///
 /// async fn refund(body: web::Bytes) -> HttpResponse {
 ///     // ... refunds once per key and tenant, whatever the client's retries ...
@@ -102,9 +80,9 @@ type ScopeFn = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 ///         InitError = (),
 ///     >,
 /// > {
-///     let idempotency = Idempotency::new(redlock, store)
-///         .scope_header("x-tenant")
-///         .wait(Duration::from_secs(5));
+///     let idempotency =
+///         IdempotencyMiddleware::new(Idempotency::new(redlock, store).wait(Duration::from_secs(5)))
+///             .scope_header("x-tenant");
 ///     App::new().service(
 ///         web::resource("/refunds")
 ///             .wrap(idempotency)
@@ -113,15 +91,15 @@ type ScopeFn = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 /// }
 /// ```
 #[derive(Clone)]
-pub struct Idempotency {
+pub struct IdempotencyMiddleware {
     core: Core,
     scope: Option<Arc<ScopeFn>>,
     runtime: Option<Handle>,
 }
 
-impl fmt::Debug for Idempotency {
+impl fmt::Debug for IdempotencyMiddleware {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Idempotency")
+        f.debug_struct("IdempotencyMiddleware")
             .field("core", &self.core)
             .field("scope", &self.scope.is_some())
             .field("runtime", &self.runtime.is_some())
@@ -129,15 +107,10 @@ impl fmt::Debug for Idempotency {
     }
 }
 
-impl Idempotency {
-    /// Keys locked with `redlock`, records kept in `store`, default options.
-    pub fn new(redlock: Redlock, store: impl Store) -> Self {
-        Self::from_core(Core::new(redlock, store))
-    }
-
-    /// The middleware of a configured core (e.g. one shared with `redlock-tower`'s
-    /// layer, or built with [`Core::with_store`]).
-    pub fn from_core(idempotency: Core) -> Self {
+impl IdempotencyMiddleware {
+    /// The middleware of `idempotency` (the engine: its options, its store, its lock
+    /// client; e.g. one shared with `redlock-tower`'s layer).
+    pub fn new(idempotency: Core) -> Self {
         Self {
             core: idempotency,
             scope: None,
@@ -145,27 +118,9 @@ impl Idempotency {
         }
     }
 
-    /// The framework-free core, with its options.
+    /// The framework-free engine, with its options.
     pub fn core(&self) -> &Core {
         &self.core
-    }
-
-    fn core_option(mut self, set: impl FnOnce(Core) -> Core) -> Self {
-        self.core = set(self.core);
-        self
-    }
-
-    /// The request header with the key (default `Idempotency-Key`).
-    #[must_use]
-    pub fn header(self, name: impl Into<String>) -> Self {
-        self.core_option(|c| c.header(name))
-    }
-
-    /// Whether requests must carry a key (default `true`: `400` without one). `false`:
-    /// a request without a key passes through, unprotected.
-    #[must_use]
-    pub fn required(self, required: bool) -> Self {
-        self.core_option(|c| c.required(required))
     }
 
     /// Whose key it is: the request's scope (the authenticated subject, the tenant, the
@@ -177,14 +132,14 @@ impl Idempotency {
     ///
     /// ```
     /// use actix_web::HttpMessage;
-    /// use redlock_actix::{Idempotency, Redlock};
-    /// use redlock_idempotency::store::RedisStore;
+    /// use redlock_actix::{IdempotencyMiddleware, Redlock};
+    /// use redlock_idempotency::{Idempotency, store::RedisStore};
     ///
     /// #[derive(Clone)]
     /// struct Subject(String); // put in the extensions by the authentication middleware
     ///
-    /// fn middleware(redlock: Redlock, store: RedisStore) -> Idempotency {
-    ///     Idempotency::new(redlock, store)
+    /// fn middleware(redlock: Redlock, store: RedisStore) -> IdempotencyMiddleware {
+    ///     IdempotencyMiddleware::new(Idempotency::new(redlock, store))
     ///         .scope(|req| req.extensions().get::<Subject>().map(|s| s.0.clone()))
     /// }
     /// ```
@@ -205,96 +160,6 @@ impl Idempotency {
         self.scope(move |req| header_scope(req.headers(), &name))
     }
 
-    /// The locks' resource names: `prefix` and the record's id (default
-    /// `idempotency:`).
-    #[must_use]
-    pub fn resource_prefix(self, prefix: impl Into<String>) -> Self {
-        self.core_option(|c| c.resource_prefix(prefix))
-    }
-
-    /// The lock's TTL (default: the client's). It is extended while the handler runs;
-    /// it is how long a replica that died mid-request blocks its key's retries.
-    #[must_use]
-    pub fn ttl(self, ttl: Duration) -> Self {
-        self.core_option(|c| c.ttl(ttl))
-    }
-
-    /// A request whose key's first request still runs: `409` at once (the default).
-    #[must_use]
-    pub fn fail_fast(self) -> Self {
-        self.core_option(Core::fail_fast)
-    }
-
-    /// A request whose key's first request still runs: wait up to `deadline` for it
-    /// to finish, then replay its response; `409` if it still runs at the deadline.
-    #[must_use]
-    pub fn wait(self, deadline: Duration) -> Self {
-        self.core_option(|c| c.wait(deadline))
-    }
-
-    /// No lock extension past `max_hold` after the acquisition (default: the client's
-    /// `max_hold`): a handler running longer loses its lock.
-    #[must_use]
-    pub fn max_hold(self, max_hold: Duration) -> Self {
-        self.core_option(|c| c.max_hold(max_hold))
-    }
-
-    /// How long a record lives after its run finished (default 24 h): a retry later
-    /// than that runs again.
-    #[must_use]
-    pub fn expire_after(self, expire_after: Duration) -> Self {
-        self.core_option(|c| c.expire_after(expire_after))
-    }
-
-    /// The largest response body stored, in bytes (default 1 MiB). A larger response is
-    /// answered whole but not stored: retries get `409` (never part of a body).
-    #[must_use]
-    pub fn max_body(self, bytes: usize) -> Self {
-        self.core_option(|c| c.max_body(bytes))
-    }
-
-    /// The largest request body taken, in bytes (default 1 MiB): the body is read whole
-    /// to fingerprint it, then handed to the handler. A larger one: `413`.
-    #[must_use]
-    pub fn max_request_body(self, bytes: usize) -> Self {
-        self.core_option(|c| c.max_request_body(bytes))
-    }
-
-    /// The longest key taken, in bytes (default 255); a longer one: `400`. Once
-    /// escaped (`%` and `:` take three bytes) and joined to its escaped scope, a key
-    /// must also fit the room the [`resource_prefix`](Self::resource_prefix) leaves
-    /// under the resource-name bound ([`Core::room`]: 500 bytes by default), else `400`
-    /// naming that bound, as in `redlock-tower`.
-    #[must_use]
-    pub fn max_key_len(self, bytes: usize) -> Self {
-        self.core_option(|c| c.max_key_len(bytes))
-    }
-
-    /// Request headers that are part of the fingerprint (default none), e.g. the
-    /// `content-type`, an API version header.
-    #[must_use]
-    pub fn fingerprint_headers<I, S>(self, names: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.core_option(|c| c.fingerprint_headers(names))
-    }
-
-    /// Which responses are stored, by status (default `2xx` and `4xx`). A response not
-    /// stored lets the next request with the key run again.
-    #[must_use]
-    pub fn store_if(self, store_if: impl Fn(u16) -> bool + Send + Sync + 'static) -> Self {
-        self.core_option(|c| c.store_if(store_if))
-    }
-
-    /// How long one store operation may take (default 2 s); then the request gets `503`
-    /// (or, for the final write, its response unstored).
-    #[must_use]
-    pub fn store_timeout(self, timeout: Duration) -> Self {
-        self.core_option(|c| c.store_timeout(timeout))
-    }
-
     /// Runs the lock client's and the store's calls on this runtime instead of the
     /// crate's own thread (see [Runtimes](Self#runtimes)). It must outlive every request
     /// through this middleware, and have its time and I/O drivers enabled.
@@ -306,10 +171,9 @@ impl Idempotency {
 
     /// The runtime the client's and the store's calls run on.
     fn handle(&self) -> Result<Handle, String> {
-        match &self.runtime {
-            Some(handle) => Ok(handle.clone()),
-            None => background().cloned(),
-        }
+        self.runtime
+            .clone()
+            .map_or_else(|| background().cloned(), Ok)
     }
 }
 
@@ -318,7 +182,7 @@ fn header_scope(headers: &HeaderMap, name: &str) -> Option<String> {
     redlock_idempotency::scope_from_header(headers.get_all(name).map(|value| value.as_bytes()))
 }
 
-impl<S, B> Transform<S, ServiceRequest> for Idempotency
+impl<S, B> Transform<S, ServiceRequest> for IdempotencyMiddleware
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
     B: MessageBody + 'static,
@@ -341,10 +205,10 @@ where
     }
 }
 
-/// The service made by [`Idempotency`].
+/// The service made by [`IdempotencyMiddleware`].
 pub struct IdempotencyService<S> {
     service: Rc<S>,
-    config: Rc<Idempotency>,
+    config: Rc<IdempotencyMiddleware>,
 }
 
 impl<S> fmt::Debug for IdempotencyService<S> {
@@ -376,7 +240,7 @@ where
 /// The answer to `req`: refused, replayed, passed through, or run by `service`.
 async fn answer<S, B>(
     service: &S,
-    config: &Idempotency,
+    config: &IdempotencyMiddleware,
     mut req: ServiceRequest,
 ) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error>
 where
@@ -394,13 +258,7 @@ where
     let scope = match &config.scope {
         Some(scope) => match scope(req.request()) {
             Some(scope) => Some(scope),
-            None => {
-                let refusal = Refusal::bad_key(
-                    "The request names no scope for its idempotency key (the client, tenant or subject it is made for)."
-                        .to_owned(),
-                );
-                return Ok(refuse(req, refusal.problem));
-            }
+            None => return Ok(refuse(req, core.no_scope().problem)),
         },
         None => None,
     };
@@ -412,26 +270,20 @@ where
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     if announced.is_some_and(|len| len > limit) {
-        return Ok(refuse(req, Refusal::body_too_large(limit).problem));
+        return Ok(refuse(req, core.body_too_large().problem));
     }
     let mut payload = req.take_payload();
     let mut body = BytesMut::new();
     while let Some(chunk) = payload.next().await {
         match chunk {
             Ok(chunk) if body.len() + chunk.len() > limit => {
-                return Ok(refuse(req, Refusal::body_too_large(limit).problem));
+                return Ok(refuse(req, core.body_too_large().problem));
             }
             Ok(chunk) => body.extend_from_slice(&chunk),
             Err(error) => {
                 let id = request_id(req.request());
                 tracing::debug!(request_id = id.as_deref(), %error, "request body unreadable: idempotent request refused");
-                let problem = Problem::new(
-                    400,
-                    UNREADABLE_BODY,
-                    "Request body unreadable",
-                    "The request's body could not be read; send the request again.".to_owned(),
-                );
-                return Ok(refuse(req, problem));
+                return Ok(refuse(req, Refusal::unreadable_body().problem));
             }
         }
     }
@@ -460,8 +312,7 @@ where
         Ok(runtime) => runtime,
         Err(error) => {
             tracing::error!(%error, "no runtime for the idempotency middleware: request refused");
-            let problem = Problem::misconfigured(redlock_http::MISCONFIGURED_DETAIL.to_owned());
-            return Ok(refuse(req, problem));
+            return Ok(refuse(req, Refusal::misconfigured().problem));
         }
     };
     // The decision runs on the long-lived runtime: so do the lock's watchdog and, when
@@ -481,13 +332,11 @@ where
         Ok(Err(refusal)) => return Ok(refuse(req, refusal.problem)),
         Ok(Ok(other)) => {
             tracing::error!(decision = ?other, "an idempotency decision this version does not know: request refused");
-            let problem = Problem::misconfigured(redlock_http::MISCONFIGURED_DETAIL.to_owned());
-            return Ok(refuse(req, problem));
+            return Ok(refuse(req, Refusal::misconfigured().problem));
         }
         Err(error) => {
             tracing::error!(%error, "the idempotency decision's task failed: request refused");
-            let problem = Problem::misconfigured(redlock_http::MISCONFIGURED_DETAIL.to_owned());
-            return Ok(refuse(req, problem));
+            return Ok(refuse(req, Refusal::misconfigured().problem));
         }
     };
     if let Some(lock) = run.handle() {
@@ -554,13 +403,7 @@ where
             let id = request_id(&req);
             tracing::warn!(id = run.id(), request_id = id.as_deref(), %error, "the response body failed before it could be stored: answered 500, and the key's next request runs again");
             drop(run);
-            let problem = Problem::new(
-                500,
-                RESPONSE_FAILED,
-                "Response failed",
-                "The response could not be produced; retry the request with the same idempotency key.".to_owned(),
-            )
-            .with_request_id(id);
+            let problem = Refusal::response_failed().problem.with_request_id(id);
             let res = problem_response(&problem);
             Ok(ServiceResponse::new(req, res).map_into_right_body())
         }

@@ -16,7 +16,7 @@ use crate::error::DistributedLockError;
 
 /// A value that names a lock: the key an extracted value (a path, a query, a header…)
 /// is locked by. The lock's resource is the configured
-/// [`resource_prefix`](crate::DistributedLockConfig::resource_prefix) followed by this key.
+/// [`resource_prefix`](crate::LockOptions::resource_prefix) followed by this key.
 ///
 /// Provided for strings (`%` and `:` percent-encoded by [`redlock_http::lock_key`], the
 /// rule `redlock-tower` follows too, so the key of a string never contains `:`), integers (decimal), tuples of keys (joined by `:`), and the actix
@@ -177,7 +177,7 @@ pub trait LockHeaderName {
 /// locks by the value of the header named by `N` (see [`LockHeaderName`]).
 ///
 /// A missing, repeated, empty or not visible ASCII header is a [`BadKey`] (400,
-/// `application/problem+json`, through the configuration's `on_rejection` hook when one is
+/// `application/problem+json`, through the configuration's `on_refusal` hook when one is
 /// registered): the rule of [`redlock_http::header_key`], as in redlock-tower.
 ///
 /// ```

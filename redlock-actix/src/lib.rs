@@ -4,7 +4,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use actix_web::{App, HttpResponse, HttpServer, web};
-//! use redlock_actix::{DistributedLock, DistributedLockConfig, Redlock};
+//! use redlock_actix::{DistributedLock, DistributedLockConfig, LockOptions, Redlock};
 //!
 //! async fn pay(order: DistributedLock<web::Path<u64>>) -> HttpResponse {
 //!     // No other replica is in here for this order until the handler returns.
@@ -16,7 +16,8 @@
 //!     let redlock = Redlock::builder()
 //!         .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
 //!         .build()?;
-//!     let config = DistributedLockConfig::new(redlock).ttl(Duration::from_secs(5));
+//!     let config = DistributedLockConfig::new(redlock)
+//!         .options(LockOptions::new().ttl(Duration::from_secs(5)));
 //!     HttpServer::new(move || {
 //!         App::new().app_data(config.clone()).route("/orders/{id}/pay", web::post().to(pay))
 //!     })
@@ -37,7 +38,7 @@
 //!
 //! `pay` above runs only while this replica holds the lock for its order; every other
 //! replica (and every other request of this one) gets `409 Conflict` meanwhile, or
-//! waits for it ([`DistributedLockConfig::wait`]).
+//! waits for it ([`LockOptions::wait`](crate::LockOptions::wait)).
 //!
 //! - [`DistributedLock<T>`] wraps an existing extractor `T` whose value implements
 //!   [`LockKey`] (strings, integers, tuples; `web::Path`, `web::Query`, `web::Json`,
@@ -48,26 +49,30 @@
 //!   returns, or explicitly with [`release`](DistributedLock::release);
 //!   [`into_parts`](DistributedLock::into_parts) moves it into a streaming body
 //!   ([`LockGuard::hold_during`]).
-//! - [`LockMiddleware`] locks a whole scope by a key taken from each request.
+//! - [`LockMiddleware`] locks a whole scope by a key taken from each request; it takes
+//!   its [`DistributedLockConfig`] directly.
 //! - [`FencingToken`], an extractor, hands the handler the lock's fencing token (with
-//!   [`fencing`](DistributedLockConfig::fencing) on), under the middleware or with a
+//!   [`fencing`](crate::LockOptions::fencing) on), under the middleware or with a
 //!   `DistributedLock<T>` in the same handler: pass it with the handler's writes so that
 //!   the storage refuses a writer whose lock has expired meanwhile (`redlock-fence`).
-//! - [`Idempotency`], a middleware, runs each request with an `Idempotency-Key` once
-//!   across the replicas and replays its stored response to retries (built on
-//!   `redlock-idempotency`, with the options of `redlock-tower`'s `IdempotencyLayer`;
-//!   the guide: `docs/IDEMPOTENCY.md`).
-//! - [`ConcurrencyLimit`], a middleware, lets at most `k` requests per key (per
-//!   tenant, per route) run at once across every replica, on a cluster-wide semaphore
+//! - [`IdempotencyMiddleware`] runs each request with an `Idempotency-Key` once
+//!   across the replicas and replays its stored response to retries (over the engine,
+//!   `redlock_idempotency::Idempotency`, the options type `redlock-tower`'s
+//!   `IdempotencyLayer` takes too; the guide: `docs/IDEMPOTENCY.md`).
+//! - [`ClusterLimitMiddleware`] lets at most `k` requests per key (per tenant, per
+//!   route) run at once across every replica, on a cluster-wide semaphore
 //!   ([`redlock_core::Semaphore`]); a full limit answers `429` with `Retry-After` (the
-//!   counterpart of `redlock-tower`'s `ConcurrencyLimitLayer`).
+//!   counterpart of `redlock-tower`'s `ClusterLimitLayer`, over the same
+//!   [`LimitOptions`]).
 //! - [`LockMiddleware`]'s keys come from a [`KeyExtractor`](extract::KeyExtractor)
 //!   ([`extract`]: `Header`, `PathParam`, `PathPrefix`, `Global`, `from_fn`, closures).
-//! - [`DistributedLockConfig`] (the [`Redlock`] client, TTL, wait policy, resource
-//!   prefix, the options shared with `redlock-tower`, the rejection hook) is found in
-//!   `app_data`, innermost first: a resource's or scope's configuration overrides the
-//!   app's. A route without one answers 500 naming the type to register; nothing panics.
-//! - Rejections are [`DistributedLockError`]s, answered as `application/problem+json`
+//! - [`DistributedLockConfig`] (the [`Redlock`] client, the engine's [`LockOptions`]
+//!   shared with `redlock-tower`, the refusal hook, the runtime) is what the extractors
+//!   find in `app_data`, innermost first: a resource's or scope's configuration
+//!   overrides the app's. A route whose extractor finds none answers 500 naming the
+//!   type to register; nothing panics.
+//! - Refusals ([`Refusal`], [`RefusalKind`]: one vocabulary for the lock, the limit and
+//!   idempotency, in both web crates) are answered as `application/problem+json`
 //!   by [`redlock_http`] (the same answers as `redlock-tower`): busy → 409 with
 //!   `Retry-After` (the holder's remaining TTL), no quorum → 503 with `Retry-After`,
 //!   bad key → 400, misconfiguration (a `FencingToken` without a lock, or without
@@ -88,7 +93,7 @@
 //! ```
 //! use std::time::Duration;
 //! use actix_web::{App, HttpResponse, HttpServer, web};
-//! use redlock_actix::{DistributedLock, DistributedLockConfig, LockKey, BadKey, Redlock};
+//! use redlock_actix::{BadKey, DistributedLock, DistributedLockConfig, LockKey, LockOptions, Redlock};
 //!
 //! #[derive(serde::Deserialize)]
 //! struct OrderId(u64);
@@ -114,9 +119,11 @@
 //! #       .restart_quarantine(false) // the test nodes were started a moment ago
 //!         .build()?;
 //!     // Built once, cloned into every worker's App.
-//!     let config = DistributedLockConfig::new(redlock)
-//!         .ttl(Duration::from_secs(5))
-//!         .resource_prefix("order:");
+//!     let config = DistributedLockConfig::new(redlock).options(
+//!         LockOptions::new()
+//!             .ttl(Duration::from_secs(5))
+//!             .resource_prefix("order:"),
+//!     );
 //!     let server = HttpServer::new(move || {
 //!         App::new()
 //!             .app_data(config.clone())
@@ -181,18 +188,21 @@ mod idempotency;
 mod key;
 mod limit;
 mod middleware;
+mod serve;
 mod token;
 
 pub use config::DistributedLockConfig;
 pub use distributed_lock::DistributedLock;
-pub use error::{DistributedLockError, Rejection, problem_response};
+pub use error::{DistributedLockError, problem_response};
 pub use guard::{LockBody, LockGuard, LockLost};
-pub use idempotency::{Idempotency, IdempotencyService};
+pub use idempotency::{IdempotencyMiddleware, IdempotencyService};
 pub use key::{LockHeader, LockHeaderName, LockKey};
-pub use limit::{ConcurrencyLimit, ConcurrencyLimitService};
+pub use limit::{ClusterLimitMiddleware, ClusterLimitService};
 pub use middleware::{LockMiddleware, LockMiddlewareService};
 pub use redlock_core::{self, LockHandle, Redlock, Released, RetryPolicy};
-pub use redlock_http::{BadKey, Hold, MissingToken, RejectionKind};
+pub use redlock_http::{
+    BadKey, Hold, LimitOptions, LockOptions, MissingToken, Refusal, RefusalKind,
+};
 pub use token::{FencingToken, TokenFuture};
 
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they

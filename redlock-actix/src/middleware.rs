@@ -2,39 +2,39 @@
 
 use std::future::{Ready, ready};
 use std::rc::Rc;
+use std::time::Duration;
 
 use actix_web::HttpMessage;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
-use futures_util::future::{Either, LocalBoxFuture, select};
-use redlock_http::{Hold, Key, RejectionKind};
+use futures_util::future::LocalBoxFuture;
+use redlock_core::{Error, Redlock};
+use redlock_http::{Hold, Key, LockOptions, Refusal, Route};
 
-use crate::config::DistributedLockConfig;
-use crate::error::DistributedLockError;
+use crate::config::{DistributedLockConfig, Failure, Setup, take_lock};
 use crate::extract::{Header, KeyExtractor, PathParam};
-use crate::guard::LockBody;
+use crate::guard::{LockBody, LockGuard};
+use crate::serve::{Guarding, serve};
 use crate::token::FailedOpen;
 
 /// Locks every request through it by a key taken from the request: `wrap()` it around a
 /// scope (or a resource, or the whole app), and each request holds the cluster-wide lock
 /// on `resource_prefix + key` while its handler runs and, by default
-/// ([`hold`](DistributedLockConfig::hold)), while its response body is sent. Keys come
-/// from a [`KeyExtractor`] ([`extract`](crate::extract)).
+/// ([`hold`](redlock_http::LockOptions::hold)), while its response body is sent. Keys
+/// come from a [`KeyExtractor`] ([`extract`](crate::extract)).
 ///
-/// Same behaviour as the [`DistributedLock`](crate::DistributedLock) extractor: the
-/// innermost [`DistributedLockConfig`] (the scope's, else the app's; or the one given
-/// with [`with_config`](Self::with_config)), auto-extension, and the same rejections
-/// (busy → 409, no quorum → 503, bad key → 400, no configuration → 500); and the
-/// options of `redlock-tower`'s layer that only a middleware can have:
-/// [`hold`](DistributedLockConfig::hold), [`fail_open`](DistributedLockConfig::fail_open),
-/// [`abort_on_loss`](DistributedLockConfig::abort_on_loss). Handlers see the
-/// lock as `web::ReqData<redlock_actix::LockHandle>` (is it still held, its loss, its
-/// fencing token), and its fencing token as a [`FencingToken`](crate::FencingToken)
-/// argument.
+/// It takes its [`DistributedLockConfig`] (the client, the engine's
+/// [`LockOptions`](crate::LockOptions), the refusal hook, the runtime) directly, as
+/// [`ClusterLimitMiddleware`](crate::ClusterLimitMiddleware) and
+/// [`IdempotencyMiddleware`](crate::IdempotencyMiddleware) take theirs; only the
+/// extractors read `app_data`. Refusals: busy → 409, no quorum → 503, bad key → 400.
+/// Handlers see the lock as `web::ReqData<redlock_actix::LockHandle>` (is it still
+/// held, its loss, its fencing token), and its fencing token as a
+/// [`FencingToken`](crate::FencingToken) argument.
 ///
 /// ```
 /// use actix_web::{App, HttpResponse, web};
-/// use redlock_actix::{DistributedLockConfig, LockHandle, LockMiddleware, Redlock};
+/// use redlock_actix::{DistributedLockConfig, LockHandle, LockMiddleware, LockOptions, Redlock};
 ///
 /// async fn deposit(lock: web::ReqData<LockHandle>) -> HttpResponse {
 ///     HttpResponse::Ok().body(format!("deposit under {}", lock.resource()))
@@ -42,10 +42,12 @@ use crate::token::FailedOpen;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build()?;
-/// let app = App::new().app_data(DistributedLockConfig::new(redlock).resource_prefix("account:")).service(
+/// let config = DistributedLockConfig::new(redlock)
+///     .options(LockOptions::new().resource_prefix("account:"));
+/// let app = App::new().service(
 ///     web::scope("/accounts/{id}")
 ///         // every request under /accounts/{id} holds the lock "account:{id}"
-///         .wrap(LockMiddleware::path_param("id"))
+///         .wrap(LockMiddleware::path_param(config, "id"))
 ///         .route("/deposit", web::post().to(deposit))
 ///         .route("/withdraw", web::post().to(deposit)),
 /// );
@@ -55,7 +57,7 @@ use crate::token::FailedOpen;
 /// ```
 pub struct LockMiddleware<K> {
     key: Rc<K>,
-    config: Option<DistributedLockConfig>,
+    config: Rc<DistributedLockConfig>,
 }
 
 impl<K> std::fmt::Debug for LockMiddleware<K> {
@@ -67,52 +69,49 @@ impl<K> std::fmt::Debug for LockMiddleware<K> {
 }
 
 impl<K: KeyExtractor> LockMiddleware<K> {
-    /// Locks each request by `key`, typically a closure
-    /// `|req: &ServiceRequest| -> Result<impl LockKey, BadKey>`.
+    /// Locks each request by `key` (typically a closure
+    /// `|req: &ServiceRequest| -> Result<Option<impl LockKey>, BadKey>`) with `config`.
     ///
     /// ```
     /// use actix_web::dev::ServiceRequest;
-    /// use redlock_actix::{BadKey, LockMiddleware};
+    /// use redlock_actix::{BadKey, DistributedLockConfig, LockMiddleware, Redlock};
     ///
-    /// // One lock per (tenant header, scope path parameter).
-    /// let middleware = LockMiddleware::new(|req: &ServiceRequest| {
-    ///     let tenant = req.headers().get("x-tenant").and_then(|v| v.to_str().ok())
-    ///         .ok_or_else(|| BadKey::new("no x-tenant header"))?.to_owned();
+    /// # let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
+    /// // One lock per (tenant header, scope path parameter); no tenant: unlocked.
+    /// let middleware = LockMiddleware::new(DistributedLockConfig::new(redlock), |req: &ServiceRequest| {
+    ///     let Some(tenant) = req.headers().get("x-tenant") else {
+    ///         return Ok(None);
+    ///     };
+    ///     let tenant = tenant.to_str().map_err(|_| BadKey::new("x-tenant must be text"))?;
     ///     let id: u64 = req.match_info().get("id").and_then(|v| v.parse().ok())
     ///         .ok_or_else(|| BadKey::new("the id must be a number"))?;
-    ///     Ok((tenant, id))
+    ///     Ok(Some((tenant.to_owned(), id)))
     /// });
     /// # let _ = middleware;
     /// ```
-    pub fn new(key: K) -> Self {
+    pub fn new(config: DistributedLockConfig, key: K) -> Self {
         Self {
             key: Rc::new(key),
-            config: None,
+            config: Rc::new(config),
         }
-    }
-
-    /// Uses `config` instead of looking one up in `app_data`.
-    pub fn with_config(mut self, config: DistributedLockConfig) -> Self {
-        self.config = Some(config);
-        self
     }
 }
 
 impl LockMiddleware<PathParam> {
     /// Locks each request by the path parameter `name` of the scope (e.g. `"id"` in
     /// `web::scope("/accounts/{id}")`); a request without it is a bad key (400).
-    /// Shorthand for `LockMiddleware::new(PathParam::new(name))`.
-    pub fn path_param(name: impl Into<String>) -> Self {
-        Self::new(PathParam::new(name))
+    /// Shorthand for `LockMiddleware::new(config, PathParam::new(name))`.
+    pub fn path_param(config: DistributedLockConfig, name: impl Into<String>) -> Self {
+        Self::new(config, PathParam::new(name))
     }
 }
 
 impl LockMiddleware<Header> {
     /// Locks each request by the value of the header `name`; a request without it
     /// passes through unlocked (see [`Header::required`]). Shorthand for
-    /// `LockMiddleware::new(Header::new(name))`.
-    pub fn header(name: &'static str) -> Self {
-        Self::new(Header::new(name))
+    /// `LockMiddleware::new(config, Header::new(name))`.
+    pub fn header(config: DistributedLockConfig, name: &'static str) -> Self {
+        Self::new(config, Header::new(name))
     }
 }
 
@@ -132,7 +131,7 @@ where
         ready(Ok(LockMiddlewareService {
             service: Rc::new(service),
             key: Rc::clone(&self.key),
-            config: self.config.clone(),
+            config: Rc::clone(&self.config),
         }))
     }
 }
@@ -141,7 +140,7 @@ where
 pub struct LockMiddlewareService<S, K> {
     service: Rc<S>,
     key: Rc<K>,
-    config: Option<DistributedLockConfig>,
+    config: Rc<DistributedLockConfig>,
 }
 
 impl<S, K> std::fmt::Debug for LockMiddlewareService<S, K> {
@@ -167,96 +166,60 @@ where
     fn call(&self, req: ServiceRequest) -> Self::Future {
         let service = Rc::clone(&self.service);
         let key = self.key.extract(&req);
-        let config = self
-            .config
-            .clone()
-            .or_else(|| DistributedLockConfig::from_req(req.request()).cloned());
+        let config = Rc::clone(&self.config);
         Box::pin(async move {
-            // Rejections are answered here (as responses, not errors), like the
-            // extractor's: outer middleware sees an ordinary response.
-            let Some(config) = config else {
-                let err = DistributedLockError::MissingConfig.respond(req.request());
-                return Ok(req.error_response(err).map_into_right_body());
-            };
-            let key = match key {
-                Key::Lock(key) => key,
-                // No key: the request goes through unlocked.
-                Key::Pass => {
-                    let response = service.call(req).await?;
-                    return Ok(response.map_into_boxed_body().map_into_right_body());
-                }
-                Key::Reject(problem) => {
-                    let err =
-                        config.reject(DistributedLockError::Refused(problem), None, req.request());
-                    return Ok(req.error_response(err).map_into_right_body());
-                }
-                // A decision this version does not know: the server's mistake.
-                _ => {
-                    let err =
-                        config.reject(DistributedLockError::MissingConfig, None, req.request());
-                    return Ok(req.error_response(err).map_into_right_body());
-                }
-            };
-            let resource = match config.resource(&key) {
-                Ok(resource) => resource,
-                Err(bad) => {
-                    let err = config.reject(bad.into(), None, req.request());
-                    return Ok(req.error_response(err).map_into_right_body());
-                }
-            };
-            let guard = match config.acquire(resource.clone()).await {
-                Ok(guard) => guard,
-                Err(err) if config.fails_open() && err.kind() == RejectionKind::Unavailable => {
-                    tracing::warn!(key = %resource, error = %err, "lock service unavailable: fail-open, serving the request WITHOUT a lock");
-                    // Tells `FencingToken` why there is no lock.
-                    req.extensions_mut().insert(FailedOpen);
-                    let response = service.call(req).await?;
-                    return Ok(response.map_into_boxed_body().map_into_right_body());
-                }
-                Err(err) => {
-                    let err = config.reject(err, Some(&resource), req.request());
-                    return Ok(req.error_response(err).map_into_right_body());
-                }
-            };
-            req.extensions_mut().insert(guard.handle());
-            let abort = config.aborts_on_loss();
-            let response = if abort {
-                // The request cannot be kept (actix routes it further by `Rc::get_mut`):
-                // what the answer needs is taken now.
-                let path = req.path().to_owned();
-                let id = crate::error::request_id(req.request());
-                let lost = Box::pin(guard.cancellation_token().cancelled_owned());
-                let handler = Box::pin(service.call(req));
-                match select(handler, lost).await {
-                    Either::Left((response, _)) => response?,
-                    Either::Right(((), handler)) => {
-                        // The handler's future is dropped where it stands, then the lock.
-                        drop(handler);
-                        drop(guard);
-                        // Answered as the error of this service (the request went with the
-                        // handler): actix renders it with the response built here.
-                        return Err(config.reject_request(
-                            DistributedLockError::Lost(resource.clone()),
-                            Some(&resource),
-                            &path,
-                            id,
-                        ));
-                    }
-                }
-            } else {
-                service.call(req).await?
-            };
-            let guard = match config.hold_setting() {
-                // Dropping the guard releases the lock.
-                Hold::UntilHead => {
-                    drop(guard);
-                    None
-                }
-                _ => Some(guard),
-            };
-            Ok(response
-                .map_body(move |_, body| LockBody::held(body, guard, abort))
-                .map_into_left_body())
+            let response = serve(&*service, &config.setup, &config.options, key, req).await?;
+            Ok(response.map_body(|_, body| match body {
+                EitherBody::Left { body } => EitherBody::left(LockBody::holding(body)),
+                EitherBody::Right { body } => EitherBody::right(body),
+            }))
         })
+    }
+}
+
+impl Guarding for LockOptions {
+    type Held = LockGuard;
+
+    fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
+        LockOptions::route(self, redlock, key, request_id)
+    }
+
+    fn take(
+        &self,
+        setup: &Setup,
+        resource: String,
+    ) -> LocalBoxFuture<'static, Result<LockGuard, Failure>> {
+        Box::pin(take_lock(setup, self, resource))
+    }
+
+    fn refuse(
+        &self,
+        resource: &str,
+        error: Error,
+        request_id: Option<&str>,
+        waited: Duration,
+    ) -> Option<Refusal> {
+        LockOptions::refuse(self, resource, error, request_id, waited)
+    }
+
+    fn hold(&self) -> Hold {
+        self.held_until()
+    }
+
+    fn abort_on_loss(&self) -> bool {
+        self.aborts_on_loss()
+    }
+
+    fn expose(&self, req: &ServiceRequest, held: Option<&LockGuard>) {
+        match held {
+            // For `web::ReqData<LockHandle>` and `FencingToken`.
+            Some(guard) => {
+                req.extensions_mut().insert(guard.handle());
+            }
+            // Tells `FencingToken` why there is no lock (fail-open).
+            None => {
+                req.extensions_mut().insert(FailedOpen);
+            }
+        }
     }
 }

@@ -23,15 +23,15 @@ use crate::error::DistributedLockError;
 /// [`DistributedLock`](crate::DistributedLock) argument of the same handler once it
 /// holds its lock (whatever the arguments' order: the token waits for the lock). The
 /// lock must be taken with fencing on
-/// ([`DistributedLockConfig::fencing`](crate::DistributedLockConfig::fencing), or the
+/// ([`LockOptions::fencing`](crate::LockOptions::fencing), or the
 /// client's [`fencing`](redlock_core::RedlockBuilder::fencing) setting).
 ///
 /// Without a token the handler is not called: a request that holds no lock is refused
 /// with [`DistributedLockError::NoLock`], a lock without a token with
 /// [`DistributedLockError::NoFencingToken`], both `500` (through the configuration's
-/// [`on_rejection`](crate::DistributedLockConfig::on_rejection) hook when there is one). A
+/// [`on_refusal`](crate::DistributedLockConfig::on_refusal) hook when there is one). A
 /// request that [`LockMiddleware`](crate::LockMiddleware) let through unlocked
-/// ([`fail_open`](crate::DistributedLockConfig::fail_open)) is answered `503`
+/// ([`fail_open`](crate::LockOptions::fail_open)) is answered `503`
 /// ([`DistributedLockError::FailedOpen`]), as in `redlock-tower`.
 /// The body says which of the two it is and nothing of the server's insides; the log
 /// names the setting to change.
@@ -41,7 +41,7 @@ use crate::error::DistributedLockError;
 ///
 /// ```
 /// use actix_web::{App, HttpResponse, test, web};
-/// use redlock_actix::{DistributedLock, DistributedLockConfig, FencingToken, Redlock};
+/// use redlock_actix::{DistributedLock, DistributedLockConfig, FencingToken, LockOptions, Redlock};
 ///
 /// async fn pay(order: DistributedLock<web::Path<u64>>, token: FencingToken) -> HttpResponse {
 ///     // e.g. `SqlFence::check(&mut *tx, order.guard().resource(), token.0)` before the write
@@ -56,7 +56,8 @@ use crate::error::DistributedLockError;
 ///     .nodes(urls)
 /// #   .restart_quarantine(false) // the test node was started a moment ago
 ///     .build()?;
-/// let config = DistributedLockConfig::new(redlock).resource_prefix("order:").fencing(true);
+/// let config = DistributedLockConfig::new(redlock)
+///     .options(LockOptions::new().resource_prefix("order:").fencing(true));
 /// let app = test::init_service(
 ///     App::new().app_data(config).route("/orders/{id}/pay", web::post().to(pay)),
 /// )

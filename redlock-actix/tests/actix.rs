@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use redlock_actix::LockOptions;
 
 // ---------------------------------------------------------------------------------------
 // Two replicas sharing the nodes.
@@ -19,9 +20,11 @@ async fn two_instances_serialize_a_key_answer_409_and_run_other_keys_in_parallel
     let cluster = Cluster::start(3).await;
     let log = Arc::new(Intervals::default());
     let config = |cluster: &Cluster| {
-        DistributedLockConfig::new(redlock(cluster, Duration::from_millis(100)))
-            .ttl(Duration::from_secs(2))
-            .resource_prefix("order:")
+        DistributedLockConfig::new(redlock(cluster, Duration::from_millis(100))).options(
+            LockOptions::new()
+                .ttl(Duration::from_secs(2))
+                .resource_prefix("order:"),
+        )
     };
     let a = holding_server(2, config(&cluster), &log, 0).await;
     let b = holding_server(2, config(&cluster), &log, 1).await;
@@ -86,9 +89,11 @@ async fn wait_mode_serializes_queued_requests_and_gives_up_at_the_deadline() {
     let cluster = Cluster::start(3).await;
     let log = Arc::new(Intervals::default());
     let config = |cluster: &Cluster| {
-        DistributedLockConfig::new(redlock(cluster, Duration::from_millis(100)))
-            .ttl(Duration::from_secs(2))
-            .wait(Duration::from_secs(15))
+        DistributedLockConfig::new(redlock(cluster, Duration::from_millis(100))).options(
+            LockOptions::new()
+                .ttl(Duration::from_secs(2))
+                .wait(Duration::from_secs(15)),
+        )
     };
     let a = holding_server(2, config(&cluster), &log, 0).await;
     let b = holding_server(2, config(&cluster), &log, 1).await;
@@ -117,7 +122,7 @@ async fn wait_mode_serializes_queued_requests_and_gives_up_at_the_deadline() {
 
     // Past the deadline: another replica holds the key for longer than we wait.
     let short = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(100)))
-        .wait(Duration::from_millis(400));
+        .options(LockOptions::new().wait(Duration::from_millis(400)));
     let c = holding_server(1, short, &log, 2).await;
     let other = redlock(&cluster, Duration::from_millis(100));
     let held = other.lock("7").ttl(Duration::from_secs(3)).await.unwrap();
@@ -156,7 +161,8 @@ async fn a_handler_keeps_its_lock_for_five_ttls_and_sees_its_loss() {
     let ttl = Duration::from_millis(400);
     let log = Arc::new(Intervals::default());
     let config = |cluster: &Cluster| {
-        DistributedLockConfig::new(redlock(cluster, Duration::from_millis(50))).ttl(ttl)
+        DistributedLockConfig::new(redlock(cluster, Duration::from_millis(50)))
+            .options(LockOptions::new().ttl(ttl))
     };
     let a = holding_server(2, config(&cluster), &log, 0).await;
     let b = holding_server(2, config(&cluster), &log, 1).await;
@@ -222,7 +228,8 @@ async fn all_nodes_down_is_503_within_the_node_timeout() {
     let node_timeout = Duration::from_millis(200);
     let log = Arc::new(Intervals::default());
     let config = |cluster: &Cluster| {
-        DistributedLockConfig::new(redlock(cluster, node_timeout)).ttl(Duration::from_secs(2))
+        DistributedLockConfig::new(redlock(cluster, node_timeout))
+            .options(LockOptions::new().ttl(Duration::from_secs(2)))
     };
     let warm = holding_server(1, config(&cluster), &log, 0).await;
     let client = http();

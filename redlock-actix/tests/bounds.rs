@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use actix_web::dev::Service;
 use common::*;
-use redlock_actix::{ConcurrencyLimit, Idempotency};
+use redlock_actix::LimitOptions;
+use redlock_actix::{ClusterLimitMiddleware, IdempotencyMiddleware};
 use redlock_http::KeyBoundError;
 use redlock_idempotency::store::RedisStore;
 
@@ -59,9 +60,10 @@ async fn idempotency_keys_and_scopes_too_long_once_escaped_are_refused_with_the_
     let (locks, data) = tokio::join!(Cluster::start(3), Cluster::start(1));
     let redlock = redlock_testkit::builder(&locks).build().unwrap();
     let store = RedisStore::open(&data.urls()[0]).await.unwrap();
-    let idempotency = Idempotency::new(redlock, store);
+    let idempotency =
+        IdempotencyMiddleware::new(redlock_idempotency::Idempotency::new(redlock, store));
     assert_eq!(idempotency.core().room().unwrap().bytes(), 500);
-    let misconfigured = Idempotency::from_core(
+    let misconfigured = IdempotencyMiddleware::new(
         redlock_idempotency::Idempotency::new(
             redlock_testkit::builder(&locks).build().unwrap(),
             RedisStore::open(&data.urls()[0]).await.unwrap(),
@@ -135,11 +137,17 @@ async fn idempotency_keys_and_scopes_too_long_once_escaped_are_refused_with_the_
 async fn limit_keys_leave_room_for_the_slot_suffix_or_are_refused_with_the_bound() {
     let locks = Cluster::start(3).await;
     let redlock = redlock_testkit::builder(&locks).build().unwrap();
-    let limit = ConcurrencyLimit::new(redlock.clone(), Header::new("x-tenant").required(), 1)
-        .resource_prefix("lim:");
+    let limit = ClusterLimitMiddleware::new(
+        redlock.clone(),
+        Header::new("x-tenant").required(),
+        LimitOptions::new(1).resource_prefix("lim:"),
+    );
     assert_eq!(limit.room().unwrap().bytes(), 499);
-    let misconfigured = ConcurrencyLimit::new(redlock, Header::new("x-tenant").required(), 10)
-        .resource_prefix("p".repeat(503));
+    let misconfigured = ClusterLimitMiddleware::new(
+        redlock,
+        Header::new("x-tenant").required(),
+        LimitOptions::new(10).resource_prefix("p".repeat(503)),
+    );
     assert_eq!(
         misconfigured.room(),
         Err(KeyBoundError::NoRoom {

@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use redlock_actix::LockOptions;
 
 // ---------------------------------------------------------------------------------------
 // Configuration and rejections that never reach a lock.
@@ -52,7 +53,8 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
         .max_resource_len(10)
         .build()
         .unwrap();
-    let config = DistributedLockConfig::new(short_names).resource_prefix("o:");
+    let config =
+        DistributedLockConfig::new(short_names).options(LockOptions::new().resource_prefix("o:"));
     let app = actix_test::init_service(
         App::new()
             .service(
@@ -65,7 +67,7 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
             )
             .service(
                 web::scope("/custom")
-                    .app_data(config.clone().on_rejection(|rejection| {
+                    .app_data(config.clone().on_refusal(|rejection| {
                         HttpResponse::ImATeapot()
                             .body(format!("custom: {}", rejection.problem.detail))
                     }))
@@ -74,40 +76,41 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
             .service(
                 // No app_data: the middleware's own configuration.
                 web::scope("/explicit/{id}")
-                    .wrap(LockMiddleware::path_param("id").with_config(config.clone()))
+                    .wrap(LockMiddleware::path_param(config.clone(), "id"))
                     .route("", web::get().to(handle_resource)),
             )
             .service(
                 web::scope("/closure/{id}")
-                    .app_data(config.clone())
-                    .wrap(LockMiddleware::new(|req: &ServiceRequest| {
-                        let tenant = req
-                            .headers()
-                            .get("x-tenant")
-                            .and_then(|v| v.to_str().ok())
-                            .ok_or_else(|| BadKey::new("no x-tenant header"))?
-                            .to_owned();
-                        let id: u64 = req
-                            .match_info()
-                            .get("id")
-                            .and_then(|v| v.parse().ok())
-                            .ok_or_else(|| BadKey::new("the id must be a number"))?;
-                        Ok((tenant, id))
-                    }))
+                    .wrap(LockMiddleware::new(
+                        config.clone(),
+                        |req: &ServiceRequest| {
+                            let tenant = req
+                                .headers()
+                                .get("x-tenant")
+                                .and_then(|v| v.to_str().ok())
+                                .ok_or_else(|| BadKey::new("no x-tenant header"))?
+                                .to_owned();
+                            let id: u64 = req
+                                .match_info()
+                                .get("id")
+                                .and_then(|v| v.parse().ok())
+                                .ok_or_else(|| BadKey::new("the id must be a number"))?;
+                            Ok(Some((tenant, id)))
+                        },
+                    ))
                     .route("", web::get().to(handle_resource)),
             )
             .service(
                 web::scope("/by-header")
-                    .app_data(web::Data::new(config.clone())) // found in web::Data too
                     .wrap(LockMiddleware::new(
+                        config.clone(),
                         Header::new("idempotency-key").required(),
                     ))
                     .route("", web::post().to(handle_resource)),
             )
             .service(
                 web::scope("/optional-header")
-                    .app_data(web::Data::new(config.clone()))
-                    .wrap(LockMiddleware::header("idempotency-key"))
+                    .wrap(LockMiddleware::header(config.clone(), "idempotency-key"))
                     .route(
                         "",
                         web::post().to(|lock: Option<web::ReqData<LockHandle>>| async move {
@@ -120,9 +123,9 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
             )
             .route("/bare/{id}", web::get().to(by_number))
             .service(
-                web::scope("/wrapped/{id}")
-                    .wrap(LockMiddleware::path_param("id"))
-                    .route("", web::get().to(HttpResponse::Ok)),
+                web::scope("/data")
+                    .app_data(web::Data::new(config.clone())) // found in web::Data too
+                    .route("/named/{id}", web::get().to(resource)),
             ),
     )
     .await;
@@ -146,13 +149,15 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
     };
     let problem = "application/problem+json";
 
-    // Missing configuration: 500, the type to register in the log, not in the body.
-    for uri in ["/bare/1", "/wrapped/1"] {
-        let (status, content_type, body) = call(actix_test::TestRequest::get().uri(uri)).await;
-        assert_eq!(status, 500, "{uri}: {body}");
-        assert_eq!(content_type, problem);
-        assert!(!body.contains("DistributedLockConfig"), "{body}");
-    }
+    // Missing configuration (an extractor's: the middleware takes its own): 500, the
+    // type to register in the log, not in the body.
+    let (status, content_type, body) = call(actix_test::TestRequest::get().uri("/bare/1")).await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(content_type, problem);
+    assert!(!body.contains("DistributedLockConfig"), "{body}");
+    // The configuration is found in `web::Data` too.
+    let ok = call(actix_test::TestRequest::get().uri("/data/named/7")).await;
+    assert_eq!((ok.0, ok.2.as_str()), (200, "o:7"));
 
     // The configured routes work.
     let ok = call(actix_test::TestRequest::get().uri("/configured/orders/5")).await;
@@ -246,11 +251,15 @@ async fn missing_config_is_500_and_inner_extractor_errors_keep_their_responses()
 async fn scope_and_resource_configs_override_the_apps() {
     let cluster = Cluster::start(3).await;
     let shared = redlock(&cluster, Duration::from_millis(100));
-    let app_config = DistributedLockConfig::new(shared.clone()).resource_prefix("app:");
-    let scope_config = DistributedLockConfig::new(shared.clone())
-        .resource_prefix("scope:")
-        .wait(Duration::from_secs(5));
-    let resource_config = DistributedLockConfig::new(shared.clone()).resource_prefix("res:");
+    let app_config = DistributedLockConfig::new(shared.clone())
+        .options(LockOptions::new().resource_prefix("app:"));
+    let scope_config = DistributedLockConfig::new(shared.clone()).options(
+        LockOptions::new()
+            .resource_prefix("scope:")
+            .wait(Duration::from_secs(5)),
+    );
+    let resource_config = DistributedLockConfig::new(shared.clone())
+        .options(LockOptions::new().resource_prefix("res:"));
     let server = Server::start(1, move |cfg| {
         cfg.app_data(app_config.clone())
             .route("/plain/{id}", web::get().to(resource))

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
 use redlock_actix::FencingToken;
+use redlock_actix::LockOptions;
 
 /// The token after the lock.
 async fn after(order: DistributedLock<web::Path<String>>, token: FencingToken) -> HttpResponse {
@@ -31,14 +32,18 @@ async fn alone(token: FencingToken, calls: web::Data<AtomicUsize>) -> HttpRespon
     HttpResponse::Ok().body(format!("token {}", token.0))
 }
 
-fn routes(cfg: &mut web::ServiceConfig) {
+fn routes(config: DistributedLockConfig) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg| routes_with(cfg, config)
+}
+
+fn routes_with(cfg: &mut web::ServiceConfig, config: DistributedLockConfig) {
     cfg.app_data(web::Data::new(AtomicUsize::new(0)))
         .route("/after/{id}", web::post().to(after))
         .route("/before/{id}", web::post().to(before))
         .route("/bare", web::post().to(alone))
         .service(
             web::scope("/accounts/{id}")
-                .wrap(LockMiddleware::path_param("id"))
+                .wrap(LockMiddleware::path_param(config, "id"))
                 .route("/deposit", web::post().to(alone)),
         );
 }
@@ -114,16 +119,19 @@ fn assert_misconfigured(reply: &Reply, id: &str, says: &str, hint: &str) {
 
 #[actix_rt::test]
 async fn handlers_get_the_locks_rising_tokens_from_the_extractor_and_the_middleware() {
-    redlock_testkit::logs::capture("redlock_actix=debug,redlock_core=warn");
+    redlock_testkit::logs::capture("redlock_actix=debug,redlock_http=debug,redlock_core=warn");
     let cluster = Cluster::start(3).await;
     // A request may come before the previous one's lock is released (just after its
     // handler returned): it waits for the lock.
-    let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(200)))
-        .resource_prefix("order:")
-        .fencing(true)
-        .wait(Duration::from_secs(2));
+    let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(200))).options(
+        LockOptions::new()
+            .resource_prefix("order:")
+            .fencing(true)
+            .wait(Duration::from_secs(2)),
+    );
     let server = Server::start(2, move |cfg| {
-        cfg.app_data(config.clone()).configure(routes);
+        cfg.app_data(config.clone())
+            .configure(routes(config.clone()));
     })
     .await;
     let client = http();
@@ -156,10 +164,10 @@ async fn a_busy_lock_is_a_409_whatever_the_arguments_order() {
     let cluster = Cluster::start(1).await;
     let redlock = redlock(&cluster, Duration::from_millis(200));
     let config = DistributedLockConfig::new(redlock.clone())
-        .resource_prefix("order:")
-        .fencing(true);
+        .options(LockOptions::new().resource_prefix("order:").fencing(true));
     let server = Server::start(1, move |cfg| {
-        cfg.app_data(config.clone()).configure(routes);
+        cfg.app_data(config.clone())
+            .configure(routes(config.clone()));
     })
     .await;
     let client = http();
@@ -178,11 +186,10 @@ async fn a_busy_lock_is_a_409_whatever_the_arguments_order() {
 
 #[actix_rt::test]
 async fn a_route_without_a_lock_is_a_500_naming_the_middleware_in_the_log() {
-    redlock_testkit::logs::capture("redlock_actix=debug,redlock_core=warn");
+    redlock_testkit::logs::capture("redlock_actix=debug,redlock_http=debug,redlock_core=warn");
     let cluster = Cluster::start(1).await;
     let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(200)))
-        .resource_prefix("order:")
-        .fencing(true);
+        .options(LockOptions::new().resource_prefix("order:").fencing(true));
     let calls = web::Data::new(AtomicUsize::new(0));
     let server = {
         let calls = calls.clone();
@@ -208,14 +215,14 @@ async fn a_route_without_a_lock_is_a_500_naming_the_middleware_in_the_log() {
 
 #[actix_rt::test]
 async fn a_lock_without_fencing_is_a_500_naming_the_fencing_switch_in_the_log() {
-    redlock_testkit::logs::capture("redlock_actix=debug,redlock_core=warn");
+    redlock_testkit::logs::capture("redlock_actix=debug,redlock_http=debug,redlock_core=warn");
     let cluster = Cluster::start(1).await;
     // The test kit's client has fencing off; so does the configuration, explicitly.
     let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(200)))
-        .resource_prefix("order:")
-        .fencing(false);
+        .options(LockOptions::new().resource_prefix("order:").fencing(false));
     let server = Server::start(1, move |cfg| {
-        cfg.app_data(config.clone()).configure(routes);
+        cfg.app_data(config.clone())
+            .configure(routes(config.clone()));
     })
     .await;
     let client = http();
@@ -229,7 +236,7 @@ async fn a_lock_without_fencing_is_a_500_naming_the_fencing_switch_in_the_log() 
             &reply,
             id,
             "configured without fencing tokens",
-            "DistributedLockConfig::fencing(true)",
+            "LockOptions::fencing(true)",
         );
     }
     server.stop().await;

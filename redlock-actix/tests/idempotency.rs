@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use actix_web::dev::{Service, ServiceResponse};
 use actix_web::http::header::HeaderMap;
 use common::*;
-use redlock_actix::{FencingToken, Idempotency};
+use redlock_actix::{FencingToken, IdempotencyMiddleware};
+use redlock_idempotency::Idempotency;
 use redlock_idempotency::store::RedisStore;
 
 /// Three lock nodes and a data Redis, kept alive for the test.
@@ -27,11 +28,16 @@ impl Backends {
         Self { nodes, data }
     }
 
-    /// A middleware with default options over these backends.
-    async fn idempotency(&self) -> Idempotency {
+    /// The engine with default options over these backends.
+    async fn core(&self) -> Idempotency {
         let redlock = redlock_testkit::builder(&self.nodes).build().unwrap();
         let store = RedisStore::open(&self.data.urls()[0]).await.unwrap();
         Idempotency::new(redlock, store)
+    }
+
+    /// A middleware with default options over these backends.
+    async fn idempotency(&self) -> IdempotencyMiddleware {
+        IdempotencyMiddleware::new(self.core().await)
     }
 }
 
@@ -315,7 +321,8 @@ async fn concurrent_requests_with_one_key_run_the_handler_once() {
 #[actix_rt::test]
 async fn with_wait_a_concurrent_request_gets_the_replay() {
     let backends = Backends::start().await;
-    let idempotency = backends.idempotency().await.wait(Duration::from_secs(5));
+    let idempotency =
+        IdempotencyMiddleware::new(backends.core().await.wait(Duration::from_secs(5)));
     let calls = calls();
     let app = actix_test::init_service(
         App::new().app_data(calls.clone()).service(
@@ -407,7 +414,9 @@ async fn a_missing_key_is_refused_unless_keys_are_optional() {
             )
             .service(
                 web::resource("/optional")
-                    .wrap(idempotency.required(false))
+                    .wrap(IdempotencyMiddleware::new(
+                        idempotency.core().clone().required(false),
+                    ))
                     .route(web::post().to(create)),
             ),
     )
@@ -448,7 +457,7 @@ async fn a_missing_key_is_refused_unless_keys_are_optional() {
 #[actix_rt::test]
 async fn a_request_body_over_the_limit_is_refused_413() {
     let backends = Backends::start().await;
-    let idempotency = backends.idempotency().await.max_request_body(8);
+    let idempotency = IdempotencyMiddleware::new(backends.core().await.max_request_body(8));
     let calls = calls();
     let app = actix_test::init_service(
         App::new().app_data(calls.clone()).service(
@@ -513,7 +522,7 @@ async fn a_server_error_is_not_replayed() {
 #[actix_rt::test]
 async fn an_oversized_response_is_sent_whole_and_its_retry_gets_409() {
     let backends = Backends::start().await;
-    let idempotency = backends.idempotency().await.max_body(16);
+    let idempotency = IdempotencyMiddleware::new(backends.core().await.max_body(16));
     let calls = calls();
     let app = actix_test::init_service(
         App::new()

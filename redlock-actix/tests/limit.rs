@@ -1,4 +1,4 @@
-//! redlock-actix's `ConcurrencyLimit`: at most `k` concurrent requests per key across
+//! redlock-actix's `ClusterLimitMiddleware`: at most `k` concurrent requests per key across
 //! replicas, against real actix-web servers (each with its own lock client) and
 //! redis-server nodes.
 
@@ -9,7 +9,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use common::*;
-use redlock_actix::ConcurrencyLimit;
+use redlock_actix::ClusterLimitMiddleware;
 use redlock_actix::extract::KeyExtractor;
 
 /// How many handlers run at once, across every replica of the process.
@@ -63,7 +63,7 @@ async fn replicas<K: KeyExtractor>(
     cluster: &Cluster,
     n: usize,
     gauge: &web::Data<Gauge>,
-    limit: fn(Redlock) -> ConcurrencyLimit<K>,
+    limit: fn(Redlock) -> ClusterLimitMiddleware<K>,
 ) -> Vec<Server> {
     let mut servers = Vec::new();
     for _ in 0..n {
@@ -89,14 +89,24 @@ async fn stop(servers: Vec<Server>) {
     }
 }
 
-fn limit_3_fail_fast(redlock: Redlock) -> ConcurrencyLimit<redlock_actix::extract::PathParam> {
-    ConcurrencyLimit::path_param(redlock, "key", 3)
+fn limit_3(
+    redlock: Redlock,
+    configure: impl FnOnce(LimitOptions) -> LimitOptions,
+) -> ClusterLimitMiddleware<redlock_actix::extract::PathParam> {
+    let options = LimitOptions::new(3)
         .resource_prefix("limit:")
-        .ttl(Duration::from_secs(2))
+        .ttl(Duration::from_secs(2));
+    ClusterLimitMiddleware::path_param(redlock, "key", configure(options))
 }
 
-fn limit_3_waiting(redlock: Redlock) -> ConcurrencyLimit<redlock_actix::extract::PathParam> {
-    limit_3_fail_fast(redlock).wait(Duration::from_secs(10))
+fn limit_3_fail_fast(
+    redlock: Redlock,
+) -> ClusterLimitMiddleware<redlock_actix::extract::PathParam> {
+    limit_3(redlock, |options| options)
+}
+
+fn limit_3_waiting(redlock: Redlock) -> ClusterLimitMiddleware<redlock_actix::extract::PathParam> {
+    limit_3(redlock, |options| options.wait(Duration::from_secs(10)))
 }
 
 /// 50 requests for one key over 4 replicas with a limit of 3 (fail fast): never more
@@ -185,7 +195,11 @@ async fn another_key_is_not_limited_by_the_first() {
     let cluster = Cluster::start(3).await;
     let gauge = web::Data::new(Gauge::default());
     let servers = replicas(&cluster, 2, &gauge, |redlock| {
-        ConcurrencyLimit::header(redlock, "x-tenant", 3).resource_prefix("tenant:")
+        ClusterLimitMiddleware::header(
+            redlock,
+            "x-tenant",
+            LimitOptions::new(3).resource_prefix("tenant:"),
+        )
     })
     .await;
     let client = http();
@@ -224,7 +238,7 @@ async fn a_limit_of_zero_answers_500() {
     let cluster = Cluster::start(3).await;
     let gauge = web::Data::new(Gauge::default());
     let servers = replicas(&cluster, 1, &gauge, |redlock| {
-        ConcurrencyLimit::path_param(redlock, "key", 0)
+        ClusterLimitMiddleware::path_param(redlock, "key", LimitOptions::new(0))
     })
     .await;
     let reply = get(&http(), servers[0].url("/work/a/run?ms=0")).await;
@@ -242,7 +256,7 @@ async fn no_quorum_is_503_unless_failing_open() {
     let gauge = web::Data::new(Gauge::default());
     let closed = replicas(&cluster, 1, &gauge, limit_3_fail_fast).await;
     let open = replicas(&cluster, 1, &gauge, |redlock| {
-        limit_3_fail_fast(redlock).fail_open(true)
+        limit_3(redlock, |options| options.fail_open(true))
     })
     .await;
     let client = http();
@@ -266,141 +280,15 @@ async fn no_quorum_is_503_unless_failing_open() {
 // ---------------------------------------------------------------------------------
 // The options shared with redlock-tower's `ConcurrencyLimitLayer`.
 
-use std::collections::BTreeMap;
-
+use redlock_actix::LimitOptions;
 use redlock_actix::extract::PathParam;
-use redlock_actix::{Hold, RejectionKind, RetryPolicy};
-use redlock_tower::ConcurrencyLimitLayer;
-
-/// Every option, given the same arguments on either crate's limit (`$status`: the
-/// crate's own `StatusCode`); redlock-tower's tests/limit.rs has the same list. An
-/// option renamed, removed or taking another argument on one side no longer compiles.
-macro_rules! every_option {
-    ($limit:expr, $status:expr) => {
-        $limit
-            .resource_prefix("every:")
-            .ttl(Duration::from_secs(7))
-            .wait(Duration::from_secs(2))
-            .fail_fast()
-            .retry(RetryPolicy::deadline(Duration::from_secs(3)))
-            .hold(Hold::UntilHead)
-            .max_hold(Duration::from_secs(60))
-            .fail_open(true)
-            .busy_status($status)
-            .abort_on_loss(true)
-            .on_rejection(|rejection| rejection.to_response())
-    };
-}
-
-/// The top-level fields of the struct that opens with `open` in a `Debug` rendering:
-/// name → value.
-fn fields(debug: &str, open: &str) -> BTreeMap<String, String> {
-    let start = debug
-        .find(open)
-        .unwrap_or_else(|| panic!("{open} in {debug}"))
-        + open.len();
-    let mut fields = BTreeMap::new();
-    let mut push = |field: &str| {
-        let (name, value) = field.trim().split_once(": ").unwrap();
-        fields.insert(name.to_owned(), value.to_owned());
-    };
-    let (mut depth, mut quoted, mut escaped) = (0, false, false);
-    let mut field = String::new();
-    for c in debug[start..].chars() {
-        if quoted {
-            field.push(c);
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                quoted = false;
-            }
-            continue;
-        }
-        match c {
-            '"' => quoted = true,
-            '{' | '(' | '[' => depth += 1,
-            '}' | ')' | ']' if depth == 0 => break,
-            '}' | ')' | ']' => depth -= 1,
-            ',' if depth == 0 => {
-                push(&field);
-                field.clear();
-                continue;
-            }
-            _ => {}
-        }
-        field.push(c);
-    }
-    push(&field);
-    fields
-}
-
-/// The options of both crates, as their `Debug` shows them: tower's `Config` less the
-/// lock-only `fencing` (fixed off for permits), actix's `Settings` less the client, the
-/// limit and `runtime` (actix only: its workers' runtimes).
-fn both_options(
-    tower: &ConcurrencyLimitLayer<redlock_tower::extract::PathParam>,
-    actix: &ConcurrencyLimit<PathParam>,
-) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
-    let mut tower = fields(&format!("{tower:?}"), "config: Config { ");
-    let mut actix = fields(&format!("{actix:?}"), "settings: Settings { ");
-    tower.remove("fencing");
-    for actix_only in ["redlock", "limit", "runtime"] {
-        actix.remove(actix_only);
-    }
-    (tower, actix)
-}
-
-/// The parity of the two limits: the same option names (every one called on both),
-/// the same defaults, and the same values once set alike. Fails when an option is
-/// added to, removed from or defaulted otherwise in one crate only.
-#[test]
-fn every_option_has_the_same_name_and_default_as_in_tower() {
-    let redlock = Redlock::builder()
-        .node("redis://127.0.0.1:1")
-        .build()
-        .unwrap();
-    let tower = ConcurrencyLimitLayer::new(
-        redlock.clone(),
-        redlock_tower::extract::PathParam::new("tenant"),
-        3,
-    );
-    let actix = ConcurrencyLimit::path_param(redlock.clone(), "tenant", 3);
-
-    let (mut tower_defaults, mut actix_defaults) = both_options(&tower, &actix);
-    assert_eq!(
-        tower_defaults.keys().collect::<Vec<_>>(),
-        actix_defaults.keys().collect::<Vec<_>>(),
-        "the options of the two crates"
-    );
-    // The TTL: the client's in both (actix resolves it per request).
-    assert_eq!(
-        tower_defaults.remove("ttl"),
-        Some(format!("{:?}", redlock.default_ttl()))
-    );
-    assert_eq!(actix_defaults.remove("ttl").as_deref(), Some("None"));
-    assert_eq!(tower_defaults, actix_defaults, "the defaults");
-    assert_eq!(actix_defaults["busy_status"], "429");
-    assert_eq!(actix_defaults["hold"], "UntilBodyEnd");
-    assert_eq!(actix_defaults["abort_on_loss"], "false");
-
-    let tower = every_option!(tower, axum::http::StatusCode::SERVICE_UNAVAILABLE);
-    let actix = every_option!(actix, actix_web::http::StatusCode::SERVICE_UNAVAILABLE);
-    let (mut tower_set, mut actix_set) = both_options(&tower, &actix);
-    assert_eq!(
-        actix_set.remove("ttl"),
-        tower_set.remove("ttl").map(|ttl| format!("Some({ttl})"))
-    );
-    assert_eq!(tower_set, actix_set, "the options set alike");
-    assert_eq!(actix_set["on_rejection"], "Some(\"custom\")");
-}
+use redlock_actix::{Hold, RefusalKind};
 
 /// A server of one replica (its own lock client, built by `limit`) routing
 /// `/work/{key}/run?ms=` through the limit to [`work`].
 async fn serve<F>(gauge: &web::Data<Gauge>, limit: F) -> Server
 where
-    F: Fn() -> ConcurrencyLimit<PathParam> + Send + Clone + 'static,
+    F: Fn() -> ClusterLimitMiddleware<PathParam> + Send + Clone + 'static,
 {
     let gauge = gauge.clone();
     Server::start(1, move |cfg| {
@@ -413,10 +301,18 @@ where
     .await
 }
 
-fn slow_limit(redlock: Redlock, limit: u32, ttl: Duration) -> ConcurrencyLimit<PathParam> {
-    ConcurrencyLimit::path_param(redlock, "key", limit)
-        .resource_prefix("slow:")
-        .ttl(ttl)
+fn slow_limit(redlock: Redlock, limit: u32, ttl: Duration) -> ClusterLimitMiddleware<PathParam> {
+    slow_limit_with(redlock, limit, ttl, |options| options)
+}
+
+fn slow_limit_with(
+    redlock: Redlock,
+    limit: u32,
+    ttl: Duration,
+    configure: impl FnOnce(LimitOptions) -> LimitOptions,
+) -> ClusterLimitMiddleware<PathParam> {
+    let options = LimitOptions::new(limit).resource_prefix("slow:").ttl(ttl);
+    ClusterLimitMiddleware::path_param(redlock, "key", configure(options))
 }
 
 /// Waits (up to 5 s) until `n` handlers run.
@@ -443,11 +339,12 @@ async fn on_rejection_is_called_once_per_429() {
     let (seen, client) = (Arc::clone(&calls), redlock.clone());
     let server = serve(&gauge, move || {
         let seen = Arc::clone(&seen);
-        slow_limit(client.clone(), 1, Duration::from_secs(2)).on_rejection(move |rejection| {
+        slow_limit(client.clone(), 1, Duration::from_secs(2)).on_refusal(move |rejection| {
             seen.fetch_add(1, SeqCst);
-            assert_eq!(rejection.kind, RejectionKind::Busy);
-            assert_eq!(rejection.key, Some("slow:a"));
-            HttpResponse::build(rejection.status()).body("custom busy")
+            assert_eq!(rejection.kind, RefusalKind::Busy);
+            assert_eq!(rejection.resource(), Some("slow:a"));
+            HttpResponse::build(actix_web::http::StatusCode::from_u16(rejection.status()).unwrap())
+                .body("custom busy")
         })
     })
     .await;
@@ -541,11 +438,11 @@ async fn hold_keeps_the_permit_until_the_body_ends_or_only_until_the_head() {
             let signal = Arc::clone(&signal);
             cfg.service(
                 web::scope("/stream/{key}")
-                    .wrap(
-                        ConcurrencyLimit::path_param(redlock.clone(), "key", 1)
-                            .resource_prefix(prefix)
-                            .hold(hold),
-                    )
+                    .wrap(ClusterLimitMiddleware::path_param(
+                        redlock.clone(),
+                        "key",
+                        LimitOptions::new(1).resource_prefix(prefix).hold(hold),
+                    ))
                     .route(
                         "",
                         web::post().to(move || {
@@ -591,8 +488,9 @@ async fn max_hold_ends_the_permit() {
     let gauge = web::Data::new(Gauge::default());
     let redlock = redlock(&cluster, Duration::from_millis(100));
     let server = serve(&gauge, move || {
-        slow_limit(redlock.clone(), 1, Duration::from_millis(300))
-            .max_hold(Duration::from_millis(400))
+        slow_limit_with(redlock.clone(), 1, Duration::from_millis(300), |options| {
+            options.max_hold(Duration::from_millis(400))
+        })
     })
     .await;
     let http = http();
@@ -639,7 +537,9 @@ async fn abort_on_loss_answers_503_when_the_nodes_are_paused() {
     let carry = {
         let redlock = redlock(&cluster, Duration::from_millis(50));
         serve(&carry_gauge, move || {
-            slow_limit(redlock.clone(), 2, ttl).resource_prefix("carry:")
+            slow_limit_with(redlock.clone(), 2, ttl, |options| {
+                options.resource_prefix("carry:")
+            })
         })
         .await
     };
@@ -648,15 +548,15 @@ async fn abort_on_loss_answers_503_when_the_nodes_are_paused() {
         let seen = Arc::clone(&lost);
         serve(&abort_gauge, move || {
             let seen = Arc::clone(&seen);
-            slow_limit(redlock.clone(), 2, ttl)
-                .resource_prefix("abort:")
-                .abort_on_loss(true)
-                .on_rejection(move |rejection| {
-                    if rejection.kind == RejectionKind::Lost {
-                        seen.fetch_add(1, SeqCst);
-                    }
-                    rejection.to_response()
-                })
+            slow_limit_with(redlock.clone(), 2, ttl, |options| {
+                options.resource_prefix("abort:").abort_on_loss(true)
+            })
+            .on_refusal(move |rejection| {
+                if rejection.kind == RefusalKind::Lost {
+                    seen.fetch_add(1, SeqCst);
+                }
+                redlock_actix::problem_response(&rejection.problem)
+            })
         })
         .await
     };

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use redlock_actix::LockOptions;
 
 // ---------------------------------------------------------------------------------------
 // The middleware, and bodies that hold the lock.
@@ -55,14 +56,16 @@ async fn headers_only(
 #[actix_rt::test]
 async fn middleware_locks_a_scope_and_bodies_keep_the_lock_until_sent() {
     let cluster = Cluster::start(3).await;
-    let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(100)))
-        .ttl(Duration::from_secs(2))
-        .resource_prefix("account:");
+    let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(100))).options(
+        LockOptions::new()
+            .ttl(Duration::from_secs(2))
+            .resource_prefix("account:"),
+    );
     let server = Server::start(2, move |cfg| {
         cfg.app_data(config.clone())
             .service(
                 web::scope("/accounts/{id}")
-                    .wrap(LockMiddleware::path_param("id"))
+                    .wrap(LockMiddleware::path_param(config.clone(), "id"))
                     .route("/slow", web::get().to(scoped))
                     .route("/fast", web::get().to(scoped))
                     .route("/stream", web::get().to(streamed)),
@@ -139,7 +142,8 @@ async fn middleware_locks_a_scope_and_bodies_keep_the_lock_until_sent() {
 async fn one_client_serves_every_worker_and_survives_a_server_restart() {
     let cluster = Cluster::start(3).await;
     let ttl = Duration::from_millis(400);
-    let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(50))).ttl(ttl);
+    let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(50)))
+        .options(LockOptions::new().ttl(ttl));
     let log = Arc::new(Intervals::default());
     let client = http();
     let five_ttls = format!("ms={}", (ttl * 5).as_millis());

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
+use redlock_actix::LockOptions;
 use redlock_actix::{DistributedLockConfig, LockHandle, LockMiddleware, Redlock};
 use redlock_idempotency::store::RedisStore;
 use redlock_testkit::Cluster;
@@ -64,7 +65,9 @@ async fn start_axum(
     use axum::routing::post;
     use axum::{Extension, Router};
     use redlock_tower::extract::PathPrefix;
-    use redlock_tower::{ConcurrencyLimitLayer, IdempotencyLayer, LockLayer};
+    use redlock_tower::{
+        ClusterLimitLayer, IdempotencyLayer, LimitOptions, LockLayer, LockOptions,
+    };
 
     let refunds = Router::new()
         .route(
@@ -73,7 +76,7 @@ async fn start_axum(
                 (axum::http::StatusCode::CREATED, answer(&runs, &body))
             }),
         )
-        .layer(IdempotencyLayer::from_core(core));
+        .layer(IdempotencyLayer::new(core));
     let orders = Router::new()
         .route(
             "/orders/{id}",
@@ -84,14 +87,16 @@ async fn start_axum(
             ),
         )
         .layer(
-            LockLayer::new(redlock.clone(), PathPrefix::new("/api/orders")).resource_prefix("n:"),
+            LockLayer::new(redlock.clone(), PathPrefix::new("/api/orders"))
+                .options(LockOptions::new().resource_prefix("n:")),
         )
         .route(
             "/limited/{id}",
-            post(|| async { "limited" }).layer(
-                ConcurrencyLimitLayer::new(redlock, PathPrefix::new("/api/limited"), 1)
-                    .resource_prefix("lim:"),
-            ),
+            post(|| async { "limited" }).layer(ClusterLimitLayer::new(
+                redlock,
+                PathPrefix::new("/api/limited"),
+                LimitOptions::new(1).resource_prefix("lim:"),
+            )),
         );
     let app = Router::new()
         .nest("/api", refunds.clone().merge(orders))
@@ -118,8 +123,9 @@ fn start_actix(
         HttpResponse::Ok().body(lock.resource().to_owned())
     }
 
-    let config = DistributedLockConfig::new(redlock).resource_prefix("n:");
-    let idempotency = redlock_actix::Idempotency::from_core(core);
+    let config =
+        DistributedLockConfig::new(redlock).options(LockOptions::new().resource_prefix("n:"));
+    let idempotency = redlock_actix::IdempotencyMiddleware::new(core);
     let server = HttpServer::new(move || {
         App::new()
             .app_data(config.clone())
@@ -133,7 +139,10 @@ fn start_actix(
                     )
                     .service(
                         web::resource("/orders/{id}")
-                            .wrap(LockMiddleware::new(PathPrefix::new("/api/orders")))
+                            .wrap(LockMiddleware::new(
+                                config.clone(),
+                                PathPrefix::new("/api/orders"),
+                            ))
                             .route(web::post().to(order)),
                     ),
             )

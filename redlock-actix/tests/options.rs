@@ -11,6 +11,7 @@ use std::convert::Infallible;
 
 use common::*;
 use redlock_actix::Hold;
+use redlock_actix::LockOptions;
 use tokio::sync::Notify;
 
 /// Polls `check` until it holds; panics after 20 s (a loaded machine is slow, never
@@ -38,9 +39,11 @@ async fn a_lock_lost_while_the_handler_runs_stops_it_with_503() {
         .ttl(Duration::from_secs(1))
         .build()
         .unwrap();
-    let config = DistributedLockConfig::new(redlock)
-        .resource_prefix("abort:")
-        .abort_on_loss(true);
+    let config = DistributedLockConfig::new(redlock).options(
+        LockOptions::new()
+            .resource_prefix("abort:")
+            .abort_on_loss(true),
+    );
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let done = Arc::clone(&finished);
     let server = Server::start(1, move |cfg| {
@@ -48,7 +51,7 @@ async fn a_lock_lost_while_the_handler_runs_stops_it_with_503() {
         cfg.service(
             web::scope("/slow/{id}")
                 .app_data(config.clone())
-                .wrap(LockMiddleware::path_param("id"))
+                .wrap(LockMiddleware::path_param(config.clone(), "id"))
                 .route(
                     "",
                     web::post().to(move || {
@@ -88,9 +91,11 @@ async fn a_lock_lost_while_the_handler_runs_stops_it_with_503() {
 #[actix_rt::test]
 async fn until_head_releases_before_the_body_ends() {
     let cluster = Arc::new(Cluster::start(3).await);
-    let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(200)))
-        .resource_prefix("head:")
-        .hold(Hold::UntilHead);
+    let config = DistributedLockConfig::new(redlock(&cluster, Duration::from_millis(200))).options(
+        LockOptions::new()
+            .resource_prefix("head:")
+            .hold(Hold::UntilHead),
+    );
     let body_may_end = Arc::new(Notify::new());
     let signal = Arc::clone(&body_may_end);
     let server = Server::start(1, move |cfg| {
@@ -98,7 +103,7 @@ async fn until_head_releases_before_the_body_ends() {
         cfg.service(
             web::scope("/export/{id}")
                 .app_data(config.clone())
-                .wrap(LockMiddleware::path_param("id"))
+                .wrap(LockMiddleware::path_param(config.clone(), "id"))
                 .route(
                     "",
                     web::post().to(move || {

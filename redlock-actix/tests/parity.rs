@@ -1,7 +1,8 @@
 //! One contract for both web crates: the same requests sent to an actix-web server
-//! (`LockMiddleware`, the `DistributedLock` extractor) and to an axum server
-//! (redlock-tower's `LockLayer`) over the same redis-server nodes lock the same keys on
-//! the nodes and get the same status, headers and body.
+//! (`LockMiddleware`, the `DistributedLock` extractor, `ClusterLimitMiddleware`) and to
+//! an axum server (redlock-tower's `LockLayer`, `ClusterLimitLayer`) over the same
+//! redis-server nodes lock the same keys on the nodes and get the same status, headers
+//! and body. (Idempotency's: `examples/tests/idempotency.rs`.)
 //!
 //! It lives with redlock-actix, whose tests take redlock-tower and axum as
 //! dev-dependencies; redlock-tower's own tests stay free of actix.
@@ -13,7 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
-use redlock_actix::{DistributedLock, DistributedLockConfig, LockMiddleware, Redlock};
+use redlock_actix::LockOptions;
+use redlock_actix::{
+    ClusterLimitMiddleware, DistributedLock, DistributedLockConfig, LimitOptions, LockMiddleware,
+    Redlock,
+};
 use redlock_testkit::Cluster;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -33,7 +38,7 @@ async fn lock_keys(cluster: &Cluster) -> String {
             .map(|keys| {
                 let mut keys: Vec<String> = keys
                     .into_iter()
-                    .filter(|k| !k.ends_with(":fence"))
+                    .filter(|k| !k.ends_with(":fence") && !k.ends_with(":size"))
                     .collect();
                 keys.sort();
                 keys
@@ -57,7 +62,11 @@ async fn lock_keys(cluster: &Cluster) -> String {
 async fn settle(cluster: &Cluster) {
     for _ in 0..2000 {
         let keys = cluster.keys("redlock:{parity:*").await;
-        if keys.iter().flatten().all(|k| k.ends_with(":fence")) {
+        if keys
+            .iter()
+            .flatten()
+            .all(|k| k.ends_with(":fence") || k.ends_with(":size"))
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -78,33 +87,47 @@ async fn start_axum(redlock: Redlock, cluster: Arc<Cluster>) -> SocketAddr {
     use axum::Router;
     use axum::routing::post;
     use redlock_tower::extract::{Header, PathParam};
-    use redlock_tower::{FencingToken, LockLayer};
+    use redlock_tower::{ClusterLimitLayer, FencingToken, LimitOptions, LockLayer};
 
-    let layer = |extractor| LockLayer::new(redlock.clone(), extractor).resource_prefix(PREFIX);
+    fn with<E>(redlock: &Redlock, extractor: E, options: LockOptions) -> LockLayer<E> {
+        LockLayer::new(redlock.clone(), extractor).options(options)
+    }
+    let options = LockOptions::new().resource_prefix(PREFIX);
+    let layer = |extractor, options| with(&redlock, extractor, options);
+    let header = with(
+        &redlock,
+        Header::new("idempotency-key").required(),
+        options.clone(),
+    );
     let show = |cluster: Arc<Cluster>| {
         move || {
             let cluster = Arc::clone(&cluster);
             async move { lock_keys(&cluster).await }
         }
     };
-    let header = LockLayer::new(redlock.clone(), Header::new("idempotency-key").required())
-        .resource_prefix(PREFIX);
+    let limit = ClusterLimitLayer::new(
+        redlock.clone(),
+        Header::new("x-tenant").required(),
+        LimitOptions::new(1).resource_prefix(PREFIX),
+    );
     let app = Router::new()
         .route("/h", post(show(Arc::clone(&cluster))).route_layer(header))
         .route(
             "/o/{id}",
-            post(show(Arc::clone(&cluster))).route_layer(layer(PathParam::new("id"))),
+            post(show(Arc::clone(&cluster)))
+                .route_layer(layer(PathParam::new("id"), options.clone())),
         )
         .route(
             "/e/{id}",
-            post(show(Arc::clone(&cluster))).route_layer(layer(PathParam::new("id"))),
+            post(show(Arc::clone(&cluster)))
+                .route_layer(layer(PathParam::new("id"), options.clone())),
         )
         .route(
             "/f/{id}",
             post(|FencingToken(token): FencingToken| async move {
                 ([("fencing-token", token.to_string())], "fenced")
             })
-            .route_layer(layer(PathParam::new("id")).fencing(true)),
+            .route_layer(layer(PathParam::new("id"), options.clone().fencing(true))),
         )
         .route(
             "/nolock",
@@ -118,17 +141,24 @@ async fn start_axum(redlock: Redlock, cluster: Arc<Cluster>) -> SocketAddr {
                     if lock.is_some() { "locked" } else { "unlocked" }
                 },
             )
-            .route_layer(
-                layer(PathParam::new("id"))
+            .route_layer(layer(
+                PathParam::new("id"),
+                options
+                    .clone()
                     .fail_open(true)
                     .busy_status(axum::http::StatusCode::LOCKED),
-            ),
+            )),
         )
         .route(
             "/fo/{id}",
-            post(|FencingToken(token): FencingToken| async move { token.to_string() })
-                .route_layer(layer(PathParam::new("id")).fencing(true).fail_open(true)),
-        );
+            post(|FencingToken(token): FencingToken| async move { token.to_string() }).route_layer(
+                layer(
+                    PathParam::new("id"),
+                    options.clone().fencing(true).fail_open(true),
+                ),
+            ),
+        )
+        .route("/l", post(show(Arc::clone(&cluster))).route_layer(limit));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -166,48 +196,66 @@ fn start_actix(
             .body("fenced")
     }
 
-    let config = DistributedLockConfig::new(redlock).resource_prefix(PREFIX);
+    let options = LockOptions::new().resource_prefix(PREFIX);
+    let config = DistributedLockConfig::new(redlock.clone()).options(options.clone());
+    let with = move |options: LockOptions| config.clone().options(options);
     let server = HttpServer::new(move || {
+        let fenced_options = options.clone().fencing(true);
+        let limit = ClusterLimitMiddleware::new(
+            redlock.clone(),
+            Header::new("x-tenant").required(),
+            LimitOptions::new(1).resource_prefix(PREFIX),
+        );
         App::new()
-            .app_data(config.clone())
+            .app_data(with(options.clone()))
             .app_data(web::Data::new(Arc::clone(&cluster)))
             .service(
                 web::scope("/h")
                     .wrap(LockMiddleware::new(
+                        with(options.clone()),
                         Header::new("idempotency-key").required(),
                     ))
                     .route("", web::post().to(show)),
             )
             .service(
                 web::scope("/o/{id}")
-                    .wrap(LockMiddleware::path_param("id"))
+                    .wrap(LockMiddleware::path_param(with(options.clone()), "id"))
                     .route("", web::post().to(show)),
             )
             .route("/e/{id}", web::post().to(extracted))
             .service(
                 web::scope("/f/{id}")
-                    .app_data(config.clone().fencing(true))
-                    .wrap(LockMiddleware::path_param("id"))
+                    .app_data(with(fenced_options.clone()))
+                    .wrap(LockMiddleware::path_param(
+                        with(fenced_options.clone()),
+                        "id",
+                    ))
                     .route("", web::post().to(fenced)),
             )
             .route("/nolock", web::post().to(fenced))
             .service(
                 web::scope("/open/{id}")
-                    .app_data(
-                        config
-                            .clone()
-                            .fail_open(true)
-                            .busy_status(actix_web::http::StatusCode::LOCKED),
-                    )
-                    .wrap(LockMiddleware::path_param("id"))
+                    .wrap(LockMiddleware::path_param(
+                        with(
+                            options
+                                .clone()
+                                .fail_open(true)
+                                .busy_status(actix_web::http::StatusCode::LOCKED),
+                        ),
+                        "id",
+                    ))
                     .route("", web::post().to(open)),
             )
             .service(
                 web::scope("/fo/{id}")
-                    .app_data(config.clone().fencing(true).fail_open(true))
-                    .wrap(LockMiddleware::path_param("id"))
+                    .app_data(with(fenced_options.clone().fail_open(true)))
+                    .wrap(LockMiddleware::path_param(
+                        with(fenced_options.clone().fail_open(true)),
+                        "id",
+                    ))
                     .route("", web::post().to(fenced)),
             )
+            .service(web::scope("/l").wrap(limit).route("", web::post().to(show)))
     })
     .workers(1)
     .disable_signals()
@@ -447,6 +495,30 @@ async fn tower_and_actix_lock_the_same_keys_and_answer_alike() {
     settle(&cluster).await;
     let open = both(servers, &cluster, "/open/b", &[]).await;
     assert_eq!(open.body, "locked");
+
+    // The cluster-wide limit (one permit per tenant): the same slot key on the nodes, the
+    // same 400 without a tenant, the same 429 while another client holds the permit.
+    let limited = both(servers, &cluster, "/l", &[("x-tenant", b"a:b")]).await;
+    assert_eq!(limited.status, 200, "{limited:?}");
+    // The permit's slot lock, on every node (the same key from both, by `both`).
+    assert_eq!(limited.body.lines().count(), 3, "{limited:?}");
+    assert!(
+        limited
+            .body
+            .lines()
+            .all(|line| line.contains("{parity:a%3Ab/permit")),
+        "{limited:?}"
+    );
+    let no_tenant = both(servers, &cluster, "/l", &[]).await;
+    assert_eq!((no_tenant.status, &no_tenant.content_type), (400, &problem));
+    let permits = holder.semaphore(format!("{PREFIX}full"), 1).unwrap();
+    let permit = permits.acquire().await.unwrap();
+    let tower_full = send(servers.0, "/l", &[("x-tenant", b"full")]).await;
+    let actix_full = send(servers.1, "/l", &[("x-tenant", b"full")]).await;
+    assert_eq!((tower_full.status, actix_full.status), (429, 429));
+    assert_eq!(normalize(&tower_full), normalize(&actix_full));
+    permit.release().await.unwrap();
+    settle(&cluster).await;
 
     // Fencing tokens: a header from the handler, strictly greater for each new holder.
     let tower_fenced = send(servers.0, "/f/7", &[]).await;

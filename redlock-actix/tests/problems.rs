@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
+use redlock_actix::LockOptions;
 use redlock_actix::{DistributedLock, DistributedLockConfig, Redlock};
 use redlock_testkit::Cluster;
 
@@ -17,9 +18,9 @@ async fn pay(order: DistributedLock<web::Path<String>>) -> HttpResponse {
 }
 
 async fn serve(redlock: Redlock) -> String {
-    redlock_testkit::logs::capture("redlock_actix=debug,redlock_core=warn");
-    let config =
-        DistributedLockConfig::new(redlock).resource_prefix(redlock_testkit::refusals::PREFIX);
+    redlock_testkit::logs::capture("redlock_actix=debug,redlock_http=debug,redlock_core=warn");
+    let config = DistributedLockConfig::new(redlock)
+        .options(LockOptions::new().resource_prefix(redlock_testkit::refusals::PREFIX));
     let server = HttpServer::new(move || {
         App::new()
             .app_data(config.clone())

@@ -62,28 +62,56 @@
 //! - **Answers**: [`Problem`] (status, `Retry-After`, `application/problem+json`
 //!   body), by the table above; [`MissingToken`] for a fencing token the handler cannot
 //!   have.
-//! - **Options**: the same names, defaults and meanings:
+//! - **Refusals**: one vocabulary for the three capabilities ([`Refusal`],
+//!   [`RefusalKind`]: the kinds and their statuses), handed to the middleware's
+//!   `on_refusal` hook of both crates.
+//! - **Options and decision**: one engine per capability, written here (or, for
+//!   idempotency, in `redlock-idempotency`, which sits above this crate: it depends on
+//!   it for the problems, the key rule and the refusals, and carries the stores), that
+//!   both crates' middleware take as a value and drive: [`LockOptions`] (the lock),
+//!   [`LimitOptions`] (the cluster-wide concurrency limit),
+//!   `redlock_idempotency::Idempotency` (idempotency). The web crates only read the
+//!   request (method, target as the client sent it, headers, body), build the response
+//!   and wrap the body.
 //!
-//! | option | default | meaning | tower (`LockLayer`) | actix (`DistributedLockConfig`) |
-//! | --- | --- | --- | --- | --- |
-//! | `resource_prefix(p)` | empty | the resource is `p` followed by the request's key | yes | yes |
-//! | `ttl(d)` | the client's `default_ttl` | the lock's TTL; auto-extended about every `ttl / 3` while held, so it bounds how long a crashed replica keeps the key, not the request | yes | yes |
-//! | `fail_fast()` | yes | one attempt: busy → 409 at once | yes | yes |
-//! | `wait(deadline)` | | retry until `deadline` (woken when the holder releases), then 409 | yes | yes |
-//! | `retry(policy)` | `RetryPolicy::once()` | any retry policy; `fail_fast` and `wait` are shorthands | yes | yes |
-//! | `hold(Hold)` | [`Hold::UntilBodyEnd`] | keep the lock until the body ends or is dropped, or only until the response head ([`Hold::UntilHead`]) | yes | the middleware; the extractor holds it as long as the handler keeps it (`into_parts` + `hold_during` for the body) |
-//! | `max_hold(d)` | the client's `max_hold` | no extension past `d` after the acquisition: the lock is then lost | yes | yes |
-//! | `fencing(on)` | the client's `fencing` | take each lock with a fencing token (the `FencingToken` extractor) | yes | yes |
-//! | `fail_open(on)` | off | no quorum (503) → serve the request without a lock, logged as a warning; a busy key is still refused | yes | the middleware; the extractor, whose value is the held lock, still answers 503 |
-//! | `busy_status(s)` | `409 Conflict` | the status of a busy answer (e.g. `423`, `429`) | yes | yes |
-//! | `abort_on_loss(on)` | off | a lock lost while the request runs: drop the handler and answer 503 (or cut the streaming body off); off: logged and signalled through the `LockHandle` (`lost()`) | yes | the middleware; a handler taking the extractor watches `guard().lost()` itself (actix gives an extractor no hold on the handler's future) |
-//! | `on_rejection(hook)` | problem+json | build the answer to a [`Rejection`](RejectionKind) yourself: `Fn(&Rejection) -> Response` | yes (`http::Response<Bytes>`) | yes (`HttpResponse`) |
-//! | `runtime(handle)` | a thread of the crate's | where the client's calls run (actix workers' runtimes stop with them) | not needed: one tokio runtime | yes |
+//! # Options: one table for both web crates
+//!
+//! [`LockOptions`] (tower: `LockLayer::new(redlock, extractor).options(o)`; actix:
+//! `DistributedLockConfig::new(redlock).options(o)`, taken by `LockMiddleware::new` and
+//! found in `app_data` by the extractors) and [`LimitOptions`] (tower:
+//! `ClusterLimitLayer::new(redlock, extractor, o)`; actix:
+//! `ClusterLimitMiddleware::new(redlock, extractor, o)`):
+//!
+//! | option | default | meaning |
+//! | --- | --- | --- |
+//! | `resource_prefix(p)` | empty | the resource is `p` followed by the request's key |
+//! | `ttl(d)` | the client's `default_ttl` | the lock's (a permit's) TTL; auto-extended about every `ttl / 3` while held, so it bounds how long a crashed replica keeps the key, not the request |
+//! | `fail_fast()` | yes | one attempt: taken → the busy status at once |
+//! | `wait(deadline)` | | retry until `deadline` (woken when a holder releases), then the busy status |
+//! | `retry(policy)` | `RetryPolicy::once()` | any retry policy; `fail_fast` and `wait` are shorthands |
+//! | `hold(Hold)` | [`Hold::UntilBodyEnd`] | keep it until the body ends or is dropped, or only until the response head ([`Hold::UntilHead`]); actix's `DistributedLock` extractor holds its lock as long as the handler keeps it (`into_parts` + `hold_during` for the body) |
+//! | `max_hold(d)` | the client's `max_hold` | no extension past `d` after the acquisition: it is then lost |
+//! | `fail_open(on)` | off | no quorum (503) → serve the request unguarded, logged as a warning; a taken key is still refused; actix's extractor, whose value is the held lock, still answers 503 |
+//! | `busy_status(s)` | `409 Conflict` (lock), `429 Too Many Requests` (limit) | the status of a busy answer (e.g. `423`) |
+//! | `abort_on_loss(on)` | off | lost while the request runs: drop the handler and answer 503 (or cut the streaming body off); off: logged (a lock: signalled through its `LockHandle`, `lost()`); actix's extractor leaves it to the handler (`guard().lost()`) |
+//! | `fencing(on)` (lock only) | the client's `fencing` | take each lock with a fencing token (the `FencingToken` extractor) |
+//! | `LimitOptions::new(k)` (limit only) | | at most `k` requests per key at once |
+//!
+//! What reads or builds a framework's own types stays on its middleware, once:
+//! `on_refusal(hook)` (`Fn(&Refusal) -> Response`: `http::Response<Bytes>` in tower,
+//! `HttpResponse` in actix; default: the problem+json answer) and, in actix only,
+//! `runtime(handle)` (where the client's calls run: actix workers' runtimes stop with
+//! them). Idempotency's options are `redlock_idempotency::Idempotency`'s (its table is
+//! there); its middleware adds `scope` and `scope_header` (and actix's `runtime`).
 //!
 //! Types of the same meaning have the same names in both crates: `KeyExtractor`,
 //! [`Key`], `extract::{Header, PathParam, PathPrefix, Global, from_fn}`, [`BadKey`],
-//! [`Hold`], `Rejection` and [`RejectionKind`], `LockBody`, `FencingToken` and
-//! [`MissingToken`], `LockHandle`.
+//! [`Hold`], [`Refusal`] and [`RefusalKind`], `LockBody`, `FencingToken` and
+//! [`MissingToken`], `LockHandle`; the middleware are `LockLayer` / `LockMiddleware`,
+//! `ClusterLimitLayer` / `ClusterLimitMiddleware`, `IdempotencyLayer` /
+//! `IdempotencyMiddleware`. A key closure means the same in both:
+//! `Ok(Some(value))` locks by the value's key, `Ok(None)` passes the request through,
+//! `Err(BadKey)` refuses it with `400`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Examples in the docs compile without warnings, as the code does (a snippet may define
@@ -94,7 +122,6 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use redlock_core::{ConfigError, Error, ErrorClass};
-
 /// The `Content-Type` of [`Problem::to_json`].
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
@@ -110,7 +137,7 @@ pub use key::{
     header_key, header_lock_key, lock_key, path_param_key, path_param_not_utf8, path_prefix_key,
     permit_suffix_len, resource_name, sent_path, sent_target, single_header_value,
 };
-pub use lock::{Held, LimitOptions, LockOptions, Route};
+pub use lock::{LimitOptions, LockOptions, Route};
 pub use refusal::{Refusal, RefusalKind};
 
 /// How long a request keeps its lock (the `hold` option of both web crates).
@@ -125,38 +152,6 @@ pub enum Hold {
     /// default.
     #[default]
     UntilBodyEnd,
-}
-
-/// Why an integration answered a request itself instead of letting the handler answer
-/// (handed to the `on_rejection` hook of both web crates, with the [`Problem`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RejectionKind {
-    /// The request names no usable key (a missing required header, an empty or too long
-    /// key), or the key extractor refused it.
-    Key,
-    /// Another request holds the key (fail fast, or the wait deadline passed).
-    Busy,
-    /// The lock service could not decide: no quorum of Redis nodes reachable in time.
-    Unavailable,
-    /// The lock was lost while the request ran, and the integration aborts on loss.
-    Lost,
-    /// The server's own lock configuration is wrong (an invalid TTL, no configuration
-    /// for the route, a fencing token asked for where the lock has none).
-    Misconfigured,
-}
-
-impl RejectionKind {
-    /// The kind of a lock error, by its class (see [`Problem::from_error`]).
-    pub fn of(error: &Error) -> Self {
-        match error.class() {
-            ErrorClass::Contended { .. } => Self::Busy,
-            ErrorClass::InvalidResource => Self::Key,
-            ErrorClass::InvalidInput => Self::Misconfigured,
-            ErrorClass::Lost => Self::Lost,
-            _ => Self::Unavailable,
-        }
-    }
 }
 
 /// Why a handler asking for the lock's fencing token gets none (both web crates'

@@ -28,39 +28,6 @@ pub enum Route {
     Take(String),
 }
 
-/// What a request holds while it runs: a lock, or a permit of a semaphore.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Held {
-    /// The key's lock ([`LockOptions`]).
-    Lock(Lock),
-    /// A permit of the key's semaphore ([`LimitOptions`]): a held slot lock.
-    Permit(Permit),
-}
-
-impl Held {
-    /// The held lock (a permit's: its slot lock).
-    pub fn lock(&self) -> &Lock {
-        match self {
-            Self::Lock(lock) => lock,
-            Self::Permit(permit) => permit.lock(),
-        }
-    }
-
-    /// Releases it.
-    ///
-    /// # Errors
-    ///
-    /// The lock client's error when no majority confirmed the release (it then ends at
-    /// its TTL).
-    pub async fn release(self) -> Result<redlock_core::Released, Error> {
-        match self {
-            Self::Lock(lock) => lock.release().await,
-            Self::Permit(permit) => permit.release().await,
-        }
-    }
-}
-
 /// Writes the setters shared by [`LockOptions`] and [`LimitOptions`] once.
 macro_rules! shared_options {
     ($name:ident, $what:literal, $busy:literal) => {
@@ -141,6 +108,11 @@ macro_rules! shared_options {
             /// How long a request keeps what it took.
             pub fn held_until(&self) -> Hold {
                 self.shared.hold
+            }
+
+            /// The status of a busy answer.
+            pub fn busy_code(&self) -> u16 {
+                self.shared.busy_status
             }
 
             /// Whether a loss stops the request.
@@ -357,7 +329,7 @@ impl LockOptions {
         &self,
         redlock: &Redlock,
         resource: String,
-    ) -> impl Future<Output = Result<Held, Error>> + Send + 'static {
+    ) -> impl Future<Output = Result<Lock, Error>> + Send + 'static {
         let redlock = redlock.clone();
         let (ttl, retry, fencing, max_hold) = (
             self.shared.ttl,
@@ -386,7 +358,7 @@ impl LockOptions {
                 validity_ms = lock.validity().as_millis() as u64,
                 "lock acquired"
             );
-            Ok(Held::Lock(lock))
+            Ok(lock)
         }
     }
 }
@@ -455,7 +427,7 @@ impl LimitOptions {
         &self,
         redlock: &Redlock,
         resource: String,
-    ) -> impl Future<Output = Result<Held, Error>> + Send + 'static {
+    ) -> impl Future<Output = Result<Permit, Error>> + Send + 'static {
         let redlock = redlock.clone();
         let (ttl, retry, max_hold, limit) = (
             self.shared.ttl,
@@ -480,7 +452,7 @@ impl LimitOptions {
                 None => permit.auto_extend(),
             }
             tracing::debug!(key = %permit.lock().resource(), slot = permit.slot(), waited_ms = started.elapsed().as_millis() as u64, "concurrency permit acquired");
-            Ok(Held::Permit(permit))
+            Ok(permit)
         }
     }
 }

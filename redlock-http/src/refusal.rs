@@ -80,11 +80,15 @@ pub struct Refusal {
     /// The answer. For [`RefusalKind::Busy`], its status is already the middleware's
     /// `busy_status`.
     pub problem: Problem,
-    /// The lock's resource name (the resource prefix and the request's key), when a key
-    /// was derived.
-    pub resource: Option<String>,
-    /// The lock error behind it (busy, unavailable, misconfigured), for the log.
-    pub error: Option<Arc<Error>>,
+    /// The resource and the lock error, where there are some (kept apart so that a
+    /// refusal stays small in a `Result`).
+    origin: Option<Arc<Origin>>,
+}
+
+#[derive(Debug, Default)]
+struct Origin {
+    resource: Option<String>,
+    error: Option<Error>,
 }
 
 impl Refusal {
@@ -93,16 +97,34 @@ impl Refusal {
         Self {
             kind,
             problem,
-            resource: None,
-            error: None,
+            origin: None,
         }
     }
 
     /// Names the resource the refusal is about.
     #[must_use]
     pub fn with_resource(mut self, resource: impl Into<String>) -> Self {
-        self.resource = Some(resource.into());
+        let error = self
+            .origin
+            .take()
+            .and_then(|origin| Arc::try_unwrap(origin).ok())
+            .and_then(|origin| origin.error);
+        self.origin = Some(Arc::new(Origin {
+            resource: Some(resource.into()),
+            error,
+        }));
         self
+    }
+
+    /// The lock's resource name (the resource prefix and the request's key), when a key
+    /// was derived.
+    pub fn resource(&self) -> Option<&str> {
+        self.origin.as_ref()?.resource.as_deref()
+    }
+
+    /// The lock error behind it (busy, unavailable, misconfigured), for the log.
+    pub fn error(&self) -> Option<&Error> {
+        self.origin.as_ref()?.error.as_ref()
     }
 
     /// Sets the request's id in the problem body ([`Problem::with_request_id`]).
@@ -116,7 +138,10 @@ impl Refusal {
     /// [`RefusalKind::of`]), carrying the error.
     pub fn from_error(error: Error) -> Self {
         let mut refusal = Self::new(RefusalKind::of(&error), Problem::from_error(&error));
-        refusal.error = Some(Arc::new(error));
+        refusal.origin = Some(Arc::new(Origin {
+            resource: None,
+            error: Some(error),
+        }));
         refusal
     }
 

@@ -2,13 +2,16 @@
 //! `Idempotency-Key` runs once cluster-wide, and its retries get the first run's
 //! response, replayed byte for byte.
 //!
-//! This crate is the framework-free core: the key rule, the fingerprint, the decision
-//! ([`Idempotency::begin`]), the records and their stores. The middleware is in the web
-//! crates, with the same options: `redlock_tower::idempotency::IdempotencyLayer` (axum,
-//! hyper, tonic) and `redlock_actix::Idempotency` (actix-web). It is a crate of its own
-//! because both web crates need it and neither may depend on the other, and because its
-//! stores (Redis, SQL) are weight that `redlock-http`, the web crates' shared contract,
-//! should not carry.
+//! This crate is the framework-free engine: the options ([`Idempotency`], one type,
+//! with its defaults and setters), the key rule, the fingerprint, the decision
+//! ([`Idempotency::begin`]), the records and their stores; its refusals are
+//! `redlock-http`'s vocabulary ([`Refusal`], [`RefusalKind`]). The middleware in the web
+//! crates takes an [`Idempotency`] and only translates requests and responses:
+//! `redlock_tower::IdempotencyLayer::new(idempotency)` (axum, hyper, tonic) and
+//! `redlock_actix::IdempotencyMiddleware::new(idempotency)` (actix-web). It is a crate
+//! of its own, above `redlock-http` (which it depends on for the problem bodies, the key
+//! rule and the refusal vocabulary), because its stores (Redis, SQL) are weight that
+//! `redlock-http` should not carry.
 //!
 //! # Semantics
 //!
@@ -212,8 +215,9 @@ impl Inner {
 /// response to retries (see the [crate] docs). Cheap to clone; built once, shared by
 /// every request.
 ///
-/// The options (same names, defaults and meanings in `redlock-tower` and
-/// `redlock-actix`):
+/// The options, one type for both web crates (`redlock-tower`'s `IdempotencyLayer` and
+/// `redlock-actix`'s `IdempotencyMiddleware` take this value; they add only `scope` and
+/// `scope_header`, and actix its `runtime`):
 ///
 /// | option | default | meaning |
 /// | --- | --- | --- |

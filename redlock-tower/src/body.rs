@@ -32,7 +32,7 @@ use crate::guard::Guard;
 use redlock_core::BoxError;
 
 /// The error a [`LockBody`] ends with when the lock is lost while the body streams and
-/// the layer [aborts on loss](crate::LockLayer::abort_on_loss): the server then cuts
+/// the layer [aborts on loss](crate::LockOptions::abort_on_loss): the server then cuts
 /// the response off, so the client sees an incomplete body rather than a complete one
 /// produced without the lock.
 #[derive(Debug, Clone)]

@@ -1,46 +1,120 @@
-//! The layer's settings: what every service the layer makes shares.
+//! What every service a layer makes shares: the engine's options
+//! ([`redlock_http::LockOptions`] or [`redlock_http::LimitOptions`]) and the refusal hook.
 
 use std::fmt;
 use std::time::Duration;
 
-use http::StatusCode;
-use redlock_core::RetryPolicy;
+use redlock_core::{Error, Redlock};
+use redlock_http::{Hold, Key, KeyBoundError, KeyRoom, LimitOptions, LockOptions, Refusal, Route};
 
-use crate::response::OnRejection;
+use crate::guard::Held;
+use crate::response::{OnRefusal, RefusalResponse};
 
-pub(crate) use redlock_http::Hold;
+/// The engine's options of a lock or of a concurrency limit.
+#[derive(Clone, Debug)]
+pub(crate) enum Options {
+    Lock(LockOptions),
+    Limit(LimitOptions),
+}
 
 /// The layer's settings, shared by every service it makes.
 #[derive(Clone)]
 pub(crate) struct Config {
-    pub(crate) resource_prefix: String,
-    pub(crate) ttl: Duration,
-    pub(crate) retry: RetryPolicy,
-    pub(crate) hold: Hold,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) fencing: Option<bool>,
-    pub(crate) fail_open: bool,
-    pub(crate) busy_status: StatusCode,
-    pub(crate) abort_on_loss: bool,
-    pub(crate) on_rejection: Option<OnRejection>,
+    pub(crate) options: Options,
+    pub(crate) on_refusal: Option<OnRefusal>,
+}
+
+impl Config {
+    pub(crate) fn new(options: Options) -> Self {
+        Self {
+            options,
+            on_refusal: None,
+        }
+    }
+
+    pub(crate) fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
+        match &self.options {
+            Options::Lock(o) => o.route(redlock, key, request_id),
+            Options::Limit(o) => o.route(redlock, key, request_id),
+        }
+    }
+
+    pub(crate) fn acquire(
+        &self,
+        redlock: &Redlock,
+        resource: String,
+    ) -> crate::future::AcquireFuture {
+        match &self.options {
+            Options::Lock(o) => {
+                let acquire = o.acquire(redlock, resource);
+                Box::pin(async move { acquire.await.map(Held::Lock) })
+            }
+            Options::Limit(o) => {
+                let acquire = o.acquire(redlock, resource);
+                Box::pin(async move { acquire.await.map(Held::Permit) })
+            }
+        }
+    }
+
+    pub(crate) fn refuse(
+        &self,
+        resource: &str,
+        error: Error,
+        request_id: Option<&str>,
+        waited: Duration,
+    ) -> Option<Refusal> {
+        match &self.options {
+            Options::Lock(o) => o.refuse(resource, error, request_id, waited),
+            Options::Limit(o) => o.refuse(resource, error, request_id, waited),
+        }
+    }
+
+    /// The longest key taken under the prefix (and a limit's slot suffix).
+    pub(crate) fn room(&self, redlock: &Redlock) -> Result<KeyRoom, KeyBoundError> {
+        match &self.options {
+            Options::Lock(o) => KeyRoom::new(redlock, o.prefix(), 0),
+            Options::Limit(o) => o.room(redlock),
+        }
+    }
+
+    pub(crate) fn hold(&self) -> Hold {
+        match &self.options {
+            Options::Lock(o) => o.held_until(),
+            Options::Limit(o) => o.held_until(),
+        }
+    }
+
+    pub(crate) fn abort_on_loss(&self) -> bool {
+        match &self.options {
+            Options::Lock(o) => o.aborts_on_loss(),
+            Options::Limit(o) => o.aborts_on_loss(),
+        }
+    }
+
+    /// The response to `refusal`: the hook's, or the problem+json default.
+    pub(crate) fn render(&self, refusal: &Refusal) -> RefusalResponse {
+        match &self.on_refusal {
+            Some(hook) => hook(refusal),
+            None => crate::response::problem_response(&refusal.problem),
+        }
+    }
 }
 
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
-            .field("resource_prefix", &self.resource_prefix)
-            .field("ttl", &self.ttl)
-            .field("retry", &self.retry)
-            .field("hold", &self.hold)
-            .field("max_hold", &self.max_hold)
-            .field("fencing", &self.fencing)
-            .field("fail_open", &self.fail_open)
-            .field("busy_status", &self.busy_status)
-            .field("abort_on_loss", &self.abort_on_loss)
-            .field(
-                "on_rejection",
-                &self.on_rejection.as_ref().map(|_| "custom"),
-            )
+            .field("options", &self.options)
+            .field("on_refusal", &self.on_refusal.as_ref().map(|_| "custom"))
             .finish()
     }
+}
+
+/// The hook setter of a layer, written once for [`LockLayer`](crate::LockLayer) and
+/// [`ClusterLimitLayer`](crate::ClusterLimitLayer).
+pub(crate) fn with_hook<F>(config: &mut std::sync::Arc<Config>, hook: F)
+where
+    F: Fn(&Refusal) -> RefusalResponse + Send + Sync + 'static,
+{
+    let hook: OnRefusal = std::sync::Arc::new(hook);
+    std::sync::Arc::make_mut(config).on_refusal = Some(hook);
 }

@@ -9,14 +9,14 @@ use std::time::Instant;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use redlock_core::{Error, ErrorClass, Redlock};
-use redlock_http::Problem;
+use redlock_core::{Error, Redlock};
+use redlock_http::{Hold, Key, Refusal, Route};
 use tower_service::Service;
 
 use crate::body::LockBody;
-use crate::config::{Config, Hold};
+use crate::config::{Config, Options};
 use crate::guard::{Guard, Held};
-use crate::response::{Rejection, RejectionKind, RejectionResponse};
+use crate::response::RefusalResponse;
 use crate::token::FailedOpen;
 
 /// Takes what a request holds while it runs: a lock, or a semaphore permit.
@@ -61,7 +61,7 @@ pin_project! {
             guard: Option<Guard>,
         },
         Rejected {
-            response: RejectionResponse,
+            response: RefusalResponse,
         },
         Done,
     }
@@ -89,78 +89,38 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    /// The request needs no lock: the inner service's future, as it is.
-    pub(crate) fn unlocked(future: S::Future, config: Arc<Config>) -> Self {
-        Self {
-            state: State::Running {
-                future,
-                guard: None,
-            },
-            config,
-            request_id: None,
-        }
-    }
-
-    /// Answer with a rejection, without calling the service.
-    pub(crate) fn rejected(
-        kind: RejectionKind,
-        key: Option<&str>,
-        problem: Problem,
-        request_id: Option<String>,
+    /// The request whose key extractor decided `key`, with `inner` already polled
+    /// ready: passed through, refused, or run once its lock (or permit) is taken.
+    pub(crate) fn start(
+        redlock: &Redlock,
         config: Arc<Config>,
-    ) -> Self {
-        let problem = problem.with_request_id(request_id.clone());
-        let response = render(&config, kind, key, problem, None);
-        Self {
-            state: State::Rejected { response },
-            config,
-            request_id,
-        }
-    }
-
-    /// Take the lock on `resource`, then call `inner` (already polled ready).
-    pub(crate) fn acquiring(
-        redlock: Redlock,
-        resource: String,
-        inner: S,
+        key: Key,
+        mut inner: S,
         request: Request<ReqBody>,
-        request_id: Option<String>,
-        config: Arc<Config>,
     ) -> Self {
-        let (ttl, retry, fencing) = (config.ttl, config.retry, config.fencing);
-        let name = resource.clone();
-        let acquire: AcquireFuture = Box::pin(async move {
-            let acquire = redlock.lock(name).ttl(ttl).retry(retry);
-            match fencing {
-                Some(on) => acquire.fencing(on).await,
-                None => acquire.await,
-            }
-            .map(Held::Lock)
-        });
-        Self::holding(acquire, resource, inner, request, request_id, config, true)
-    }
-
-    /// Run `acquire` (what the request is to hold, named `resource` in the log and in
-    /// rejections), then call `inner` (already polled ready). `expose`: whether the
-    /// handler finds a `LockHandle` for it in the request's extensions.
-    pub(crate) fn holding(
-        acquire: AcquireFuture,
-        resource: String,
-        inner: S,
-        request: Request<ReqBody>,
-        request_id: Option<String>,
-        config: Arc<Config>,
-        expose: bool,
-    ) -> Self {
-        Self {
-            state: State::Acquiring {
-                acquire,
+        let request_id =
+            redlock_http::request_id(|name| request.headers().get(name)?.to_str().ok());
+        let state = match config.route(redlock, key, request_id.as_deref()) {
+            Route::Take(resource) => State::Acquiring {
+                acquire: config.acquire(redlock, resource.clone()),
                 resource,
                 inner,
                 request,
                 started: Instant::now(),
-                expose,
+                // No `LockHandle` for a permit: it is no lock on the key, and would
+                // hide the one of a `LockLayer` on the same route.
+                expose: matches!(config.options, Options::Lock(_)),
             },
+            Route::Refuse(refusal) => State::Rejected {
+                response: config.render(&refusal.with_request_id(request_id.clone())),
+            },
+            _ => State::Running {
+                future: inner.call(request),
+                guard: None,
+            },
+        };
+        Self {
+            state,
             config,
             request_id,
         }
@@ -194,39 +154,27 @@ where
                         continue; // not reached: the state was `Acquiring`
                     };
                     let next = match acquired {
-                        Ok(mut lock) => {
-                            lock.auto_extend(this.config.max_hold);
-                            tracing::debug!(
-                                key = %resource,
-                                waited_ms = started.elapsed().as_millis() as u64,
-                                attempts = lock.attempts(),
-                                validity_ms = lock.validity().as_millis() as u64,
-                                "lock acquired"
-                            );
+                        Ok(lock) => {
                             if expose {
-                                request.extensions_mut().insert(lock.handle());
+                                request.extensions_mut().insert(lock.lock().handle());
                             }
-                            let guard = Guard::new(lock, Instant::now(), this.config.abort_on_loss);
+                            let guard =
+                                Guard::new(lock, Instant::now(), this.config.abort_on_loss());
                             State::Running {
                                 future: inner.call(request),
                                 guard: Some(guard),
                             }
                         }
-                        Err(error) => match refusal(
-                            this.config,
+                        Err(error) => match this.config.refuse(
                             &resource,
+                            error,
                             this.request_id.as_deref(),
-                            &error,
-                            started,
+                            started.elapsed(),
                         ) {
-                            Some((kind, problem)) => State::Rejected {
-                                response: render(
-                                    this.config,
-                                    kind,
-                                    Some(&resource),
-                                    problem.with_request_id(this.request_id.clone()),
-                                    Some(&error),
-                                ),
+                            Some(refusal) => State::Rejected {
+                                response: this
+                                    .config
+                                    .render(&refusal.with_request_id(this.request_id.clone())),
                             },
                             // Fail-open: through without a lock (and without a handle);
                             // the marker tells `FencingToken` why.
@@ -256,17 +204,17 @@ where
                             request_id = this.request_id.as_deref(),
                             "lock lost while the request ran (a majority of lock nodes could not extend it in time): request stopped"
                         );
-                        let problem =
-                            Problem::lost_while_running().with_request_id(this.request_id.clone());
-                        let response =
-                            render(this.config, RejectionKind::Lost, Some(&key), problem, None);
+                        let refusal = Refusal::lost_while_running()
+                            .with_resource(key)
+                            .with_request_id(this.request_id.clone());
+                        let response = this.config.render(&refusal);
                         return Poll::Ready(Ok(response.map(LockBody::full)));
                     }
                     let output = match future.poll(cx) {
                         Poll::Ready(output) => output,
                         Poll::Pending => return Poll::Pending,
                     };
-                    let guard = match this.config.hold {
+                    let guard = match this.config.hold() {
                         // Dropping the guard releases the lock.
                         Hold::UntilHead => None,
                         _ => guard.take(),
@@ -287,62 +235,5 @@ where
                 StateProj::Done => return Poll::Pending,
             }
         }
-    }
-}
-
-/// What to answer for an acquisition error: `None` lets the request through unlocked
-/// (fail-open on a backend failure).
-fn refusal(
-    config: &Config,
-    resource: &str,
-    request_id: Option<&str>,
-    error: &Error,
-    started: Instant,
-) -> Option<(RejectionKind, Problem)> {
-    let waited_ms = started.elapsed().as_millis() as u64;
-    let mut problem = Problem::from_error(error);
-    // The body is generic (see `Problem::from_error`); the details go to the log.
-    match error.class() {
-        ErrorClass::Contended { .. } => {
-            tracing::debug!(key = %resource, request_id, waited_ms, error = %error, "lock busy: request refused");
-            problem.status = config.busy_status.as_u16();
-            Some((RejectionKind::Busy, problem))
-        }
-        ErrorClass::InvalidResource => {
-            tracing::debug!(key = %resource, request_id, error = %error, "lock key refused");
-            Some((RejectionKind::Key, problem))
-        }
-        ErrorClass::InvalidInput => {
-            tracing::error!(key = %resource, request_id, error = %error, "lock refused as misconfigured");
-            Some((RejectionKind::Misconfigured, problem))
-        }
-        _ if config.fail_open => {
-            tracing::warn!(key = %resource, request_id, waited_ms, error = %error, "lock service unavailable: fail-open, serving the request WITHOUT a lock");
-            None
-        }
-        _ => {
-            tracing::warn!(key = %resource, request_id, waited_ms, error = %error, "lock service unavailable: request refused (fail-closed)");
-            Some((RejectionKind::Unavailable, problem))
-        }
-    }
-}
-
-/// The response for a rejection: the hook's, or the problem+json default.
-fn render(
-    config: &Config,
-    kind: RejectionKind,
-    key: Option<&str>,
-    problem: Problem,
-    error: Option<&Error>,
-) -> RejectionResponse {
-    let rejection = Rejection {
-        kind,
-        key,
-        problem,
-        error,
-    };
-    match &config.on_rejection {
-        Some(hook) => hook(&rejection),
-        None => rejection.to_response(),
     }
 }

@@ -4,12 +4,12 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use redlock_core::{Error, Lock, LockHandle, Permit, Released};
+use redlock_core::{Error, Lock, Permit, Released};
 
 /// What a request holds: the lock of a [`LockLayer`](crate::LockLayer), or the permit
-/// of a [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) (a held slot lock).
+/// of a [`ClusterLimitLayer`](crate::ClusterLimitLayer) (a held slot lock).
 #[derive(Debug)]
 pub(crate) enum Held {
     Lock(Lock),
@@ -17,37 +17,11 @@ pub(crate) enum Held {
 }
 
 impl Held {
-    fn lock(&self) -> &Lock {
+    /// The held lock (a permit's: its slot lock).
+    pub(crate) fn lock(&self) -> &Lock {
         match self {
             Self::Lock(lock) => lock,
             Self::Permit(permit) => permit.lock(),
-        }
-    }
-
-    /// The held lock's resource (a permit's: its slot's).
-    pub(crate) fn resource(&self) -> &str {
-        self.lock().resource()
-    }
-
-    pub(crate) fn attempts(&self) -> u32 {
-        self.lock().attempts()
-    }
-
-    pub(crate) fn validity(&self) -> Duration {
-        self.lock().validity()
-    }
-
-    pub(crate) fn handle(&self) -> LockHandle {
-        self.lock().handle()
-    }
-
-    /// Lets the watchdog extend it, for at most `max_hold` when given.
-    pub(crate) fn auto_extend(&mut self, max_hold: Option<Duration>) {
-        match (self, max_hold) {
-            (Self::Lock(lock), Some(max)) => lock.auto_extend_for(max),
-            (Self::Lock(lock), None) => lock.auto_extend(),
-            (Self::Permit(permit), Some(max)) => permit.auto_extend_for(max),
-            (Self::Permit(permit), None) => permit.auto_extend(),
         }
     }
 
@@ -98,7 +72,7 @@ impl Guard {
     }
 
     pub(crate) fn key(&self) -> &str {
-        self.lock.as_ref().map_or("", Held::resource)
+        self.lock.as_ref().map_or("", |held| held.lock().resource())
     }
 
     /// `Ready` once the lock is lost (and from then on); logs the loss once. Registers
@@ -138,7 +112,7 @@ impl Drop for Guard {
             return;
         };
         runtime.spawn(async move {
-            let key = lock.resource().to_owned();
+            let key = lock.lock().resource().to_owned();
             match lock.release().await {
                 Ok(released) => tracing::debug!(
                     key = %key,

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use axum::{Router, routing::post};
-//! use redlock_tower::{LockLayer, Redlock, extract::PathParam};
+//! use redlock_tower::{LockLayer, LockOptions, Redlock, extract::PathParam};
 //!
 //! async fn pay() -> &'static str {
 //!     "paid" // no other replica is charging this order meanwhile
@@ -13,7 +13,8 @@
 //!     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
 //!     .build()?; // checks the options; contacts no node
 //! // One payment per order at a time, cluster-wide; busy: 409 Conflict at once.
-//! let per_order = LockLayer::new(redlock, PathParam::new("id")).resource_prefix("order:");
+//! let per_order = LockLayer::new(redlock, PathParam::new("id"))
+//!     .options(LockOptions::new().resource_prefix("order:"));
 //! let app: Router = Router::new().route("/orders/{id}/pay", post(pay).route_layer(per_order));
 //! // axum::serve(listener, app).await?;
 //! # Ok::<(), redlock_tower::BoxError>(())
@@ -50,8 +51,8 @@
 //!    default), or as soon as the response head is ready ([`Hold`]).
 //!
 //! Busy: **409 Conflict** with `Retry-After` (the holder's remaining TTL). No quorum of
-//! Redis nodes: **503** with `Retry-After` (fail-closed; [`fail_open`](LockLayer::fail_open)
-//! is an explicit opt-in). Bodies are `application/problem+json`
+//! Redis nodes: **503** with `Retry-After` (fail-closed;
+//! [`fail_open`](LockOptions::fail_open) is an explicit opt-in). Bodies are `application/problem+json`
 //! ([`redlock_http`]); see [`response`] for the table and the hook. The inner
 //! service's error type is unchanged (axum's `Infallible` works), and its response
 //! body is wrapped in a [`LockBody`].
@@ -74,7 +75,7 @@
 //!
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::BodyExt;
-//! use redlock_tower::{LockHandle, LockLayer, Redlock, extract::PathPrefix};
+//! use redlock_tower::{LockHandle, LockLayer, LockOptions, Redlock, extract::PathPrefix};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -88,9 +89,11 @@
 //!     .build()?;
 //!
 //! // Requests under /orders/{id} are serialized per order, cluster-wide.
-//! let layer = LockLayer::new(redlock.clone(), PathPrefix::new("/orders"))
-//!     .resource_prefix("http:")
-//!     .ttl(Duration::from_secs(5));
+//! let layer = LockLayer::new(redlock.clone(), PathPrefix::new("/orders")).options(
+//!     LockOptions::new()
+//!         .resource_prefix("http:")
+//!         .ttl(Duration::from_secs(5)),
+//! );
 //! let service = ServiceBuilder::new().layer(layer).service(service_fn(
 //!     |request: Request<String>| async move {
 //!         let lock = request.extensions().get::<LockHandle>().cloned();
@@ -134,7 +137,7 @@
 //!
 //! # Concurrency limits
 //!
-//! [`ConcurrencyLimitLayer`] (module [`limit`]) lets at most `k` requests per key run at
+//! [`ClusterLimitLayer`] (module [`limit`]) lets at most `k` requests per key run at
 //! once across the replicas (per tenant, per route), with a cluster-wide semaphore of
 //! `k` permits; past the limit: `429 Too Many Requests` with `Retry-After`. It takes
 //! the same key extractors and answers the same way as a [`LockLayer`].
@@ -143,14 +146,14 @@
 //!
 //! A lock cannot stop a handler that was paused past its lock's validity (a long GC
 //! pause, a stalled VM) from writing afterwards, while another replica holds the lock.
-//! With [`fencing`](LockLayer::fencing) on, each lock carries a fencing token, strictly
+//! With [`fencing`](LockOptions::fencing) on, each lock carries a fencing token, strictly
 //! greater for every new holder of the key; the handler passes it with its write and
 //! the storage refuses a token lower than one it has seen (`redlock-fence` does this in
 //! the write's own SQL transaction). An axum handler takes it as an argument:
 //!
 //! ```
 //! use axum::{Router, routing::post};
-//! use redlock_tower::{FencingToken, LockLayer, Redlock, extract::PathParam};
+//! use redlock_tower::{FencingToken, LockLayer, LockOptions, Redlock, extract::PathParam};
 //!
 //! async fn pay(FencingToken(token): FencingToken) -> String {
 //!     // BEGIN; fence.check(&mut *tx, "order:42", token); UPDATE ...; COMMIT
@@ -159,8 +162,7 @@
 //!
 //! let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build()?;
 //! let per_order = LockLayer::new(redlock, PathParam::new("id"))
-//!     .resource_prefix("order:")
-//!     .fencing(true);
+//!     .options(LockOptions::new().resource_prefix("order:").fencing(true));
 //! let app: Router = Router::new().route("/orders/{id}/pay", post(pay).route_layer(per_order));
 //! # Ok::<(), redlock_tower::BoxError>(())
 //! ```
@@ -174,11 +176,11 @@
 //! # Lock loss
 //!
 //! The lock is extended by redlock-core's watchdog about every `ttl / 3` while the
-//! request runs, up to [`max_hold`](LockLayer::max_hold). If a majority of nodes cannot
+//! request runs, up to [`max_hold`](LockOptions::max_hold). If a majority of nodes cannot
 //! extend it in time, the lock is **lost**: another request for the key may run meanwhile.
 //! By default the layer logs a warning and signals it through the request's
 //! [`LockHandle`] (`lost()`, `is_held()`, `cancellation_token()`), and the handler
-//! decides; with [`abort_on_loss`](LockLayer::abort_on_loss) the layer drops the
+//! decides; with [`abort_on_loss`](LockOptions::abort_on_loss) the layer drops the
 //! handler's future and answers `503` (or, once the body streams, cuts the body off).
 //!
 //! # Cancellation
@@ -216,11 +218,13 @@ pub use body::{LockBody, LockLost};
 pub use future::ResponseFuture;
 pub use idempotency::IdempotencyLayer;
 pub use layer::LockLayer;
-pub use limit::ConcurrencyLimitLayer;
+pub use limit::ClusterLimitLayer;
 pub use redlock_core::{BoxError, LockHandle, Redlock, RetryPolicy};
-pub use redlock_http::{BadKey, Hold, MissingToken, RejectionKind};
-// At the root too, where redlock-actix has them.
-pub use response::{Rejection, problem_response};
+pub use redlock_http::{
+    BadKey, Hold, LimitOptions, LockOptions, MissingToken, Refusal, RefusalKind,
+};
+// At the root too, where redlock-actix has it.
+pub use response::problem_response;
 pub use service::LockService;
 pub use token::{FencingToken, FencingTokenRejection};
 

@@ -6,15 +6,13 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use redlock_core::Redlock;
-use redlock_http::Problem;
 use tower_service::Service;
 
 use crate::body::LockBody;
 use crate::config::Config;
-use crate::extract::{Key, KeyExtractor};
+use crate::extract::KeyExtractor;
 use crate::future::ResponseFuture;
 use crate::layer::LockLayer;
-use crate::response::RejectionKind;
 
 /// The middleware made by [`LockLayer`]: extracts each request's key, takes the lock,
 /// calls the inner service, and keeps the lock until the response (by default its
@@ -91,67 +89,8 @@ where
         // The ready service goes with this request; the clone waits for its own
         // `poll_ready`.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let config = Arc::clone(&self.config);
-        match route(&*self.extractor, &config.resource_prefix, &request) {
-            Route::Pass => ResponseFuture::unlocked(inner.call(request), config),
-            Route::Refuse(kind, problem, id) => {
-                ResponseFuture::rejected(kind, None, problem, id, config)
-            }
-            Route::Lock(resource, id) => ResponseFuture::acquiring(
-                self.redlock.clone(),
-                resource,
-                inner,
-                request,
-                id,
-                config,
-            ),
-        }
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let key = self.extractor.extract(&request);
+        ResponseFuture::start(&self.redlock, Arc::clone(&self.config), key, inner, request)
     }
-}
-
-/// What the key extractor decided for a request, with the request's id.
-pub(crate) enum Route {
-    /// No key: through as it is.
-    Pass,
-    /// Refused, with this problem.
-    Refuse(RejectionKind, Problem, Option<String>),
-    /// The resource: the prefix and the key ([`redlock_http::resource_name`]).
-    Lock(String, Option<String>),
-}
-
-/// Asks `extractor` for `request`'s key, and names its resource under `prefix`; a
-/// refusal's problem is ready to send (a 5xx detail goes to the log only).
-pub(crate) fn route<E, B>(extractor: &E, prefix: &str, request: &Request<B>) -> Route
-where
-    E: KeyExtractor<B> + ?Sized,
-{
-    match extractor.extract(request) {
-        Key::Pass => Route::Pass,
-        Key::Reject(mut problem) => {
-            let id = request_id(request);
-            if problem.status >= 500 {
-                // The server's own mistake: the details go to the log only.
-                tracing::error!(status = problem.status, detail = %problem.detail, request_id = id.as_deref(), "request refused by the key extractor");
-                problem.detail = redlock_http::MISCONFIGURED_DETAIL.to_owned();
-            } else {
-                tracing::debug!(status = problem.status, detail = %problem.detail, request_id = id.as_deref(), "request refused by the key extractor");
-            }
-            Route::Refuse(RejectionKind::Key, problem, id)
-        }
-        Key::Lock(key) => match redlock_http::resource_name(prefix, &key) {
-            Ok(resource) => Route::Lock(resource, request_id(request)),
-            Err(bad) => Route::Refuse(RejectionKind::Key, bad.problem(), request_id(request)),
-        },
-        // A decision this version does not know: refused as the server's mistake.
-        _ => {
-            let problem = Problem::misconfigured(redlock_http::MISCONFIGURED_DETAIL.to_owned());
-            Route::Refuse(RejectionKind::Misconfigured, problem, request_id(request))
-        }
-    }
-}
-
-/// The request's id, from its `x-request-id` (or `x-correlation-id`) header.
-fn request_id<B>(request: &Request<B>) -> Option<String> {
-    redlock_http::request_id(|name| request.headers().get(name)?.to_str().ok())
 }

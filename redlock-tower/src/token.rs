@@ -7,7 +7,7 @@ use http::{Extensions, Request};
 use redlock_core::LockHandle;
 use redlock_http::Problem;
 
-use crate::response::{RejectionResponse, problem_response};
+use crate::response::{RefusalResponse, problem_response};
 
 /// The fencing token of the lock the [`LockLayer`](crate::LockLayer) holds for the
 /// request: strictly greater for every new holder of the lock's key, to pass to the
@@ -16,7 +16,7 @@ use crate::response::{RejectionResponse, problem_response};
 ///
 /// It is read from the [`LockHandle`] that the layer puts into the request's
 /// extensions, so it exists only under a layer taking its locks with
-/// [`fencing`](crate::LockLayer::fencing) (or the client's
+/// [`fencing`](crate::LockOptions::fencing) (or the client's
 /// [`fencing`](redlock_core::RedlockBuilder::fencing) setting).
 ///
 /// - In an axum 0.8 handler (feature `axum`), take it as an argument: it implements
@@ -29,7 +29,7 @@ use crate::response::{RejectionResponse, problem_response};
 /// ```
 /// use axum::{Router, body::Body, routing::post};
 /// use http::{Request, StatusCode};
-/// use redlock_tower::{FencingToken, LockLayer, extract::PathParam};
+/// use redlock_tower::{FencingToken, LockLayer, LockOptions, extract::PathParam};
 /// use tower::ServiceExt;
 ///
 /// async fn pay(FencingToken(token): FencingToken) -> String {
@@ -45,8 +45,7 @@ use crate::response::{RejectionResponse, problem_response};
 /// #     .restart_quarantine(false) // the test node was started a moment ago
 /// #     .build()?;
 /// let per_order = LockLayer::new(redlock, PathParam::new("id"))
-///     .resource_prefix("order:")
-///     .fencing(true);
+///     .options(LockOptions::new().resource_prefix("order:").fencing(true));
 /// let app: Router = Router::new()
 ///     .route("/orders/{id}/pay", post(pay).route_layer(per_order))
 ///     // Not under the layer: no lock, so no token.
@@ -150,7 +149,7 @@ impl From<FencingToken> for u64 {
 
 /// Put into the request's extensions by the layer when it lets a request through
 /// without a lock because the lock service was unavailable
-/// ([`fail_open`](crate::LockLayer::fail_open)).
+/// ([`fail_open`](crate::LockOptions::fail_open)).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FailedOpen;
 
@@ -198,7 +197,7 @@ impl FencingTokenRejection {
 
     /// [`problem`](Self::problem) as an `application/problem+json` response
     /// ([`problem_response`]).
-    pub fn to_response(&self) -> RejectionResponse {
+    pub fn to_response(&self) -> RefusalResponse {
         problem_response(&self.problem())
     }
 }
@@ -210,10 +209,10 @@ impl fmt::Display for FencingTokenRejection {
                 "the handler takes a `redlock_tower::FencingToken`, but the request holds no lock (no `LockHandle` in its extensions): no `LockLayer` covers this route (with axum, add it with `Router::route_layer` or `Router::layer` after the routes it is to cover: both wrap only the routes added before them), or the layer's key extractor let this request through unlocked (`Key::Pass`, e.g. an optional header that is missing)"
             }
             MissingToken::FencingOff => {
-                "the handler takes a `redlock_tower::FencingToken`, but the request's lock was taken without one: turn fencing on for the layer with `LockLayer::fencing(true)` (or for the client with `RedlockBuilder::fencing(true)`)"
+                "the handler takes a `redlock_tower::FencingToken`, but the request's lock was taken without one: turn fencing on for the layer with `LockOptions::fencing(true)` (or for the client with `RedlockBuilder::fencing(true)`)"
             }
             MissingToken::FailedOpen => {
-                "the handler takes a `redlock_tower::FencingToken`, but the layer let the request through without a lock because the lock service was unavailable (`LockLayer::fail_open`): answered 503 instead"
+                "the handler takes a `redlock_tower::FencingToken`, but the layer let the request through without a lock because the lock service was unavailable (`LockOptions::fail_open`): answered 503 instead"
             }
             _ => "the handler takes a `redlock_tower::FencingToken`, but the request has none",
         })

@@ -13,7 +13,7 @@ use redlock_tower::extract::PathParam;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_axum_0_7_router_is_named_as_the_cause() {
-    redlock_testkit::logs::capture("redlock_tower=debug");
+    redlock_testkit::logs::capture("redlock_tower=debug,redlock_http=debug");
     let cluster = Cluster::start(1).await;
     let redlock = redlock_testkit::client(&cluster, Duration::from_millis(100));
     let app = axum07::Router::new()

@@ -12,7 +12,8 @@ mod common;
 use common::*;
 use redlock_http::KeyBoundError;
 use redlock_idempotency::store::RedisStore;
-use redlock_tower::ConcurrencyLimitLayer;
+use redlock_tower::ClusterLimitLayer;
+use redlock_tower::LimitOptions;
 use redlock_tower::idempotency::IdempotencyLayer;
 use tower::ServiceExt;
 
@@ -57,7 +58,7 @@ async fn idempotency_keys_and_scopes_too_long_once_escaped_are_refused_with_the_
     let (locks, data) = tokio::join!(Cluster::start(3), Cluster::start(1));
     let redlock = redlock_testkit::builder(&locks).build().unwrap();
     let store = RedisStore::open(&data.urls()[0]).await.unwrap();
-    let layer = IdempotencyLayer::new(redlock, store);
+    let layer = IdempotencyLayer::new(redlock_idempotency::Idempotency::new(redlock, store));
     assert_eq!(layer.core().room().unwrap().bytes(), 500);
     let runs = Arc::new(AtomicUsize::new(0));
     let unscoped = Router::new()
@@ -85,7 +86,7 @@ async fn idempotency_keys_and_scopes_too_long_once_escaped_are_refused_with_the_
 
     // A prefix that leaves no room for the longest key: a typed error where it is
     // built, and `500` (never the handler) at request time.
-    let misconfigured = IdempotencyLayer::from_core(
+    let misconfigured = IdempotencyLayer::new(
         redlock_idempotency::Idempotency::new(
             redlock_testkit::builder(&locks).build().unwrap(),
             RedisStore::open(&data.urls()[0]).await.unwrap(),
@@ -111,8 +112,11 @@ async fn idempotency_keys_and_scopes_too_long_once_escaped_are_refused_with_the_
 async fn limit_keys_leave_room_for_the_slot_suffix_or_are_refused_with_the_bound() {
     let locks = Cluster::start(3).await;
     let redlock = redlock_testkit::builder(&locks).build().unwrap();
-    let layer = ConcurrencyLimitLayer::new(redlock.clone(), Header::new("x-tenant").required(), 1)
-        .resource_prefix("lim:");
+    let layer = ClusterLimitLayer::new(
+        redlock.clone(),
+        Header::new("x-tenant").required(),
+        LimitOptions::new(1).resource_prefix("lim:"),
+    );
     // 512 - `lim:` - `/permit/0`.
     assert_eq!(layer.room().unwrap().bytes(), 499);
     let runs = Arc::new(AtomicUsize::new(0));
@@ -132,8 +136,11 @@ async fn limit_keys_leave_room_for_the_slot_suffix_or_are_refused_with_the_bound
     assert_eq!((status, body.as_str()), (StatusCode::CREATED, "ran"));
 
     // A prefix that leaves no room: a typed error, and `500` at request time.
-    let layer = ConcurrencyLimitLayer::new(redlock, Header::new("x-tenant").required(), 10)
-        .resource_prefix("p".repeat(503));
+    let layer = ClusterLimitLayer::new(
+        redlock,
+        Header::new("x-tenant").required(),
+        LimitOptions::new(10).resource_prefix("p".repeat(503)),
+    );
     assert_eq!(
         layer.room(),
         Err(KeyBoundError::NoRoom {
@@ -158,8 +165,11 @@ async fn the_room_follows_the_clients_resource_name_bound() {
         .max_resource_len(64)
         .build()
         .unwrap();
-    let layer = ConcurrencyLimitLayer::new(redlock, Header::new("x-tenant").required(), 1)
-        .resource_prefix("lim:");
+    let layer = ClusterLimitLayer::new(
+        redlock,
+        Header::new("x-tenant").required(),
+        LimitOptions::new(1).resource_prefix("lim:"),
+    );
     assert_eq!(layer.room().unwrap().bytes(), 51);
     let runs = Arc::new(AtomicUsize::new(0));
     let app = Router::new().route("/r", counted(&runs)).layer(layer);

@@ -18,8 +18,7 @@ async fn long_handler_keeps_its_lock_by_auto_extension() {
         replica(&cluster, Duration::from_millis(50)),
         PathParam::new("id"),
     )
-    .resource_prefix("job:")
-    .ttl(ttl);
+    .options(LockOptions::new().resource_prefix("job:").ttl(ttl));
     let app = Router::new()
         .route(
             "/jobs/{id}",
@@ -40,8 +39,7 @@ async fn long_handler_keeps_its_lock_by_auto_extension() {
         replica(&cluster, Duration::from_millis(50)),
         PathParam::new("id"),
     )
-    .resource_prefix("job:")
-    .ttl(ttl);
+    .options(LockOptions::new().resource_prefix("job:").ttl(ttl));
     let other = serve(
         Router::new()
             .route("/jobs/{id}", post(|| async { "other ran" }))
@@ -94,15 +92,17 @@ async fn majority_paused_mid_request_signals_loss_or_aborts() {
         replica(&cluster, Duration::from_millis(50)),
         PathParam::new("id"),
     )
-    .resource_prefix("signal:")
-    .ttl(ttl);
+    .options(LockOptions::new().resource_prefix("signal:").ttl(ttl));
     let abort = LockLayer::new(
         replica(&cluster, Duration::from_millis(50)),
         PathParam::new("id"),
     )
-    .resource_prefix("abort:")
-    .ttl(ttl)
-    .abort_on_loss(true);
+    .options(
+        LockOptions::new()
+            .resource_prefix("abort:")
+            .ttl(ttl)
+            .abort_on_loss(true),
+    );
     let (dropped, finished) = (Arc::clone(&handler_dropped), Arc::clone(&handler_finished));
     let app = Router::new()
         .route(
@@ -208,10 +208,12 @@ async fn nodes_down_answer_503_fast_or_fail_open() {
         }
     };
     let closed = LockLayer::new(replica(&cluster, node_timeout), PathParam::new("id"))
-        .resource_prefix("closed:");
-    let open = LockLayer::new(replica(&cluster, node_timeout), PathParam::new("id"))
-        .resource_prefix("fail-open-test:")
-        .fail_open(true);
+        .options(LockOptions::new().resource_prefix("closed:"));
+    let open = LockLayer::new(replica(&cluster, node_timeout), PathParam::new("id")).options(
+        LockOptions::new()
+            .resource_prefix("fail-open-test:")
+            .fail_open(true),
+    );
     let app = Router::new()
         .route("/closed/{id}", post(handler.clone()).route_layer(closed))
         .route("/open/{id}", post(handler).route_layer(open));

@@ -11,6 +11,7 @@ use axum::{Extension, Router};
 use redlock_core::LockHandle;
 use redlock_testkit::Cluster;
 use redlock_tower::LockLayer;
+use redlock_tower::LockOptions;
 use redlock_tower::extract::Global;
 
 /// `POST /` under `layer`, answering the lock's fencing token (or
@@ -48,11 +49,15 @@ async fn fencing_option_hands_rising_tokens_to_handlers() {
     // Each request's lock is released once its response body is sent, so the next
     // request may come before that release: it waits for the lock.
     let wait = Duration::from_secs(2);
-    let plain = serve(LockLayer::new(redlock.clone(), Global::new("report")).wait(wait)).await;
+    let plain = serve(
+        LockLayer::new(redlock.clone(), Global::new("report"))
+            .options(LockOptions::new().wait(wait)),
+    )
+    .await;
     assert_eq!(post_text(&client, &plain).await, "none");
 
     let layer = LockLayer::new(redlock, Global::new("report"));
-    let fenced = serve(layer.wait(wait).fencing(true)).await;
+    let fenced = serve(layer.options(LockOptions::new().wait(wait).fencing(true))).await;
     let mut last = 0;
     for _ in 0..5 {
         let token: u64 = post_text(&client, &fenced).await.parse().unwrap();

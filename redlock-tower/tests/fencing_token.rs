@@ -9,6 +9,7 @@
 mod common;
 
 use common::*;
+use redlock_tower::LockOptions;
 use redlock_tower::extract::Global;
 use redlock_tower::{FencingToken, MissingToken};
 
@@ -91,10 +92,12 @@ async fn handlers_under_a_fencing_layer_get_rising_tokens() {
         replica(&cluster, Duration::from_millis(200)),
         PathParam::new("id"),
     )
-    .resource_prefix("order:")
-    .fencing(true)
-    // A request may come before the previous one's release (after its body).
-    .wait(Duration::from_secs(2));
+    .options(
+        LockOptions::new()
+            .resource_prefix("order:")
+            .fencing(true)
+            .wait(Duration::from_secs(2)),
+    );
     let calls = Arc::new(AtomicUsize::new(0));
     let base =
         serve(Router::new().route("/orders/{id}/pay", handler(&calls).route_layer(layer))).await;
@@ -120,7 +123,7 @@ async fn a_route_without_the_layer_is_a_500_naming_the_layer_in_the_log() {
         replica(&cluster, Duration::from_millis(200)),
         Global::new("g"),
     )
-    .fencing(true);
+    .options(LockOptions::new().fencing(true));
     let calls = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
         .route("/covered", handler(&calls))
@@ -152,7 +155,7 @@ async fn a_layer_without_fencing_is_a_500_naming_the_fencing_switch_in_the_log()
         replica(&cluster, Duration::from_millis(200)),
         Global::new("g"),
     )
-    .fencing(false);
+    .options(LockOptions::new().fencing(false));
     let calls = Arc::new(AtomicUsize::new(0));
     let base = serve(Router::new().route("/pay", handler(&calls).route_layer(layer))).await;
 
@@ -162,7 +165,7 @@ async fn a_layer_without_fencing_is_a_500_naming_the_fencing_switch_in_the_log()
         reply,
         id,
         "configured without fencing tokens",
-        "LockLayer::fencing(true)",
+        "LockOptions::fencing(true)",
     );
     assert_eq!(calls.load(Ordering::SeqCst), 0, "the handler ran");
 }
@@ -178,8 +181,7 @@ async fn a_layer_that_failed_open_answers_503_to_a_fenced_handler() {
         Duration::from_millis(100),
     );
     let layer = LockLayer::new(redlock, Global::new("g"))
-        .fencing(true)
-        .fail_open(true);
+        .options(LockOptions::new().fencing(true).fail_open(true));
     let calls = Arc::new(AtomicUsize::new(0));
     let base = serve(Router::new().route("/pay", handler(&calls).route_layer(layer))).await;
 

@@ -9,6 +9,7 @@ mod common;
 use common::*;
 use futures_util::future::join_all;
 use http::HeaderMap;
+use redlock_idempotency::Idempotency;
 use redlock_idempotency::store::RedisStore;
 use redlock_tower::idempotency::IdempotencyLayer;
 use redlock_tower::{FencingToken, idempotency::REPLAYED_HEADER};
@@ -28,11 +29,16 @@ impl Servers {
         }
     }
 
-    /// A layer with default options over these servers.
-    async fn layer(&self) -> IdempotencyLayer {
+    /// The engine with default options over these servers.
+    async fn core(&self) -> Idempotency {
         let redlock = redlock_testkit::builder(&self.locks).build().unwrap();
         let store = RedisStore::open(&self.data.urls()[0]).await.unwrap();
-        IdempotencyLayer::new(redlock, store)
+        Idempotency::new(redlock, store)
+    }
+
+    /// A layer with default options over these servers.
+    async fn layer(&self) -> IdempotencyLayer {
+        IdempotencyLayer::new(self.core().await)
     }
 }
 
@@ -205,7 +211,7 @@ async fn a_missing_key_is_refused_unless_keys_are_optional() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 
     let optional = orders(
-        servers.layer().await.required(false),
+        IdempotencyLayer::new(servers.core().await.required(false)),
         runs.clone(),
         Duration::ZERO,
     );
@@ -223,7 +229,7 @@ async fn a_request_body_over_the_limit_is_refused_with_413() {
     let servers = Servers::start().await;
     let runs = Arc::new(AtomicUsize::new(0));
     let app = orders(
-        servers.layer().await.max_request_body(8),
+        IdempotencyLayer::new(servers.core().await.max_request_body(8)),
         runs.clone(),
         Duration::ZERO,
     );
@@ -258,7 +264,9 @@ async fn a_server_error_is_not_replayed_and_the_retry_runs_again() {
         )
         // The first run's lock is released in the background once its response is
         // recorded: the retry waits for it rather than being told to retry.
-        .layer(servers.layer().await.wait(Duration::from_secs(5)));
+        .layer(IdempotencyLayer::new(
+            servers.core().await.wait(Duration::from_secs(5)),
+        ));
 
     let (status, _, body) = send(&app, request(Some("k"), "x")).await;
     assert_eq!(
@@ -294,7 +302,7 @@ async fn a_response_over_max_body_is_answered_whole_and_not_replayed() {
                 Body::from_stream(futures_util::stream::iter(chunks))
             }),
         )
-        .layer(servers.layer().await.max_body(16));
+        .layer(IdempotencyLayer::new(servers.core().await.max_body(16)));
     let base = serve(app).await;
     let client = http();
     let post = || {
@@ -410,7 +418,7 @@ async fn with_wait_a_concurrent_request_gets_the_replay() {
     let servers = Servers::start().await;
     let runs = Arc::new(AtomicUsize::new(0));
     let app = orders(
-        servers.layer().await.wait(Duration::from_secs(5)),
+        IdempotencyLayer::new(servers.core().await.wait(Duration::from_secs(5))),
         runs.clone(),
         Duration::from_millis(500),
     );

@@ -16,21 +16,23 @@ async fn missing_required_key_is_400_and_no_key_takes_no_lock() {
     let handled = Arc::new(AtomicUsize::new(0));
     let intervals = Arc::new(Intervals::default());
     let idempotent = LockLayer::new(redlock.clone(), Header::new("Idempotency-Key").required())
-        .resource_prefix("idem:");
+        .options(LockOptions::new().resource_prefix("idem:"));
     // Only POSTs are serialized per tenant; GETs pass.
     let by_tenant = LockLayer::new(redlock, |request: &Request| {
-        (request.method() == axum::http::Method::POST)
-            .then(|| {
-                request
-                    .headers()
-                    .get("x-tenant")?
-                    .to_str()
-                    .ok()
-                    .map(str::to_owned)
-            })
-            .flatten()
+        Ok::<_, redlock_tower::BadKey>(
+            (request.method() == axum::http::Method::POST)
+                .then(|| {
+                    request
+                        .headers()
+                        .get("x-tenant")?
+                        .to_str()
+                        .ok()
+                        .map(str::to_owned)
+                })
+                .flatten(),
+        )
     })
-    .resource_prefix("tenant:");
+    .options(LockOptions::new().resource_prefix("tenant:"));
     let (h, i) = (Arc::clone(&handled), Arc::clone(&intervals));
     let app = Router::new()
         .route(

@@ -1,4 +1,4 @@
-//! The cluster-wide concurrency limit (`ConcurrencyLimitLayer`) against real nodes: axum
+//! The cluster-wide concurrency limit (`ClusterLimitLayer`) against real nodes: axum
 //! replicas, each with its own lock client, sharing the limit through the nodes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
@@ -6,7 +6,8 @@
 mod common;
 
 use common::*;
-use redlock_tower::ConcurrencyLimitLayer;
+use redlock_tower::ClusterLimitLayer;
+use redlock_tower::LimitOptions;
 
 const LIMIT: u32 = 3;
 const REQUESTS: usize = 50;
@@ -36,12 +37,10 @@ fn export_app(
     redlock: Redlock,
     limit: u32,
     gauges: Arc<(Gauge, Gauge)>,
-    configure: impl FnOnce(ConcurrencyLimitLayer<PathParam>) -> ConcurrencyLimitLayer<PathParam>,
+    configure: impl FnOnce(LimitOptions) -> LimitOptions,
 ) -> Router {
-    let layer = configure(
-        ConcurrencyLimitLayer::new(redlock, PathParam::new("tenant"), limit)
-            .resource_prefix("export:"),
-    );
+    let options = configure(LimitOptions::new(limit).resource_prefix("export:"));
+    let layer = ClusterLimitLayer::new(redlock, PathParam::new("tenant"), options);
     Router::new()
         .route(
             "/export/{tenant}",
@@ -61,7 +60,7 @@ async fn replicas(
     cluster: &Cluster,
     limit: u32,
     gauges: &Arc<(Gauge, Gauge)>,
-    configure: impl Fn(ConcurrencyLimitLayer<PathParam>) -> ConcurrencyLimitLayer<PathParam>,
+    configure: impl Fn(LimitOptions) -> LimitOptions,
 ) -> Vec<String> {
     let mut bases = Vec::new();
     for _ in 0..4 {
@@ -90,7 +89,7 @@ async fn flood(bases: &[String], tenant: &str) -> Vec<reqwest::Response> {
 async fn fail_fast_admits_at_most_the_limit_across_replicas_and_answers_429() {
     let cluster = Cluster::start(3).await;
     let gauges = Arc::new((Gauge::default(), Gauge::default()));
-    let bases = replicas(&cluster, LIMIT, &gauges, |layer| layer).await;
+    let bases = replicas(&cluster, LIMIT, &gauges, |options| options).await;
 
     let responses = flood(&bases, "a").await;
     let mut served = 0;
@@ -152,8 +151,8 @@ async fn fail_fast_admits_at_most_the_limit_across_replicas_and_answers_429() {
 async fn waiting_requests_all_succeed_never_more_than_the_limit_at_once() {
     let cluster = Cluster::start(3).await;
     let gauges = Arc::new((Gauge::default(), Gauge::default()));
-    let bases = replicas(&cluster, LIMIT, &gauges, |layer| {
-        layer.wait(Duration::from_secs(10))
+    let bases = replicas(&cluster, LIMIT, &gauges, |options| {
+        options.wait(Duration::from_secs(10))
     })
     .await;
 
@@ -174,7 +173,7 @@ async fn waiting_requests_all_succeed_never_more_than_the_limit_at_once() {
 async fn another_tenant_is_not_limited_by_the_first() {
     let cluster = Cluster::start(3).await;
     let gauges = Arc::new((Gauge::default(), Gauge::default()));
-    let bases = replicas(&cluster, LIMIT, &gauges, |layer| layer).await;
+    let bases = replicas(&cluster, LIMIT, &gauges, |options| options).await;
     let client = http();
 
     // Elsewhere, tenant a's three exports hold every permit of its semaphore.
@@ -233,7 +232,10 @@ async fn a_limit_of_zero_answers_500_without_calling_the_handler() {
     let cluster = Cluster::start(3).await;
     let gauges = Arc::new((Gauge::default(), Gauge::default()));
     let redlock = replica(&cluster, Duration::from_millis(500));
-    let base = serve(export_app(redlock, 0, Arc::clone(&gauges), |layer| layer)).await;
+    let base = serve(export_app(redlock, 0, Arc::clone(&gauges), |options| {
+        options
+    }))
+    .await;
 
     let response = http()
         .post(format!("{base}/export/a"))
@@ -253,70 +255,12 @@ async fn a_limit_of_zero_answers_500_without_calling_the_handler() {
 // ---------------------------------------------------------------------------------
 // The options shared with redlock-actix's `ConcurrencyLimit`.
 
-use redlock_tower::RetryPolicy;
-use redlock_tower::response::RejectionKind;
-
-/// Every option of the layer, with the same arguments as redlock-actix's test gives
-/// its `ConcurrencyLimit` (its tests/limit.rs, `every_option_has_the_same_name...`,
-/// which also compares the two crates' names and defaults): an option renamed or
-/// removed on one side no longer compiles there.
-macro_rules! every_option {
-    ($limit:expr) => {
-        $limit
-            .resource_prefix("every:")
-            .ttl(Duration::from_secs(7))
-            .wait(Duration::from_secs(2))
-            .fail_fast()
-            .retry(RetryPolicy::deadline(Duration::from_secs(3)))
-            .hold(Hold::UntilHead)
-            .max_hold(Duration::from_secs(60))
-            .fail_open(true)
-            .busy_status(StatusCode::SERVICE_UNAVAILABLE)
-            .abort_on_loss(true)
-            .on_rejection(|rejection| rejection.to_response())
-    };
-}
-
-/// The options' names compile, and their defaults are redlock-actix's (the table of
-/// `ConcurrencyLimitLayer`).
-#[test]
-fn every_option_has_the_name_and_default_of_actix() {
-    let redlock = Redlock::builder()
-        .node("redis://127.0.0.1:1")
-        .build()
-        .unwrap();
-    let layer = ConcurrencyLimitLayer::new(redlock, PathParam::new("tenant"), 3);
-    let defaults = format!("{layer:?}");
-    for default in [
-        "resource_prefix: \"\"",
-        "hold: UntilBodyEnd",
-        "max_hold: None",
-        "fail_open: false",
-        "busy_status: 429",
-        "abort_on_loss: false",
-        "on_rejection: None",
-    ] {
-        assert!(defaults.contains(default), "{default} in {defaults}");
-    }
-    let set = format!("{:?}", every_option!(layer));
-    for option in [
-        "resource_prefix: \"every:\"",
-        "ttl: 7s",
-        "hold: UntilHead",
-        "max_hold: Some(60s)",
-        "fail_open: true",
-        "busy_status: 503",
-        "abort_on_loss: true",
-        "on_rejection: Some(\"custom\")",
-    ] {
-        assert!(set.contains(option), "{option} in {set}");
-    }
-}
+use redlock_tower::RefusalKind;
 
 /// A handler for the option tests: `POST /slow/{tenant}/{ms}` runs for `ms` in the
 /// gauge of its tenant, setting `dropped` if its future is dropped before it ends.
 fn slow_app(
-    layer: ConcurrencyLimitLayer<PathParam>,
+    layer: ClusterLimitLayer<PathParam>,
     gauge: Arc<Gauge>,
     dropped: Arc<AtomicBool>,
 ) -> Router {
@@ -351,14 +295,21 @@ impl Drop for DropUnlessFinished {
     }
 }
 
-fn slow_layer(cluster: &Cluster, limit: u32, ttl: Duration) -> ConcurrencyLimitLayer<PathParam> {
-    ConcurrencyLimitLayer::new(
+fn slow_layer(cluster: &Cluster, limit: u32, ttl: Duration) -> ClusterLimitLayer<PathParam> {
+    slow_layer_with(cluster, limit, ttl, |options| options)
+}
+
+fn slow_layer_with(
+    cluster: &Cluster,
+    limit: u32,
+    ttl: Duration,
+    configure: impl FnOnce(LimitOptions) -> LimitOptions,
+) -> ClusterLimitLayer<PathParam> {
+    ClusterLimitLayer::new(
         replica(cluster, Duration::from_millis(100)),
         PathParam::new("tenant"),
-        limit,
+        configure(LimitOptions::new(limit).resource_prefix("slow:").ttl(ttl)),
     )
-    .resource_prefix("slow:")
-    .ttl(ttl)
 }
 
 /// [`post_status`] in a task of its own.
@@ -383,10 +334,10 @@ async fn on_rejection_is_called_once_per_429() {
     let cluster = Cluster::start(3).await;
     let calls = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&calls);
-    let layer = slow_layer(&cluster, 1, Duration::from_secs(2)).on_rejection(move |rejection| {
+    let layer = slow_layer(&cluster, 1, Duration::from_secs(2)).on_refusal(move |rejection| {
         seen.fetch_add(1, Ordering::SeqCst);
-        assert_eq!(rejection.kind, RejectionKind::Busy);
-        assert_eq!(rejection.key, Some("slow:a"));
+        assert_eq!(rejection.kind, RefusalKind::Busy);
+        assert_eq!(rejection.resource(), Some("slow:a"));
         http::Response::builder()
             .status(rejection.status())
             .body(Bytes::from("custom busy"))
@@ -476,9 +427,9 @@ async fn hold_keeps_the_permit_until_the_body_ends_or_only_until_the_head() {
         ("body:", Hold::UntilBodyEnd, true),
         ("head:", Hold::UntilHead, false),
     ] {
-        let layer = slow_layer(&cluster, 1, Duration::from_secs(2))
-            .resource_prefix(prefix)
-            .hold(hold);
+        let layer = slow_layer_with(&cluster, 1, Duration::from_secs(2), |options| {
+            options.resource_prefix(prefix).hold(hold)
+        });
         let body_may_end = Arc::new(tokio::sync::Notify::new());
         let signal = Arc::clone(&body_may_end);
         let app = Router::new()
@@ -527,7 +478,9 @@ async fn max_hold_ends_the_permit() {
     let cluster = Cluster::start(3).await;
     let ttl = Duration::from_millis(300);
     let gauge = Arc::new(Gauge::default());
-    let layer = slow_layer(&cluster, 1, ttl).max_hold(Duration::from_millis(400));
+    let layer = slow_layer_with(&cluster, 1, ttl, |options| {
+        options.max_hold(Duration::from_millis(400))
+    });
     let base = serve(slow_app(layer, Arc::clone(&gauge), Arc::default())).await;
     let client = http();
     let long = spawn_post(&client, format!("{base}/slow/a/3000"));
@@ -577,21 +530,23 @@ async fn abort_on_loss_answers_503_when_the_nodes_are_paused() {
     let lost = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&lost);
     let carry = serve(slow_app(
-        slow_layer(&cluster, 2, ttl).resource_prefix("carry:"),
+        slow_layer_with(&cluster, 2, ttl, |options| {
+            options.resource_prefix("carry:")
+        }),
         Arc::clone(&carry_gauge),
         Arc::clone(&carry_dropped),
     ))
     .await;
     let abort = serve(slow_app(
-        slow_layer(&cluster, 2, ttl)
-            .resource_prefix("abort:")
-            .abort_on_loss(true)
-            .on_rejection(move |rejection| {
-                if rejection.kind == RejectionKind::Lost {
-                    seen.fetch_add(1, Ordering::SeqCst);
-                }
-                rejection.to_response()
-            }),
+        slow_layer_with(&cluster, 2, ttl, |options| {
+            options.resource_prefix("abort:").abort_on_loss(true)
+        })
+        .on_refusal(move |rejection| {
+            if rejection.kind == RefusalKind::Lost {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+            redlock_tower::problem_response(&rejection.problem)
+        }),
         Arc::clone(&abort_gauge),
         Arc::clone(&abort_dropped),
     ))

@@ -12,12 +12,13 @@ use axum::routing::post;
 use redlock_core::Redlock;
 use redlock_testkit::Cluster;
 use redlock_tower::LockLayer;
+use redlock_tower::LockOptions;
 use redlock_tower::extract::Header;
 
 async fn serve(redlock: Redlock) -> String {
-    redlock_testkit::logs::capture("redlock_tower=debug,redlock_core=warn");
+    redlock_testkit::logs::capture("redlock_tower=debug,redlock_http=debug,redlock_core=warn");
     let layer = LockLayer::new(redlock, Header::new("x-order").required())
-        .resource_prefix(redlock_testkit::refusals::PREFIX);
+        .options(LockOptions::new().resource_prefix(redlock_testkit::refusals::PREFIX));
     let app = Router::new()
         .route("/pay", post(|| async { "paid" }))
         .route_layer(layer);

@@ -15,8 +15,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use redlock_http::Problem;
 use redlock_testkit::Cluster;
+use redlock_tower::LockOptions;
+use redlock_tower::RefusalKind;
 use redlock_tower::extract::{Global, Key, PathPrefix, from_fn};
-use redlock_tower::response::RejectionKind;
 use redlock_tower::{Hold, LockBody, LockHandle, LockLayer, LockLost, Redlock};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
@@ -56,16 +57,19 @@ async fn busy_status_and_rejection_hook() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = Arc::clone(&seen);
     let layer = LockLayer::new(redlock.clone(), Global::new("import"))
-        .resource_prefix("job:")
-        .busy_status(StatusCode::LOCKED)
-        .on_rejection(move |rejection| {
+        .options(
+            LockOptions::new()
+                .resource_prefix("job:")
+                .busy_status(StatusCode::LOCKED),
+        )
+        .on_refusal(move |rejection| {
             log.lock().unwrap().push((
                 rejection.kind,
-                rejection.key.map(str::to_owned),
-                rejection.error.is_some(),
+                rejection.resource().map(str::to_owned),
+                rejection.error().is_some(),
                 rejection.problem.retry_after,
             ));
-            let mut response = rejection.to_response();
+            let mut response = redlock_tower::problem_response(&rejection.problem);
             response
                 .headers_mut()
                 .insert("x-hook", "1".parse().unwrap());
@@ -82,7 +86,7 @@ async fn busy_status_and_rejection_hook() {
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1);
     let (kind, key, with_error, retry_after) = &seen[0];
-    assert_eq!(*kind, RejectionKind::Busy);
+    assert_eq!(*kind, RefusalKind::Busy);
     assert_eq!(key.as_deref(), Some("job:import"));
     assert!(with_error);
     // The holder's remaining TTL (5 s here), as the nodes reported it.
@@ -130,7 +134,7 @@ async fn the_body_holds_the_lock_until_it_ends_unless_hold_until_head() {
 
     // Hold::UntilHead: released as soon as the response is ready.
     let head = LockLayer::new(redlock.clone(), Global::new("head"))
-        .hold(Hold::UntilHead)
+        .options(LockOptions::new().hold(Hold::UntilHead))
         .layer(service_fn(echo));
     let response = head.oneshot(get("/")).await.unwrap();
     assert!(!response.body().holds_lock());
@@ -198,7 +202,7 @@ async fn unreachable_nodes_fail_closed_or_open() {
     assert!(text(response).await.contains("urn:redlock:unavailable"));
 
     let open = LockLayer::new(redlock, Global::new("g"))
-        .fail_open(true)
+        .options(LockOptions::new().fail_open(true))
         .layer(service_fn(echo));
     let response = open.oneshot(get("/")).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -218,8 +222,10 @@ async fn bad_keys_and_bad_configuration() {
         })
     };
     // A closure naming an empty key: 400, the service is not called.
-    let empty = LockLayer::new(redlock.clone(), |_: &Request<()>| Some(String::new()))
-        .layer(counted.clone());
+    let empty = LockLayer::new(redlock.clone(), |_: &Request<()>| {
+        Ok::<_, redlock_tower::BadKey>(Some(String::new()))
+    })
+    .layer(counted.clone());
     let response = empty.oneshot(get("/")).await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     // An extractor's own rejection, any status.
@@ -236,7 +242,7 @@ async fn bad_keys_and_bad_configuration() {
     assert_eq!(response.status(), StatusCode::IM_A_TEAPOT);
     // A TTL the client refuses (not above the drift allowance): 500, not a panic.
     let response = LockLayer::new(redlock.clone(), Global::new("g"))
-        .ttl(Duration::from_millis(1))
+        .options(LockOptions::new().ttl(Duration::from_millis(1)))
         .layer(counted.clone())
         .oneshot(get("/"))
         .await
@@ -246,7 +252,10 @@ async fn bad_keys_and_bad_configuration() {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     // Paths outside the prefix pass through unlocked.
     let service = ServiceBuilder::new()
-        .layer(LockLayer::new(redlock, PathPrefix::new("/orders")).resource_prefix("p:"))
+        .layer(
+            LockLayer::new(redlock, PathPrefix::new("/orders"))
+                .options(LockOptions::new().resource_prefix("p:")),
+        )
         .service(counted);
     let response = service.clone().oneshot(get("/health")).await.unwrap();
     assert_eq!(text(response).await, "none");
@@ -271,8 +280,11 @@ async fn max_hold_ends_the_lock() {
         Ok::<_, Infallible>(Response::new(format!("{}", started.elapsed().as_millis())))
     });
     let service = LockLayer::new(redlock, Global::new("bounded"))
-        .ttl(ttl)
-        .max_hold(Duration::from_millis(600))
+        .options(
+            LockOptions::new()
+                .ttl(ttl)
+                .max_hold(Duration::from_millis(600)),
+        )
         .layer(long);
     let ms: u64 = text(service.oneshot(get("/")).await.unwrap())
         .await
@@ -300,8 +312,7 @@ async fn abort_on_loss_cuts_a_streaming_body_off() {
         Ok::<_, Infallible>(Response::new(StreamBody::new(Box::pin(ticks))))
     });
     let service = LockLayer::new(redlock, Global::new("cut"))
-        .ttl(ttl)
-        .abort_on_loss(true)
+        .options(LockOptions::new().ttl(ttl).abort_on_loss(true))
         .layer(endless);
     let mut body = service.oneshot(get("/")).await.unwrap().into_body();
     body.frame().await.unwrap().unwrap();

@@ -17,10 +17,12 @@ fn stream_app(
     dropped: Arc<AtomicBool>,
     hold: Hold,
 ) -> Router {
-    let layer = LockLayer::new(redlock, PathParam::new("id"))
-        .resource_prefix("stream:")
-        .ttl(Duration::from_secs(10)) // long: a lock left behind would show
-        .hold(hold);
+    let layer = LockLayer::new(redlock, PathParam::new("id")).options(
+        LockOptions::new()
+            .resource_prefix("stream:")
+            .ttl(Duration::from_secs(10))
+            .hold(hold),
+    );
     Router::new()
         .route(
             "/stream/{id}",

@@ -14,12 +14,12 @@
 //! 1. `POST /orders/{id}/pay`, `DistributedLock<web::Path<u64>>`, fail fast: 10
 //!    simultaneous payments of one order give one `200` and `409`s with `Retry-After`;
 //!    5 different orders are paid in parallel.
-//! 2. `POST /accounts/{id}/deposit` under `LockMiddleware::path_param("id")` with a
-//!    waiting configuration on the scope: 10 simultaneous deposits (read, pause, write
+//! 2. `POST /accounts/{id}/deposit` under `LockMiddleware::path_param(accounts, "id")`,
+//!    a configuration that waits: 10 simultaneous deposits (read, pause, write
 //!    a balance kept outside Redis) all succeed, one after the other, with no lost
 //!    update.
 //!
-//! The locks are taken with fencing tokens (`DistributedLockConfig::fencing`), and both
+//! The locks are taken with fencing tokens (`LockOptions::fencing`), and both
 //! handlers take the token as a [`FencingToken`] argument (after the `DistributedLock`
 //! in `pay`; from the middleware's lock in `deposit`). Each records its write in SQL,
 //! fenced: in one transaction, `SqlFence::check` admits the token for the lock's
@@ -42,7 +42,8 @@ use std::time::{Duration, Instant};
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use redlock_actix::{
-    DistributedLock, DistributedLockConfig, FencingToken, LockHandle, LockMiddleware, Redlock,
+    DistributedLock, DistributedLockConfig, FencingToken, LockHandle, LockMiddleware, LockOptions,
+    Redlock,
 };
 use redlock_examples::Nodes;
 use redlock_examples::fenced::WriteLog;
@@ -160,10 +161,15 @@ async fn start_replica(
     db: web::Data<WriteLog>,
 ) -> std::io::Result<(String, ServerHandle)> {
     // Every lock carries a fencing token, for the handlers' `FencingToken` argument.
+    let options = LockOptions::new().ttl(Duration::from_secs(2)).fencing(true);
     let config = DistributedLockConfig::new(redlock)
-        .ttl(Duration::from_secs(2))
-        .resource_prefix("actix-example:order:")
-        .fencing(true);
+        .options(options.clone().resource_prefix("actix-example:order:"));
+    // The accounts' middleware: its own prefix, and it waits up to 5 s.
+    let accounts = config.clone().options(
+        options
+            .resource_prefix("actix-example:account:")
+            .wait(Duration::from_secs(5)),
+    );
     let server = HttpServer::new(move || {
         App::new()
             .app_data(world.clone())
@@ -174,14 +180,9 @@ async fn start_replica(
             .route("/orders/{id}/pay", web::post().to(pay))
             .service(
                 web::scope("/accounts/{id}")
-                    // The scope's own configuration overrides the app's: wait up to 5 s.
-                    .app_data(
-                        config
-                            .clone()
-                            .resource_prefix("actix-example:account:")
-                            .wait(Duration::from_secs(5)),
-                    )
-                    .wrap(LockMiddleware::path_param("id"))
+                    // The handler's `FencingToken` finds the scope's configuration.
+                    .app_data(accounts.clone())
+                    .wrap(LockMiddleware::path_param(accounts.clone(), "id"))
                     .route("/deposit", web::post().to(deposit)),
             )
     })

@@ -38,8 +38,8 @@ use redlock_examples::measure::{
 };
 use redlock_idempotency::store::RedisStore;
 use redlock_tower::IdempotencyLayer;
-use redlock_tower::LockLayer;
 use redlock_tower::extract::Header;
+use redlock_tower::{LockLayer, LockOptions};
 
 fn concurrency() -> usize {
     std::env::var("BENCH_CONCURRENCY")
@@ -121,23 +121,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "/locked",
             handler().route_layer(
                 LockLayer::new(redlock.clone(), Header::new("Idempotency-Key").required())
-                    .resource_prefix("bench:lock:"),
+                    .options(LockOptions::new().resource_prefix("bench:lock:")),
             ),
         )
         .route(
             "/locked-fenced",
             handler().route_layer(
-                LockLayer::new(redlock.clone(), Header::new("Idempotency-Key").required())
-                    .resource_prefix("bench:fenced:")
-                    .fencing(true),
+                LockLayer::new(redlock.clone(), Header::new("Idempotency-Key").required()).options(
+                    LockOptions::new()
+                        .resource_prefix("bench:fenced:")
+                        .fencing(true),
+                ),
             ),
         )
         .route(
             "/idempotent",
             handler().route_layer(
-                IdempotencyLayer::new(redlock.clone(), store)
-                    .resource_prefix("bench:idem:")
-                    .scope_header("x-tenant-id"),
+                IdempotencyLayer::new(
+                    redlock_idempotency::Idempotency::new(redlock.clone(), store)
+                        .resource_prefix("bench:idem:"),
+                )
+                .scope_header("x-tenant-id"),
             ),
         );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

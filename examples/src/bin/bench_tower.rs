@@ -38,8 +38,8 @@ use redlock_examples::Nodes;
 use redlock_examples::measure::{
     closed_loop, fmt_us, process_cpu_secs, quantiles, servers_cpu_secs, verdict,
 };
-use redlock_tower::LockLayer;
 use redlock_tower::extract::PathParam;
+use redlock_tower::{LockLayer, LockOptions};
 use tower::{Layer, ServiceExt};
 
 /// Concurrent clients (`BENCH_CONCURRENCY`, default 32).
@@ -104,7 +104,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
-    let layer = LockLayer::new(redlock.clone(), PathParam::new("id")).resource_prefix("bench:");
+    let layer = LockLayer::new(redlock.clone(), PathParam::new("id"))
+        .options(LockOptions::new().resource_prefix("bench:"));
     let manual = redlock.clone();
     let app = Router::new()
         .route("/plain/{id}", get(|| async { "ok" }))
@@ -141,7 +142,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         redlock.clone(),
         redlock_tower::extract::PathPrefix::new("/"),
     )
-    .resource_prefix("bench:svc:")
+    .options(LockOptions::new().resource_prefix("bench:svc:"))
     .layer(tower::service_fn(ok));
     let ctx = Arc::new(Ctx {
         base,

@@ -39,7 +39,7 @@ use redlock_examples::Nodes;
 use redlock_examples::fenced::WriteLog;
 use redlock_fence::FenceError;
 use redlock_tower::extract::PathParam;
-use redlock_tower::{FencingToken, LockHandle, LockLayer};
+use redlock_tower::{FencingToken, LockHandle, LockLayer, LockOptions};
 
 /// What the "payment provider" saw: per order, the intervals it was busy with it.
 type Ledger = Arc<Mutex<BTreeMap<String, Vec<(Instant, Instant)>>>>;
@@ -50,12 +50,13 @@ fn app(replica: usize, redlock: Redlock, ledger: Ledger, db: Arc<WriteLog>) -> R
     let per_order = PathParam::new("id");
     // Every lock carries a fencing token: the handlers take it as an argument.
     let pay = LockLayer::new(redlock.clone(), per_order.clone())
-        .resource_prefix("order:")
-        .fencing(true);
-    let refund = LockLayer::new(redlock, per_order)
-        .resource_prefix("order:")
-        .fencing(true)
-        .wait(Duration::from_secs(5));
+        .options(LockOptions::new().resource_prefix("order:").fencing(true));
+    let refund = LockLayer::new(redlock, per_order).options(
+        LockOptions::new()
+            .resource_prefix("order:")
+            .fencing(true)
+            .wait(Duration::from_secs(5)),
+    );
     let handler = move |kind: &'static str| {
         let (ledger, db) = (Arc::clone(&ledger), Arc::clone(&db));
         move |Path(id): Path<String>,

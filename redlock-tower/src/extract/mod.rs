@@ -10,11 +10,14 @@
 //!
 //! Built in: [`Header`] (optionally required), [`PathPrefix`], [`Global`], and, with the
 //! `axum` feature, `PathParam` for a path parameter of an axum route. Any closure
-//! `Fn(&http::Request<B>) -> Option<String>` is an extractor too (`None` passes the
-//! request through), and [`from_fn`] wraps a closure that returns a full [`Key`].
+//! `Fn(&http::Request<B>) -> Result<Option<V>, BadKey>` (`V` a string) is an
+//! extractor too, with the meaning `redlock-actix`'s closures have: `Ok(Some(value))`
+//! locks by the value's key, `Ok(None)` passes the request through, `Err(bad)` refuses
+//! it with `400`. [`from_fn`] wraps a closure that returns a full [`Key`].
 //!
 //! ```
 //! use http::Request;
+//! use redlock_tower::BadKey;
 //! use redlock_tower::extract::{Global, Header, Key, KeyExtractor, PathPrefix};
 //!
 //! let pay = Request::post("/orders/42/pay")
@@ -37,11 +40,16 @@
 //! // One key for everything.
 //! assert_eq!(Global::new("migrations").extract(&other), Key::Lock("migrations".into()));
 //!
-//! // A closure: lock POSTs per tenant, let everything else through.
-//! let by_tenant = |req: &Request<()>| {
-//!     (req.method() == http::Method::POST)
-//!         .then(|| req.headers().get("x-tenant")?.to_str().ok().map(str::to_owned))
-//!         .flatten()
+//! // A closure: lock POSTs per tenant, let everything else through; refuse a tenant
+//! // that is not text.
+//! let by_tenant = |req: &Request<()>| -> Result<Option<String>, BadKey> {
+//!     match req.headers().get("x-tenant") {
+//!         Some(tenant) if req.method() == http::Method::POST => tenant
+//!             .to_str()
+//!             .map(|t| Some(t.to_owned()))
+//!             .map_err(|_| BadKey::new("x-tenant must be text")),
+//!         _ => Ok(None),
+//!     }
 //! };
 //! assert_eq!(by_tenant.extract(&pay), Key::Pass); // no x-tenant header
 //! ```
@@ -55,6 +63,7 @@ mod path_prefix;
 mod tests;
 
 use http::Request;
+use redlock_http::BadKey;
 
 pub use self::global::Global;
 pub use self::header::Header;
@@ -66,22 +75,28 @@ pub use redlock_http::Key;
 
 /// Names the lock a request needs. See the [module documentation](self).
 ///
-/// Implemented for closures `Fn(&http::Request<B>) -> Option<String>`: the string is a
-/// value, made a key by [`redlock_http::lock_key`] (`%` and `:` escaped, empty refused
-/// with `400`), as actix's closures' values are. Implement it yourself (or use
-/// [`from_fn`]) to reject requests; a [`Key::Lock`] you return is the final key. It runs synchronously in
-/// `Service::call`, before anything else: keep it cheap, and do not read the body.
+/// Implemented for closures `Fn(&http::Request<B>) -> Result<Option<V>, BadKey>` where
+/// `V: AsRef<str>`: `Ok(Some(value))` locks by the value, made a key by
+/// [`redlock_http::lock_key`] (`%` and `:` escaped, empty refused with `400`), as
+/// actix's closures' values are; `Ok(None)` passes the request through; `Err` refuses it
+/// with `400`. Implement it yourself (or use [`from_fn`]) for a full [`Key`]; a
+/// [`Key::Lock`] you return is the final key. It runs synchronously in `Service::call`,
+/// before anything else: keep it cheap, and do not read the body.
 pub trait KeyExtractor<B> {
     /// Decides the key for `request`.
     fn extract(&self, request: &Request<B>) -> Key;
 }
 
-impl<B, F> KeyExtractor<B> for F
+impl<B, F, V> KeyExtractor<B> for F
 where
-    F: Fn(&Request<B>) -> Option<String>,
+    F: Fn(&Request<B>) -> Result<Option<V>, BadKey>,
+    V: AsRef<str>,
 {
     fn extract(&self, request: &Request<B>) -> Key {
-        Key::from_value(self(request).as_deref())
+        match self(request) {
+            Ok(value) => Key::from_value(value.as_ref().map(AsRef::as_ref)),
+            Err(bad) => Key::Reject(bad.problem()),
+        }
     }
 }
 

@@ -27,7 +27,7 @@ use super::{Key, KeyExtractor};
 /// ```
 /// use axum::{Extension, Router, body::Body, routing::post};
 /// use http::{Request, StatusCode};
-/// use redlock_tower::{LockHandle, LockLayer, extract::PathParam};
+/// use redlock_tower::{LockHandle, LockLayer, LockOptions, extract::PathParam};
 /// use tower::ServiceExt;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -44,7 +44,10 @@ use super::{Key, KeyExtractor};
 ///             format!("paid under {}", lock.resource())
 ///         }),
 ///     )
-///     .route_layer(LockLayer::new(redlock, PathParam::new("id")).resource_prefix("order:"));
+///     .route_layer(
+///         LockLayer::new(redlock, PathParam::new("id"))
+///             .options(LockOptions::new().resource_prefix("order:")),
+///     );
 ///
 /// let pay = Request::post("/orders/42/pay").body(Body::empty())?;
 /// let response = app.oneshot(pay).await?;

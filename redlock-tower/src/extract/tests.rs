@@ -85,9 +85,14 @@ fn path_prefix_takes_whole_segments() {
 #[test]
 fn global_and_closures() {
     assert_eq!(Global::new("g").extract(&req("/x")), Key::Lock("g".into()));
-    let f = |r: &Request<()>| (r.uri().path() == "/x").then(|| "k".to_owned());
+    let f = |r: &Request<()>| Ok::<_, BadKey>((r.uri().path() == "/x").then(|| "k".to_owned()));
     assert_eq!(f.extract(&req("/x")), Key::Lock("k".into()));
     assert_eq!(f.extract(&req("/y")), Key::Pass);
+    let refuse = |_: &Request<()>| Err::<Option<String>, _>(BadKey::new("no tenant"));
+    assert_eq!(
+        refuse.extract(&req("/")).rejection().map(|p| p.status),
+        Some(400)
+    );
     let reject = from_fn(|_: &Request<()>| Key::Reject(Problem::bad_key("no".into())));
     assert!(reject.extract(&req("/")).rejection().is_some());
 }
@@ -115,9 +120,9 @@ fn values_are_escaped_by_the_rule_of_both_web_crates() {
         Global::new("jobs:import").extract(&req("/")),
         Key::Lock("jobs%3Aimport".into())
     );
-    let closure = |_: &Request<()>| Some("a:b".to_owned());
+    let closure = |_: &Request<()>| Ok::<_, BadKey>(Some("a:b"));
     assert_eq!(closure.extract(&req("/")), Key::Lock("a%3Ab".into()));
-    let empty = |_: &Request<()>| Some(String::new());
+    let empty = |_: &Request<()>| Ok::<_, BadKey>(Some(""));
     assert_eq!(
         empty.extract(&req("/")).rejection().map(|p| p.status),
         Some(400)

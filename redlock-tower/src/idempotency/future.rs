@@ -46,12 +46,6 @@ impl<B, E> Future for ResponseFuture<B, E> {
     }
 }
 
-/// The type of the problem answered when the request's body cannot be read.
-const UNREADABLE_BODY: &str = "urn:redlock:idempotency:unreadable-body";
-/// The type of the problem answered when the inner service's body fails before it could
-/// be stored.
-const RESPONSE_FAILED: &str = "urn:redlock:idempotency:response-failed";
-
 /// The future answering `request`, with `inner` already polled ready.
 pub(crate) fn respond<S, ReqBody, ResBody>(
     mut inner: S,
@@ -86,13 +80,7 @@ where
     let scope = match &scope {
         Some(scope) => match scope(&parts) {
             Some(scope) => Some(scope),
-            None => {
-                let refusal = Refusal::bad_key(
-                    "The request names no scope for its idempotency key (the client, tenant or subject it is made for)."
-                        .to_owned(),
-                );
-                return refused(refusal.problem, request_id);
-            }
+            None => return refused(core.no_scope().problem, request_id),
         },
         None => None,
     };
@@ -103,17 +91,11 @@ where
             let bytes = match Limited::new(body, limit).collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
-                    return Ok(problem(Refusal::body_too_large(limit).problem, request_id));
+                    return Ok(problem(core.body_too_large().problem, request_id));
                 }
                 Err(error) => {
                     tracing::debug!(request_id = request_id.as_deref(), %error, "request body unreadable: idempotent request refused");
-                    let problem = Problem::new(
-                        400,
-                        UNREADABLE_BODY,
-                        "Request body unreadable",
-                        "The request's body could not be read; send the request again.".to_owned(),
-                    );
-                    return Ok(self::problem(problem, request_id));
+                    return Ok(problem(Refusal::unreadable_body().problem, request_id));
                 }
             };
             // The target as the client sent it, under a nested router too: the same
@@ -140,9 +122,7 @@ where
                         request_id = request_id.as_deref(),
                         "idempotency decision unknown to this version: request refused"
                     );
-                    let problem =
-                        Problem::misconfigured(redlock_http::MISCONFIGURED_DETAIL.to_owned());
-                    return Ok(self::problem(problem, request_id));
+                    return Ok(problem(Refusal::misconfigured().problem, request_id));
                 }
                 Err(refusal) => return Ok(problem(refusal.problem, request_id)),
             };
@@ -251,13 +231,7 @@ where
             Some(Err(error)) => {
                 tracing::warn!(id = run.id(), request_id = request_id.as_deref(), %error, "the response body failed before it could be stored: answered 500, and the key's next request runs again");
                 drop(run);
-                let problem = Problem::new(
-                    500,
-                    RESPONSE_FAILED,
-                    "Response failed",
-                    "The response could not be produced; retry the request with the same idempotency key.".to_owned(),
-                );
-                return self::problem(problem, request_id);
+                return problem(Refusal::response_failed().problem, request_id);
             }
         }
     }

@@ -4,14 +4,14 @@
 //!
 //! The decision, the records and their stores are [`redlock_idempotency`]'s (see its
 //! docs for the semantics table and the guarantees); this module is its tower
-//! middleware: [`IdempotencyLayer`] (options, the same as `redlock-actix`'s),
+//! middleware: [`IdempotencyLayer`] (over the engine's [`Idempotency`], the options type `redlock-actix` takes too),
 //! [`IdempotencyService`], [`ResponseFuture`] and [`IdempotentBody`].
 //!
 //! For each request with a key, the service:
 //!
 //! 1. reads the key (`400` when it is missing and required, or unusable; passes the
 //!    request through when it is missing and optional) and the [scope](IdempotencyLayer::scope);
-//! 2. reads the body whole (at most [`max_request_body`](IdempotencyLayer::max_request_body),
+//! 2. reads the body whole (at most [`max_request_body`](Idempotency::max_request_body),
 //!    else `413`) and fingerprints the request;
 //! 3. replays the key's stored response, or refuses the request (`409` while the key's
 //!    first request runs, `422` for a different request under the same key), or runs
@@ -19,7 +19,7 @@
 //!    [`LockHandle`](crate::LockHandle) in the request's extensions, and its
 //!    [`FencingToken`](crate::FencingToken) works as under a [`LockLayer`](crate::LockLayer);
 //! 4. stores the response (status, headers but hop-by-hop ones, body up to
-//!    [`max_body`](IdempotencyLayer::max_body)) before answering it. A response not
+//!    [`max_body`](Idempotency::max_body)) before answering it. A response not
 //!    stored is still answered whole.
 //!
 //! ```
@@ -29,7 +29,7 @@
 //! use axum::{Router, body::Body, routing::post};
 //! use http::{Request, StatusCode};
 //! use redlock_idempotency::store::RedisStore;
-//! use redlock_tower::{IdempotencyLayer, Redlock};
+//! use redlock_tower::{IdempotencyLayer, Redlock, idempotency::Idempotency};
 //! use tower::ServiceExt;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -52,7 +52,7 @@
 //!             (StatusCode::CREATED, format!("refund {n}"))
 //!         }),
 //!     )
-//!     .layer(IdempotencyLayer::new(redlock, store).scope_header("x-tenant"));
+//!     .layer(IdempotencyLayer::new(Idempotency::new(redlock, store)).scope_header("x-tenant"));
 //!
 //! let refund = || {
 //!     Request::post("/refunds")

@@ -1,5 +1,5 @@
 //! [`ResponseFuture`]: one request through the
-//! [`ConcurrencyLimitService`](super::ConcurrencyLimitService).
+//! [`ClusterLimitService`](super::ClusterLimitService).
 
 use std::fmt;
 use std::future::Future;
@@ -15,7 +15,7 @@ use crate::future;
 
 pin_project! {
     /// The response future of
-    /// [`ConcurrencyLimitService`](super::ConcurrencyLimitService): taking a permit,
+    /// [`ClusterLimitService`](super::ClusterLimitService): taking a permit,
     /// then running the inner service's future while holding it.
     ///
     /// Dropping it (the client went away, a timeout) is safe at any point: an

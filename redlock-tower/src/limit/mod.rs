@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use axum::{Router, routing::post};
-//! use redlock_tower::{ConcurrencyLimitLayer, Redlock, extract::PathParam};
+//! use redlock_tower::{ClusterLimitLayer, LimitOptions, Redlock, extract::PathParam};
 //!
 //! async fn export() -> &'static str {
 //!     "exported" // at most 3 exports of this tenant run at once, cluster-wide
@@ -13,8 +13,11 @@
 //!     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
 //!     .build()?; // checks the options; contacts no node
 //! // A fourth concurrent export of one tenant: 429 Too Many Requests at once.
-//! let per_tenant = ConcurrencyLimitLayer::new(redlock, PathParam::new("tenant"), 3)
-//!     .resource_prefix("export:");
+//! let per_tenant = ClusterLimitLayer::new(
+//!     redlock,
+//!     PathParam::new("tenant"),
+//!     LimitOptions::new(3).resource_prefix("export:"),
+//! );
 //! let app: Router = Router::new().route("/export/{tenant}", post(export).route_layer(per_tenant));
 //! # Ok::<(), redlock_tower::BoxError>(())
 //! ```
@@ -26,65 +29,60 @@
 //!    unlimited, or refuses it (`400`);
 //! 2. the layer takes a permit of the key's semaphore,
 //!    [`redlock.semaphore(resource, limit)`](redlock_core::Redlock::semaphore), whose
-//!    name is the [resource prefix](ConcurrencyLimitLayer::resource_prefix) and the key
+//!    name is the [resource prefix](redlock_http::LimitOptions::resource_prefix) and the key
 //!    ([`redlock_http::resource_name`]). A semaphore of `k` permits is `k` slot locks,
 //!    so at most `k` requests hold one, whichever replica they run on (see
 //!    [`redlock_core::semaphore`]);
 //! 3. the inner service runs while the permit is held and auto-extended by the
-//!    watchdog (a handler may run far longer than the [TTL](ConcurrencyLimitLayer::ttl)),
-//!    up to [`max_hold`](ConcurrencyLimitLayer::max_hold) after its acquisition;
+//!    watchdog (a handler may run far longer than the [TTL](redlock_http::LimitOptions::ttl)),
+//!    up to [`max_hold`](redlock_http::LimitOptions::max_hold) after its acquisition;
 //! 4. the permit is released when the response body has been sent, or dropped (by
 //!    default), or as soon as the response head is ready
-//!    ([`hold`](ConcurrencyLimitLayer::hold)), as a [`LockLayer`](crate::LockLayer)
+//!    ([`hold`](redlock_http::LimitOptions::hold)), as a [`LockLayer`](crate::LockLayer)
 //!    releases its lock: the response body is a [`LockBody`](crate::LockBody) that
 //!    holds the permit.
 //!
 //! Every permit taken: **429 Too Many Requests** (or
-//! [`busy_status`](ConcurrencyLimitLayer::busy_status)) with `Retry-After` (the
+//! [`busy_status`](redlock_http::LimitOptions::busy_status)) with `Retry-After` (the
 //! soonest a held permit expires if not extended, or
 //! [`FALLBACK_RETRY_AFTER`](redlock_http::FALLBACK_RETRY_AFTER)), at once by default or
-//! after [`wait`](ConcurrencyLimitLayer::wait). No quorum of Redis nodes: **503** with
-//! `Retry-After` (fail-closed; [`fail_open`](ConcurrencyLimitLayer::fail_open) is an
+//! after [`wait`](redlock_http::LimitOptions::wait). No quorum of Redis nodes: **503** with
+//! `Retry-After` (fail-closed; [`fail_open`](redlock_http::LimitOptions::fail_open) is an
 //! explicit opt-in). A limit of `0` is a misconfiguration: **500**, at request time
-//! (see [`ConcurrencyLimitLayer::new`]). Bodies are `application/problem+json`, as
+//! (see [`ClusterLimitLayer::new`]). Bodies are `application/problem+json`, as
 //! [`crate::response`] renders them.
 //!
 //! A permit lost while the request runs (a majority of the nodes unreachable past its
 //! validity, or `max_hold` ran out) is logged and the request carries on by default;
-//! with [`abort_on_loss`](ConcurrencyLimitLayer::abort_on_loss) the handler is dropped
+//! with [`abort_on_loss`](redlock_http::LimitOptions::abort_on_loss) the handler is dropped
 //! and the client gets **503** (or the streaming body is cut off). Every rejection goes
-//! through [`on_rejection`](ConcurrencyLimitLayer::on_rejection) when set, once per
+//! through [`on_refusal`](ClusterLimitLayer::on_refusal) when set, once per
 //! request.
 //!
-//! The options are those of `redlock-actix`'s `ConcurrencyLimit`, with the same names
-//! and defaults: [`resource_prefix`](ConcurrencyLimitLayer::resource_prefix),
-//! [`ttl`](ConcurrencyLimitLayer::ttl), [`wait`](ConcurrencyLimitLayer::wait) /
-//! [`fail_fast`](ConcurrencyLimitLayer::fail_fast) / [`retry`](ConcurrencyLimitLayer::retry),
-//! [`hold`](ConcurrencyLimitLayer::hold), [`max_hold`](ConcurrencyLimitLayer::max_hold),
-//! [`fail_open`](ConcurrencyLimitLayer::fail_open),
-//! [`busy_status`](ConcurrencyLimitLayer::busy_status),
-//! [`abort_on_loss`](ConcurrencyLimitLayer::abort_on_loss),
-//! [`on_rejection`](ConcurrencyLimitLayer::on_rejection) (the table:
-//! [`ConcurrencyLimitLayer`]); actix's has `runtime` too.
+//! The options are the engine's [`LimitOptions`](crate::LimitOptions), the type that
+//! `redlock-actix`'s `ClusterLimitMiddleware` takes too (the table:
+//! [`redlock_http`'s contract](redlock_http#the-web-crates-contract)).
 //!
 //! ```
 //! use std::time::Duration;
 //!
 //! use http::StatusCode;
-//! use redlock_tower::{ConcurrencyLimitLayer, Hold, Redlock, extract::Header};
+//! use redlock_tower::{ClusterLimitLayer, Hold, LimitOptions, Redlock, extract::Header};
+//! use redlock_tower::response::problem_response;
 //!
 //! let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build()?;
-//! let layer = ConcurrencyLimitLayer::new(redlock, Header::new("x-tenant").required(), 2)
+//! let options = LimitOptions::new(2)
 //!     .resource_prefix("report:")
 //!     .ttl(Duration::from_secs(5)) // extended while the request runs
 //!     .wait(Duration::from_secs(1)) // then 429
 //!     .hold(Hold::UntilHead) // the body is sent without the permit
 //!     .max_hold(Duration::from_secs(60))
 //!     .abort_on_loss(true) // a lost permit: 503, not a request past the limit
-//!     .busy_status(StatusCode::SERVICE_UNAVAILABLE)
-//!     .on_rejection(|rejection| {
-//!         tracing::info!(kind = ?rejection.kind, "report refused");
-//!         rejection.to_response()
+//!     .busy_status(StatusCode::SERVICE_UNAVAILABLE);
+//! let layer = ClusterLimitLayer::new(redlock, Header::new("x-tenant").required(), options)
+//!     .on_refusal(|refusal| {
+//!         tracing::info!(kind = ?refusal.kind, "report refused");
+//!         problem_response(&refusal.problem)
 //!     });
 //! # let _ = layer;
 //! # Ok::<(), redlock_tower::BoxError>(())
@@ -100,7 +98,7 @@
 //! use std::convert::Infallible;
 //!
 //! use http::{Request, Response, StatusCode};
-//! use redlock_tower::{ConcurrencyLimitLayer, Redlock, extract::Header};
+//! use redlock_tower::{ClusterLimitLayer, LimitOptions, Redlock, extract::Header};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -113,8 +111,11 @@
 //!     .build()?;
 //!
 //! // Two requests per tenant at once.
-//! let layer = ConcurrencyLimitLayer::new(redlock.clone(), Header::new("x-tenant").required(), 2)
-//!     .resource_prefix("report:");
+//! let layer = ClusterLimitLayer::new(
+//!     redlock.clone(),
+//!     Header::new("x-tenant").required(),
+//!     LimitOptions::new(2).resource_prefix("report:"),
+//! );
 //! let service = ServiceBuilder::new().layer(layer).service(service_fn(
 //!     |_: Request<String>| async { Ok::<_, Infallible>(Response::new("report".to_owned())) },
 //! ));
@@ -143,5 +144,5 @@ mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use layer::ConcurrencyLimitLayer;
-pub use service::ConcurrencyLimitService;
+pub use layer::ClusterLimitLayer;
+pub use service::ClusterLimitService;

@@ -15,13 +15,14 @@ pub use bytes::Bytes;
 pub use redlock_core::{LockHandle, Redlock};
 pub use redlock_testkit::Cluster;
 pub use redlock_testkit::Intervals;
+pub use redlock_tower::LockOptions;
 pub use redlock_tower::extract::{Header, PathParam};
 pub use redlock_tower::{Hold, LockLayer};
 pub use reqwest::StatusCode;
 
 /// Serves `app` on a free loopback port until the test's runtime ends; its base URL.
 pub async fn serve(app: Router) -> String {
-    redlock_testkit::logs::capture("redlock_tower=debug,redlock_core=warn");
+    redlock_testkit::logs::capture("redlock_tower=debug,redlock_http=debug,redlock_core=warn");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -53,9 +54,10 @@ pub fn orders_app(
     instance: usize,
     work: Duration,
     intervals: Arc<Intervals>,
-    configure: impl FnOnce(LockLayer<PathParam>) -> LockLayer<PathParam>,
+    configure: impl FnOnce(LockOptions) -> LockOptions,
 ) -> Router {
-    let layer = configure(LockLayer::new(redlock, PathParam::new("id")).resource_prefix("order:"));
+    let options = configure(LockOptions::new().resource_prefix("order:"));
+    let layer = LockLayer::new(redlock, PathParam::new("id")).options(options);
     Router::new()
         .route(
             "/orders/{id}/pay",
