@@ -42,6 +42,7 @@ use redlock_http::BadKey;
 use crate::key::LockKey;
 
 pub use redlock_http::Key;
+pub use redlock_http::extract::{Global, PathParam, PathPrefix};
 
 /// Names the lock a request takes in [`LockMiddleware`](crate::LockMiddleware). See the
 /// [module documentation](self).
@@ -115,30 +116,18 @@ where
 /// actix's own `web::Path<String>` (the [`DistributedLock`](crate::DistributedLock)
 /// extractor's inner value) decodes it lossily instead, with U+FFFD in place of the
 /// invalid bytes.
-#[derive(Debug, Clone)]
-pub struct PathParam {
-    name: String,
-}
-
-impl PathParam {
-    /// The key from the path parameter `name` (without braces).
-    pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into() }
-    }
-}
-
 impl KeyExtractor for PathParam {
     fn extract(&self, req: &ServiceRequest) -> Key {
         // actix leaves `%`, `/` and `+` encoded in `match_info`; decoding the rest gives
         // what decoding the request path gives.
-        let value = req.match_info().get(&self.name);
+        let value = req.match_info().get(self.name());
         // But it replaces bytes that are not UTF-8 with U+FFFD: refused, as in tower.
         if value.is_some_and(|v| v.contains('\u{FFFD}'))
             && redlock_http::decode_path_segment(req.path()).is_err()
         {
-            return redlock_http::path_param_not_utf8(&self.name);
+            return redlock_http::path_param_not_utf8(self.name());
         }
-        redlock_http::path_param_key(&self.name, value)
+        self.key(value)
     }
 }
 
@@ -198,62 +187,15 @@ impl KeyExtractor for Header {
     }
 }
 
-/// The key is a path prefix plus the segments that follow it: with
-/// `PathPrefix::new("/orders")`, `POST /orders/42/pay` and `GET /orders/42` share the
-/// key `/orders/42` (as `redlock_tower::extract::PathPrefix`, by
-/// [`redlock_http::path_prefix_key`]). Requests outside the prefix, or with fewer
-/// segments after it than asked, pass through unlocked.
-#[derive(Debug, Clone)]
-pub struct PathPrefix {
-    prefix: String,
-    segments: usize,
-}
-
-impl PathPrefix {
-    /// Requests under `prefix` lock the prefix plus the next segment.
-    pub fn new(prefix: impl Into<String>) -> Self {
-        Self {
-            prefix: prefix.into(),
-            segments: 1,
-        }
-    }
-
-    /// How many segments after the prefix belong to the key (default 1; 0 makes the
-    /// whole prefix one key).
-    pub fn segments(mut self, n: usize) -> Self {
-        self.segments = n;
-        self
-    }
-}
-
+/// The path as sent (actix shows it whole under a scope): [`redlock_http::sent_path`].
 impl KeyExtractor for PathPrefix {
     fn extract(&self, req: &ServiceRequest) -> Key {
-        Key::from_option(redlock_http::path_prefix_key(
-            &self.prefix,
-            self.segments,
-            // The path as sent (actix shows it whole under a scope), by the rule
-            // redlock-tower follows under axum's nesting.
-            redlock_http::sent_path(req.path(), None),
-        ))
-    }
-}
-
-/// One key for every request: one request at a time through the middleware,
-/// cluster-wide (as `redlock_tower::extract::Global`; `key` escaped as a value).
-#[derive(Debug, Clone)]
-pub struct Global {
-    key: String,
-}
-
-impl Global {
-    /// Every request locks `key`.
-    pub fn new(key: impl Into<String>) -> Self {
-        Self { key: key.into() }
+        self.key(redlock_http::sent_path(req.path(), None))
     }
 }
 
 impl KeyExtractor for Global {
     fn extract(&self, _req: &ServiceRequest) -> Key {
-        Key::from(redlock_http::lock_key(&self.key))
+        self.key()
     }
 }

@@ -161,33 +161,7 @@ impl Drop for LockGuard {
     }
 }
 
-/// The error a [`LockBody`] ends with when the lock is lost while the body streams and
-/// the middleware [aborts on loss](crate::LockOptions::abort_on_loss): the
-/// server then cuts the response off, so the client sees an incomplete body rather than
-/// a complete one produced without the lock (as `redlock_tower::LockLost`).
-#[derive(Debug, Clone)]
-pub struct LockLost {
-    key: String,
-}
-
-impl LockLost {
-    /// The lock's resource name.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-impl std::fmt::Display for LockLost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the lock on `{}` was lost while the response body was being sent",
-            self.key
-        )
-    }
-}
-
-impl std::error::Error for LockLost {}
+pub use redlock_http::LockLost;
 
 pin_project_lite::pin_project! {
     /// A response body that holds a [`LockGuard`] until it has been produced: the lock is
@@ -296,7 +270,7 @@ impl BodyHold for LockGuard {
 
     fn cut_off(key: String) -> Box<dyn std::error::Error> {
         tracing::warn!(key = %key, "lock lost while the response body was sent: body cut off");
-        Box::new(LockLost { key })
+        Box::new(LockLost::new(key))
     }
 }
 
@@ -403,7 +377,7 @@ mod tests {
         }
 
         fn cut_off(key: String) -> Box<dyn std::error::Error> {
-            Box::new(LockLost { key })
+            Box::new(LockLost::new(key))
         }
     }
 

@@ -30,7 +30,9 @@
 //!
 //! # Feature flags
 //!
-//! None: the crate has no Cargo features.
+//! | feature | default | enables |
+//! | --- | --- | --- |
+//! | `idempotency` | on | `IdempotencyMiddleware`, on `redlock-idempotency` |
 //!
 //! Supported version: actix-web 4 (with its `actix-rt` 2 runtime).
 //!
@@ -55,7 +57,7 @@
 //!   [`fencing`](crate::LockOptions::fencing) on), under the middleware or with a
 //!   `DistributedLock<T>` in the same handler: pass it with the handler's writes so that
 //!   the storage refuses a writer whose lock has expired meanwhile (`redlock-fence`).
-//! - [`IdempotencyMiddleware`] runs each request with an `Idempotency-Key` once
+//! - `IdempotencyMiddleware` (feature `idempotency`, on by default) runs each request with an `Idempotency-Key` once
 //!   across the replicas and replays its stored response to retries (over the engine,
 //!   `redlock_idempotency::Idempotency`, the options type `redlock-tower`'s
 //!   `IdempotencyLayer` takes too; the guide: `docs/IDEMPOTENCY.md`).
@@ -184,10 +186,11 @@ mod distributed_lock;
 mod error;
 pub mod extract;
 mod guard;
+#[cfg(feature = "idempotency")]
 mod idempotency;
 mod key;
 mod limit;
-mod middleware;
+mod lock;
 mod serve;
 mod token;
 
@@ -195,10 +198,12 @@ pub use config::DistributedLockConfig;
 pub use distributed_lock::DistributedLock;
 pub use error::{DistributedLockError, problem_response};
 pub use guard::{LockBody, LockGuard, LockLost};
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub use idempotency::{IdempotencyMiddleware, IdempotencyService};
 pub use key::{LockHeader, LockHeaderName, LockKey};
 pub use limit::{ClusterLimitMiddleware, ClusterLimitService};
-pub use middleware::{LockMiddleware, LockMiddlewareService};
+pub use lock::{LockMiddleware, LockMiddlewareService};
 pub use redlock_core::{self, LockHandle, Redlock, Released, RetryPolicy};
 pub use redlock_http::{
     BadKey, Hold, LimitOptions, LockOptions, MissingToken, Refusal, RefusalKind,

@@ -129,6 +129,7 @@ pub const CONTENT_TYPE: &str = "application/problem+json";
 /// holder's remaining time no node reported, and an unavailable lock service (503).
 pub const FALLBACK_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+pub mod extract;
 pub mod key;
 mod lock;
 mod refusal;
@@ -153,6 +154,39 @@ pub enum Hold {
     #[default]
     UntilBodyEnd,
 }
+
+/// The error a response body ends with (both web crates' `LockBody`) when its lock (or
+/// permit) is lost while the body streams and the middleware aborts on loss: the server
+/// then cuts the response off, so the client sees an incomplete body rather than a
+/// complete one produced without the lock.
+#[derive(Debug, Clone)]
+pub struct LockLost {
+    key: String,
+}
+
+impl LockLost {
+    /// The loss of the lock (or permit slot) named `key`.
+    pub fn new(key: impl Into<String>) -> Self {
+        Self { key: key.into() }
+    }
+
+    /// The lock's resource name.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl std::fmt::Display for LockLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the lock on `{}` was lost while the response body was being sent",
+            self.key
+        )
+    }
+}
+
+impl std::error::Error for LockLost {}
 
 /// Why a handler asking for the lock's fencing token gets none (both web crates'
 /// `FencingToken` extractors).

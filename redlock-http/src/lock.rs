@@ -399,6 +399,20 @@ impl LimitOptions {
         self.limit
     }
 
+    /// Logs a limit of `0`, or a resource prefix that leaves no room for a key under
+    /// `redlock`'s resource-name bound: where the middleware is built, for mistakes
+    /// that make every request with a key answered `500`.
+    pub fn check(&self, redlock: &Redlock) {
+        if self.limit == 0 {
+            tracing::error!(
+                "concurrency limit of 0: every request with a key will be answered 500"
+            );
+        }
+        if let Err(error) = self.room(redlock) {
+            tracing::error!(%error, "concurrency limit misconfigured: every request with a key will be answered 500");
+        }
+    }
+
     /// The longest key (after escaping) taken under this prefix and limit: what the
     /// client's resource-name bound leaves once the prefix and the longest slot suffix
     /// (`/permit/<limit - 1>`) are counted. Check it where the middleware is built.

@@ -31,33 +31,7 @@ use crate::guard::Guard;
 
 use redlock_core::BoxError;
 
-/// The error a [`LockBody`] ends with when the lock is lost while the body streams and
-/// the layer [aborts on loss](crate::LockOptions::abort_on_loss): the server then cuts
-/// the response off, so the client sees an incomplete body rather than a complete one
-/// produced without the lock.
-#[derive(Debug, Clone)]
-pub struct LockLost {
-    key: String,
-}
-
-impl LockLost {
-    /// The lock's resource name.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-impl fmt::Display for LockLost {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the lock on `{}` was lost while the response body was being sent",
-            self.key
-        )
-    }
-}
-
-impl std::error::Error for LockLost {}
+pub use redlock_http::LockLost;
 
 pin_project! {
     /// The response body of a [`LockService`](crate::LockService): the inner service's
@@ -172,7 +146,7 @@ where
                     let key = held.key().to_owned();
                     *guard = None;
                     *aborted = true;
-                    return Poll::Ready(Some(Err(Box::new(LockLost { key }))));
+                    return Poll::Ready(Some(Err(Box::new(LockLost::new(key)))));
                 }
                 let frame = match body.as_mut().poll_frame(cx) {
                     Poll::Ready(frame) => frame,

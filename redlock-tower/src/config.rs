@@ -43,7 +43,7 @@ impl Config {
         &self,
         redlock: &Redlock,
         resource: String,
-    ) -> crate::future::AcquireFuture {
+    ) -> crate::lock::future::AcquireFuture {
         match &self.options {
             Options::Lock(o) => {
                 let acquire = o.acquire(redlock, resource);

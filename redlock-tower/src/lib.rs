@@ -28,6 +28,7 @@
 //! | feature | default | enables |
 //! | --- | --- | --- |
 //! | `axum` | off | `extract::PathParam`: the key from an axum path parameter (`/orders/{id}/pay`); [`FencingToken`] as an axum extractor |
+//! | `idempotency` | on | `IdempotencyLayer` (module `idempotency`), on `redlock-idempotency` (its stores are behind that crate's own features) |
 //!
 //! Supported versions: tower 0.5 and http 1 (any framework built on them: axum, hyper,
 //! tonic); with the `axum` feature, axum 0.8. An axum 0.7 `Router` accepts the layer but
@@ -129,7 +130,7 @@
 //!
 //! # Idempotent requests
 //!
-//! [`IdempotencyLayer`] (module [`idempotency`], built on `redlock-idempotency`) runs
+//! `IdempotencyLayer` (module `idempotency`, feature `idempotency`, built on `redlock-idempotency`) runs
 //! each request with an `Idempotency-Key` once across the replicas and replays its
 //! stored response to retries; concurrent requests with the key get `409` (or, with
 //! `wait`, the replay). Its handlers take the run's [`FencingToken`] as under a
@@ -204,28 +205,27 @@
 mod body;
 mod config;
 pub mod extract;
-mod future;
 mod guard;
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
-mod layer;
 pub mod limit;
+pub mod lock;
 pub mod response;
-mod service;
 mod target;
 mod token;
 
 pub use body::{LockBody, LockLost};
-pub use future::ResponseFuture;
+#[cfg(feature = "idempotency")]
 pub use idempotency::IdempotencyLayer;
-pub use layer::LockLayer;
 pub use limit::ClusterLimitLayer;
+pub use lock::{LockLayer, LockService, ResponseFuture};
 pub use redlock_core::{BoxError, LockHandle, Redlock, RetryPolicy};
 pub use redlock_http::{
     BadKey, Hold, LimitOptions, LockOptions, MissingToken, Refusal, RefusalKind,
 };
 // At the root too, where redlock-actix has it.
 pub use response::problem_response;
-pub use service::LockService;
 pub use token::{FencingToken, FencingTokenRejection};
 
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they

@@ -25,6 +25,7 @@ fn path_and_query(uri: &Uri) -> &str {
 }
 
 /// The path and query the client sent.
+#[cfg(feature = "idempotency")]
 pub(crate) fn sent_target<'a>(uri: &'a Uri, extensions: &'a Extensions) -> &'a str {
     redlock_http::sent_target(
         path_and_query(uri),

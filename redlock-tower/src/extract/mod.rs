@@ -65,11 +65,11 @@ mod tests;
 use http::Request;
 use redlock_http::BadKey;
 
-pub use self::global::Global;
 pub use self::header::Header;
 #[cfg(feature = "axum")]
-pub use self::path_param::PathParam;
-pub use self::path_prefix::PathPrefix;
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use redlock_http::extract::PathParam;
+pub use redlock_http::extract::{Global, PathPrefix};
 
 pub use redlock_http::Key;
 

@@ -4,9 +4,9 @@ use axum::extract::MatchedPath;
 use http::Request;
 use redlock_http::Problem;
 
-use super::{Key, KeyExtractor};
+use super::{Key, KeyExtractor, PathParam};
 
-/// The key is a path parameter of the axum route, e.g. `id` in
+/// [`PathParam`]'s key from a path parameter of the axum route, e.g. `id` in
 /// `/orders/{id}/pay` (feature `axum`).
 ///
 /// Use the layer with `Router::route_layer` (or `Router::layer`): axum has matched
@@ -57,34 +57,21 @@ use super::{Key, KeyExtractor};
 /// # Ok(())
 /// # }
 /// ```
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-#[derive(Debug, Clone)]
-pub struct PathParam {
-    name: String,
-}
-
-impl PathParam {
-    /// The key from the route's parameter `name` (without braces).
-    pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into() }
-    }
-}
-
 impl<B> KeyExtractor<B> for PathParam {
     fn extract(&self, request: &Request<B>) -> Key {
         let Some(template) = request.extensions().get::<MatchedPath>() else {
             return Key::Reject(Problem::misconfigured(format!(
                 "no axum 0.8 `MatchedPath` in the request for path parameter `{}`: either the lock layer is not added with `Router::route_layer` (it then sees requests before routing), or the router is not axum 0.8, the version redlock-tower's `axum` feature supports (an axum 0.7 `Router` compiles with the layer, but its extensions are other types: upgrade to axum 0.8, or use `extract::from_fn` with your own extractor)",
-                self.name
+                self.name()
             )));
         };
         let path = crate::target::sent_path(request.uri(), request.extensions());
-        match param_value(template.as_str(), path, &self.name) {
-            Some(raw) => redlock_http::path_param_key(&self.name, Some(&raw)),
+        match param_value(template.as_str(), path, self.name()) {
+            Some(raw) => self.key(Some(&raw)),
             None => Key::Reject(Problem::misconfigured(format!(
                 "route `{}` has no path parameter `{}` (or the path does not fit it)",
                 template.as_str(),
-                self.name
+                self.name()
             ))),
         }
     }

@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::body::LockBody;
-use crate::future;
+use crate::lock::future;
 
 pin_project! {
     /// The response future of

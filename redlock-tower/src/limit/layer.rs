@@ -59,14 +59,7 @@ impl<E> ClusterLimitLayer<E> {
     /// that says nothing of the server's insides). Requests the extractor lets through
     /// without a key are served as usual.
     pub fn new(redlock: Redlock, extractor: E, options: LimitOptions) -> Self {
-        if options.limit() == 0 {
-            tracing::error!(
-                "concurrency limit of 0: every request with a key will be answered 500"
-            );
-        }
-        if let Err(error) = options.room(&redlock) {
-            tracing::error!(%error, "concurrency limit misconfigured: every request with a key will be answered 500");
-        }
+        options.check(&redlock);
         Self {
             redlock,
             extractor: Arc::new(extractor),

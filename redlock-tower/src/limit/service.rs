@@ -14,7 +14,7 @@ use super::{ClusterLimitLayer, ResponseFuture};
 use crate::body::LockBody;
 use crate::config::Config;
 use crate::extract::KeyExtractor;
-use crate::future;
+use crate::lock::future;
 
 /// The middleware made by [`ClusterLimitLayer`]: extracts each request's key,
 /// takes a permit of the key's cluster-wide semaphore, calls the inner service, and

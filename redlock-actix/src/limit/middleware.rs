@@ -3,20 +3,18 @@
 
 use std::future::{Ready, ready};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
 
 use actix_web::HttpResponse;
 use actix_web::body::{BoxBody, MessageBody};
-use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
-use futures_util::future::LocalBoxFuture;
-use redlock_core::{CancellationToken, Error, LockHandle, Permit, Redlock};
-use redlock_http::{Hold, Key, LimitOptions, Refusal, Route};
+use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform};
+use redlock_core::Redlock;
+use redlock_http::{LimitOptions, Refusal};
 use tokio::runtime::Handle;
 
-use crate::config::{Failure, Setup};
+use crate::config::Setup;
 use crate::extract::{Header, KeyExtractor, PathParam};
-use crate::guard::BodyHold;
-use crate::serve::{Guarding, serve};
+
+use super::ClusterLimitService;
 
 /// At most `limit` requests per key at once, across every replica: a cluster-wide
 /// counterpart of a local concurrency limit, and the actix counterpart of
@@ -30,7 +28,7 @@ use crate::serve::{Guarding, serve};
 /// permit is auto-extended while the handler runs (a handler may run far longer than
 /// the TTL), up to `max_hold`, and kept until the response body has been sent or
 /// dropped (`hold`). Requests of other keys are not limited by it; a request whose key
-/// extractor answers [`Key::Pass`] goes through unlimited.
+/// extractor answers [`Key::Pass`](crate::extract::Key::Pass) goes through unlimited.
 ///
 /// Answers, as `application/problem+json` (or [`on_refusal`](Self::on_refusal)'s
 /// responses): the limit reached: `busy_status` (default `429 Too Many Requests`) with
@@ -112,14 +110,7 @@ impl<K: KeyExtractor> ClusterLimitMiddleware<K> {
     /// A limit of `0`, or a resource prefix that leaves no room for a key, is logged
     /// here and answered `500` at request time.
     pub fn new(redlock: Redlock, key: K, options: LimitOptions) -> Self {
-        if options.limit() == 0 {
-            tracing::error!(
-                "concurrency limit of 0: every request with a key will be answered 500"
-            );
-        }
-        if let Err(error) = options.room(&redlock) {
-            tracing::error!(%error, "concurrency limit misconfigured: every request with a key will be answered 500");
-        }
+        options.check(&redlock);
         Self {
             key: Rc::new(key),
             setup: Rc::new((Setup::new(redlock), options)),
@@ -197,158 +188,5 @@ where
             key: Rc::clone(&self.key),
             setup: Rc::clone(&self.setup),
         }))
-    }
-}
-
-/// The service made by [`ClusterLimitMiddleware`].
-pub struct ClusterLimitService<S, K> {
-    service: Rc<S>,
-    key: Rc<K>,
-    setup: Rc<(Setup, LimitOptions)>,
-}
-
-impl<S, K> std::fmt::Debug for ClusterLimitService<S, K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClusterLimitService")
-            .field("setup", &self.setup)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, B, K> Service<ServiceRequest> for ClusterLimitService<S, K>
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
-    B: MessageBody + 'static,
-    K: KeyExtractor,
-{
-    type Response = ServiceResponse<BoxBody>;
-    type Error = actix_web::Error;
-    type Future = LocalBoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    forward_ready!(service);
-
-    fn call(&self, req: ServiceRequest) -> Self::Future {
-        let service = Rc::clone(&self.service);
-        let key = self.key.extract(&req);
-        let setup = Rc::clone(&self.setup);
-        Box::pin(async move {
-            let (setup, options) = &*setup;
-            let response = serve(&*service, setup, options, key, req).await?;
-            Ok(response.map_into_boxed_body())
-        })
-    }
-}
-
-impl Guarding for LimitOptions {
-    type Held = HeldPermit;
-
-    fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
-        LimitOptions::route(self, redlock, key, request_id)
-    }
-
-    fn take(
-        &self,
-        setup: &Setup,
-        resource: String,
-    ) -> LocalBoxFuture<'static, Result<HeldPermit, Failure>> {
-        let task = self.acquire(&setup.redlock, resource);
-        let setup = setup.clone();
-        Box::pin(async move {
-            let (permit, runtime) = setup.run(task).await?;
-            Ok(HeldPermit {
-                handle: permit.handle(),
-                permit: Some(permit),
-                acquired: Instant::now(),
-                runtime,
-            })
-        })
-    }
-
-    fn refuse(
-        &self,
-        resource: &str,
-        error: Error,
-        request_id: Option<&str>,
-        waited: Duration,
-    ) -> Option<Refusal> {
-        LimitOptions::refuse(self, resource, error, request_id, waited)
-    }
-
-    fn hold(&self) -> Hold {
-        self.held_until()
-    }
-
-    fn abort_on_loss(&self) -> bool {
-        self.aborts_on_loss()
-    }
-
-    // No `LockHandle` for the handler: a permit is no lock on the key.
-    fn expose(&self, _req: &ServiceRequest, _held: Option<&HeldPermit>) {}
-}
-
-/// A held permit, given back on the background runtime when dropped (never on the
-/// worker's, whose tasks may die with it).
-pub(crate) struct HeldPermit {
-    permit: Option<Permit>,
-    /// Its slot lock's handle: validity, loss.
-    handle: LockHandle,
-    acquired: Instant,
-    runtime: Handle,
-}
-
-impl Drop for HeldPermit {
-    fn drop(&mut self) {
-        let Some(permit) = self.permit.take() else {
-            return;
-        };
-        let slot = self.handle.resource().to_owned();
-        let held_ms = self.acquired.elapsed().as_millis() as u64;
-        if !self.handle.is_held() {
-            tracing::warn!(key = %slot, held_ms, "concurrency permit lost before the request finished: another request may have run past the limit");
-        }
-        self.runtime.spawn(async move {
-            match permit.release().await {
-                Ok(released) => {
-                    tracing::debug!(key = %slot, held_ms, was_held = released.was_held(), "concurrency permit released");
-                }
-                Err(err) => {
-                    tracing::warn!(key = %slot, held_ms, error = %err, "concurrency permit release failed: it ends at its TTL");
-                }
-            }
-        });
-    }
-}
-
-/// The error a response body ends with when its permit is lost while it streams and the
-/// middleware aborts on loss: the server cuts the response off.
-#[derive(Debug)]
-struct PermitLost {
-    slot: String,
-}
-
-impl std::fmt::Display for PermitLost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the concurrency permit `{}` was lost while the response body was being sent",
-            self.slot
-        )
-    }
-}
-
-impl std::error::Error for PermitLost {}
-
-impl BodyHold for HeldPermit {
-    fn resource(&self) -> &str {
-        self.handle.resource()
-    }
-
-    fn cancellation_token(&self) -> CancellationToken {
-        self.handle.cancellation_token()
-    }
-
-    fn cut_off(slot: String) -> Box<dyn std::error::Error> {
-        tracing::warn!(key = %slot, "concurrency permit lost while the response body was sent: body cut off");
-        Box::new(PermitLost { slot })
     }
 }

@@ -10,8 +10,8 @@ use redlock_http::{LockOptions, Refusal};
 use tower_layer::Layer;
 
 use crate::config::{Config, Options};
+use crate::lock::LockService;
 use crate::response::RefusalResponse;
-use crate::service::LockService;
 
 /// Serializes requests per key across every replica of a service, with a Redlock
 /// distributed lock. See the [crate documentation](crate) for the behaviour and an

@@ -2,20 +2,15 @@
 
 use std::future::{Ready, ready};
 use std::rc::Rc;
-use std::time::Duration;
 
-use actix_web::HttpMessage;
 use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
-use futures_util::future::LocalBoxFuture;
-use redlock_core::{Error, Redlock};
-use redlock_http::{Hold, Key, LockOptions, Refusal, Route};
+use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform};
 
-use crate::config::{DistributedLockConfig, Failure, Setup, take_lock};
+use crate::config::DistributedLockConfig;
 use crate::extract::{Header, KeyExtractor, PathParam};
-use crate::guard::{LockBody, LockGuard};
-use crate::serve::{Guarding, serve};
-use crate::token::FailedOpen;
+use crate::guard::LockBody;
+
+use super::LockMiddlewareService;
 
 /// Locks every request through it by a key taken from the request: `wrap()` it around a
 /// scope (or a resource, or the whole app), and each request holds the cluster-wide lock
@@ -26,7 +21,7 @@ use crate::token::FailedOpen;
 /// It takes its [`DistributedLockConfig`] (the client, the engine's
 /// [`LockOptions`](crate::LockOptions), the refusal hook, the runtime) directly, as
 /// [`ClusterLimitMiddleware`](crate::ClusterLimitMiddleware) and
-/// [`IdempotencyMiddleware`](crate::IdempotencyMiddleware) take theirs; only the
+/// `IdempotencyMiddleware` take theirs; only the
 /// extractors read `app_data`. Refusals: busy → 409, no quorum → 503, bad key → 400.
 /// Handlers see the lock as `web::ReqData<redlock_actix::LockHandle>` (is it still
 /// held, its loss, its fencing token), and its fencing token as a
@@ -133,93 +128,5 @@ where
             key: Rc::clone(&self.key),
             config: Rc::clone(&self.config),
         }))
-    }
-}
-
-/// The service made by [`LockMiddleware`].
-pub struct LockMiddlewareService<S, K> {
-    service: Rc<S>,
-    key: Rc<K>,
-    config: Rc<DistributedLockConfig>,
-}
-
-impl<S, K> std::fmt::Debug for LockMiddlewareService<S, K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockMiddlewareService")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, B, K> Service<ServiceRequest> for LockMiddlewareService<S, K>
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
-    B: MessageBody + 'static,
-    K: KeyExtractor,
-{
-    type Response = ServiceResponse<EitherBody<LockBody<B>>>;
-    type Error = actix_web::Error;
-    type Future = LocalBoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    forward_ready!(service);
-
-    fn call(&self, req: ServiceRequest) -> Self::Future {
-        let service = Rc::clone(&self.service);
-        let key = self.key.extract(&req);
-        let config = Rc::clone(&self.config);
-        Box::pin(async move {
-            let response = serve(&*service, &config.setup, &config.options, key, req).await?;
-            Ok(response.map_body(|_, body| match body {
-                EitherBody::Left { body } => EitherBody::left(LockBody::holding(body)),
-                EitherBody::Right { body } => EitherBody::right(body),
-            }))
-        })
-    }
-}
-
-impl Guarding for LockOptions {
-    type Held = LockGuard;
-
-    fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
-        LockOptions::route(self, redlock, key, request_id)
-    }
-
-    fn take(
-        &self,
-        setup: &Setup,
-        resource: String,
-    ) -> LocalBoxFuture<'static, Result<LockGuard, Failure>> {
-        Box::pin(take_lock(setup, self, resource))
-    }
-
-    fn refuse(
-        &self,
-        resource: &str,
-        error: Error,
-        request_id: Option<&str>,
-        waited: Duration,
-    ) -> Option<Refusal> {
-        LockOptions::refuse(self, resource, error, request_id, waited)
-    }
-
-    fn hold(&self) -> Hold {
-        self.held_until()
-    }
-
-    fn abort_on_loss(&self) -> bool {
-        self.aborts_on_loss()
-    }
-
-    fn expose(&self, req: &ServiceRequest, held: Option<&LockGuard>) {
-        match held {
-            // For `web::ReqData<LockHandle>` and `FencingToken`.
-            Some(guard) => {
-                req.extensions_mut().insert(guard.handle());
-            }
-            // Tells `FencingToken` why there is no lock (fail-open).
-            None => {
-                req.extensions_mut().insert(FailedOpen);
-            }
-        }
     }
 }

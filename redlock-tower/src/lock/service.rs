@@ -11,8 +11,8 @@ use tower_service::Service;
 use crate::body::LockBody;
 use crate::config::Config;
 use crate::extract::KeyExtractor;
-use crate::future::ResponseFuture;
-use crate::layer::LockLayer;
+use crate::lock::LockLayer;
+use crate::lock::future::ResponseFuture;
 
 /// The middleware made by [`LockLayer`]: extracts each request's key, takes the lock,
 /// calls the inner service, and keeps the lock until the response (by default its
