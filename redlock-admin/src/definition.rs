@@ -17,8 +17,9 @@
 
 use std::time::Duration;
 
+use redlock_scheduler::JobSpec;
+use redlock_scheduler::job::Misfire;
 use redlock_scheduler::time::DstPolicy;
-use redlock_scheduler::{JobSpec, Misfire};
 use serde_json::{Map, Value};
 
 /// The fields a definition may have.

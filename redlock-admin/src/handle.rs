@@ -4,11 +4,10 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
-use redlock_scheduler::admin::{
-    Dispatched, JobChange, JobChangeAction, Request, RequestAction, RequestError, RequestState,
-    SchedulerAdmin,
-};
-use redlock_scheduler::history::{HistoryError, Outcome, RunFilter};
+use redlock_scheduler::admin::{Dispatched, Request, RequestAction, RequestState, SchedulerAdmin};
+use redlock_scheduler::changes::{JobChange, JobChangeAction};
+use redlock_scheduler::error::{HistoryError, RequestError};
+use redlock_scheduler::history::{Outcome, RunFilter};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -432,12 +431,9 @@ impl Admin {
                     .await
                     .map_err(scheduler_failure)?
                     .ok_or_else(|| {
-                        scheduler_failure(
-                            RequestError::UnknownJob {
-                                name: job.to_owned(),
-                            }
-                            .into(),
-                        )
+                        scheduler_failure(RequestError::UnknownJob {
+                            name: job.to_owned(),
+                        })
                     })?;
                 let spec = definition.apply(current);
                 tracing::info!(job = %job, schedule = %spec.expression(), "admin: job rescheduled");
@@ -606,7 +602,7 @@ impl Admin {
                 scheduler.runs(&recent),
                 scheduler.job_changes(None, DASHBOARD_CHANGES)
             );
-            let part = |result: Result<Value, redlock_scheduler::Error>| match result {
+            let part = |result: Result<Value, HistoryError>| match result {
                 Ok(value) => value,
                 Err(err) => json!({"error": scheduler_failure(err).detail}),
             };
@@ -838,8 +834,9 @@ fn lock_failure(err: redlock_core::Error) -> Failure {
     }
 }
 
-fn scheduler_failure(err: redlock_scheduler::Error) -> Failure {
+fn scheduler_failure(err: impl Into<redlock_scheduler::Error>) -> Failure {
     use redlock_scheduler::Error as E;
+    let err = err.into();
     match &err {
         E::Request(RequestError::UnknownJob { .. } | RequestError::UnknownRequest { .. }) => {
             Failure::new(StatusCode::NOT_FOUND, err.to_string())

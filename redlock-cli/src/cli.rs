@@ -8,10 +8,11 @@ use chrono::{DateTime, Utc};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use redlock_core::DEFAULT_KEY_PREFIX;
+use redlock_scheduler::Scheduler;
 use redlock_scheduler::admin::DEFAULT_NEXT_TICKS;
 use redlock_scheduler::history::{DEFAULT_RUN_LIMIT, Outcome};
+use redlock_scheduler::job::Misfire;
 use redlock_scheduler::time::DstPolicy;
-use redlock_scheduler::{Misfire, Scheduler};
 
 /// The environment variable listing the Redis nodes, as the services and examples read
 /// it.

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use chrono::{SubsecRound as _, Utc};
 use redlock_scheduler::admin::{
-    JobChange, JobChangeAction, JobInfo, LeaderInfo, Request, RequestAction, RequestError,
-    RequestState, SchedulerAdmin,
+    JobInfo, LeaderInfo, Request, RequestAction, RequestState, SchedulerAdmin,
 };
-use redlock_scheduler::history::{HistoryError, Outcome, Run, RunFilter};
+use redlock_scheduler::changes::{JobChange, JobChangeAction};
+use redlock_scheduler::error::{HistoryError, RequestError};
+use redlock_scheduler::history::{Outcome, Run, RunFilter};
 use redlock_scheduler::{Error, History, JobSpec};
 use serde_json::Value;
 
@@ -86,7 +87,8 @@ async fn admin(global: &Global) -> Result<SchedulerAdmin, CliError> {
 }
 
 /// An error of a query through `admin`, with what to do.
-fn query_error(admin: &SchedulerAdmin, err: Error) -> CliError {
+fn query_error(admin: &SchedulerAdmin, err: impl Into<Error>) -> CliError {
+    let err = err.into();
     match err {
         Error::Request(RequestError::UnknownJob { .. }) => CliError::failed(format!(
             "{err} (scheduler `{}` in {}: `redlock jobs` lists them; --scheduler / REDLOCK_SCHEDULER names the scheduler)",
@@ -565,7 +567,7 @@ pub(crate) async fn reschedule_job(
         let unknown = RequestError::UnknownJob {
             name: name.to_owned(),
         };
-        return Err(query_error(&admin, unknown.into()));
+        return Err(query_error(&admin, unknown));
     };
     if let Some(cron) = cron {
         spec = spec.schedule(cron);

@@ -1,9 +1,11 @@
 //! A job: a name, a schedule, a handler, and what to do about missed ticks, overlaps and
-//! runs that take too long.
+//! runs that take too long. A [`Job`] is a [`JobSpec`] (its options, as data) with its
+//! handler; the handler gets a [`JobContext`]; [`Misfire`] says what to do about the
+//! ticks missed while no replica led.
 //!
 //! ```
 //! use std::time::Duration;
-//! use redlock_scheduler::{Job, JobContext, Misfire};
+//! use redlock_scheduler::job::{Job, JobContext, Misfire};
 //!
 //! let job = Job::new("invoices", "0 */5 * * * *", |ctx: JobContext| async move {
 //!     // The tick this run is for (not "now"), and the token to fence writes with.
@@ -24,10 +26,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::{BoxError, CancellationToken};
 
-use crate::build_error::BuildError;
-use crate::spec::{JobSpec, Misfire};
+use crate::error::{BuildError, TransactionError};
+pub use crate::spec::{JobSpec, Misfire};
 use crate::time::{BoxFuture, DstPolicy, Schedule};
-use crate::transaction::{RunRecord, RunScope, RunTransaction, TransactionError};
+use crate::transaction::{RunRecord, RunScope, RunTransaction};
 
 pub(crate) type Handler =
     Arc<dyn Fn(JobContext) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;

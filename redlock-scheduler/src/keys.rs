@@ -26,10 +26,10 @@
 //!   bytes (485 by default): what leaves room for a job name of one byte.
 //!
 //! [`SchedulerBuilder::build`](crate::SchedulerBuilder::build) refuses a longer name
-//! with [`BuildError::NameTooLong`](crate::BuildError), and a change made
+//! with [`BuildError::NameTooLong`](crate::error::BuildError), and a change made
 //! at run time ([`Scheduler::add_job`](crate::Scheduler::add_job),
 //! [`SchedulerAdmin::add_job`](crate::admin::SchedulerAdmin::add_job), ...) with
-//! [`RequestError::NameTooLong`](crate::admin::RequestError::NameTooLong), each giving
+//! [`RequestError::NameTooLong`](crate::error::RequestError::NameTooLong), each giving
 //! the bound in bytes.
 //!
 //! ```
@@ -43,8 +43,8 @@
 
 pub use redlock_core::DEFAULT_MAX_RESOURCE_LEN;
 
-use crate::build_error::BuildError;
-pub use crate::build_error::NameKind;
+use crate::error::build::BuildError;
+pub use crate::error::build::NameKind;
 
 /// The widest tick suffix a claim's resource can have: an `i64` of Unix milliseconds
 /// written out, sign included (`-9223372036854775808`).

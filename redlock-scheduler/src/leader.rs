@@ -42,7 +42,7 @@ use redlock_core::{CancellationToken, Error as LockError, Redlock, RetryPolicy};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use crate::build_error::BuildError;
+use crate::error::BuildError;
 
 type Callback = Arc<dyn Fn(&Leadership) + Send + Sync>;
 

@@ -179,12 +179,11 @@
 
 // The `mod` lines are alphabetical (as `cargo fmt` keeps them); docs/ARCHITECTURE.md
 // gives the order in which the modules use one another, none using one that uses it.
-mod build_error;
-mod changes;
+pub mod changes;
 mod control;
-mod error;
+pub mod error;
 pub mod history;
-mod job;
+pub mod job;
 pub mod keys;
 pub mod leader;
 mod plan;
@@ -199,23 +198,20 @@ pub mod transaction;
 
 pub mod admin {
     //! Operators' tools over the history database alone: [`SchedulerAdmin`] (jobs,
-    //! leader, runs, pauses), the requests it makes for the replicas ([`Request`]), what
-    //! a control did ([`Dispatched`]) and why one was refused ([`RequestError`]). See
-    //! [`SchedulerAdmin`] for the details.
+    //! leader, runs, pauses, job changes), the requests it makes for the replicas
+    //! ([`Request`]) and what a control did ([`Dispatched`]); why one was refused is a
+    //! [`RequestError`](crate::error::RequestError). See [`SchedulerAdmin`] for the
+    //! details.
 
-    pub use crate::changes::{JobChange, JobChangeAction};
     pub use crate::control::{DEFAULT_NEXT_TICKS, JobInfo, LeaderInfo, SchedulerAdmin};
-    pub use crate::request::{Dispatched, Request, RequestAction, RequestError, RequestState};
+    pub use crate::request::{Dispatched, Request, RequestAction, RequestState};
 }
 
-pub use build_error::BuildError;
-pub use changes::JOB_CHANGE_POLL;
 pub use error::Error;
 pub use history::History;
-pub use job::{Job, JobContext};
+pub use job::{Job, JobContext, JobSpec};
 pub use scheduler::Scheduler;
 pub use scheduler::builder::SchedulerBuilder;
-pub use spec::{JobSpec, Misfire};
 
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they
 // stay true to the API.

@@ -128,7 +128,7 @@ impl JobSpec {
     /// [`keys::max_job_name_len`](crate::keys::max_job_name_len) bytes (477 beside the
     /// default scheduler name under the default `max_resource_len`): a longer one is
     /// refused by `add_job` and `reschedule_job` with
-    /// [`RequestError::NameTooLong`](crate::admin::RequestError::NameTooLong).
+    /// [`RequestError::NameTooLong`](crate::error::RequestError::NameTooLong).
     pub fn new(name: impl Into<String>, expression: impl Into<String>) -> Self {
         let name = name.into();
         Self {

@@ -60,79 +60,9 @@ use sqlx::{Any, AnyConnection, Transaction};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::history::{History, HistoryError, Refused, RunKey};
+use crate::error::transaction::TransactionError;
+use crate::history::{History, Refused, RunKey};
 use crate::time::Clock;
-
-/// Why a run's transaction was refused, or failed. Refused, everything it wrote was
-/// rolled back.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransactionError {
-    /// A run's transaction ([`JobContext::transaction`](crate::JobContext::transaction))
-    /// needs the history database, and the scheduler has none: give it one with
-    /// [`SchedulerBuilder::history`](crate::SchedulerBuilder::history).
-    #[error(
-        "a run's transaction needs the scheduler's history database: give the scheduler one (SchedulerBuilder::history)"
-    )]
-    NoHistory,
-
-    /// A later leadership wrote through a run's transaction (or took over) since this
-    /// run's leadership began: this replica no longer leads (it was paused, or cut off,
-    /// past its term), or the leader that handed this run over was replaced while it
-    /// ran. The transaction was rolled back; nothing it wrote is kept. Do not retry: the
-    /// leader decides what runs.
-    #[error(
-        "job `{job}`, tick {tick}: leadership token {token} is stale (token {highest} took over since); the run's transaction was rolled back: do not retry, the current leader decides what runs"
-    )]
-    StaleRun {
-        /// The job.
-        job: String,
-        /// The tick (RFC 3339).
-        tick: String,
-        /// The run's leadership token.
-        token: u64,
-        /// The highest token seen for the job.
-        highest: u64,
-    },
-
-    /// A run's transaction was refused because the run is over for the scheduler: it
-    /// was told to stop (leadership or its run lock lost, timeout, shutdown, an
-    /// operator's cancel), or its history row was closed or claimed by another replica.
-    /// The transaction was rolled back; nothing it wrote is kept.
-    #[error(
-        "job `{job}`, tick {tick}: {reason}; the run's transaction was rolled back: stop the run, the scheduler records how it ended"
-    )]
-    RunEnded {
-        /// The job.
-        job: String,
-        /// The tick (RFC 3339).
-        tick: String,
-        /// Why the run is over.
-        reason: String,
-    },
-
-    /// A run's commit was sent and failed (its answer lost when the link to the
-    /// database failed or it did not answer in time, or an error), and the run's row
-    /// could not be read back to tell whether it committed all the same. Do not redo the
-    /// effects: the history records the run as its row says (`succeeded` if the commit
-    /// went through) once the database answers again.
-    #[error(
-        "job `{job}`, tick {tick}: whether the run's transaction committed is not known ({cause}); do not redo its effects: the run's history row says it once the database answers"
-    )]
-    CommitUnknown {
-        /// The job.
-        job: String,
-        /// The tick (RFC 3339).
-        tick: String,
-        /// Why the answer is missing.
-        cause: String,
-    },
-
-    /// The history database failed, and nothing was committed (when the commit itself
-    /// failed, the run's row was read back to tell).
-    #[error(transparent)]
-    History(#[from] HistoryError),
-}
 
 /// Where the commits of a run's transactions stand.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

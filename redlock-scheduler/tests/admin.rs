@@ -75,9 +75,7 @@ async fn trigger_pause_resume_and_status() {
     let tick = tick_run(replicas[leader].scheduler.trigger(&yearly).await.unwrap());
     assert!(matches!(
         replicas[leader].scheduler.trigger("nope").await,
-        Err(redlock_scheduler::Error::Request(
-            redlock_scheduler::admin::RequestError::UnknownJob { .. }
-        ))
+        Err(redlock_scheduler::error::RequestError::UnknownJob { .. })
     ));
     assert_eq!(succeeded(&history, &yearly).await, tick);
     assert_eq!(*manual.lock().unwrap(), vec![true]);

@@ -11,11 +11,13 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use redlock_scheduler::admin::{
-    Dispatched, JobInfo, Request, RequestAction, RequestError, RequestState, SchedulerAdmin,
+    Dispatched, JobInfo, Request, RequestAction, RequestState, SchedulerAdmin,
 };
+use redlock_scheduler::error::RequestError;
 use redlock_scheduler::history::{Outcome, Run, RunFilter};
+use redlock_scheduler::job::Misfire;
 use redlock_scheduler::leader::LeaderElector;
-use redlock_scheduler::{Error, History, Job, JobContext, Misfire, Scheduler};
+use redlock_scheduler::{History, Job, JobContext, Scheduler};
 use redlock_testkit::{Cluster, require, until};
 
 mod common;
@@ -206,14 +208,14 @@ async fn the_admin_lists_jobs_and_the_leader_from_the_history_alone() {
         admin.job("nope").await.err(),
     ] {
         match error {
-            Some(Error::Request(RequestError::UnknownJob { name })) => assert_eq!(name, "nope"),
+            Some(RequestError::UnknownJob { name }) => assert_eq!(name, "nope"),
             other => panic!("expected UnknownJob, got {other:?}"),
         }
     }
     let missing = "0".repeat(32);
     assert!(matches!(
         admin.request(&missing).await,
-        Err(Error::Request(RequestError::UnknownRequest { id })) if id == missing
+        Err(RequestError::UnknownRequest { id }) if id == missing
     ));
     // Another scheduler's name sees none of it.
     let other = SchedulerAdmin::new(admin.history().clone(), "another");
@@ -221,7 +223,7 @@ async fn the_admin_lists_jobs_and_the_leader_from_the_history_alone() {
     assert!(other.leader().await.unwrap().is_none());
     assert!(matches!(
         other.trigger(&jobs.yearly).await,
-        Err(Error::Request(RequestError::UnknownJob { .. }))
+        Err(RequestError::UnknownJob { .. })
     ));
     // A running scheduler offers the same view.
     let own = replicas[1 - leader].scheduler.admin().unwrap();
@@ -343,7 +345,7 @@ async fn trigger_pause_cancel_and_filtered_runs() {
     );
     assert!(matches!(
         replicas[1 - leader].scheduler.cancel(&jobs.yearly).await,
-        Err(Error::Request(RequestError::NotRunning { .. }))
+        Err(RequestError::NotRunning { .. })
     ));
 
     // Filters: job and outcome and limit; outcome alone; manual or scheduled; limit.

@@ -9,9 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Timelike, Utc};
-use redlock_scheduler::admin::{JobChangeAction, RequestError, SchedulerAdmin};
+use redlock_scheduler::admin::SchedulerAdmin;
+use redlock_scheduler::changes::JobChangeAction;
+use redlock_scheduler::error::RequestError;
 use redlock_scheduler::history::{Outcome, Run};
-use redlock_scheduler::{Error, History, JobContext, JobSpec, Misfire, Scheduler};
+use redlock_scheduler::job::Misfire;
+use redlock_scheduler::{History, JobContext, JobSpec, Scheduler};
 use redlock_testkit::Cluster;
 
 mod common;
@@ -139,7 +142,7 @@ async fn a_job_added_on_a_follower_runs_on_every_replica_from_the_change() {
         .add_job(JobSpec::new("added", "*/5 * * * * *").handler("count"))
         .await
     {
-        Err(Error::Request(RequestError::JobExists { name })) => assert_eq!(name, "added"),
+        Err(RequestError::JobExists { name }) => assert_eq!(name, "added"),
         other => panic!("a second add: {other:?}"),
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -481,7 +484,7 @@ async fn a_job_removed_while_it_runs_finishes_that_run_and_fires_no_more() {
             .any(|j| j.name == "removed")
     );
     match admin.remove_job("removed").await {
-        Err(Error::Request(RequestError::UnknownJob { .. })) => {}
+        Err(RequestError::UnknownJob { .. }) => {}
         other => panic!("a second removal: {other:?}"),
     }
     for replica in &replicas {
@@ -520,11 +523,11 @@ async fn bad_changes_are_refused() {
     let unknown_handler = JobSpec::new("x", "* * * * * *").handler("nope");
     assert!(matches!(
         admin.add_job(unknown_handler.clone()).await,
-        Err(Error::Request(RequestError::UnknownHandler { .. }))
+        Err(RequestError::UnknownHandler { .. })
     ));
     assert!(matches!(
         scheduler.add_job(unknown_handler).await,
-        Err(Error::Request(RequestError::UnknownHandler { .. }))
+        Err(RequestError::UnknownHandler { .. })
     ));
     for bad in [
         JobSpec::new("x", "every minute").handler("count"),
@@ -536,24 +539,24 @@ async fn bad_changes_are_refused() {
         assert!(
             matches!(
                 scheduler.add_job(bad.clone()).await,
-                Err(Error::Request(RequestError::InvalidJob(_)))
+                Err(RequestError::InvalidJob(_))
             ),
             "{bad:?}"
         );
         assert!(matches!(
             admin.add_job(bad).await,
-            Err(Error::Request(RequestError::InvalidJob(_)))
+            Err(RequestError::InvalidJob(_))
         ));
     }
     assert!(matches!(
         scheduler
             .reschedule_job(JobSpec::new("x", "* * * * *").handler("count"))
             .await,
-        Err(Error::Request(RequestError::UnknownJob { .. }))
+        Err(RequestError::UnknownJob { .. })
     ));
     assert!(matches!(
         scheduler.remove_job("x").await,
-        Err(Error::Request(RequestError::UnknownJob { .. }))
+        Err(RequestError::UnknownJob { .. })
     ));
     assert!(admin.job_changes(None, 10).await.unwrap().is_empty());
     // A replica of a version without job changes (its beat names no handlers) is
@@ -571,7 +574,7 @@ async fn bad_changes_are_refused() {
         .add_job(JobSpec::new("x", "* * * * * *").handler("count"))
         .await
     {
-        Err(Error::Request(RequestError::ReplicasOutdated { instances })) => {
+        Err(RequestError::ReplicasOutdated { instances }) => {
             assert_eq!(instances, ["old"]);
         }
         other => panic!("a change beside an old replica: {other:?}"),

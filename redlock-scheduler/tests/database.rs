@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use redlock_scheduler::history::{HistoryBuilder, HistoryError, Outcome};
-use redlock_scheduler::transaction::TransactionError;
-use redlock_scheduler::{History, Job, JobContext, Misfire};
+use redlock_core::BoxError;
+use redlock_scheduler::history::{HistoryBuilder, Outcome};
+use redlock_scheduler::job::Misfire;
+use redlock_scheduler::{History, Job, JobContext};
 use redlock_testkit::{Cluster, Proxy, require};
 
 mod common;
@@ -271,12 +272,12 @@ async fn a_run_transaction_through_an_outage_records_each_tick_once_without_a_fa
                     sqlx::query(&format!("INSERT INTO {table} (tick_ms) VALUES ($1)"))
                         .bind(ctx.tick().timestamp_millis())
                         .execute(&mut *tx)
-                        .await
-                        .map_err(HistoryError::Database)?;
-                    tx.commit().await
+                        .await?;
+                    tx.commit().await?;
+                    Ok::<_, BoxError>(())
                 };
                 match attempt.await {
-                    Ok(()) => return Ok::<_, TransactionError>(()),
+                    Ok(()) => return Ok::<_, BoxError>(()),
                     Err(err) if std::time::Instant::now() > give_up => return Err(err),
                     Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                 }

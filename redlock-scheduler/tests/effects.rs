@@ -18,8 +18,8 @@ use std::time::Duration;
 use chrono::Utc;
 use common::{Replica, own_history, unique};
 use redlock_core::BoxError;
+use redlock_scheduler::error::TransactionError;
 use redlock_scheduler::history::Outcome;
-use redlock_scheduler::transaction::TransactionError;
 use redlock_scheduler::{History, Job, JobContext};
 use redlock_testkit::{Cluster, require, until};
 

@@ -10,10 +10,12 @@
 use std::time::{Duration, Instant};
 
 use redlock_core::{BoxError, DEFAULT_MAX_RESOURCE_LEN};
-use redlock_scheduler::admin::{JobChange, RequestError, SchedulerAdmin};
+use redlock_scheduler::admin::SchedulerAdmin;
+use redlock_scheduler::changes::JobChange;
+use redlock_scheduler::error::{BuildError, RequestError};
 use redlock_scheduler::history::Outcome;
 use redlock_scheduler::keys::{NameKind, max_job_name_len, max_scheduler_name_len};
-use redlock_scheduler::{BuildError, Error, History, Job, JobContext, Scheduler};
+use redlock_scheduler::{History, Job, JobContext, Scheduler};
 use redlock_testkit::Cluster;
 
 mod common;
@@ -47,19 +49,19 @@ async fn until_succeeded(history: &History, scheduler: &str, job: &str, within: 
 
 /// `result` is the refusal of a `kind` name of `len` bytes above `max`.
 fn assert_too_long(
-    result: Result<JobChange, Error>,
+    result: Result<JobChange, RequestError>,
     kind: NameKind,
     len: usize,
     max: usize,
     what: &str,
 ) {
     match result {
-        Err(Error::Request(RequestError::NameTooLong {
+        Err(RequestError::NameTooLong {
             kind: k,
             len: l,
             max: m,
             ..
-        })) if k == kind && l == len && m == max => {}
+        }) if k == kind && l == len && m == max => {}
         other => panic!("{what}: a {kind} of {len} bytes (at most {max}): {other:?}"),
     }
 }

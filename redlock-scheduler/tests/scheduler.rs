@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
+use redlock_scheduler::error::BuildError;
 use redlock_scheduler::history::{Outcome, Run};
+use redlock_scheduler::job::Misfire;
 use redlock_scheduler::time::{BoxFuture, Clock, ManualClock};
-use redlock_scheduler::{
-    BuildError, History, Job, JobContext, Misfire, Scheduler, SchedulerBuilder,
-};
+use redlock_scheduler::{History, Job, JobContext, Scheduler, SchedulerBuilder};
 use redlock_testkit::{Cluster, require};
 
 mod common;

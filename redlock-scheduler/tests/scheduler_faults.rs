@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use redlock_scheduler::history::{HistoryError, Outcome};
+use redlock_scheduler::error::HistoryError;
+use redlock_scheduler::history::Outcome;
 use redlock_scheduler::{History, Job, JobContext};
 use redlock_testkit::Cluster;
 

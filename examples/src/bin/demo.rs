@@ -33,7 +33,8 @@ use redlock_core::Redlock;
 use redlock_examples::Nodes;
 use redlock_scheduler::admin::SchedulerAdmin;
 use redlock_scheduler::history::{Outcome, Run};
-use redlock_scheduler::{History, Job, JobContext, Misfire, Scheduler};
+use redlock_scheduler::job::Misfire;
+use redlock_scheduler::{History, Job, JobContext, Scheduler};
 use redlock_testkit::Sandbox;
 
 const LEADER_TTL: Duration = Duration::from_secs(2);

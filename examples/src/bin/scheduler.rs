@@ -20,8 +20,9 @@
 use std::time::Duration;
 
 use redlock_core::Redlock;
+use redlock_scheduler::job::Misfire;
 use redlock_scheduler::leader::LeaderEvent;
-use redlock_scheduler::{History, Job, JobContext, Misfire, Scheduler};
+use redlock_scheduler::{History, Job, JobContext, Scheduler};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -9,9 +9,8 @@ use chrono::{DateTime, Utc};
 
 use super::SchedulerAdmin;
 use crate::changes::{JobChange, JobChangeAction};
-use crate::error::Error;
+use crate::error::{HistoryError, RequestError};
 use crate::history::{JobDefinition, NewChange};
-use crate::request::RequestError;
 use crate::spec::JobSpec;
 use crate::spec::{DEFAULT_GRACE, Misfire};
 use crate::time::DstPolicy;
@@ -37,7 +36,7 @@ pub(crate) enum Base {
 
 impl SchedulerAdmin {
     /// Adds a job to every replica: recorded in the history, it reaches each replica
-    /// within [`JOB_CHANGE_POLL`](crate::JOB_CHANGE_POLL), and the leader fires its ticks
+    /// within [`JOB_CHANGE_POLL`](crate::changes::JOB_CHANGE_POLL), and the leader fires its ticks
     /// after the time of the change. Its handler is looked up among those the replicas
     /// registered ([`SchedulerBuilder::handler`](crate::SchedulerBuilder::handler)).
     /// Its name may be at most [`max_job_name_len`](Self::max_job_name_len) bytes (see
@@ -50,8 +49,8 @@ impl SchedulerAdmin {
     /// bound in bytes); [`RequestError::JobExists`]; [`RequestError::UnknownHandler`] if no replica alive
     /// in the last minute registered the handler; [`RequestError::ReplicasOutdated`] if
     /// a replica alive then runs a version without job changes;
-    /// [`RequestError::ChangeConflict`]; the history's error.
-    pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
+    /// [`RequestError::ChangeConflict`]; [`RequestError::History`].
+    pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, RequestError> {
         crate::job::check_spec(&spec, &self.scheduler, self.max_resource_len)
             .map_err(RequestError::from)?;
         self.check_handler(&spec).await?;
@@ -79,7 +78,7 @@ impl SchedulerAdmin {
     ///
     /// As [`add_job`](Self::add_job), with [`RequestError::UnknownJob`] instead of
     /// [`RequestError::JobExists`].
-    pub async fn reschedule_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
+    pub async fn reschedule_job(&self, spec: JobSpec) -> Result<JobChange, RequestError> {
         crate::job::check_spec(&spec, &self.scheduler, self.max_resource_len)
             .map_err(RequestError::from)?;
         self.check_handler(&spec).await?;
@@ -103,9 +102,8 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`RequestError::UnknownJob`]; [`RequestError::ChangeConflict`]; the history's
-    /// error.
-    pub async fn remove_job(&self, job: &str) -> Result<JobChange, Error> {
+    /// [`RequestError::UnknownJob`]; [`RequestError::ChangeConflict`]; [`RequestError::History`].
+    pub async fn remove_job(&self, job: &str) -> Result<JobChange, RequestError> {
         self.change(job, Base::Published, Utc::now(), |current| match current {
             Some(_) => Ok((JobChangeAction::Remove, None)),
             None => Err(RequestError::UnknownJob {
@@ -120,8 +118,8 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// The history's error.
-    pub async fn job_spec(&self, job: &str) -> Result<Option<JobSpec>, Error> {
+    /// [`HistoryError`].
+    pub async fn job_spec(&self, job: &str) -> Result<Option<JobSpec>, HistoryError> {
         self.current(job, &Base::Published).await
     }
 
@@ -130,20 +128,19 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// The history's error.
+    /// [`HistoryError`].
     pub async fn job_changes(
         &self,
         job: Option<&str>,
         limit: u32,
-    ) -> Result<Vec<JobChange>, Error> {
-        Ok(self
-            .history
+    ) -> Result<Vec<JobChange>, HistoryError> {
+        self.history
             .job_changes(&self.scheduler, job, limit.min(MAX_CHANGES))
-            .await?)
+            .await
     }
 
     /// The definition of `job` in force, as [`job_spec`](Self::job_spec) with `base`.
-    async fn current(&self, job: &str, base: &Base) -> Result<Option<JobSpec>, Error> {
+    async fn current(&self, job: &str, base: &Base) -> Result<Option<JobSpec>, HistoryError> {
         let latest = self
             .history
             .job_changes(&self.scheduler, Some(job), 1)
@@ -166,7 +163,7 @@ impl SchedulerAdmin {
         base: Base,
         at: DateTime<Utc>,
         decide: impl Fn(Option<JobSpec>) -> Result<(JobChangeAction, Option<JobSpec>), RequestError>,
-    ) -> Result<JobChange, Error> {
+    ) -> Result<JobChange, RequestError> {
         let since = at - chrono::Duration::from_std(HANDLER_SEEN).unwrap_or_default();
         let outdated = self
             .history
@@ -175,8 +172,7 @@ impl SchedulerAdmin {
         if !outdated.is_empty() {
             return Err(RequestError::ReplicasOutdated {
                 instances: outdated,
-            }
-            .into());
+            });
         }
         for _ in 0..CHANGE_ATTEMPTS {
             let last = self.history.last_job_change(&self.scheduler).await?;
@@ -210,12 +206,11 @@ impl SchedulerAdmin {
         }
         Err(RequestError::ChangeConflict {
             job: job.to_owned(),
-        }
-        .into())
+        })
     }
 
     /// Refuses a handler no replica alive in the last minute registered.
-    async fn check_handler(&self, spec: &JobSpec) -> Result<(), Error> {
+    async fn check_handler(&self, spec: &JobSpec) -> Result<(), RequestError> {
         let since = Utc::now() - chrono::Duration::from_std(HANDLER_SEEN).unwrap_or_default();
         let place = match self
             .history
@@ -230,8 +225,7 @@ impl SchedulerAdmin {
             job: spec.name().to_owned(),
             handler: spec.handler_name().to_owned(),
             place: place.to_owned(),
-        }
-        .into())
+        })
     }
 }
 

@@ -52,9 +52,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::error::Error;
+use crate::error::{HistoryError, RequestError};
 use crate::history::{History, JobDefinition, Run, RunFilter};
-use crate::request::{Dispatched, Request, RequestAction, RequestError};
+use crate::request::{Dispatched, Request, RequestAction};
 use crate::spec::Misfire;
 use crate::status::LastRun;
 use crate::time::{DstPolicy, Schedule};
@@ -211,8 +211,8 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::History`].
-    pub async fn jobs(&self) -> Result<Vec<JobInfo>, Error> {
+    /// [`HistoryError`].
+    pub async fn jobs(&self) -> Result<Vec<JobInfo>, HistoryError> {
         let definitions = self.history.job_definitions(&self.scheduler).await?;
         let paused: HashSet<String> = self
             .history
@@ -249,17 +249,14 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`RequestError::UnknownJob`] if no replica published it; [`Error::History`].
-    pub async fn job(&self, name: &str) -> Result<JobInfo, Error> {
+    /// [`RequestError::UnknownJob`] if no replica published it; [`RequestError::History`].
+    pub async fn job(&self, name: &str) -> Result<JobInfo, RequestError> {
         self.jobs()
             .await?
             .into_iter()
             .find(|j| j.name == name)
-            .ok_or_else(|| {
-                RequestError::UnknownJob {
-                    name: name.to_owned(),
-                }
-                .into()
+            .ok_or_else(|| RequestError::UnknownJob {
+                name: name.to_owned(),
             })
     }
 
@@ -319,8 +316,8 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::History`].
-    pub async fn leader(&self) -> Result<Option<LeaderInfo>, Error> {
+    /// [`HistoryError`].
+    pub async fn leader(&self) -> Result<Option<LeaderInfo>, HistoryError> {
         let now = Utc::now();
         Ok(self
             .last_leader()
@@ -333,8 +330,8 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::History`].
-    pub async fn last_leader(&self) -> Result<Option<LeaderInfo>, Error> {
+    /// [`HistoryError`].
+    pub async fn last_leader(&self) -> Result<Option<LeaderInfo>, HistoryError> {
         Ok(self
             .history
             .leader_record(&self.scheduler)
@@ -352,9 +349,9 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::History`].
-    pub async fn runs(&self, filter: &RunFilter) -> Result<Vec<Run>, Error> {
-        Ok(self.history.query_runs(&self.scheduler, filter).await?)
+    /// [`HistoryError`].
+    pub async fn runs(&self, filter: &RunFilter) -> Result<Vec<Run>, HistoryError> {
+        self.history.query_runs(&self.scheduler, filter).await
     }
 
     /// Pauses `job` for every replica: its ticks are skipped (recorded as skipped,
@@ -363,8 +360,8 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`RequestError::UnknownJob`] if no replica published it; [`Error::History`] (nothing changed then).
-    pub async fn pause(&self, job: &str) -> Result<(), Error> {
+    /// [`RequestError::UnknownJob`] if no replica published it; [`RequestError::History`] (nothing changed then).
+    pub async fn pause(&self, job: &str) -> Result<(), RequestError> {
         self.known(job).await?;
         Ok(self.history.set_paused(&self.scheduler, job, true).await?)
     }
@@ -374,7 +371,7 @@ impl SchedulerAdmin {
     /// # Errors
     ///
     /// As [`pause`](Self::pause).
-    pub async fn resume(&self, job: &str) -> Result<(), Error> {
+    pub async fn resume(&self, job: &str) -> Result<(), RequestError> {
         self.known(job).await?;
         Ok(self.history.set_paused(&self.scheduler, job, false).await?)
     }
@@ -387,8 +384,8 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`RequestError::UnknownJob`] if no replica published it; [`Error::History`] (no request recorded then).
-    pub async fn trigger(&self, job: &str) -> Result<Dispatched, Error> {
+    /// [`RequestError::UnknownJob`] if no replica published it; [`RequestError::History`] (no request recorded then).
+    pub async fn trigger(&self, job: &str) -> Result<Dispatched, RequestError> {
         self.known(job).await?;
         self.submit(Some(job), RequestAction::Trigger).await
     }
@@ -401,15 +398,14 @@ impl SchedulerAdmin {
     /// # Errors
     ///
     /// As [`trigger`](Self::trigger).
-    pub async fn cancel(&self, job: &str) -> Result<Dispatched, Error> {
+    pub async fn cancel(&self, job: &str) -> Result<Dispatched, RequestError> {
         // A job removed at run time whose run still goes on is no longer published.
         if self.known(job).await.is_err() {
             let running = self.history.running(&self.scheduler).await?;
             if !running.iter().any(|run| run.job == job) {
                 return Err(RequestError::UnknownJob {
                     name: job.to_owned(),
-                }
-                .into());
+                });
             }
         }
         self.submit(Some(job), RequestAction::Cancel).await
@@ -422,8 +418,8 @@ impl SchedulerAdmin {
     ///
     /// # Errors
     ///
-    /// [`Error::History`] (no request recorded then).
-    pub async fn step_down(&self) -> Result<Dispatched, Error> {
+    /// [`RequestError::History`] (no request recorded then).
+    pub async fn step_down(&self) -> Result<Dispatched, RequestError> {
         self.submit(None, RequestAction::StepDown).await
     }
 
@@ -432,12 +428,12 @@ impl SchedulerAdmin {
     /// # Errors
     ///
     /// [`RequestError::UnknownRequest`] if this scheduler has none of that id;
-    /// [`Error::History`].
-    pub async fn request(&self, id: &str) -> Result<Request, Error> {
+    /// [`RequestError::History`].
+    pub async fn request(&self, id: &str) -> Result<Request, RequestError> {
         self.history
             .request(&self.scheduler, id)
             .await?
-            .ok_or_else(|| RequestError::UnknownRequest { id: id.to_owned() }.into())
+            .ok_or_else(|| RequestError::UnknownRequest { id: id.to_owned() })
     }
 
     /// Waits until the request `id` is done (succeeded, failed or expired: see
@@ -448,7 +444,7 @@ impl SchedulerAdmin {
     ///
     /// [`RequestError::NotDone`] when `timeout` passes first; as
     /// [`request`](Self::request) otherwise.
-    pub async fn wait(&self, id: &str, timeout: Duration) -> Result<Request, Error> {
+    pub async fn wait(&self, id: &str, timeout: Duration) -> Result<Request, RequestError> {
         let request = self.wait_up_to(id, timeout).await?;
         if request.is_done() {
             Ok(request)
@@ -457,8 +453,7 @@ impl SchedulerAdmin {
                 id: id.to_owned(),
                 waited: timeout,
                 state: request.state,
-            }
-            .into())
+            })
         }
     }
 
@@ -471,7 +466,7 @@ impl SchedulerAdmin {
     /// # Errors
     ///
     /// As [`request`](Self::request).
-    pub async fn wait_up_to(&self, id: &str, within: Duration) -> Result<Request, Error> {
+    pub async fn wait_up_to(&self, id: &str, within: Duration) -> Result<Request, RequestError> {
         let started = tokio::time::Instant::now();
         loop {
             let request = self.request(id).await?;
@@ -488,7 +483,7 @@ impl SchedulerAdmin {
         &self,
         job: Option<&str>,
         action: RequestAction,
-    ) -> Result<Dispatched, Error> {
+    ) -> Result<Dispatched, RequestError> {
         let id = crate::history::new_request_id();
         self.history
             .insert_request(
@@ -504,13 +499,12 @@ impl SchedulerAdmin {
     }
 
     /// Fails with [`RequestError::UnknownJob`] unless a replica published `job`.
-    async fn known(&self, job: &str) -> Result<(), Error> {
+    async fn known(&self, job: &str) -> Result<(), RequestError> {
         match self.history.job_definition(&self.scheduler, job).await? {
             Some(_) => Ok(()),
             None => Err(RequestError::UnknownJob {
                 name: job.to_owned(),
-            }
-            .into()),
+            }),
         }
     }
 }

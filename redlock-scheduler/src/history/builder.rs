@@ -13,7 +13,8 @@ use super::HistoryError as Error;
 use super::schema::{self, DEFAULT_TABLE_PREFIX, Tables, is_identifier};
 use super::target::{self, Backend, Target};
 use super::{History, Shared, ms};
-use crate::build_error::BuildError;
+use crate::error::build::BuildError;
+use crate::error::history::IntoHistoryError;
 
 /// The default bound on opening the database (and on the first migration).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -342,10 +343,10 @@ pub(super) async fn bounded<T, E>(
     fut: impl Future<Output = Result<T, E>>,
 ) -> Result<T, Error>
 where
-    Error: From<E>,
+    E: IntoHistoryError,
 {
     match tokio::time::timeout(limit, fut).await {
-        Ok(result) => result.map_err(Error::from),
+        Ok(result) => result.map_err(IntoHistoryError::into_history_error),
         Err(_) => Err(Error::Timeout {
             operation,
             after: limit,

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 use sqlx::any::AnyRow;
 
-use super::{Error, History, from_ms, ms};
+use super::{Db, Error, History, from_ms, ms};
 use crate::changes::{JobChange, JobChangeAction};
 use crate::spec::JobSpec;
 
@@ -23,13 +23,13 @@ pub(crate) struct UnreadChange {
 
 /// A change row: the change, or why it cannot be read (its number and job always can).
 fn change_from_row(row: &AnyRow) -> Result<Result<JobChange, UnreadChange>, Error> {
-    let seq = u64::try_from(row.try_get::<i64, _>("seq")?).unwrap_or(0);
-    let job: String = row.try_get("job")?;
-    let action: String = row.try_get("action")?;
-    let definition: Option<String> = row.try_get("definition")?;
-    let previous: Option<String> = row.try_get("previous")?;
-    let changed_by: String = row.try_get("changed_by")?;
-    let changed = from_ms(row.try_get("changed_ms")?);
+    let seq = u64::try_from(row.try_get::<i64, _>("seq").db()?).unwrap_or(0);
+    let job: String = row.try_get("job").db()?;
+    let action: String = row.try_get("action").db()?;
+    let definition: Option<String> = row.try_get("definition").db()?;
+    let previous: Option<String> = row.try_get("previous").db()?;
+    let changed_by: String = row.try_get("changed_by").db()?;
+    let changed = from_ms(row.try_get("changed_ms").db()?);
     let read = || -> Result<JobChange, String> {
         let spec =
             |text: Option<&String>| text.map(|text| JobSpec::from_text(&job, text)).transpose();
@@ -56,7 +56,7 @@ fn changes_from_rows(rows: &[AnyRow]) -> Result<Vec<JobChange>, Error> {
     rows.iter()
         .map(|row| {
             change_from_row(row)?.map_err(|unread| {
-                Error::Database(sqlx::Error::Decode(
+                Error::database(sqlx::Error::Decode(
                     format!(
                         "job change {} of `{}`: {}",
                         unread.seq, unread.job, unread.error

@@ -53,7 +53,7 @@ impl From<Error> for Refused {
 
 impl From<sqlx::Error> for Refused {
     fn from(err: sqlx::Error) -> Self {
-        Self::Failed(Error::Database(err))
+        Self::Failed(Error::database(err))
     }
 }
 
@@ -253,7 +253,7 @@ impl History {
             })
             .await?;
         raised.map_err(|err| match err {
-            FenceError::Database(err) => Error::Database(err),
+            FenceError::Database(err) => Error::database(err),
             other => Error::Fence(other),
         })
     }

@@ -11,7 +11,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 
-use super::{Error, History, Outcome, RUN_COLUMNS, from_ms, ms, token};
+use super::{Db, Error, History, Outcome, RUN_COLUMNS, from_ms, ms, token};
 
 /// A replica as it last said it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,12 +49,12 @@ const HANDOFF_COLUMNS: &str = "job, tick_ms, replica, fencing_token, dispatched_
 
 fn handoff_from_row(row: &sqlx::any::AnyRow) -> Result<Handoff, Error> {
     Ok(Handoff {
-        job: row.try_get("job")?,
-        tick: from_ms(row.try_get("tick_ms")?),
-        replica: row.try_get("replica")?,
-        token: u64::try_from(row.try_get::<i64, _>("fencing_token")?).unwrap_or(0),
-        dispatched_ms: row.try_get("dispatched_ms")?,
-        declined_by: row.try_get("declined_by")?,
+        job: row.try_get("job").db()?,
+        tick: from_ms(row.try_get("tick_ms").db()?),
+        replica: row.try_get("replica").db()?,
+        token: u64::try_from(row.try_get::<i64, _>("fencing_token").db()?).unwrap_or(0),
+        dispatched_ms: row.try_get("dispatched_ms").db()?,
+        declined_by: row.try_get("declined_by").db()?,
     })
 }
 
@@ -213,14 +213,15 @@ impl History {
         rows.iter()
             .map(|row| {
                 Ok(Presence {
-                    instance: row.try_get("instance")?,
+                    instance: row.try_get("instance").db()?,
                     capacity: row
-                        .try_get::<Option<i64>, _>("capacity")?
+                        .try_get::<Option<i64>, _>("capacity")
+                        .db()?
                         .map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
-                    running: u32::try_from(row.try_get::<i64, _>("running")?).unwrap_or(0),
-                    polled_ms: row.try_get("polled_ms")?,
-                    jobs_digest: row.try_get("jobs_digest")?,
-                    seen: from_ms(row.try_get("seen_ms")?),
+                    running: u32::try_from(row.try_get::<i64, _>("running").db()?).unwrap_or(0),
+                    polled_ms: row.try_get("polled_ms").db()?,
+                    jobs_digest: row.try_get("jobs_digest").db()?,
+                    seen: from_ms(row.try_get("seen_ms").db()?),
                 })
             })
             .collect()

@@ -61,7 +61,6 @@ mod changes;
 mod commit;
 mod control;
 mod dispatch;
-mod error;
 mod filter;
 mod requests;
 mod run;
@@ -83,7 +82,6 @@ use self::builder::{Source, bounded};
 pub(crate) use self::changes::NewChange;
 pub(crate) use self::commit::{Refused, RunKey};
 pub(crate) use self::dispatch::{Handoff, Presence};
-pub use self::error::HistoryError;
 pub use self::filter::{DEFAULT_RUN_LIMIT, MAX_RUN_LIMIT, RunFilter};
 pub(crate) use self::requests::{JobDefinition, new_request_id};
 use self::run::run_from_row;
@@ -91,6 +89,7 @@ pub(crate) use self::run::{Change, NewRun, RunEnd};
 pub use self::run::{Outcome, Run};
 pub use self::schema::DEFAULT_TABLE_PREFIX;
 use self::schema::Tables;
+pub(crate) use crate::error::history::{Db, HistoryError};
 
 /// What this module's calls return.
 type Error = HistoryError;

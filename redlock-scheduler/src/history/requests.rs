@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::Db;
 use super::HistoryError as Error;
 use super::run::run_from_row;
 use super::{History, RUN_COLUMNS, Run, from_ms, ms};
@@ -18,7 +19,7 @@ pub(crate) struct JobDefinition {
     pub(crate) job: String,
     pub(crate) schedule: String,
     pub(crate) time_zone: String,
-    /// As [`Misfire::to_text`](crate::Misfire) writes it.
+    /// As [`Misfire::to_text`](crate::job::Misfire) writes it.
     pub(crate) misfire: String,
     /// As [`DstPolicy`](crate::time::DstPolicy)'s `Display` writes it; `None` in a row
     /// a replica that knows no DST policy wrote (it ran the default one).
@@ -59,18 +60,20 @@ const REQUEST_COLUMNS: &str =
     "id, scheduler, job, action, requested_ms, requested_by, done_ms, done_by, result";
 
 fn request_from_row(row: &AnyRow) -> Result<Request, Error> {
-    let action: String = row.try_get("action")?;
-    let done: Option<i64> = row.try_get("done_ms")?;
-    let result: Option<String> = row.try_get("result")?;
+    let action: String = row.try_get("action").db()?;
+    let done: Option<i64> = row.try_get("done_ms").db()?;
+    let result: Option<String> = row.try_get("result").db()?;
     Ok(Request {
-        id: row.try_get("id")?,
-        scheduler: row.try_get("scheduler")?,
-        job: row.try_get("job")?,
-        action: RequestAction::from_str(&action).map_err(|e| sqlx::Error::Decode(e.into()))?,
-        requested: from_ms(row.try_get("requested_ms")?),
-        requested_by: row.try_get("requested_by")?,
+        id: row.try_get("id").db()?,
+        scheduler: row.try_get("scheduler").db()?,
+        job: row.try_get("job").db()?,
+        action: RequestAction::from_str(&action)
+            .map_err(|e| sqlx::Error::Decode(e.into()))
+            .db()?,
+        requested: from_ms(row.try_get("requested_ms").db()?),
+        requested_by: row.try_get("requested_by").db()?,
         done: done.map(from_ms),
-        done_by: row.try_get("done_by")?,
+        done_by: row.try_get("done_by").db()?,
         state: state_of(done, result.as_deref()),
         result,
     })
@@ -78,19 +81,20 @@ fn request_from_row(row: &AnyRow) -> Result<Request, Error> {
 
 fn definition_from_row(row: &AnyRow) -> Result<JobDefinition, Error> {
     Ok(JobDefinition {
-        job: row.try_get("job")?,
-        schedule: row.try_get("schedule")?,
-        time_zone: row.try_get("time_zone")?,
-        misfire: row.try_get("misfire")?,
-        dst: row.try_get("dst")?,
-        timeout_ms: row.try_get("timeout_ms")?,
-        handler: row.try_get("handler")?,
-        grace_ms: row.try_get("grace_ms")?,
+        job: row.try_get("job").db()?,
+        schedule: row.try_get("schedule").db()?,
+        time_zone: row.try_get("time_zone").db()?,
+        misfire: row.try_get("misfire").db()?,
+        dst: row.try_get("dst").db()?,
+        timeout_ms: row.try_get("timeout_ms").db()?,
+        handler: row.try_get("handler").db()?,
+        grace_ms: row.try_get("grace_ms").db()?,
         on_leader: row
-            .try_get::<Option<i64>, _>("on_leader")?
+            .try_get::<Option<i64>, _>("on_leader")
+            .db()?
             .map(|flag| flag != 0),
-        updated: from_ms(row.try_get("updated_ms")?),
-        updated_by: row.try_get("updated_by")?,
+        updated: from_ms(row.try_get("updated_ms").db()?),
+        updated_by: row.try_get("updated_by").db()?,
     })
 }
 

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::Db;
 use super::HistoryError as Error;
 use super::from_ms;
 
@@ -136,22 +137,24 @@ pub(crate) enum Change<'a> {
 }
 
 pub(super) fn run_from_row(row: &AnyRow) -> Result<Run, Error> {
-    let outcome: String = row.try_get("outcome")?;
-    let token: Option<i64> = row.try_get("fencing_token")?;
-    let started: Option<i64> = row.try_get("started_ms")?;
-    let finished: Option<i64> = row.try_get("finished_ms")?;
-    let manual: i32 = row.try_get("manual")?;
+    let outcome: String = row.try_get("outcome").db()?;
+    let token: Option<i64> = row.try_get("fencing_token").db()?;
+    let started: Option<i64> = row.try_get("started_ms").db()?;
+    let finished: Option<i64> = row.try_get("finished_ms").db()?;
+    let manual: i32 = row.try_get("manual").db()?;
     Ok(Run {
-        scheduler: row.try_get("scheduler")?,
-        job: row.try_get("job")?,
-        tick: from_ms(row.try_get("tick_ms")?),
-        instance: row.try_get("instance")?,
+        scheduler: row.try_get("scheduler").db()?,
+        job: row.try_get("job").db()?,
+        tick: from_ms(row.try_get("tick_ms").db()?),
+        instance: row.try_get("instance").db()?,
         fencing_token: token.and_then(|t| u64::try_from(t).ok()),
         started: started.map(from_ms),
         finished: finished.map(from_ms),
-        outcome: Outcome::from_str(&outcome).map_err(|e| sqlx::Error::Decode(e.into()))?,
-        error: row.try_get("error")?,
+        outcome: Outcome::from_str(&outcome)
+            .map_err(|e| sqlx::Error::Decode(e.into()))
+            .db()?,
+        error: row.try_get("error").db()?,
         manual: manual != 0,
-        closed_by: row.try_get("closed_by")?,
+        closed_by: row.try_get("closed_by").db()?,
     })
 }

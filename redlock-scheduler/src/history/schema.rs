@@ -11,8 +11,10 @@
 use redlock_fence::SqlFence;
 use sqlx::AnyConnection;
 
+use super::Db;
 use super::HistoryError as Error;
 use super::target::Backend;
+use crate::error::history::DatabaseError;
 
 /// The history's table names, prefix and schema applied.
 #[derive(Debug, Clone)]
@@ -334,16 +336,18 @@ pub(crate) async fn migrate(
         Backend::Sqlite => "BEGIN IMMEDIATE",
         Backend::Postgres => "BEGIN",
     };
-    let mut tx = conn.begin_with(begin).await.map_err(Error::Database)?;
+    let mut tx = conn.begin_with(begin).await.db()?;
     if backend == Backend::Postgres {
         sqlx::query("SELECT 1 FROM (SELECT pg_advisory_xact_lock($1)) AS migration_lock")
             .bind(tables.lock_key())
             .execute(&mut *tx)
-            .await?;
+            .await
+            .db()?;
         if let Some(schema) = &tables.schema {
             sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
                 .execute(&mut *tx)
-                .await?;
+                .await
+                .db()?;
         }
     }
     sqlx::query(&format!(
@@ -354,11 +358,13 @@ pub(crate) async fn migrate(
         tables.migrations
     ))
     .execute(&mut *tx)
-    .await?;
+    .await
+    .db()?;
     let applied: Vec<i64> =
         sqlx::query_scalar(&format!("SELECT version FROM {}", tables.migrations))
             .fetch_all(&mut *tx)
-            .await?;
+            .await
+            .db()?;
     for (version, statements) in tables.migrations() {
         if applied.contains(&version) {
             continue;
@@ -367,7 +373,10 @@ pub(crate) async fn migrate(
             sqlx::query(&statement)
                 .execute(&mut *tx)
                 .await
-                .map_err(|source| Error::Migration { version, source })?;
+                .map_err(|source| Error::Migration {
+                    version,
+                    source: DatabaseError::new(source),
+                })?;
         }
         sqlx::query(&format!(
             "INSERT INTO {} (version, applied_ms) VALUES ($1, $2)",
@@ -376,9 +385,10 @@ pub(crate) async fn migrate(
         .bind(version)
         .bind(now_ms)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .db()?;
     }
-    tx.commit().await?;
+    tx.commit().await.db()?;
     Ok(())
 }
 

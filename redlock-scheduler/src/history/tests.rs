@@ -94,7 +94,10 @@ async fn a_timeout_beyond_a_day_is_refused() {
                 .connect()
                 .await
             {
-                Err(Error::Config(crate::BuildError::InvalidOption { what: option, .. })) => {
+                Err(Error::Config(crate::error::BuildError::InvalidOption {
+                    what: option,
+                    ..
+                })) => {
                     assert_eq!(option, what);
                 }
                 Err(other) => panic!("{what} {too_long:?}: {other}"),

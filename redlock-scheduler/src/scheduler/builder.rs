@@ -15,7 +15,7 @@ use super::state::{JobDef, JobState, JobTable, Slots, jobs_digest};
 use super::tenure::Tenure;
 use super::tick::Ticks;
 use super::{Inner, Scheduler};
-use crate::build_error::BuildError;
+use crate::error::BuildError;
 use crate::history::History;
 use crate::job::{Handler, Job, JobContext};
 use crate::keys;
@@ -147,7 +147,7 @@ impl SchedulerBuilder {
 
     /// The leadership lock's TTL (default: the `Redlock`'s): a dead leader is replaced
     /// within this plus one retry interval. Ticks that come due meanwhile are run late
-    /// (or skipped and recorded) per each job's [`Misfire`](crate::Misfire) policy.
+    /// (or skipped and recorded) per each job's [`Misfire`](crate::job::Misfire) policy.
     pub fn leader_ttl(mut self, ttl: Duration) -> Self {
         self.leader_ttl = Some(ttl);
         self
@@ -305,7 +305,7 @@ mod tests {
 
     use redlock_core::Redlock;
 
-    use crate::build_error::BuildError;
+    use crate::error::BuildError;
     use crate::scheduler::Scheduler;
 
     fn redlock() -> Redlock {

@@ -15,10 +15,9 @@ use redlock_core::CancellationToken;
 use super::context::Context;
 use super::state::{JobDef, JobState, lock};
 use crate::changes::{JOB_CHANGE_POLL, JobChange, JobChangeAction};
-use crate::error::Error;
+use crate::error::{BuildError, RequestError};
 use crate::history::JobDefinition;
 use crate::job::{Handler, Job, check_spec};
-use crate::request::RequestError;
 use crate::spec::JobSpec;
 
 /// Run-time changes on this replica: the handlers they may name, the number of the
@@ -46,7 +45,7 @@ impl Changes {
     }
 
     /// Checks `spec` here: its definition, and its handler registered on this replica.
-    pub(super) fn check(&self, spec: &JobSpec) -> Result<(), Error> {
+    pub(super) fn check(&self, spec: &JobSpec) -> Result<(), RequestError> {
         let ctx = &self.ctx;
         check_spec(spec, &ctx.name, ctx.max_resource_len).map_err(RequestError::from)?;
         if !self.handlers.contains_key(spec.handler_name()) {
@@ -54,8 +53,7 @@ impl Changes {
                 job: spec.name().to_owned(),
                 handler: spec.handler_name().to_owned(),
                 place: format!("on this replica ({})", ctx.instance),
-            }
-            .into());
+            });
         }
         Ok(())
     }
@@ -67,7 +65,7 @@ impl Changes {
         job: &str,
         now: DateTime<Utc>,
         decide: impl Fn(Option<JobSpec>) -> Result<(JobChangeAction, Option<JobSpec>), RequestError>,
-    ) -> Result<JobChange, Error> {
+    ) -> Result<JobChange, RequestError> {
         let mut applied = self.applied.lock().await;
         let previous = self.local_spec(job);
         let (action, definition) = decide(previous.clone())?;
@@ -198,7 +196,7 @@ impl Changes {
     }
 
     /// The definition `spec` puts in force from `change`'s time.
-    fn def_of(&self, spec: &JobSpec, change: &JobChange) -> Result<JobDef, crate::BuildError> {
+    fn def_of(&self, spec: &JobSpec, change: &JobChange) -> Result<JobDef, BuildError> {
         let schedule = check_spec(spec, &self.ctx.name, self.ctx.max_resource_len)?;
         let (handler, runnable) = match self.handlers.get(spec.handler_name()) {
             Some(handler) => (Arc::clone(handler), true),
@@ -227,7 +225,7 @@ impl Changes {
         JobDefinition {
             job: spec.name().to_owned(),
             schedule: def.schedule.expression().to_owned(),
-            time_zone: def.schedule.zone().name().to_owned(),
+            time_zone: def.schedule.zone().to_owned(),
             misfire: spec.misfire_policy().to_text(),
             dst: Some(def.schedule.dst().to_string()),
             timeout_ms: spec.run_timeout().map(ms),

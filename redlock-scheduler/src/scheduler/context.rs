@@ -10,9 +10,8 @@ use redlock_core::{CancellationToken, Redlock};
 use tokio_util::task::TaskTracker;
 
 use super::state::{JobState, JobTable, Slots};
-use crate::error::Error;
+use crate::error::RequestError;
 use crate::record::Recorder;
-use crate::request::RequestError;
 use crate::time::Clock;
 
 /// What a tick's claim is kept for beyond the misfire grace window (clock skew between
@@ -43,15 +42,12 @@ pub(super) struct Context {
 
 impl Context {
     /// The job named `name`, if it is in force here.
-    pub(super) fn job(&self, name: &str) -> Result<(usize, Arc<JobState>), Error> {
+    pub(super) fn job(&self, name: &str) -> Result<(usize, Arc<JobState>), RequestError> {
         self.jobs
             .find(name)
             .filter(|(_, state)| !state.is_removed())
-            .ok_or_else(|| {
-                RequestError::UnknownJob {
-                    name: name.to_owned(),
-                }
-                .into()
+            .ok_or_else(|| RequestError::UnknownJob {
+                name: name.to_owned(),
             })
     }
 

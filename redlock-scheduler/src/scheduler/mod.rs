@@ -42,10 +42,10 @@ use self::tenure::Tenure;
 use self::tick::Ticks;
 use crate::changes::{JobChange, JobChangeAction};
 use crate::control::{Base, SchedulerAdmin};
-use crate::error::Error;
+use crate::error::{NotReady, RequestError};
 use crate::history::Outcome;
 use crate::leader::{LeaderElector, LeaderEvent, Leadership};
-use crate::request::{Dispatched, RequestAction, RequestError};
+use crate::request::{Dispatched, RequestAction};
 use crate::spec::JobSpec;
 use crate::status::{self, Health, HealthCell, JobStatus, LastRun, SchedulerStatus};
 
@@ -194,20 +194,19 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// [`Error::NotReady`] after `timeout`, saying what is missing.
-    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), Error> {
+    /// [`NotReady`] after `timeout`, saying what is missing.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), NotReady> {
         self.start_background();
         let mut ready = self.inner.ready.subscribe();
         match tokio::time::timeout(timeout, ready.wait_for(|r| *r)).await {
             Ok(Ok(_)) => Ok(()),
-            _ => Err(Error::NotReady {
-                missing: self
-                    .inner
+            _ => Err(NotReady::new(
+                self.inner
                     .redis_health
                     .snapshot()
                     .last_error
                     .unwrap_or_else(|| "no answer from the Redis nodes yet".to_owned()),
-            }),
+            )),
         }
     }
 
@@ -259,15 +258,15 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// [`RequestError::UnknownJob`]; [`Error::ShutDown`]; on the leader
+    /// [`RequestError::UnknownJob`]; [`RequestError::ShutDown`]; on the leader
     /// [`RequestError::AlreadyRunning`] (a run of the job goes on somewhere),
     /// [`RequestError::AlreadyClaimed`], or the claim's lock error; without a history,
-    /// [`RequestError::NotLeader`] on another replica; the history's error.
-    pub async fn trigger(&self, job: &str) -> Result<Dispatched, Error> {
+    /// [`RequestError::NotLeader`] on another replica; [`RequestError::History`].
+    pub async fn trigger(&self, job: &str) -> Result<Dispatched, RequestError> {
         let inner = &self.inner;
         inner.ctx.job(job)?;
         if inner.ctx.stop_firing.is_cancelled() {
-            return Err(Error::ShutDown);
+            return Err(RequestError::ShutDown);
         }
         if inner.tenure.leadership().is_some() || inner.ctx.history().is_none() {
             let tick = inner.ticks.trigger(job, inner.tenure.leadership()).await?;
@@ -289,15 +288,14 @@ impl Scheduler {
     ///
     /// [`RequestError::UnknownJob`]; [`RequestError::NotRunning`] if no run of it goes on (as far as
     /// this replica and the history tell); without a history, [`RequestError::NotLeader`] when
-    /// the run is not here and this replica does not lead; the history's error.
-    pub async fn cancel(&self, job: &str) -> Result<Dispatched, Error> {
+    /// the run is not here and this replica does not lead; [`RequestError::History`].
+    pub async fn cancel(&self, job: &str) -> Result<Dispatched, RequestError> {
         let inner = &self.inner;
         // A job removed while its run goes on included.
         if inner.ctx.jobs.find(job).is_none() {
             return Err(RequestError::UnknownJob {
                 name: job.to_owned(),
-            }
-            .into());
+            });
         }
         if let Some(tick) = inner.requests.cancel_local(job) {
             return Ok(Dispatched::Done {
@@ -311,8 +309,7 @@ impl Scheduler {
                     job: job.to_owned(),
                 },
                 None => RequestError::NotLeader,
-            }
-            .into());
+            });
         };
         let elsewhere = history
             .running(&inner.ctx.name)
@@ -322,8 +319,7 @@ impl Scheduler {
         if !elsewhere {
             return Err(RequestError::NotRunning {
                 job: job.to_owned(),
-            }
-            .into());
+            });
         }
         self.request(Some(job), RequestAction::Cancel).await
     }
@@ -337,12 +333,12 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// [`Error::ShutDown`]; without a history, [`RequestError::NotLeader`] when this replica
-    /// does not lead; the history's error.
-    pub async fn step_down(&self) -> Result<Dispatched, Error> {
+    /// [`RequestError::ShutDown`]; without a history, [`RequestError::NotLeader`] when this replica
+    /// does not lead; [`RequestError::History`].
+    pub async fn step_down(&self) -> Result<Dispatched, RequestError> {
         let inner = &self.inner;
         if inner.ctx.stop_firing.is_cancelled() {
-            return Err(Error::ShutDown);
+            return Err(RequestError::ShutDown);
         }
         if let Some(leadership) = self.leadership()
             && inner.tenure.step_down().await
@@ -353,15 +349,19 @@ impl Scheduler {
             });
         }
         if inner.ctx.history().is_none() {
-            return Err(RequestError::NotLeader.into());
+            return Err(RequestError::NotLeader);
         }
         self.request(None, RequestAction::StepDown).await
     }
 
     /// Records a request for the replica that can carry it out.
-    async fn request(&self, job: Option<&str>, action: RequestAction) -> Result<Dispatched, Error> {
+    async fn request(
+        &self,
+        job: Option<&str>,
+        action: RequestAction,
+    ) -> Result<Dispatched, RequestError> {
         let Some(admin) = self.admin() else {
-            return Err(RequestError::NotLeader.into());
+            return Err(RequestError::NotLeader);
         };
         // The job is this replica's own: no need to look it up among the published ones.
         admin.submit(job, action).await
@@ -386,8 +386,8 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// [`RequestError::UnknownJob`], or the history's error (nothing changed then).
-    pub async fn pause(&self, job: &str) -> Result<(), Error> {
+    /// [`RequestError::UnknownJob`], or [`RequestError::History`] (nothing changed then).
+    pub async fn pause(&self, job: &str) -> Result<(), RequestError> {
         self.set_paused(job, true).await
     }
 
@@ -395,12 +395,12 @@ impl Scheduler {
     ///
     /// # Errors
     ///
-    /// [`RequestError::UnknownJob`], or the history's error (nothing changed then).
-    pub async fn resume(&self, job: &str) -> Result<(), Error> {
+    /// [`RequestError::UnknownJob`], or [`RequestError::History`] (nothing changed then).
+    pub async fn resume(&self, job: &str) -> Result<(), RequestError> {
         self.set_paused(job, false).await
     }
 
-    async fn set_paused(&self, job: &str, paused: bool) -> Result<(), Error> {
+    async fn set_paused(&self, job: &str, paused: bool) -> Result<(), RequestError> {
         let (_, state) = self.inner.ctx.job(job)?;
         if let Some(history) = self.inner.ctx.history() {
             history
@@ -451,7 +451,7 @@ impl Scheduler {
             jobs.push(JobStatus {
                 name: def.job.spec.name().to_owned(),
                 schedule: def.schedule.expression().to_owned(),
-                time_zone: def.schedule.zone().name().to_owned(),
+                time_zone: def.schedule.zone().to_owned(),
                 next_fire: def.schedule.next_after(now),
                 misfire: def.job.spec.misfire_policy(),
                 dst: def.schedule.dst(),
@@ -520,7 +520,7 @@ impl Scheduler {
 impl Scheduler {
     /// Adds a job at run time, on every replica: with a [`History`](crate::History) the
     /// change is recorded there, applied here at once and on the other replicas within
-    /// [`JOB_CHANGE_POLL`](crate::JOB_CHANGE_POLL); the leader fires the job's ticks after the time of the
+    /// [`JOB_CHANGE_POLL`](crate::changes::JOB_CHANGE_POLL); the leader fires the job's ticks after the time of the
     /// change. Without a history it is added to this replica alone. Its handler must be
     /// registered here ([`SchedulerBuilder::handler`](crate::SchedulerBuilder::handler)),
     /// and should be on every replica.
@@ -533,8 +533,8 @@ impl Scheduler {
     ///
     /// [`RequestError::InvalidJob`]; [`RequestError::NameTooLong`] with the bound in
     /// bytes; [`RequestError::UnknownHandler`]; [`RequestError::JobExists`];
-    /// [`RequestError::ChangeConflict`]; [`Error::ShutDown`]; the history's error.
-    pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
+    /// [`RequestError::ChangeConflict`]; [`RequestError::ShutDown`]; [`RequestError::History`].
+    pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, RequestError> {
         self.inner.changes.check(&spec)?;
         let name = spec.name().to_owned();
         self.change(&name, |current| match current {
@@ -553,7 +553,7 @@ impl Scheduler {
     ///
     /// As [`add_job`](Self::add_job) (the name's bound included), with
     /// [`RequestError::UnknownJob`] instead of [`RequestError::JobExists`].
-    pub async fn reschedule_job(&self, spec: JobSpec) -> Result<JobChange, Error> {
+    pub async fn reschedule_job(&self, spec: JobSpec) -> Result<JobChange, RequestError> {
         self.inner.changes.check(&spec)?;
         let name = spec.name().to_owned();
         self.change(&name, |current| match current {
@@ -570,8 +570,8 @@ impl Scheduler {
     /// # Errors
     ///
     /// [`RequestError::UnknownJob`]; [`RequestError::ChangeConflict`];
-    /// [`Error::ShutDown`]; the history's error.
-    pub async fn remove_job(&self, job: &str) -> Result<JobChange, Error> {
+    /// [`RequestError::ShutDown`]; [`RequestError::History`].
+    pub async fn remove_job(&self, job: &str) -> Result<JobChange, RequestError> {
         self.change(job, |current| match current {
             Some(_) => Ok((JobChangeAction::Remove, None)),
             None => Err(RequestError::UnknownJob {
@@ -594,10 +594,10 @@ impl Scheduler {
         &self,
         job: &str,
         decide: impl Fn(Option<JobSpec>) -> Result<(JobChangeAction, Option<JobSpec>), RequestError>,
-    ) -> Result<JobChange, Error> {
+    ) -> Result<JobChange, RequestError> {
         let inner = &self.inner;
         if inner.ctx.stop_firing.is_cancelled() {
-            return Err(Error::ShutDown);
+            return Err(RequestError::ShutDown);
         }
         let now = inner.ctx.clock.now();
         let Some(admin) = self.admin() else {

@@ -16,8 +16,9 @@ use super::context::Context;
 use super::state::lock;
 use super::tenure::Tenure;
 use super::tick::Ticks;
+use crate::error::RequestError;
 use crate::leader::Leadership;
-use crate::request::{EXPIRED, Request, RequestAction, RequestError};
+use crate::request::{EXPIRED, Request, RequestAction};
 
 /// How often the leader (and a replica with a run going) looks for requests.
 pub(super) const REQUEST_POLL: Duration = Duration::from_millis(500);

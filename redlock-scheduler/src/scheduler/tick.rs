@@ -13,12 +13,11 @@ use tracing::Instrument;
 
 use super::context::{CLAIM_MARGIN, Context};
 use super::state::{JobState, Slot, lock};
-use crate::error::Error;
+use crate::error::RequestError;
 use crate::history::Outcome;
 use crate::job::JobContext;
 use crate::leader::Leadership;
 use crate::record::{Inserted, Row};
-use crate::request::RequestError;
 use crate::status::LastRun;
 use crate::telemetry::{self, SkipReason};
 use crate::transaction::RunRecord;
@@ -205,15 +204,15 @@ impl Ticks {
         self: &Arc<Self>,
         job: &str,
         leadership: Option<Leadership>,
-    ) -> Result<DateTime<Utc>, Error> {
+    ) -> Result<DateTime<Utc>, RequestError> {
         let ctx = &self.ctx;
         let (index, state) = ctx.job(job)?;
         let state = &*state;
         if ctx.stop_firing.is_cancelled() {
-            return Err(Error::ShutDown);
+            return Err(RequestError::ShutDown);
         }
         let Some(leadership) = leadership else {
-            return Err(RequestError::NotLeader.into());
+            return Err(RequestError::NotLeader);
         };
         // Millisecond precision, like the history's.
         let now = ctx.clock.now();
@@ -222,19 +221,18 @@ impl Ticks {
             // Not the key of a scheduled tick (those are whole seconds).
             tick += chrono::Duration::milliseconds(1);
         }
-        let already_claimed = || -> Error {
+        let already_claimed = || -> RequestError {
             RequestError::AlreadyClaimed {
                 job: job.to_owned(),
                 tick: tick.to_rfc3339(),
             }
-            .into()
         };
         let now = ctx.clock.now();
         match self.claim(state, tick, now, Some(&leadership)).await {
             Ok(()) => {}
             Err(NotTaken::Held) => return Err(already_claimed()),
-            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
-            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
+            Err(NotTaken::Stopped) => return Err(RequestError::ShutDown),
+            Err(NotTaken::Failed(err)) => return Err(RequestError::Lock(err)),
         }
         let run_lock = match self
             .take(
@@ -250,11 +248,10 @@ impl Ticks {
             Err(NotTaken::Held) => {
                 return Err(RequestError::AlreadyRunning {
                     job: job.to_owned(),
-                }
-                .into());
+                });
             }
-            Err(NotTaken::Stopped) => return Err(Error::ShutDown),
-            Err(NotTaken::Failed(err)) => return Err(Error::Lock(err)),
+            Err(NotTaken::Stopped) => return Err(RequestError::ShutDown),
+            Err(NotTaken::Failed(err)) => return Err(RequestError::Lock(err)),
         };
         if !self.insert_row(state, tick, leadership.epoch(), true).await {
             let _ = run_lock.release().await;

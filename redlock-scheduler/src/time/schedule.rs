@@ -95,11 +95,7 @@ impl Schedule {
     }
 
     /// Parses `expression` for `zone`.
-    ///
-    /// # Errors
-    ///
-    /// A message naming what is wrong, for an invalid expression.
-    pub fn parse_in(expression: &str, zone: Tz) -> Result<Self, String> {
+    fn parse_in(expression: &str, zone: Tz) -> Result<Self, String> {
         let cron = Cron::from_str(expression).map_err(|err| err.to_string())?;
         // An expression that never matches (30 February) would make every search fail.
         let probe = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single();
@@ -145,9 +141,9 @@ impl Schedule {
         &self.expression
     }
 
-    /// The time zone.
-    pub fn zone(&self) -> Tz {
-        self.zone
+    /// The time zone's IANA name (`"UTC"`, `"Europe/Paris"`).
+    pub fn zone(&self) -> &'static str {
+        self.zone.name()
     }
 
     /// The first tick strictly after `after`, or `None` if there is none (or none before
