@@ -45,7 +45,7 @@
 //!   outlives the run, and with a [`History`] a row under
 //!   `UNIQUE (scheduler, job, tick_ms)`. A tick claimed once never runs again, even if
 //!   leadership changes hands mid-tick or two replicas briefly both think they lead.
-//! - Per job: a [`Misfire`] policy for ticks missed while no one led, a timeout, and no
+//! - Per job: a [`Misfire`](job::Misfire) policy for ticks missed while no one led, a timeout, and no
 //!   overlap (a tick is skipped while the previous run goes on). Handlers get a
 //!   [`JobContext`]: the scheduled tick, the fencing token, the instance, and a
 //!   cancellation token that fires on lost leadership, a lost claim, timeout or shutdown.
@@ -60,24 +60,56 @@
 //! # Where things are
 //!
 //! The crate root has what a scheduler starts with: [`Scheduler`], [`SchedulerBuilder`],
-//! [`Job`], [`JobContext`], [`Misfire`], [`History`], [`Error`] and [`BuildError`]. The
-//! rest lives in a module per concern, each with its own constants and error:
+//! [`Job`], [`JobContext`], [`JobSpec`], [`History`] and [`Error`]. The rest lives in a
+//! module per concern, each with its own constants:
 //!
 //! | module | what |
 //! | --- | --- |
-//! | [`history`] | [`History`], [`HistoryBuilder`](history::HistoryBuilder), [`Run`](history::Run), [`RunFilter`](history::RunFilter), [`Outcome`](history::Outcome), [`HistoryError`](history::HistoryError), the timeouts and limits |
-//! | [`admin`] | [`SchedulerAdmin`](admin::SchedulerAdmin), [`JobInfo`](admin::JobInfo), [`LeaderInfo`](admin::LeaderInfo), requests ([`Request`](admin::Request)), what a control did ([`Dispatched`](admin::Dispatched)), [`RequestError`](admin::RequestError) |
+//! | [`job`] | [`Job`], [`JobContext`], [`JobSpec`] (a job's options as data), [`Misfire`](job::Misfire) |
+//! | [`history`] | [`History`], [`HistoryBuilder`](history::HistoryBuilder), [`Run`](history::Run), [`RunFilter`](history::RunFilter), [`Outcome`](history::Outcome), the timeouts and limits |
+//! | [`admin`] | [`SchedulerAdmin`](admin::SchedulerAdmin), [`JobInfo`](admin::JobInfo), [`LeaderInfo`](admin::LeaderInfo), requests ([`Request`](admin::Request)), what a control did ([`Dispatched`](admin::Dispatched)) |
+//! | [`changes`] | jobs changed at run time: [`JobChange`](changes::JobChange), [`JobChangeAction`](changes::JobChangeAction), [`JOB_CHANGE_POLL`](changes::JOB_CHANGE_POLL) |
+//! | [`error`] | [`Error`] and the error of each concern: [`BuildError`](error::BuildError), [`NotReady`](error::NotReady), [`HistoryError`](error::HistoryError) (with [`DatabaseError`](error::DatabaseError)), [`RequestError`](error::RequestError), [`TransactionError`](error::TransactionError) |
 //! | [`leader`] | [`LeaderElector`](leader::LeaderElector), its builder, [`Leadership`](leader::Leadership), [`LeaderEvent`](leader::LeaderEvent), [`DEFAULT_TERM`](leader::DEFAULT_TERM) |
-//! | [`transaction`] | [`RunTransaction`](transaction::RunTransaction): a job's writes committed with its run's row; [`TransactionError`](transaction::TransactionError) |
+//! | [`transaction`] | [`RunTransaction`](transaction::RunTransaction): a job's writes committed with its run's row |
 //! | [`status`] | [`SchedulerStatus`](status::SchedulerStatus), [`JobStatus`](status::JobStatus), [`LastRun`](status::LastRun), [`Health`](status::Health) |
 //! | [`time`] | [`Schedule`](time::Schedule), [`DstPolicy`](time::DstPolicy) ([`Gap`](time::Gap), [`Fold`](time::Fold)), [`Clock`](time::Clock), [`ManualClock`](time::ManualClock) |
 //! | [`telemetry`] | metric names, [`describe`](telemetry::describe) |
 //! | [`keys`] | the lock keys made from the scheduler's and the jobs' names, and how long those names may be ([`max_job_name_len`](keys::max_job_name_len), [`max_scheduler_name_len`](keys::max_scheduler_name_len)) |
 //!
+//! Each call returns the error of its concern: building a
+//! [`BuildError`](error::BuildError), [`Scheduler::wait_ready`] a
+//! [`NotReady`](error::NotReady), a read of the history a
+//! [`HistoryError`](error::HistoryError), an operator's control or a job change (on a
+//! [`Scheduler`] or a [`SchedulerAdmin`](admin::SchedulerAdmin)) a
+//! [`RequestError`](error::RequestError), a run's transaction a
+//! [`TransactionError`](error::TransactionError). `?` converts each into [`Error`].
+//!
 //! Every control (`trigger`, `cancel`, `step_down`) answers a
 //! [`Dispatched`](admin::Dispatched) on a [`Scheduler`] and a
 //! [`SchedulerAdmin`](admin::SchedulerAdmin) alike: done here (with its result and tick),
 //! or recorded as a request for the replica that can carry it out.
+//!
+//! # Dependencies in the API
+//!
+//! The API names few types of other crates, so that their new versions need not be new
+//! versions of this one:
+//!
+//! - [`chrono`]'s `DateTime<Utc>` for every point in time (ticks, runs, requests, a
+//!   [`Clock`](time::Clock)'s now): chrono is the time vocabulary of the crates this one
+//!   works with (sqlx, serde, croner), and a tick is a calendar time in a zone, which a
+//!   `SystemTime` cannot say. Time zones are named by their IANA names (strings), not
+//!   by chrono-tz's types; croner's types do not appear at all.
+//! - sqlx where a job's own writes meet the history: [`History::from_pool`] takes an
+//!   `AnyPool`, [`History::pool`] lends it, and a
+//!   [`RunTransaction`](transaction::RunTransaction) dereferences to sqlx's
+//!   `AnyConnection`, so that a job writes its effects with sqlx's queries in the run's
+//!   transaction. These follow the sqlx version this crate depends on. sqlx's errors
+//!   are not in the API: a [`DatabaseError`](error::DatabaseError) carries one as its
+//!   `source()`.
+//! - The cancellation token of [`JobContext::cancellation_token`] and of a
+//!   [`Leadership`](leader::Leadership) is tokio-util's `CancellationToken`, as
+//!   [`redlock_core`] hands it out for its locks.
 //!
 //! # Admin API
 //!
@@ -212,6 +244,9 @@ pub use history::History;
 pub use job::{Job, JobContext, JobSpec};
 pub use scheduler::Scheduler;
 pub use scheduler::builder::SchedulerBuilder;
+
+#[doc = include_str!("../guides/SCHEDULER.md")]
+pub mod _guide {}
 
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they
 // stay true to the API.

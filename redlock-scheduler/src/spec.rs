@@ -8,7 +8,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use redlock_scheduler::{JobSpec, Misfire};
+//! use redlock_scheduler::job::{JobSpec, Misfire};
 //!
 //! // Runs the handler registered as "export" (`SchedulerBuilder::handler`) every five
 //! // minutes, Paris time.

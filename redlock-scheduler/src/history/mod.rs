@@ -41,7 +41,7 @@
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), redlock_scheduler::history::HistoryError> {
+//! # async fn main() -> Result<(), redlock_scheduler::error::HistoryError> {
 //! use std::time::Duration;
 //! use redlock_scheduler::History;
 //!
