@@ -2,13 +2,12 @@
 //! [`ClusterLimitMiddleware`](crate::ClusterLimitMiddleware)): the engine's decision
 //! (`redlock_http`: route, acquire, refuse), translated to actix.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix_web::body::{BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use futures_util::future::{Either, LocalBoxFuture, select};
-use redlock_core::{Error, Redlock};
-use redlock_http::{Hold, Key, Refusal, Route};
+use redlock_http::{Guard, Hold, Key, Refusal, Route};
 
 use crate::config::{Failure, Setup};
 use crate::error::request_id;
@@ -16,11 +15,9 @@ use crate::guard::{BodyHold, HoldingBody};
 
 /// What a guarding middleware takes for a request: the engine's options, and how what
 /// it holds is taken and shown to the handler.
-pub(crate) trait Guarding: 'static {
+pub(crate) trait Guarding: Guard + 'static {
     /// What a request holds while it runs.
     type Held: BodyHold + 'static;
-
-    fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route;
 
     /// Takes `resource` on the background runtime.
     fn take(
@@ -28,18 +25,6 @@ pub(crate) trait Guarding: 'static {
         setup: &Setup,
         resource: String,
     ) -> LocalBoxFuture<'static, Result<Self::Held, Failure>>;
-
-    fn refuse(
-        &self,
-        resource: &str,
-        error: Error,
-        request_id: Option<&str>,
-        waited: Duration,
-    ) -> Option<Refusal>;
-
-    fn hold(&self) -> Hold;
-
-    fn abort_on_loss(&self) -> bool;
 
     /// Shows the held lock to the handler (its `LockHandle`), or why there is none.
     fn expose(&self, req: &ServiceRequest, held: Option<&Self::Held>);
@@ -89,7 +74,7 @@ where
         }
     };
     guarding.expose(&req, Some(&held));
-    let abort = guarding.abort_on_loss();
+    let abort = guarding.aborts_on_loss();
     let response = if abort {
         // The request cannot be kept (actix routes it further by `Rc::get_mut`).
         let lost = Box::pin(held.cancellation_token().cancelled_owned());
@@ -116,7 +101,7 @@ where
     } else {
         service.call(req).await?
     };
-    let held = match guarding.hold() {
+    let held = match guarding.held_until() {
         // Dropping it releases the lock.
         Hold::UntilHead => None,
         _ => Some(held),

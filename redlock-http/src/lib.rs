@@ -138,7 +138,7 @@ pub use key::{
     header_key, header_lock_key, lock_key, path_param_key, path_param_not_utf8, path_prefix_key,
     permit_suffix_len, resource_name, sent_path, sent_target, single_header_value,
 };
-pub use lock::{LimitOptions, LockOptions, Route};
+pub use lock::{Guard, LimitOptions, LockOptions, Route};
 pub use refusal::{Refusal, RefusalKind};
 
 /// How long a request keeps its lock (the `hold` option of both web crates).

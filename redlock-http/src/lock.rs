@@ -2,9 +2,9 @@
 //! limit, with their options ([`LockOptions`], [`LimitOptions`]): one engine, driven by
 //! `redlock-tower`'s layers and `redlock-actix`'s middleware alike.
 //!
-//! For each request: the key extractor's [`Key`] → [`route`](LockOptions::route) (pass,
+//! For each request: the key extractor's [`Key`] → [`route`](Guard::route) (pass,
 //! refuse, or the resource to take) → [`acquire`](LockOptions::acquire) → on an error,
-//! [`refuse`](LockOptions::refuse) (a [`Refusal`], or `None` to serve the request
+//! [`refuse`](Guard::refuse) (a [`Refusal`], or `None` to serve the request
 //! without a lock when `fail_open` is on) → run the handler → release (dropping the
 //! held lock or permit, when the response ends by [`Hold`]).
 
@@ -105,20 +105,12 @@ macro_rules! shared_options {
                 &self.shared.resource_prefix
             }
 
-            /// How long a request keeps what it took.
-            pub fn held_until(&self) -> Hold {
-                self.shared.hold
-            }
 
             /// The status of a busy answer.
             pub fn busy_code(&self) -> u16 {
                 self.shared.busy_status
             }
 
-            /// Whether a loss stops the request.
-            pub fn aborts_on_loss(&self) -> bool {
-                self.shared.abort_on_loss
-            }
 
             /// Whether a request is served unguarded when the lock service is
             /// unavailable.
@@ -126,10 +118,14 @@ macro_rules! shared_options {
                 self.shared.fail_open
             }
 
-            /// The answer to a failed acquisition of `resource`, logged: `None` serves
-            /// the request without it (`fail_open` and a backend failure). `waited`:
-            /// since the acquisition began.
-            pub fn refuse(
+        }
+
+        impl Guard for $name {
+            fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
+                self.shared.route(redlock, key, self.suffix(), request_id)
+            }
+
+            fn refuse(
                 &self,
                 resource: &str,
                 error: Error,
@@ -138,8 +134,41 @@ macro_rules! shared_options {
             ) -> Option<Refusal> {
                 self.shared.refuse($what, resource, error, request_id, waited)
             }
+
+            fn held_until(&self) -> Hold {
+                self.shared.hold
+            }
+
+            fn aborts_on_loss(&self) -> bool {
+                self.shared.abort_on_loss
+            }
         }
     };
+}
+
+/// The request decision of [`LockOptions`] and [`LimitOptions`], the part both web
+/// crates' middleware drive the same way.
+pub trait Guard {
+    /// The route of a request whose key extractor decided `key` (the request's id for
+    /// the log): pass, refuse, or the resource to take.
+    fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route;
+
+    /// The answer to a failed acquisition of `resource`, logged: `None` serves the
+    /// request without it (`fail_open` and a backend failure). `waited`: since the
+    /// acquisition began.
+    fn refuse(
+        &self,
+        resource: &str,
+        error: Error,
+        request_id: Option<&str>,
+        waited: Duration,
+    ) -> Option<Refusal>;
+
+    /// How long a request keeps what it took.
+    fn held_until(&self) -> Hold;
+
+    /// Whether a loss stops the request.
+    fn aborts_on_loss(&self) -> bool;
 }
 
 /// The options shared by the lock and the limit.
@@ -281,7 +310,7 @@ impl fmt::Debug for Shared {
 ///     .fencing(true)
 ///     .busy_status(423u16);
 /// assert_eq!(options.prefix(), "order:");
-/// assert_eq!(LockOptions::default().held_until(), Hold::UntilBodyEnd);
+/// assert_eq!(LockOptions::default().prefix(), "");
 /// ```
 #[derive(Debug, Clone)]
 pub struct LockOptions {
@@ -316,10 +345,9 @@ impl LockOptions {
         self
     }
 
-    /// The route of a request whose key extractor decided `key` (the request's id for
-    /// the log): pass, refuse, or the lock's resource.
-    pub fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
-        self.shared.route(redlock, key, None, request_id)
+    /// What is derived after the key: nothing.
+    fn suffix(&self) -> Option<usize> {
+        None
     }
 
     /// Takes the lock on `resource` by these options, watched by the client's watchdog
@@ -428,11 +456,10 @@ impl LimitOptions {
         )
     }
 
-    /// The route of a request whose key extractor decided `key`: pass, refuse (a key
-    /// that leaves no room for the slot suffix too), or the semaphore's name.
-    pub fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
-        let suffix = permit_suffix_len(self.limit);
-        self.shared.route(redlock, key, Some(suffix), request_id)
+    /// What is derived after the key: the longest slot suffix (`/permit/<limit - 1>`),
+    /// which a key must leave room for.
+    fn suffix(&self) -> Option<usize> {
+        Some(permit_suffix_len(self.limit))
     }
 
     /// Takes a permit of the semaphore `resource`, watched by the client's watchdog (up

@@ -2,10 +2,9 @@
 //! ([`redlock_http::LockOptions`] or [`redlock_http::LimitOptions`]) and the refusal hook.
 
 use std::fmt;
-use std::time::Duration;
 
-use redlock_core::{Error, Redlock};
-use redlock_http::{Hold, Key, KeyBoundError, KeyRoom, LimitOptions, LockOptions, Refusal, Route};
+use redlock_core::Redlock;
+use redlock_http::{Guard, KeyBoundError, KeyRoom, LimitOptions, LockOptions, Refusal};
 
 use crate::guard::Held;
 use crate::response::{OnRefusal, RefusalResponse};
@@ -32,10 +31,11 @@ impl Config {
         }
     }
 
-    pub(crate) fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
+    /// The engine's decision, for either kind of options.
+    pub(crate) fn guard(&self) -> &dyn Guard {
         match &self.options {
-            Options::Lock(o) => o.route(redlock, key, request_id),
-            Options::Limit(o) => o.route(redlock, key, request_id),
+            Options::Lock(o) => o,
+            Options::Limit(o) => o,
         }
     }
 
@@ -56,38 +56,11 @@ impl Config {
         }
     }
 
-    pub(crate) fn refuse(
-        &self,
-        resource: &str,
-        error: Error,
-        request_id: Option<&str>,
-        waited: Duration,
-    ) -> Option<Refusal> {
-        match &self.options {
-            Options::Lock(o) => o.refuse(resource, error, request_id, waited),
-            Options::Limit(o) => o.refuse(resource, error, request_id, waited),
-        }
-    }
-
     /// The longest key taken under the prefix (and a limit's slot suffix).
     pub(crate) fn room(&self, redlock: &Redlock) -> Result<KeyRoom, KeyBoundError> {
         match &self.options {
             Options::Lock(o) => KeyRoom::new(redlock, o.prefix(), 0),
             Options::Limit(o) => o.room(redlock),
-        }
-    }
-
-    pub(crate) fn hold(&self) -> Hold {
-        match &self.options {
-            Options::Lock(o) => o.held_until(),
-            Options::Limit(o) => o.held_until(),
-        }
-    }
-
-    pub(crate) fn abort_on_loss(&self) -> bool {
-        match &self.options {
-            Options::Lock(o) => o.aborts_on_loss(),
-            Options::Limit(o) => o.aborts_on_loss(),
         }
     }
 

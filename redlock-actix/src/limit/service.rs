@@ -1,13 +1,13 @@
 //! [`ClusterLimitService`]: one request through the limit, by the engine's decision.
 
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, forward_ready};
 use futures_util::future::LocalBoxFuture;
-use redlock_core::{CancellationToken, Error, LockHandle, Permit, Redlock};
-use redlock_http::{Hold, Key, LimitOptions, Refusal, Route};
+use redlock_core::{CancellationToken, LockHandle, Permit};
+use redlock_http::LimitOptions;
 use tokio::runtime::Handle;
 
 use crate::config::{Failure, Setup};
@@ -57,10 +57,6 @@ where
 impl Guarding for LimitOptions {
     type Held = HeldPermit;
 
-    fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
-        LimitOptions::route(self, redlock, key, request_id)
-    }
-
     fn take(
         &self,
         setup: &Setup,
@@ -77,24 +73,6 @@ impl Guarding for LimitOptions {
                 runtime,
             })
         })
-    }
-
-    fn refuse(
-        &self,
-        resource: &str,
-        error: Error,
-        request_id: Option<&str>,
-        waited: Duration,
-    ) -> Option<Refusal> {
-        LimitOptions::refuse(self, resource, error, request_id, waited)
-    }
-
-    fn hold(&self) -> Hold {
-        self.held_until()
-    }
-
-    fn abort_on_loss(&self) -> bool {
-        self.aborts_on_loss()
     }
 
     // No `LockHandle` for the handler: a permit is no lock on the key.

@@ -1,14 +1,12 @@
 //! [`LockMiddlewareService`]: one request through the lock, by the engine's decision.
 
 use std::rc::Rc;
-use std::time::Duration;
 
 use actix_web::HttpMessage;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, forward_ready};
 use futures_util::future::LocalBoxFuture;
-use redlock_core::{Error, Redlock};
-use redlock_http::{Hold, Key, LockOptions, Refusal, Route};
+use redlock_http::LockOptions;
 
 use crate::config::{DistributedLockConfig, Failure, Setup, take_lock};
 use crate::extract::KeyExtractor;
@@ -60,34 +58,12 @@ where
 impl Guarding for LockOptions {
     type Held = LockGuard;
 
-    fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
-        LockOptions::route(self, redlock, key, request_id)
-    }
-
     fn take(
         &self,
         setup: &Setup,
         resource: String,
     ) -> LocalBoxFuture<'static, Result<LockGuard, Failure>> {
         Box::pin(take_lock(setup, self, resource))
-    }
-
-    fn refuse(
-        &self,
-        resource: &str,
-        error: Error,
-        request_id: Option<&str>,
-        waited: Duration,
-    ) -> Option<Refusal> {
-        LockOptions::refuse(self, resource, error, request_id, waited)
-    }
-
-    fn hold(&self) -> Hold {
-        self.held_until()
-    }
-
-    fn abort_on_loss(&self) -> bool {
-        self.aborts_on_loss()
     }
 
     fn expose(&self, req: &ServiceRequest, held: Option<&LockGuard>) {

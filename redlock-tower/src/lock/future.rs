@@ -100,7 +100,7 @@ where
     ) -> Self {
         let request_id =
             redlock_http::request_id(|name| request.headers().get(name)?.to_str().ok());
-        let state = match config.route(redlock, key, request_id.as_deref()) {
+        let state = match config.guard().route(redlock, key, request_id.as_deref()) {
             Route::Take(resource) => State::Acquiring {
                 acquire: config.acquire(redlock, resource.clone()),
                 resource,
@@ -158,14 +158,17 @@ where
                             if expose {
                                 request.extensions_mut().insert(lock.lock().handle());
                             }
-                            let guard =
-                                Guard::new(lock, Instant::now(), this.config.abort_on_loss());
+                            let guard = Guard::new(
+                                lock,
+                                Instant::now(),
+                                this.config.guard().aborts_on_loss(),
+                            );
                             State::Running {
                                 future: inner.call(request),
                                 guard: Some(guard),
                             }
                         }
-                        Err(error) => match this.config.refuse(
+                        Err(error) => match this.config.guard().refuse(
                             &resource,
                             error,
                             this.request_id.as_deref(),
@@ -214,7 +217,7 @@ where
                         Poll::Ready(output) => output,
                         Poll::Pending => return Poll::Pending,
                     };
-                    let guard = match this.config.hold() {
+                    let guard = match this.config.guard().held_until() {
                         // Dropping the guard releases the lock.
                         Hold::UntilHead => None,
                         _ => guard.take(),
