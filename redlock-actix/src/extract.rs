@@ -160,6 +160,7 @@ impl Header {
     }
 
     /// Refuse requests without the header (`400`) instead of letting them through.
+    #[must_use]
     pub fn required(mut self) -> Self {
         self.required = true;
         self

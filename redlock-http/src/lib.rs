@@ -293,12 +293,14 @@ impl Problem {
     }
 
     /// Sets the request's id.
+    #[must_use]
     pub fn with_request_id(mut self, request_id: Option<String>) -> Self {
         self.request_id = request_id;
         self
     }
 
     /// Sets the `Retry-After`.
+    #[must_use]
     pub fn with_retry_after(mut self, retry_after: Option<Duration>) -> Self {
         self.retry_after = retry_after;
         self
