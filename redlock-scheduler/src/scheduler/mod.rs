@@ -260,7 +260,8 @@ impl Scheduler {
     ///
     /// [`RequestError::UnknownJob`]; [`RequestError::ShutDown`]; on the leader
     /// [`RequestError::AlreadyRunning`] (a run of the job goes on somewhere),
-    /// [`RequestError::AlreadyClaimed`], or the claim's lock error; without a history,
+    /// [`RequestError::AlreadyClaimed`], or the claim's lock error
+    /// ([`RequestError::Lock`]); without a history,
     /// [`RequestError::NotLeader`] on another replica; [`RequestError::History`].
     pub async fn trigger(&self, job: &str) -> Result<Dispatched, RequestError> {
         let inner = &self.inner;
