@@ -82,12 +82,104 @@ impl fmt::Debug for Config {
     }
 }
 
-/// The hook setter of a layer, written once for [`LockLayer`](crate::LockLayer) and
-/// [`ClusterLimitLayer`](crate::ClusterLimitLayer).
-pub(crate) fn with_hook<F>(config: &mut std::sync::Arc<Config>, hook: F)
-where
-    F: Fn(&Refusal) -> RefusalResponse + Send + Sync + 'static,
-{
-    let hook: OnRefusal = std::sync::Arc::new(hook);
-    std::sync::Arc::make_mut(config).on_refusal = Some(hook);
+/// What a lock's and a limit's services share: the inner service's accessors,
+/// `Clone` and `Debug`.
+macro_rules! guarded_service {
+    ($name:ident) => {
+        impl<S, E> $name<S, E> {
+            /// The inner service.
+            pub fn get_ref(&self) -> &S {
+                &self.inner
+            }
+
+            /// The inner service, mutably.
+            pub fn get_mut(&mut self) -> &mut S {
+                &mut self.inner
+            }
+
+            /// The inner service, unwrapped.
+            pub fn into_inner(self) -> S {
+                self.inner
+            }
+        }
+
+        impl<S: Clone, E> Clone for $name<S, E> {
+            fn clone(&self) -> Self {
+                Self {
+                    inner: self.inner.clone(),
+                    redlock: self.redlock.clone(),
+                    extractor: std::sync::Arc::clone(&self.extractor),
+                    config: std::sync::Arc::clone(&self.config),
+                }
+            }
+        }
+
+        impl<S: std::fmt::Debug, E: std::fmt::Debug> std::fmt::Debug for $name<S, E> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("inner", &self.inner)
+                    .field("redlock", &self.redlock)
+                    .field("extractor", &self.extractor)
+                    .field("config", &self.config)
+                    .finish()
+            }
+        }
+    };
+}
+
+/// What a lock's and a limit's layers share: `Clone`, `Debug`, the refusal hook and
+/// the accessors.
+macro_rules! guarded_layer {
+    ($name:ident) => {
+        impl<E> Clone for $name<E> {
+            fn clone(&self) -> Self {
+                Self {
+                    redlock: self.redlock.clone(),
+                    extractor: std::sync::Arc::clone(&self.extractor),
+                    config: std::sync::Arc::clone(&self.config),
+                }
+            }
+        }
+
+        impl<E: std::fmt::Debug> std::fmt::Debug for $name<E> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("redlock", &self.redlock)
+                    .field("extractor", &self.extractor)
+                    .field("config", &self.config)
+                    .finish()
+            }
+        }
+
+        impl<E> $name<E> {
+            /// Build refusal responses yourself (default: an `application/problem+json`
+            /// document, [`problem_response`](crate::response::problem_response) of the
+            /// refusal's problem); called once per refused request. A gRPC service
+            /// (tonic) wants this: its clients expect `200` with a `grpc-status` header
+            /// (e.g. `10`, aborted, for [`RefusalKind::Busy`](crate::RefusalKind::Busy)),
+            /// not an HTTP error status.
+            #[must_use]
+            pub fn on_refusal<F>(mut self, hook: F) -> Self
+            where
+                F: Fn(&redlock_http::Refusal) -> crate::response::RefusalResponse
+                    + Send
+                    + Sync
+                    + 'static,
+            {
+                let hook: crate::response::OnRefusal = std::sync::Arc::new(hook);
+                std::sync::Arc::make_mut(&mut self.config).on_refusal = Some(hook);
+                self
+            }
+
+            /// The lock client.
+            pub fn redlock(&self) -> &Redlock {
+                &self.redlock
+            }
+
+            /// The key extractor.
+            pub fn extractor(&self) -> &E {
+                &self.extractor
+            }
+        }
+    };
 }

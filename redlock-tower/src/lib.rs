@@ -203,6 +203,7 @@
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod body;
+#[macro_use]
 mod config;
 pub mod extract;
 mod guard;

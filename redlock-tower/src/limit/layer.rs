@@ -1,15 +1,13 @@
 //! [`ClusterLimitLayer`]: the concurrency limit's configuration.
 
-use std::fmt;
 use std::sync::Arc;
 
 use redlock_core::Redlock;
-use redlock_http::{LimitOptions, Refusal};
+use redlock_http::LimitOptions;
 use tower_layer::Layer;
 
 use super::ClusterLimitService;
 use crate::config::{Config, Options};
-use crate::response::RefusalResponse;
 
 /// At most `limit` concurrent requests per key, across every replica of a service. See
 /// the [module documentation](crate::limit) for the behaviour and an example.
@@ -28,25 +26,7 @@ pub struct ClusterLimitLayer<E> {
     pub(crate) config: Arc<Config>,
 }
 
-impl<E> Clone for ClusterLimitLayer<E> {
-    fn clone(&self) -> Self {
-        Self {
-            redlock: self.redlock.clone(),
-            extractor: Arc::clone(&self.extractor),
-            config: Arc::clone(&self.config),
-        }
-    }
-}
-
-impl<E: fmt::Debug> fmt::Debug for ClusterLimitLayer<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClusterLimitLayer")
-            .field("redlock", &self.redlock)
-            .field("extractor", &self.extractor)
-            .field("config", &self.config)
-            .finish()
-    }
-}
+guarded_layer!(ClusterLimitLayer);
 
 impl<E> ClusterLimitLayer<E> {
     /// A layer letting at most [`options.limit()`](LimitOptions::limit) requests with
@@ -67,20 +47,6 @@ impl<E> ClusterLimitLayer<E> {
         }
     }
 
-    /// Build refusal responses yourself (default: an `application/problem+json`
-    /// document); a full limit is [`RefusalKind::Busy`](crate::RefusalKind::Busy), with
-    /// the busy status; a permit lost with `abort_on_loss` is
-    /// [`RefusalKind::Lost`](crate::RefusalKind::Lost). The hook is called once per
-    /// refused request. As [`LockLayer::on_refusal`](crate::LockLayer::on_refusal).
-    #[must_use]
-    pub fn on_refusal<F>(mut self, hook: F) -> Self
-    where
-        F: Fn(&Refusal) -> RefusalResponse + Send + Sync + 'static,
-    {
-        crate::config::with_hook(&mut self.config, hook);
-        self
-    }
-
     /// The longest key (after escaping) taken under the options' prefix and limit
     /// ([`LimitOptions::room`]): check it where the layer is built.
     ///
@@ -90,16 +56,6 @@ impl<E> ClusterLimitLayer<E> {
     /// leaves none.
     pub fn room(&self) -> Result<redlock_http::KeyRoom, redlock_http::KeyBoundError> {
         self.config.room(&self.redlock)
-    }
-
-    /// The lock client.
-    pub fn redlock(&self) -> &Redlock {
-        &self.redlock
-    }
-
-    /// The key extractor.
-    pub fn extractor(&self) -> &E {
-        &self.extractor
     }
 }
 

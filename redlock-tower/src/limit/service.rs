@@ -1,6 +1,5 @@
 //! [`ClusterLimitService`]: the concurrency limit around one inner service.
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -35,44 +34,9 @@ impl<S, E> ClusterLimitService<S, E> {
     pub fn layer(redlock: Redlock, extractor: E, options: LimitOptions) -> ClusterLimitLayer<E> {
         ClusterLimitLayer::new(redlock, extractor, options)
     }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
 }
 
-impl<S: Clone, E> Clone for ClusterLimitService<S, E> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            redlock: self.redlock.clone(),
-            extractor: Arc::clone(&self.extractor),
-            config: Arc::clone(&self.config),
-        }
-    }
-}
-
-impl<S: fmt::Debug, E: fmt::Debug> fmt::Debug for ClusterLimitService<S, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClusterLimitService")
-            .field("inner", &self.inner)
-            .field("redlock", &self.redlock)
-            .field("extractor", &self.extractor)
-            .field("config", &self.config)
-            .finish()
-    }
-}
+guarded_service!(ClusterLimitService);
 
 impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for ClusterLimitService<S, E>
 where

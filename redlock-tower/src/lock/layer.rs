@@ -2,16 +2,14 @@
 //! [`Layer::layer`] (or axum's `Router::layer` / `route_layer`, tower's
 //! `ServiceBuilder::layer`).
 
-use std::fmt;
 use std::sync::Arc;
 
 use redlock_core::Redlock;
-use redlock_http::{LockOptions, Refusal};
+use redlock_http::LockOptions;
 use tower_layer::Layer;
 
 use crate::config::{Config, Options};
 use crate::lock::LockService;
-use crate::response::RefusalResponse;
 
 /// Serializes requests per key across every replica of a service, with a Redlock
 /// distributed lock. See the [crate documentation](crate) for the behaviour and an
@@ -45,25 +43,7 @@ pub struct LockLayer<E> {
     pub(crate) config: Arc<Config>,
 }
 
-impl<E> Clone for LockLayer<E> {
-    fn clone(&self) -> Self {
-        Self {
-            redlock: self.redlock.clone(),
-            extractor: Arc::clone(&self.extractor),
-            config: Arc::clone(&self.config),
-        }
-    }
-}
-
-impl<E: fmt::Debug> fmt::Debug for LockLayer<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockLayer")
-            .field("redlock", &self.redlock)
-            .field("extractor", &self.extractor)
-            .field("config", &self.config)
-            .finish()
-    }
-}
+guarded_layer!(LockLayer);
 
 impl<E> LockLayer<E> {
     /// A layer locking, for each request, the key `extractor` names, through `redlock`,
@@ -82,48 +62,6 @@ impl<E> LockLayer<E> {
     pub fn options(mut self, options: LockOptions) -> Self {
         Arc::make_mut(&mut self.config).options = Options::Lock(options);
         self
-    }
-
-    /// Build refusal responses yourself (default: [`problem_response`](crate::response::problem_response) of the
-    /// refusal's problem, an `application/problem+json` document). A gRPC service
-    /// (tonic) wants this: its clients expect `200` with a `grpc-status` header (e.g.
-    /// `10`, aborted, for [`RefusalKind::Busy`](crate::RefusalKind::Busy)), not an
-    /// HTTP error status.
-    ///
-    /// ```
-    /// use http::Response;
-    /// use redlock_tower::{LockLayer, RefusalKind, extract::Global, response::problem_response};
-    ///
-    /// # fn layer(redlock: redlock_tower::Redlock) -> LockLayer<Global> {
-    /// let layer = LockLayer::new(redlock, Global::new("import")).on_refusal(|refusal| {
-    ///     match refusal.kind {
-    ///         RefusalKind::Busy => Response::builder()
-    ///             .status(refusal.status())
-    ///             .body("an import is already running\n".into())
-    ///             .unwrap_or_else(|_| problem_response(&refusal.problem)),
-    ///         _ => problem_response(&refusal.problem),
-    ///     }
-    /// });
-    /// # layer
-    /// # }
-    /// ```
-    #[must_use]
-    pub fn on_refusal<F>(mut self, hook: F) -> Self
-    where
-        F: Fn(&Refusal) -> RefusalResponse + Send + Sync + 'static,
-    {
-        crate::config::with_hook(&mut self.config, hook);
-        self
-    }
-
-    /// The lock client.
-    pub fn redlock(&self) -> &Redlock {
-        &self.redlock
-    }
-
-    /// The key extractor.
-    pub fn extractor(&self) -> &E {
-        &self.extractor
     }
 }
 

@@ -1,6 +1,5 @@
 //! [`LockService`]: the middleware around one inner service.
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -33,44 +32,9 @@ impl<S, E> LockService<S, E> {
     pub fn layer(redlock: Redlock, extractor: E) -> LockLayer<E> {
         LockLayer::new(redlock, extractor)
     }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
 }
 
-impl<S: Clone, E> Clone for LockService<S, E> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            redlock: self.redlock.clone(),
-            extractor: Arc::clone(&self.extractor),
-            config: Arc::clone(&self.config),
-        }
-    }
-}
-
-impl<S: fmt::Debug, E: fmt::Debug> fmt::Debug for LockService<S, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockService")
-            .field("inner", &self.inner)
-            .field("redlock", &self.redlock)
-            .field("extractor", &self.extractor)
-            .field("config", &self.config)
-            .finish()
-    }
-}
+guarded_service!(LockService);
 
 impl<S, E, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, E>
 where
