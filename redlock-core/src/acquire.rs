@@ -31,7 +31,7 @@ use crate::wake::Subscription;
 ///
 /// ```no_run
 /// # async fn run(redlock: redlock_core::Redlock) -> Result<(), redlock_core::Error> {
-/// let shutdown = redlock_core::CancellationToken::new();
+/// let shutdown = tokio_util::sync::CancellationToken::new();
 /// tokio::select! {
 ///     lock = redlock.lock("import") => {
 ///         let lock = lock?;

@@ -26,7 +26,9 @@ pub(crate) enum AttemptFailure {
     /// Enough nodes hold someone else's value that no majority is possible.
     Taken { nodes: Vec<String> },
     /// Too many nodes failed.
-    Unreachable { failures: Vec<crate::NodeFailure> },
+    Unreachable {
+        failures: Vec<crate::error::NodeFailure>,
+    },
 }
 
 impl AttemptFailure {

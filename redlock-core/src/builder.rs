@@ -1,18 +1,25 @@
-//! [`RedlockBuilder`]: nodes and options, validated in [`build`](RedlockBuilder::build).
+//! [`RedlockBuilder`]: nodes and options, validated in [`build`](RedlockBuilder::build),
+//! and the options' defaults and bounds.
+//!
+//! Nodes given as ready pools ([`RedlockBuilder::pool`]) are `deadpool_redis::Pool`s of
+//! the deadpool-redis version this crate depends on (0.23): depend on the same version
+//! to build them.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::Redlock;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, TtlError};
 use crate::node::{Identities, Node};
-use crate::protocol::MAX_TTL;
 use crate::quorum::Cluster;
 use crate::retry::RetryPolicy;
 use crate::shared::Shared;
 use crate::wake::Wakeups;
 use crate::watchdog::Watchdog;
+
+pub use crate::node::CONNECT_TIMEOUT;
+pub use crate::protocol::MAX_TTL;
 
 /// The default TTL of a lock: 10 s.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -248,8 +255,8 @@ impl RedlockBuilder {
     }
 
     /// The upper bound on every TTL (default [`DEFAULT_TTL_LIMIT`], 10 minutes; at most
-    /// [`MAX_TTL`](crate::MAX_TTL)): the default TTL, the maximum TTL, and each lock's.
-    /// A TTL above it is refused with [`ConfigError::TtlAboveLimit`], so that a typo
+    /// [`MAX_TTL`]): the default TTL, the maximum TTL, and each lock's.
+    /// A TTL above it is refused with [`TtlError::AboveLimit`], so that a typo
     /// (days for seconds) cannot turn into a resource blocked for days after a crash, or
     /// a restart quarantine as long. Locks held longer than their TTL are what
     /// [`Lock::auto_extend`](crate::Lock::auto_extend) is for; raise the limit only for
@@ -261,7 +268,7 @@ impl RedlockBuilder {
 
     /// The longest resource name accepted, in bytes (default
     /// [`DEFAULT_MAX_RESOURCE_LEN`], 512): a longer one is refused with
-    /// [`ConfigError::ResourceTooLong`] before anything is sent. Resource names often
+    /// [`ArgumentError::ResourceTooLong`](crate::error::ArgumentError::ResourceTooLong) before anything is sent. Resource names often
     /// come from requests (an order id in a URL); the bound keeps one request from
     /// sending megabytes to every node.
     pub fn max_resource_len(mut self, max: usize) -> Self {
@@ -328,15 +335,17 @@ impl RedlockBuilder {
             return Err(ConfigError::ZeroTimeout);
         }
         if self.ttl_limit > MAX_TTL {
-            return Err(ConfigError::TtlTooLong {
+            return Err(ConfigError::Ttl(TtlError::TooLong {
                 ttl: self.ttl_limit,
                 max: MAX_TTL,
-            });
+            }));
         }
         if self.max_resource_len == 0 {
             return Err(ConfigError::ZeroMaxResourceLen);
         }
-        self.retry.validate()?;
+        if self.retry.validate().is_err() {
+            return Err(ConfigError::ZeroAttempts);
+        }
         let holder = match self.holder {
             Some(holder) => crate::value::check_holder(holder)?,
             None => crate::value::default_holder(),

@@ -155,7 +155,7 @@ impl Redlock {
 
     /// The longest resource name this client accepts, in bytes
     /// ([`RedlockBuilder::max_resource_len`](crate::RedlockBuilder::max_resource_len),
-    /// by default [`DEFAULT_MAX_RESOURCE_LEN`](crate::DEFAULT_MAX_RESOURCE_LEN)). Code
+    /// by default [`DEFAULT_MAX_RESOURCE_LEN`](crate::builder::DEFAULT_MAX_RESOURCE_LEN)). Code
     /// that derives resource names from a user's string (a name plus suffixes) checks
     /// that string against the room this leaves, where the string enters.
     pub fn max_resource_len(&self) -> usize {

@@ -1,8 +1,9 @@
 //! Typed errors: what went wrong and what to do next.
 //!
-//! Every fallible call returns [`Error`]. Building a [`Redlock`](crate::Redlock) returns
-//! [`ConfigError`] alone, since nothing but configuration can fail there (no node is
-//! contacted at build time).
+//! Every lock call returns [`Error`]; an invalid argument is [`Error::Argument`] with an
+//! [`ArgumentError`]. Building a [`Redlock`](crate::Redlock) returns [`ConfigError`]
+//! alone, since nothing but configuration can fail there (no node is contacted at build
+//! time). A TTL is checked by the same rules in both: [`TtlError`].
 
 use std::fmt;
 use std::time::Duration;
@@ -105,9 +106,20 @@ pub enum Error {
         total: usize,
     },
 
-    /// Invalid input or configuration; nothing was sent to any node. Fix the call.
+    /// A call's argument is invalid; nothing was sent to any node. Fix the call.
+    #[error(transparent)]
+    Argument(#[from] ArgumentError),
+
+    /// The client's configuration is unusable (two node names for one server, found
+    /// once both answered); nothing was sent. Fix the configuration and restart.
     #[error(transparent)]
     Config(#[from] ConfigError),
+}
+
+impl From<TtlError> for Error {
+    fn from(error: TtlError) -> Self {
+        Self::Argument(ArgumentError::Ttl(error))
+    }
 }
 
 /// What a lock [`Error`] means for the caller, in the algorithm's terms (no transport
@@ -148,20 +160,16 @@ impl Error {
                 ErrorClass::Unavailable
             }
             Self::Lost { .. } => ErrorClass::Lost,
-            Self::Config(
-                ConfigError::EmptyResource
-                | ConfigError::ResourceTooLong { .. }
-                | ConfigError::SemaphoreNameTooLong { .. }
-                | ConfigError::DuplicateResource { .. },
-            ) => ErrorClass::InvalidResource,
-            Self::Config(_) => ErrorClass::InvalidInput,
+            Self::Argument(argument) if argument.is_resource() => ErrorClass::InvalidResource,
+            Self::Argument(_) | Self::Config(_) => ErrorClass::InvalidInput,
         }
     }
 }
 
-/// A configuration or input error, reported by
-/// [`RedlockBuilder::build`](crate::RedlockBuilder::build) or by a lock call whose
-/// arguments are invalid.
+/// A configuration error, reported by
+/// [`RedlockBuilder::build`](crate::RedlockBuilder::build) (nothing is contacted there),
+/// or, as [`Error::Config`], by every lock call of a client whose configuration turned
+/// out to be unusable once its nodes answered ([`SameServer`](Self::SameServer)).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -188,45 +196,6 @@ pub enum ConfigError {
         node: String,
     },
 
-    /// A TTL of zero (or under one millisecond) was given.
-    #[error("the TTL must be at least 1 ms (got {ttl:?})")]
-    ZeroTtl {
-        /// The TTL given.
-        ttl: Duration,
-    },
-
-    /// The TTL is too long for Redis' millisecond expiry.
-    #[error("the TTL {ttl:?} is too long (at most {max:?})")]
-    TtlTooLong {
-        /// The TTL given.
-        ttl: Duration,
-        /// The largest TTL accepted.
-        max: Duration,
-    },
-
-    /// The TTL leaves no validity once the clock-drift allowance is taken off.
-    #[error(
-        "the TTL {ttl:?} is not larger than the clock-drift allowance {drift:?}: use a longer TTL"
-    )]
-    TtlNotAboveDrift {
-        /// The TTL given.
-        ttl: Duration,
-        /// The drift allowance for that TTL (`ttl * drift_factor + 2 ms`).
-        drift: Duration,
-    },
-
-    /// The per-node timeout is not smaller than the TTL, so one slow node could use up
-    /// the whole validity.
-    #[error(
-        "the per-node timeout {timeout:?} must be smaller than the TTL {ttl:?} (ideally a small fraction of it)"
-    )]
-    TimeoutNotBelowTtl {
-        /// The per-node timeout.
-        timeout: Duration,
-        /// The TTL.
-        ttl: Duration,
-    },
-
     /// The per-node timeout is zero.
     #[error("the per-node timeout must be above zero")]
     ZeroTimeout,
@@ -245,6 +214,73 @@ pub enum ConfigError {
     /// A retry policy allows zero attempts.
     #[error("a retry policy needs at least one attempt")]
     ZeroAttempts,
+
+    /// The longest resource name was set to zero.
+    #[error("the longest resource name must be at least 1 byte")]
+    ZeroMaxResourceLen,
+
+    /// The holder name ([`RedlockBuilder::holder`](crate::RedlockBuilder::holder)) is
+    /// empty, too long or has a character other than letters, digits and `.`, `_`,
+    /// `-`, `:`, `@`.
+    #[error(
+        "the holder name `{holder}` is invalid: use 1 to 64 letters, digits and `.`, `_`, `-`, `:`, `@` (e.g. \"orders-api-7\")"
+    )]
+    InvalidHolder {
+        /// The name given (its first 64 bytes at most).
+        holder: String,
+    },
+
+    /// Two nodes of the configuration are one Redis server (the same `run_id`) under two
+    /// names: it would vote twice. Found when both were connected; every lock call is
+    /// refused from then on. List each server once.
+    #[error(
+        "nodes `{first}` and `{second}` are the same server (run_id {run_id}): one server may vote only once; list it once and restart the client"
+    )]
+    SameServer {
+        /// The node connected first.
+        first: String,
+        /// The node found to be the same server.
+        second: String,
+        /// The server's `run_id`.
+        run_id: String,
+    },
+
+    /// The default TTL or the maximum TTL is unusable.
+    #[error(transparent)]
+    Ttl(#[from] TtlError),
+}
+
+/// A lock call's argument is invalid (a resource name, a TTL, a permit count, a retry
+/// policy): nothing was sent to any node. Fix the call. Reported as
+/// [`Error::Argument`] by lock calls, and alone by the calls that only build a handle
+/// ([`Redlock::semaphore`](crate::Redlock::semaphore),
+/// [`Redlock::rw_lock`](crate::Redlock::rw_lock), [`check_resource_name`](crate::check_resource_name)).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArgumentError {
+    /// A lock call named no resource, or an empty one.
+    #[error("a lock needs at least one non-empty resource name")]
+    EmptyResource,
+
+    /// A resource name is longer than the configured bound; nothing was sent.
+    #[error(
+        "the resource name `{start}` is {len} bytes long, above the limit of {max}: use a shorter name (e.g. a hash of it), or raise `max_resource_len`"
+    )]
+    ResourceTooLong {
+        /// The name's first bytes (up to 32), not the whole name.
+        start: String,
+        /// The name's length in bytes.
+        len: usize,
+        /// The configured bound ([`RedlockBuilder::max_resource_len`](crate::RedlockBuilder::max_resource_len)).
+        max: usize,
+    },
+
+    /// A multi-resource lock named the same resource twice.
+    #[error("resource `{resource}` is named twice in one multi-resource lock")]
+    DuplicateResource {
+        /// The repeated resource.
+        resource: String,
+    },
 
     /// A semaphore was given zero permits.
     #[error("a semaphore needs at least one permit")]
@@ -290,15 +326,93 @@ pub enum ConfigError {
         permits: u32,
     },
 
+    /// A retry policy allows zero attempts.
+    #[error("a retry policy needs at least one attempt")]
+    ZeroAttempts,
+
+    /// The call's TTL is unusable.
+    #[error(transparent)]
+    Ttl(#[from] TtlError),
+}
+
+impl ArgumentError {
+    /// Whether the resource name is what is wrong (empty, too long, named twice): where
+    /// the name comes from a request, the request's fault.
+    pub fn is_resource(&self) -> bool {
+        matches!(
+            self,
+            Self::EmptyResource
+                | Self::ResourceTooLong { .. }
+                | Self::DuplicateResource { .. }
+                | Self::SemaphoreNameTooLong { .. }
+        )
+    }
+}
+
+/// A TTL that the client cannot use: given to the builder
+/// ([`ConfigError::Ttl`]) or to a call ([`ArgumentError::Ttl`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TtlError {
+    /// A TTL of zero (or under one millisecond) was given.
+    #[error("the TTL must be at least 1 ms (got {ttl:?})")]
+    Zero {
+        /// The TTL given.
+        ttl: Duration,
+    },
+
+    /// The TTL is too long for Redis' millisecond expiry.
+    #[error("the TTL {ttl:?} is too long (at most {max:?})")]
+    TooLong {
+        /// The TTL given.
+        ttl: Duration,
+        /// The largest TTL accepted.
+        max: Duration,
+    },
+
+    /// A TTL (the default, the maximum, or a lock's) is above the configured limit.
+    #[error(
+        "the TTL {ttl:?} is above the TTL limit {limit:?}: a crashed holder would block the resource (and a restarted node would be quarantined) that long; use a shorter TTL with auto-extension, or raise `ttl_limit` if you mean it"
+    )]
+    AboveLimit {
+        /// The TTL asked for.
+        ttl: Duration,
+        /// The configured limit ([`RedlockBuilder::ttl_limit`](crate::RedlockBuilder::ttl_limit)).
+        limit: Duration,
+    },
+
     /// A lock's TTL is longer than the maximum TTL, which the restart quarantine relies on.
     #[error(
         "the TTL {ttl:?} is above the maximum TTL {max:?}: raise `max_ttl` (the restart quarantine lasts that long)"
     )]
-    TtlAboveMax {
+    AboveMax {
         /// The TTL asked for.
         ttl: Duration,
         /// The configured maximum.
         max: Duration,
+    },
+
+    /// The TTL leaves no validity once the clock-drift allowance is taken off.
+    #[error(
+        "the TTL {ttl:?} is not larger than the clock-drift allowance {drift:?}: use a longer TTL"
+    )]
+    NotAboveDrift {
+        /// The TTL given.
+        ttl: Duration,
+        /// The drift allowance for that TTL (`ttl * drift_factor + 2 ms`).
+        drift: Duration,
+    },
+
+    /// The per-node timeout is not smaller than the TTL, so one slow node could use up
+    /// the whole validity.
+    #[error(
+        "the per-node timeout {timeout:?} must be smaller than the TTL {ttl:?} (ideally a small fraction of it)"
+    )]
+    TimeoutNotBelowTtl {
+        /// The per-node timeout.
+        timeout: Duration,
+        /// The TTL.
+        ttl: Duration,
     },
 
     /// A watched lock of this TTL could not be kept: its next extension (a third of
@@ -314,71 +428,6 @@ pub enum ConfigError {
         period: Duration,
         /// When the watchdog declares it lost without an extension.
         loss: Duration,
-    },
-
-    /// Two nodes of the configuration are one Redis server (the same `run_id`) under two
-    /// names: it would vote twice. Found when both were connected; every lock call is
-    /// refused from then on. List each server once.
-    #[error(
-        "nodes `{first}` and `{second}` are the same server (run_id {run_id}): one server may vote only once; list it once and restart the client"
-    )]
-    SameServer {
-        /// The node connected first.
-        first: String,
-        /// The node found to be the same server.
-        second: String,
-        /// The server's `run_id`.
-        run_id: String,
-    },
-
-    /// A TTL (the default, the maximum, or a lock's) is above the configured limit.
-    #[error(
-        "the TTL {ttl:?} is above the TTL limit {limit:?}: a crashed holder would block the resource (and a restarted node would be quarantined) that long; use a shorter TTL with auto-extension, or raise `ttl_limit` if you mean it"
-    )]
-    TtlAboveLimit {
-        /// The TTL asked for.
-        ttl: Duration,
-        /// The configured limit ([`RedlockBuilder::ttl_limit`](crate::RedlockBuilder::ttl_limit)).
-        limit: Duration,
-    },
-
-    /// The longest resource name was set to zero.
-    #[error("the longest resource name must be at least 1 byte")]
-    ZeroMaxResourceLen,
-
-    /// A resource name is longer than the configured bound; nothing was sent.
-    #[error(
-        "the resource name `{start}` is {len} bytes long, above the limit of {max}: use a shorter name (e.g. a hash of it), or raise `max_resource_len`"
-    )]
-    ResourceTooLong {
-        /// The name's first bytes (up to 32), not the whole name.
-        start: String,
-        /// The name's length in bytes.
-        len: usize,
-        /// The configured bound ([`RedlockBuilder::max_resource_len`](crate::RedlockBuilder::max_resource_len)).
-        max: usize,
-    },
-
-    /// A lock call named no resource, or an empty one.
-    #[error("a lock needs at least one non-empty resource name")]
-    EmptyResource,
-
-    /// The holder name ([`RedlockBuilder::holder`](crate::RedlockBuilder::holder)) is
-    /// empty, too long or has a character other than letters, digits and `.`, `_`,
-    /// `-`, `:`, `@`.
-    #[error(
-        "the holder name `{holder}` is invalid: use 1 to 64 letters, digits and `.`, `_`, `-`, `:`, `@` (e.g. \"orders-api-7\")"
-    )]
-    InvalidHolder {
-        /// The name given (its first 64 bytes at most).
-        holder: String,
-    },
-
-    /// A multi-resource lock named the same resource twice.
-    #[error("resource `{resource}` is named twice in one multi-resource lock")]
-    DuplicateResource {
-        /// The repeated resource.
-        resource: String,
     },
 }
 
@@ -532,7 +581,7 @@ mod tests {
         };
         assert_eq!(lost.class(), ErrorClass::Lost);
         assert_eq!(
-            Error::Config(ConfigError::EmptyResource).class(),
+            Error::Argument(ArgumentError::EmptyResource).class(),
             ErrorClass::InvalidResource
         );
         assert_eq!(

@@ -119,9 +119,9 @@
 // gives the layers bottom up, each module using only those of its layer or below.
 mod acquire;
 mod attempt;
-mod builder;
+pub mod builder;
 mod client;
-mod error;
+pub mod error;
 pub mod inspect;
 mod lock;
 mod node;
@@ -142,28 +142,13 @@ mod watchdog;
 mod tests;
 
 pub use acquire::Acquire;
-pub use builder::{
-    DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD, DEFAULT_MAX_RESOURCE_LEN,
-    DEFAULT_NODE_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER, DEFAULT_TTL, DEFAULT_TTL_LIMIT,
-    RedlockBuilder,
-};
+pub use builder::RedlockBuilder;
 pub use client::Redlock;
-pub use error::{BoxError, ConfigError, Error, ErrorClass, NodeError, NodeFailure, Result};
-pub use inspect::{
-    Agreement, ForceReleased, HeldLock, HeldReader, HeldRwLock, HeldSemaphore, HeldSlot, ListLocks,
-    LockListing, NodeHealth, NodeLock, RwReleased, SemaphoreReleased, SlotReleased,
-};
+pub use error::{ArgumentError, ConfigError, Error, ErrorClass, Result};
 pub use lock::{Finished, Lock, LockHandle, Released};
-pub use node::{CONNECT_TIMEOUT, NodeStatus};
-pub use protocol::MAX_TTL;
+pub use node::NodeStatus;
 pub use retry::RetryPolicy;
-pub use rwlock::{ReadLock, RwLock, WriteLock};
-pub use semaphore::{MAX_PERMITS, Permit, Semaphore};
 pub use shared::check_resource_name;
-pub use tokio_util::sync::CancellationToken;
-
-/// Re-exported so that users can build pools with the same version this crate uses.
-pub use deadpool_redis;
 
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they
 // stay true to the API.

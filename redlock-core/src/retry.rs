@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use rand::RngExt;
 
-use crate::error::ConfigError;
+use crate::error::ArgumentError;
 
 /// When and how often a failed acquisition is tried again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,9 +140,9 @@ impl RetryPolicy {
     }
 
     /// Checks that at least one attempt is allowed.
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ArgumentError> {
         match self.max_attempts {
-            Some(0) => Err(ConfigError::ZeroAttempts),
+            Some(0) => Err(ArgumentError::ZeroAttempts),
             _ => Ok(()),
         }
     }
@@ -202,7 +202,7 @@ mod tests {
     fn zero_attempts_is_invalid() {
         assert_eq!(
             RetryPolicy::attempts(0).validate(),
-            Err(ConfigError::ZeroAttempts)
+            Err(ArgumentError::ZeroAttempts)
         );
     }
 }

@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 
 use crate::attempt::{AttemptFailure, attempt, time_until_free};
 use crate::client::Redlock;
-use crate::error::{ConfigError, Error};
+use crate::error::{ArgumentError, Error};
 use crate::lock::{Lock, Released};
 use crate::protocol::{Command, MAX_TTL, Op, RwKeys, WaitingWriter};
 use crate::quorum::{Mode, Target};
@@ -107,13 +107,13 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::EmptyResource`] for an empty name,
-    /// [`ConfigError::ResourceTooLong`] for a name past the client's
+    /// [`ArgumentError::EmptyResource`] for an empty name,
+    /// [`ArgumentError::ResourceTooLong`] for a name past the client's
     /// [`max_resource_len`](crate::RedlockBuilder::max_resource_len) (with the `/rw`).
-    pub fn rw_lock(&self, name: impl Into<String>) -> Result<RwLock, ConfigError> {
+    pub fn rw_lock(&self, name: impl Into<String>) -> Result<RwLock, ArgumentError> {
         let name = name.into();
         if name.is_empty() {
-            return Err(ConfigError::EmptyResource);
+            return Err(ArgumentError::EmptyResource);
         }
         let resource = rw_resource(&name);
         self.shared()

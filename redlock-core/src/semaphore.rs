@@ -10,7 +10,7 @@
 //! with it: the watchdog, loss notification, a fencing token per slot (strictly greater
 //! for every new holder of that slot), release on drop. The listing
 //! ([`Redlock::locks`]) groups the slots under the semaphore
-//! ([`LockListing::semaphores`](crate::LockListing::semaphores)), with its size as its
+//! ([`LockListing::semaphores`](crate::inspect::LockListing::semaphores)), with its size as its
 //! clients record it, and
 //! [`Redlock::force_release_semaphore`] frees every permit.
 //!
@@ -70,14 +70,14 @@ use std::future::IntoFuture;
 
 use crate::attempt::{KeyState, look_at, mark_waited};
 use crate::client::Redlock;
-use crate::error::{ConfigError, Error, ErrorClass};
+use crate::error::{ArgumentError, Error, ErrorClass};
 use crate::lock::{Lock, LockHandle, Released};
 use crate::protocol::{Command, Op};
 use crate::retry::RetryPolicy;
 use crate::wake::Subscription;
 
 /// The most permits a semaphore may have ([`Redlock::semaphore`] refuses more with
-/// [`ConfigError::PermitsAboveMax`]). A full semaphore's waiter looks at every slot
+/// [`ArgumentError::PermitsAboveMax`]). A full semaphore's waiter looks at every slot
 /// (and marks every held one) when it starts waiting and at each release or rescan,
 /// so its cost grows with the size; each call's memory does not (the slots are looked
 /// at 256 at a time).
@@ -127,38 +127,38 @@ impl Redlock {
     /// `permits` is at most [`MAX_PERMITS`]. The slot resources are resource names
     /// like any other, bounded by the client's
     /// [`max_resource_len`](crate::RedlockBuilder::max_resource_len) (by default
-    /// [`DEFAULT_MAX_RESOURCE_LEN`](crate::DEFAULT_MAX_RESOURCE_LEN), 512 bytes): the
+    /// [`DEFAULT_MAX_RESOURCE_LEN`](crate::builder::DEFAULT_MAX_RESOURCE_LEN), 512 bytes): the
     /// name may be as long as that bound less the longest slot's suffix
     /// (`/permit/<permits - 1>`): 502 bytes for up to 10 permits at the default
     /// bound, 501 for up to 100, 500 for up to 1,000, 499 up to [`MAX_PERMITS`].
     ///
     /// # Errors
     ///
-    /// [`ConfigError::ZeroPermits`] for `permits == 0`, [`ConfigError::PermitsAboveMax`]
-    /// for `permits` above [`MAX_PERMITS`], [`ConfigError::EmptyResource`] for an empty
-    /// name, [`ConfigError::SemaphoreNameTooLong`] (with how long the name may be) for a
+    /// [`ArgumentError::ZeroPermits`] for `permits == 0`, [`ArgumentError::PermitsAboveMax`]
+    /// for `permits` above [`MAX_PERMITS`], [`ArgumentError::EmptyResource`] for an empty
+    /// name, [`ArgumentError::SemaphoreNameTooLong`] (with how long the name may be) for a
     /// name whose slot resources would pass the client's bound.
     pub fn semaphore(
         &self,
         name: impl Into<String>,
         permits: u32,
-    ) -> Result<Semaphore, ConfigError> {
+    ) -> Result<Semaphore, ArgumentError> {
         let name = name.into();
         if permits == 0 {
-            return Err(ConfigError::ZeroPermits);
+            return Err(ArgumentError::ZeroPermits);
         }
         if permits > MAX_PERMITS {
-            return Err(ConfigError::PermitsAboveMax {
+            return Err(ArgumentError::PermitsAboveMax {
                 permits,
                 max: MAX_PERMITS,
             });
         }
         if name.is_empty() {
-            return Err(ConfigError::EmptyResource);
+            return Err(ArgumentError::EmptyResource);
         }
         let max = max_name_len(self.shared().max_resource_len, permits);
         if name.len() > max {
-            return Err(ConfigError::SemaphoreNameTooLong {
+            return Err(ArgumentError::SemaphoreNameTooLong {
                 start: crate::shared::truncated(&name, 32),
                 len: name.len(),
                 max,
@@ -355,7 +355,7 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::TooManyPermits`] (as [`Error::Config`]) for `n` above
+    /// [`ArgumentError::TooManyPermits`] (as [`Error::Argument`]) for `n` above
     /// [`permits`](Self::permits) or `n == 0`; [`Error::Taken`] when `n` permits were
     /// never free at once for as long as the policy waits; the errors of
     /// [`Redlock::lock`].
@@ -366,7 +366,7 @@ impl Semaphore {
     async fn acquire_many_inner(&self, n: u32) -> Result<Vec<Permit>, Error> {
         self.record_size();
         if n == 0 || n > self.permits {
-            return Err(Error::Config(ConfigError::TooManyPermits {
+            return Err(Error::Argument(ArgumentError::TooManyPermits {
                 asked: n,
                 permits: self.permits,
             }));

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::ConfigError;
+use crate::error::{ArgumentError, TtlError};
 use crate::protocol::MAX_TTL;
 use crate::quorum::Cluster;
 use crate::retry::RetryPolicy;
@@ -48,32 +48,32 @@ pub(crate) struct Shared {
 impl Shared {
     /// Checks a TTL against the configuration; returns it in whole milliseconds (what
     /// Redis will apply).
-    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<u64, ConfigError> {
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<u64, TtlError> {
         if ttl > MAX_TTL {
-            return Err(ConfigError::TtlTooLong { ttl, max: MAX_TTL });
+            return Err(TtlError::TooLong { ttl, max: MAX_TTL });
         }
         if ttl > self.ttl_limit {
-            return Err(ConfigError::TtlAboveLimit {
+            return Err(TtlError::AboveLimit {
                 ttl,
                 limit: self.ttl_limit,
             });
         }
         let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         if ms == 0 {
-            return Err(ConfigError::ZeroTtl { ttl });
+            return Err(TtlError::Zero { ttl });
         }
         let effective = Duration::from_millis(ms);
         let drift = self.cluster.drift(effective);
         if effective <= drift {
-            return Err(ConfigError::TtlNotAboveDrift { ttl, drift });
+            return Err(TtlError::NotAboveDrift { ttl, drift });
         }
         if let Some(max) = self.max_ttl
             && ttl > max
         {
-            return Err(ConfigError::TtlAboveMax { ttl, max });
+            return Err(TtlError::AboveMax { ttl, max });
         }
         if self.cluster.node_timeout >= effective {
-            return Err(ConfigError::TimeoutNotBelowTtl {
+            return Err(TtlError::TimeoutNotBelowTtl {
                 timeout: self.cluster.node_timeout,
                 ttl,
             });
@@ -83,9 +83,9 @@ impl Shared {
 
     /// Checks the resource names of one lock call: at least one, none empty, none
     /// longer than the bound, no name twice.
-    pub(crate) fn check_resources(&self, resources: &[String]) -> Result<(), ConfigError> {
+    pub(crate) fn check_resources(&self, resources: &[String]) -> Result<(), ArgumentError> {
         if resources.is_empty() || resources.iter().any(String::is_empty) {
-            return Err(ConfigError::EmptyResource);
+            return Err(ArgumentError::EmptyResource);
         }
         for resource in resources {
             check_resource_name(resource, self.max_resource_len)?;
@@ -94,7 +94,7 @@ impl Shared {
             let mut seen = std::collections::HashSet::with_capacity(resources.len());
             for resource in resources {
                 if !seen.insert(resource.as_str()) {
-                    return Err(ConfigError::DuplicateResource {
+                    return Err(ArgumentError::DuplicateResource {
                         resource: resource.clone(),
                     });
                 }
@@ -107,11 +107,11 @@ impl Shared {
     /// third of the TTL after the last one, taking at most one node timeout) ends
     /// before the lock's loss deadline (the TTL minus the drift allowance, twice: once
     /// for the validity, once for the deadline).
-    pub(crate) fn check_watchable(&self, ttl: Duration) -> Result<(), ConfigError> {
+    pub(crate) fn check_watchable(&self, ttl: Duration) -> Result<(), TtlError> {
         let period = (ttl / 3).saturating_add(self.cluster.node_timeout);
         let loss = ttl.saturating_sub(self.cluster.drift(ttl).saturating_mul(2));
         if period >= loss {
-            return Err(ConfigError::ExtensionAfterLoss { ttl, period, loss });
+            return Err(TtlError::ExtensionAfterLoss { ttl, period, loss });
         }
         Ok(())
     }
@@ -138,31 +138,33 @@ impl Shared {
 /// Checks one resource name against the rule every lock call applies: not empty, and
 /// at most `max_len` bytes (the client's
 /// [`max_resource_len`](crate::RedlockBuilder::max_resource_len), by default
-/// [`DEFAULT_MAX_RESOURCE_LEN`](crate::DEFAULT_MAX_RESOURCE_LEN)). For stores keyed by
+/// [`DEFAULT_MAX_RESOURCE_LEN`](crate::builder::DEFAULT_MAX_RESOURCE_LEN)). For stores keyed by
 /// the same names (fencing tables, say), so that they take exactly the names a lock
 /// can be taken for.
 ///
 /// ```
-/// use redlock_core::{ConfigError, DEFAULT_MAX_RESOURCE_LEN, check_resource_name};
+/// use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
+/// use redlock_core::check_resource_name;
+/// use redlock_core::error::ArgumentError;
 ///
 /// assert!(check_resource_name("order:42", DEFAULT_MAX_RESOURCE_LEN).is_ok());
 /// assert!(matches!(
 ///     check_resource_name(&"x".repeat(513), DEFAULT_MAX_RESOURCE_LEN),
-///     Err(ConfigError::ResourceTooLong { len: 513, max: 512, .. })
+///     Err(ArgumentError::ResourceTooLong { len: 513, max: 512, .. })
 /// ));
-/// assert!(matches!(check_resource_name("", 512), Err(ConfigError::EmptyResource)));
+/// assert!(matches!(check_resource_name("", 512), Err(ArgumentError::EmptyResource)));
 /// ```
 ///
 /// # Errors
 ///
-/// [`ConfigError::EmptyResource`], or [`ConfigError::ResourceTooLong`] with the name's
+/// [`ArgumentError::EmptyResource`], or [`ArgumentError::ResourceTooLong`] with the name's
 /// first bytes.
-pub fn check_resource_name(resource: &str, max_len: usize) -> Result<(), ConfigError> {
+pub fn check_resource_name(resource: &str, max_len: usize) -> Result<(), ArgumentError> {
     if resource.is_empty() {
-        return Err(ConfigError::EmptyResource);
+        return Err(ArgumentError::EmptyResource);
     }
     if resource.len() > max_len {
-        return Err(ConfigError::ResourceTooLong {
+        return Err(ArgumentError::ResourceTooLong {
             start: truncated(resource, 32),
             len: resource.len(),
             max: max_len,

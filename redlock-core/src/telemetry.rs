@@ -16,10 +16,10 @@
 //! | `redlock_extensions_total` | counter | `outcome`: `extended`, `failed` | the watchdog's extensions, per lock per round |
 //! | `redlock_locks_lost_total` | counter | | watched locks declared lost (not extended on a majority in time) |
 //! | `redlock_queue_waiters` | gauge | | this process's requests waiting in a lock's queue |
-//! | `redlock_permit_acquisitions_total` | counter | `outcome` | semaphore permit requests ([`Semaphore`](crate::Semaphore)), by how they ended |
+//! | `redlock_permit_acquisitions_total` | counter | `outcome` | semaphore permit requests ([`Semaphore`](crate::semaphore::Semaphore)), by how they ended |
 //! | `redlock_permit_acquire_duration_seconds` | histogram | `outcome` | how long a permit request took, waiting included |
 //! | `redlock_permits_held` | gauge | | permits this process holds |
-//! | `redlock_rw_acquisitions_total` | counter | `side`: `read`, `write`; `outcome` | read-write lock requests ([`RwLock`](crate::RwLock)), by how they ended |
+//! | `redlock_rw_acquisitions_total` | counter | `side`: `read`, `write`; `outcome` | read-write lock requests ([`RwLock`](crate::rwlock::RwLock)), by how they ended |
 //! | `redlock_rw_acquire_duration_seconds` | histogram | `side`, `outcome` | how long a read or write request took, waiting included |
 //! | `redlock_rw_locks_held` | gauge | `side` | read and write locks this process holds |
 //! | `redlock_permit_waiters` | gauge | | this process's permit requests waiting for a permit (a waiting `acquire` also queues on one slot: `redlock_queue_waiters` counts it too) |

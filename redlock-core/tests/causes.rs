@@ -7,7 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_core::{ConfigError, Error, NodeError, Redlock, RetryPolicy};
+use redlock_core::error::NodeError;
+use redlock_core::{ConfigError, Error, Redlock, RetryPolicy};
 use redlock_testkit::{Cluster, Persistence, RedisServer, ServerOptions};
 
 /// A client retrying for 5 s: an error that comes much sooner was not retried.

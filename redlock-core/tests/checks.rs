@@ -9,7 +9,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlock_core::{Error, NodeError, RetryPolicy};
+use redlock_core::error::NodeError;
+use redlock_core::{Error, RetryPolicy};
 use redlock_testkit::{Persistence, RedisServer};
 
 /// Collects everything logged, for the assertions.

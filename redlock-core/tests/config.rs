@@ -1,13 +1,15 @@
-//! Every configuration and input error is a clear `ConfigError`, never a panic, and
+//! Every configuration error is a clear `ConfigError` and every bad argument a clear
+//! `ArgumentError`, never a panic, and
 //! nothing is sent to any node.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 use std::time::Duration;
 
-use redlock_core::{ConfigError, Error, Lock, Redlock, RetryPolicy};
+use redlock_core::error::TtlError;
+use redlock_core::{ArgumentError, ConfigError, Error, Lock, Redlock, RetryPolicy};
 
-type Case = (Result<Lock, Error>, fn(&ConfigError) -> bool);
+type Case = (Result<Lock, Error>, fn(&ArgumentError) -> bool);
 
 fn three() -> [&'static str; 3] {
     [
@@ -86,13 +88,19 @@ fn zero_ttl() {
         .ttl(Duration::ZERO)
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::ZeroTtl { .. }), "{err}");
+    assert!(
+        matches!(err, ConfigError::Ttl(TtlError::Zero { .. })),
+        "{err}"
+    );
     let err = Redlock::builder()
         .nodes(three())
         .ttl(Duration::from_micros(900))
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::ZeroTtl { .. }), "{err}");
+    assert!(
+        matches!(err, ConfigError::Ttl(TtlError::Zero { .. })),
+        "{err}"
+    );
 }
 
 #[test]
@@ -104,7 +112,10 @@ fn ttl_not_above_drift() {
         .ttl(Duration::from_millis(2))
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::TtlNotAboveDrift { .. }), "{err}");
+    assert!(
+        matches!(err, ConfigError::Ttl(TtlError::NotAboveDrift { .. })),
+        "{err}"
+    );
 }
 
 #[test]
@@ -114,7 +125,10 @@ fn ttl_too_long() {
         .ttl(Duration::from_secs(u64::MAX))
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::TtlTooLong { .. }), "{err}");
+    assert!(
+        matches!(err, ConfigError::Ttl(TtlError::TooLong { .. })),
+        "{err}"
+    );
 }
 
 #[test]
@@ -126,7 +140,7 @@ fn timeout_not_below_ttl() {
         .build()
         .unwrap_err();
     assert!(
-        matches!(err, ConfigError::TimeoutNotBelowTtl { .. }),
+        matches!(err, ConfigError::Ttl(TtlError::TimeoutNotBelowTtl { .. })),
         "{err}"
     );
     let err = Redlock::builder()
@@ -166,7 +180,7 @@ fn extension_period_must_end_before_the_loss_deadline() {
         .build()
         .unwrap_err();
     assert!(
-        matches!(err, ConfigError::ExtensionAfterLoss { .. }),
+        matches!(err, ConfigError::Ttl(TtlError::ExtensionAfterLoss { .. })),
         "{err}"
     );
     // The maximum TTL is checked too.
@@ -180,7 +194,7 @@ fn extension_period_must_end_before_the_loss_deadline() {
     assert!(
         matches!(
             err,
-            ConfigError::ExtensionAfterLoss { .. } | ConfigError::TtlAboveMax { .. }
+            ConfigError::Ttl(TtlError::ExtensionAfterLoss { .. } | TtlError::AboveMax { .. })
         ),
         "{err}"
     );
@@ -213,7 +227,7 @@ fn even_node_count_is_allowed() {
     assert_eq!(redlock.quorum(), 2);
 }
 
-/// Bad arguments to a lock call are `Error::Config` before anything is sent (the nodes
+/// Bad arguments to a lock call are `Error::Argument` before anything is sent (the nodes
 /// here do not exist: a network attempt would give `NoQuorum` instead).
 #[tokio::test]
 async fn bad_lock_arguments() {
@@ -224,31 +238,31 @@ async fn bad_lock_arguments() {
         .unwrap();
     let cases: Vec<Case> = vec![
         (redlock.try_lock("").await, |e| {
-            matches!(e, ConfigError::EmptyResource)
+            matches!(e, ArgumentError::EmptyResource)
         }),
         (redlock.lock_many(Vec::<String>::new()).await, |e| {
-            matches!(e, ConfigError::EmptyResource)
+            matches!(e, ArgumentError::EmptyResource)
         }),
         (
             redlock.lock_many(["a", "b", "a"]).await,
-            |e| matches!(e, ConfigError::DuplicateResource { resource } if resource == "a"),
+            |e| matches!(e, ArgumentError::DuplicateResource { resource } if resource == "a"),
         ),
         (redlock.try_lock("x").ttl(Duration::ZERO).await, |e| {
-            matches!(e, ConfigError::ZeroTtl { .. })
+            matches!(e, ArgumentError::Ttl(TtlError::Zero { .. }))
         }),
         (
             redlock.try_lock("x").ttl(Duration::from_millis(40)).await,
-            |e| matches!(e, ConfigError::TimeoutNotBelowTtl { .. }),
+            |e| matches!(e, ArgumentError::Ttl(TtlError::TimeoutNotBelowTtl { .. })),
         ),
         (
             redlock.lock("x").retry(RetryPolicy::attempts(0)).await,
-            |e| matches!(e, ConfigError::ZeroAttempts),
+            |e| matches!(e, ArgumentError::ZeroAttempts),
         ),
     ];
     for (i, (result, expected)) in cases.into_iter().enumerate() {
         match result {
-            Err(Error::Config(err)) => assert!(expected(&err), "case {i}: {err}"),
-            other => panic!("case {i}: expected a config error, got {other:?}"),
+            Err(Error::Argument(err)) => assert!(expected(&err), "case {i}: {err}"),
+            other => panic!("case {i}: expected an argument error, got {other:?}"),
         }
     }
     // And a valid call against unreachable nodes is a clear NoQuorum, not a hang.
@@ -294,9 +308,9 @@ async fn extreme_durations_never_panic() {
     .await;
     assert!(waiter.is_err(), "still waiting");
     let err = redlock.try_lock("other").ttl(huge).await.unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(matches!(err, Error::Argument(_)), "{err}");
     let err = lock.extend(huge).await.unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(matches!(err, Error::Argument(_)), "{err}");
     lock.release().await.unwrap();
     // And the client still works.
     redlock
@@ -314,27 +328,29 @@ async fn extreme_durations_never_panic() {
 #[tokio::test]
 async fn absurd_ttls_are_refused_below_a_configurable_limit() {
     let month = Duration::from_secs(30 * 24 * 3600);
-    let above_limit = |err: &ConfigError| {
-        matches!(err, ConfigError::TtlAboveLimit { limit, .. } if *limit == redlock_core::DEFAULT_TTL_LIMIT)
+    let above_limit = |err: &TtlError| {
+        matches!(err, TtlError::AboveLimit { limit, .. } if *limit == redlock_core::builder::DEFAULT_TTL_LIMIT)
             && err.to_string().contains("ttl_limit")
     };
+    let build_above_limit =
+        |err: &ConfigError| matches!(err, ConfigError::Ttl(ttl) if above_limit(ttl));
     let err = Redlock::builder()
         .nodes(three())
         .ttl(month)
         .build()
         .unwrap_err();
-    assert!(above_limit(&err), "{err}");
+    assert!(build_above_limit(&err), "{err}");
     let err = Redlock::builder()
         .nodes(three())
         .max_ttl(month)
         .build()
         .unwrap_err();
-    assert!(above_limit(&err), "{err}");
+    assert!(build_above_limit(&err), "{err}");
     // Quarantine off: no maximum TTL, the limit still bounds each lock.
     let redlock = redlock_testkit::builder_for(three()).build().unwrap();
-    assert_eq!(redlock.max_ttl(), redlock_core::DEFAULT_TTL_LIMIT);
+    assert_eq!(redlock.max_ttl(), redlock_core::builder::DEFAULT_TTL_LIMIT);
     match redlock.try_lock("x").ttl(month).await {
-        Err(Error::Config(err)) => assert!(above_limit(&err), "{err}"),
+        Err(Error::Argument(ArgumentError::Ttl(err))) => assert!(above_limit(&err), "{err}"),
         other => panic!("expected TtlAboveLimit, got {other:?}"),
     }
     // Raised on purpose: an hour-long TTL, and the quarantine as long.
@@ -352,7 +368,10 @@ async fn absurd_ttls_are_refused_below_a_configurable_limit() {
         .ttl_limit(month * 2)
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::TtlTooLong { .. }), "{err}");
+    assert!(
+        matches!(err, ConfigError::Ttl(TtlError::TooLong { .. })),
+        "{err}"
+    );
 }
 
 /// A 10 MB resource name is refused before any I/O, with an error that does not carry
@@ -380,7 +399,7 @@ async fn huge_resource_names_are_refused_before_any_io() {
     let err = redlock.lock(huge.as_str()).await.unwrap_err();
     assert!(started.elapsed() < Duration::from_millis(100));
     assert!(
-        matches!(&err, Error::Config(ConfigError::ResourceTooLong { len, max, .. }) if *len == huge.len() && *max == redlock_core::DEFAULT_MAX_RESOURCE_LEN),
+        matches!(&err, Error::Argument(ArgumentError::ResourceTooLong { len, max, .. }) if *len == huge.len() && *max == redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN),
         "{err:?}"
     );
     assert!(err.to_string().len() < 400, "{err}");
@@ -388,11 +407,11 @@ async fn huge_resource_names_are_refused_before_any_io() {
     let err = redlock.lock_many(["ok", huge.as_str()]).await.unwrap_err();
     assert!(matches!(
         err,
-        Error::Config(ConfigError::ResourceTooLong { .. })
+        Error::Argument(ArgumentError::ResourceTooLong { .. })
     ));
 
     // At the bound it is fine; the bound can be set.
-    let at_bound = "r".repeat(redlock_core::DEFAULT_MAX_RESOURCE_LEN);
+    let at_bound = "r".repeat(redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN);
     redlock
         .try_lock(at_bound)
         .await

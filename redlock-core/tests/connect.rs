@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_core::{Error, NodeError, Redlock};
+use redlock_core::error::NodeError;
+use redlock_core::{Error, Redlock};
 use redlock_testkit::{RedisServer, ServerOptions, require};
 
 const TIMEOUT: Duration = Duration::from_millis(500);

@@ -6,7 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_core::{Error, NodeError};
+use redlock_core::Error;
+use redlock_core::error::NodeError;
 use redlock_testkit::Cluster;
 use redlock_testkit::{client, client_for, cycle};
 

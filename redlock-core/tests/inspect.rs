@@ -7,7 +7,8 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use redlock_core::{Agreement, Error, Redlock, RetryPolicy};
+use redlock_core::inspect::Agreement;
+use redlock_core::{Error, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
 fn client(cluster: &Cluster, holder: &str) -> Redlock {

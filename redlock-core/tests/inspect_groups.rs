@@ -12,7 +12,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use redlock_core::{Agreement, Redlock, RetryPolicy};
+use redlock_core::inspect::Agreement;
+use redlock_core::{Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
 fn client(cluster: &Cluster, holder: &str) -> Redlock {
@@ -313,7 +314,7 @@ async fn a_read_write_lock_is_listed_and_released_by_force() {
     assert!(after.rw_locks.iter().all(|l| l.name != "doc"), "{after:?}");
 }
 
-/// The same through [`RwLock`](redlock_core::RwLock) itself: two readers and a writer
+/// The same through [`RwLock`](redlock_core::rwlock::RwLock) itself: two readers and a writer
 /// waiting for them are listed; the forced release frees the readers and wakes the
 /// writer at once (its retry delay is 3 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

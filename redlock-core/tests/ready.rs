@@ -6,7 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_core::{Error, NodeError, Redlock};
+use redlock_core::error::NodeError;
+use redlock_core::{Error, Redlock};
 use redlock_testkit::Cluster;
 
 fn quarantined_client(cluster: &Cluster, max_ttl: Duration) -> Redlock {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redlock_core::{ConfigError, Error, Redlock, RetryPolicy};
+use redlock_core::{ArgumentError, Error, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
 /// A client whose node timeout a loaded machine keeps (the default, 100 ms, is missed
@@ -451,7 +451,7 @@ async fn bad_read_write_locks_are_refused() {
     let redlock = client(&cluster);
     assert!(matches!(
         redlock.rw_lock(""),
-        Err(ConfigError::EmptyResource)
+        Err(ArgumentError::EmptyResource)
     ));
     let long = "x".repeat(10_000);
     assert!(redlock.rw_lock(long).is_err());

@@ -250,7 +250,7 @@ async fn restart_scenario(quarantine: bool) -> Vec<Violation> {
                 Error::NoQuorum { failures, .. } => assert!(
                     failures
                         .iter()
-                        .any(|f| matches!(f.cause, redlock_core::NodeError::Quarantined(_))),
+                        .any(|f| matches!(f.cause, redlock_core::error::NodeError::Quarantined(_))),
                     "node 0 should be in quarantine: {failures:?}"
                 ),
                 other => panic!("expected NoQuorum, got {other}"),
@@ -595,9 +595,13 @@ async fn rw_lock_under_faults_never_lets_a_writer_share() {
                     round += 1;
                     let write = round % 3 == 0;
                     let lock = if write {
-                        rw.write().await.map(redlock_core::WriteLock::into_lock)
+                        rw.write()
+                            .await
+                            .map(redlock_core::rwlock::WriteLock::into_lock)
                     } else {
-                        rw.read().await.map(redlock_core::ReadLock::into_lock)
+                        rw.read()
+                            .await
+                            .map(redlock_core::rwlock::ReadLock::into_lock)
                     };
                     let Ok(lock) = lock else {
                         failures.fetch_add(1, Ordering::Relaxed);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redlock_core::{ConfigError, Error, RetryPolicy};
+use redlock_core::{ArgumentError, Error, RetryPolicy};
 use redlock_testkit::Cluster;
 
 /// A client holding every permit of the semaphore `name` (the client and its permits).
@@ -16,7 +16,7 @@ async fn holding_every_permit(
     cluster: &Cluster,
     name: &str,
     permits: u32,
-) -> (redlock_core::Redlock, Vec<redlock_core::Permit>) {
+) -> (redlock_core::Redlock, Vec<redlock_core::semaphore::Permit>) {
     let holder = redlock_testkit::builder(cluster).build().unwrap();
     let held = holder
         .semaphore(name, permits)
@@ -297,11 +297,11 @@ async fn bad_semaphores_are_refused() {
     let redlock = redlock_testkit::builder(&cluster).build().unwrap();
     assert!(matches!(
         redlock.semaphore("s", 0),
-        Err(ConfigError::ZeroPermits)
+        Err(ArgumentError::ZeroPermits)
     ));
     assert!(matches!(
         redlock.semaphore("", 2),
-        Err(ConfigError::EmptyResource)
+        Err(ArgumentError::EmptyResource)
     ));
 }
 
@@ -374,7 +374,7 @@ async fn acquire_many_takes_all_or_none() {
     for bad in [0, 4] {
         assert!(matches!(
             semaphore.acquire_many(bad).await,
-            Err(Error::Config(ConfigError::TooManyPermits { .. }))
+            Err(Error::Argument(ArgumentError::TooManyPermits { .. }))
         ));
     }
 }

@@ -7,7 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_core::{ConfigError, DEFAULT_MAX_RESOURCE_LEN, Error, ErrorClass, MAX_PERMITS};
+use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
+use redlock_core::semaphore::MAX_PERMITS;
+use redlock_core::{ArgumentError, Error, ErrorClass};
 use redlock_testkit::Cluster;
 
 /// A semaphore of `u32::MAX` permits, or one past the bound, is refused at once with
@@ -18,7 +20,7 @@ async fn permits_above_the_bound_are_refused() {
     let redlock = redlock_testkit::builder(&cluster).build().unwrap();
     for permits in [u32::MAX, MAX_PERMITS + 1] {
         match redlock.semaphore("big", permits) {
-            Err(ConfigError::PermitsAboveMax { permits: p, max }) => {
+            Err(ArgumentError::PermitsAboveMax { permits: p, max }) => {
                 assert_eq!((p, max), (permits, MAX_PERMITS));
             }
             other => panic!("a semaphore of {permits} permits: {other:?}"),
@@ -179,8 +181,8 @@ async fn the_longest_semaphore_name_works_and_one_byte_more_is_refused() {
 
     let long = "n".repeat(longest + 1);
     match redlock.semaphore(long.as_str(), PERMITS) {
-        Err(error @ ConfigError::SemaphoreNameTooLong { .. }) => {
-            let ConfigError::SemaphoreNameTooLong {
+        Err(error @ ArgumentError::SemaphoreNameTooLong { .. }) => {
+            let ArgumentError::SemaphoreNameTooLong {
                 len, max, permits, ..
             } = &error
             else {
@@ -188,7 +190,7 @@ async fn the_longest_semaphore_name_works_and_one_byte_more_is_refused() {
             };
             assert_eq!((*len, *max, *permits), (longest + 1, longest, PERMITS));
             assert!(error.to_string().contains(&longest.to_string()), "{error}");
-            assert_eq!(Error::Config(error).class(), ErrorClass::InvalidResource);
+            assert_eq!(Error::Argument(error).class(), ErrorClass::InvalidResource);
         }
         other => panic!("a name of {} bytes: {other:?}", longest + 1),
     }
@@ -208,7 +210,7 @@ async fn the_name_bound_follows_max_resource_len() {
     assert!(redlock.semaphore("a".repeat(10), 100).is_ok());
     assert!(matches!(
         redlock.semaphore("a".repeat(11), 100),
-        Err(ConfigError::SemaphoreNameTooLong {
+        Err(ArgumentError::SemaphoreNameTooLong {
             len: 11,
             max: 10,
             ..
@@ -217,6 +219,6 @@ async fn the_name_bound_follows_max_resource_len() {
     // `/permit/100`: 11 bytes.
     assert!(matches!(
         redlock.semaphore("a".repeat(10), 101),
-        Err(ConfigError::SemaphoreNameTooLong { max: 9, .. })
+        Err(ArgumentError::SemaphoreNameTooLong { max: 9, .. })
     ));
 }

@@ -267,7 +267,7 @@ pub async fn ready_client(
         .max_ttl(ttl)
         .build()?;
     redlock
-        .wait_ready(redlock.max_ttl() + redlock_core::CONNECT_TIMEOUT)
+        .wait_ready(redlock.max_ttl() + redlock_core::builder::CONNECT_TIMEOUT)
         .await?;
     Ok(redlock)
 }

@@ -11,7 +11,7 @@ use super::groups::{rw_key, size_key, slot_of};
 use super::listing::{glob_escape, scan};
 use super::{INSPECT_TIMEOUT, only_reply};
 use crate::client::Redlock;
-use crate::error::{ConfigError, Error, NodeError, NodeFailure};
+use crate::error::{ArgumentError, Error, NodeError, NodeFailure};
 use crate::node::Node;
 use crate::protocol::redis_error;
 use crate::semaphore::MAX_PERMITS;
@@ -145,7 +145,7 @@ pub struct SemaphoreReleased {
     /// The semaphore's name.
     pub name: String,
     /// Its number of permits, from its size record (`None`: no record found, or one
-    /// above [`MAX_PERMITS`](crate::MAX_PERMITS), which no semaphore wrote; the slots
+    /// above [`MAX_PERMITS`](crate::semaphore::MAX_PERMITS), which no semaphore wrote; the slots
     /// released are those a scan found held).
     pub permits: Option<u32>,
     /// Each slot released, by index: every slot below `permits`, and every other slot
@@ -254,7 +254,7 @@ impl Redlock {
     pub async fn force_release_semaphore(&self, name: &str) -> Result<SemaphoreReleased, Error> {
         let shared = self.shared();
         if name.is_empty() {
-            return Err(Error::Config(ConfigError::EmptyResource));
+            return Err(Error::Argument(ArgumentError::EmptyResource));
         }
         shared.check_resources(&[format!("{name}/permit/0")])?;
         let cluster = &shared.cluster;
@@ -358,7 +358,7 @@ impl Redlock {
     pub async fn force_release_rw(&self, name: &str) -> Result<RwReleased, Error> {
         let shared = self.shared();
         if name.is_empty() {
-            return Err(Error::Config(ConfigError::EmptyResource));
+            return Err(Error::Argument(ArgumentError::EmptyResource));
         }
         let resource = format!("{name}/rw");
         shared.check_resources(std::slice::from_ref(&resource))?;

@@ -31,7 +31,7 @@ use crate::value::describe;
 /// rewrite it at most once a day, on an acquisition).
 pub const SIZE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// How often one [`Semaphore`](crate::Semaphore) (and its clones) rewrites its size
+/// How often one [`Semaphore`](crate::semaphore::Semaphore) (and its clones) rewrites its size
 /// record, at most.
 pub(crate) const SIZE_REFRESH: Duration = Duration::from_secs(24 * 3600);
 

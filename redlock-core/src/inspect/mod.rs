@@ -13,7 +13,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use redlock_core::{Agreement, Redlock};
+//! use redlock_core::Redlock;
+//! use redlock_core::inspect::Agreement;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -64,7 +65,7 @@ pub const INSPECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The only reply of a one-command pipeline.
 fn only_reply(
     replies: Vec<redis::RedisResult<redis::Value>>,
-) -> Result<redis::Value, crate::NodeError> {
+) -> Result<redis::Value, crate::error::NodeError> {
     use crate::protocol::redis_error;
     match replies.into_iter().next() {
         Some(reply) => reply.map_err(redis_error),
@@ -107,7 +108,7 @@ mod json {
     }
 
     pub(super) fn failures<S: Serializer>(
-        failures: &[crate::NodeFailure],
+        failures: &[crate::error::NodeFailure],
         s: S,
     ) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
