@@ -144,11 +144,18 @@ mod tests;
 pub use acquire::Acquire;
 pub use builder::RedlockBuilder;
 pub use client::Redlock;
-pub use error::{ArgumentError, ConfigError, Error, ErrorClass, Result};
+pub use error::{ArgumentError, BoxError, ConfigError, Error, ErrorClass, Result};
 pub use lock::{Finished, Lock, LockHandle, Released};
 pub use node::NodeStatus;
 pub use retry::RetryPolicy;
 pub use shared::check_resource_name;
+
+#[doc = include_str!("../guides/CORE.md")]
+pub mod _guide {}
+#[doc = include_str!("../guides/GUARANTEES.md")]
+pub mod _guarantees {}
+#[doc = include_str!("../guides/BENCHMARKS.md")]
+pub mod _benchmarks {}
 
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they
 // stay true to the API.
