@@ -79,12 +79,12 @@ impl Nodes {
 /// Waits until a majority of `redlock`'s nodes vote, or exits the program with status 1
 /// and a message naming each node that cannot, as configured (host and port, no
 /// credentials). Unreachable or misconfigured nodes are reported within the connect
-/// timeout ([`redlock_core::CONNECT_TIMEOUT`]); nodes that only sit in restart quarantine
+/// timeout ([`redlock_core::builder::CONNECT_TIMEOUT`]); nodes that only sit in restart quarantine
 /// (started less than the max TTL ago, as local nodes started for a run do) are waited
 /// for until it ends.
 pub async fn wait_until_ready(redlock: &redlock_core::Redlock) {
     let started = std::time::Instant::now();
-    let result = match redlock.wait_ready(redlock_core::CONNECT_TIMEOUT).await {
+    let result = match redlock.wait_ready(redlock_core::builder::CONNECT_TIMEOUT).await {
         Err(redlock_core::Error::NotReady {
             ready,
             needed,
@@ -97,7 +97,7 @@ pub async fn wait_until_ready(redlock: &redlock_core::Redlock) {
                 left.as_secs_f64()
             );
             let result = redlock
-                .wait_ready(left + redlock_core::CONNECT_TIMEOUT)
+                .wait_ready(left + redlock_core::builder::CONNECT_TIMEOUT)
                 .await;
             if result.is_ok() {
                 println!(
@@ -116,11 +116,11 @@ pub async fn wait_until_ready(redlock: &redlock_core::Redlock) {
 }
 
 /// How many of `failures` are restart quarantines, and the longest left.
-fn quarantined(failures: &[redlock_core::NodeFailure]) -> (usize, std::time::Duration) {
+fn quarantined(failures: &[redlock_core::error::NodeFailure]) -> (usize, std::time::Duration) {
     failures
         .iter()
         .filter_map(|f| match f.cause {
-            redlock_core::NodeError::Quarantined(left) => Some(left),
+            redlock_core::error::NodeError::Quarantined(left) => Some(left),
             _ => None,
         })
         .fold((0, std::time::Duration::ZERO), |(n, longest), left| {

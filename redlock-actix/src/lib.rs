@@ -63,7 +63,7 @@
 //!   `IdempotencyLayer` takes too; the guide: `docs/IDEMPOTENCY.md`).
 //! - [`ClusterLimitMiddleware`] lets at most `k` requests per key (per tenant, per
 //!   route) run at once across every replica, on a cluster-wide semaphore
-//!   ([`redlock_core::Semaphore`]); a full limit answers `429` with `Retry-After` (the
+//!   ([`redlock_core::semaphore::Semaphore`]); a full limit answers `429` with `Retry-After` (the
 //!   counterpart of `redlock-tower`'s `ClusterLimitLayer`, over the same
 //!   [`LimitOptions`]).
 //! - [`LockMiddleware`]'s keys come from a [`KeyExtractor`](extract::KeyExtractor)

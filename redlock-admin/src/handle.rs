@@ -829,7 +829,9 @@ fn group_name<'p>(params: &'p HashMap<String, String>, what: &str) -> Result<&'p
 
 fn lock_failure(err: redlock_core::Error) -> Failure {
     match &err {
-        redlock_core::Error::Config(_) => Failure::new(StatusCode::BAD_REQUEST, err.to_string()),
+        redlock_core::Error::Argument(_) | redlock_core::Error::Config(_) => {
+            Failure::new(StatusCode::BAD_REQUEST, err.to_string())
+        }
         _ => Failure::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
     }
 }

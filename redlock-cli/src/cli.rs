@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
-use redlock_core::DEFAULT_KEY_PREFIX;
+use redlock_core::builder::DEFAULT_KEY_PREFIX;
 use redlock_scheduler::Scheduler;
 use redlock_scheduler::admin::DEFAULT_NEXT_TICKS;
 use redlock_scheduler::history::{DEFAULT_RUN_LIMIT, Outcome};

@@ -5,10 +5,10 @@
 //! health, the lock listing and a forced release are read-or-overrule operations the
 //! algorithm is not part of.
 
-use redlock_core::{
-    Agreement, DEFAULT_TTL_LIMIT, Error, ForceReleased, HeldLock, HeldRwLock, HeldSemaphore,
-    LockListing, NodeFailure, NodeHealth, Redlock, RwReleased, SemaphoreReleased,
-};
+use redlock_core::{Error, Redlock};
+use redlock_core::builder::DEFAULT_TTL_LIMIT;
+use redlock_core::error::NodeFailure;
+use redlock_core::inspect::{Agreement, ForceReleased, HeldLock, HeldRwLock, HeldSemaphore, LockListing, NodeHealth, RwReleased, SemaphoreReleased};
 use serde::Serialize;
 
 use crate::cli::{Global, NODES_ENV};
@@ -452,6 +452,7 @@ pub(crate) async fn release(global: &Global, key: &str, force: bool) -> Result<R
     }
     let (redlock, nodes) = client(global)?;
     let released = redlock.force_release(key).await.map_err(|err| match err {
+        Error::Argument(err) => CliError::failed(format!("cannot release `{key}`: {err}")),
         Error::Config(err) => CliError::failed(format!("cannot release `{key}`: {err}")),
         other => CliError::failed(format!(
             "cannot release `{key}`: {other}; check that the nodes are up and that --nodes / {NODES_ENV} names them"
@@ -519,6 +520,7 @@ fn without_force(what: &str, does: &str, again: &str) -> CliError {
 /// The error of a forced release that failed.
 fn release_failed(what: &str, err: Error) -> CliError {
     match err {
+        Error::Argument(err) => CliError::failed(format!("cannot release {what}: {err}")),
         Error::Config(err) => CliError::failed(format!("cannot release {what}: {err}")),
         other => CliError::failed(format!(
             "cannot release {what}: {other}; check that the nodes are up and that --nodes / {NODES_ENV} names them"

@@ -31,13 +31,13 @@ pub enum FenceError {
     },
     /// The resource name is empty, or longer than the fence's bound (`max_resource_len`
     /// on [`SqlFence`](crate::SqlFence) and `RedisFence`; by default redlock-core's
-    /// [`DEFAULT_MAX_RESOURCE_LEN`](redlock_core::DEFAULT_MAX_RESOURCE_LEN), 512 bytes).
+    /// [`DEFAULT_MAX_RESOURCE_LEN`](redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN), 512 bytes).
     /// The rule is redlock-core's for lock names
     /// ([`check_resource_name`](redlock_core::check_resource_name)), so no lock is taken
     /// for such a name either. Nothing was sent. Fence the name the lock was taken for (a
     /// hash of a long one, say), or raise the bound along with the lock client's.
     #[error("the fence refuses the resource name: {0}")]
-    InvalidResource(#[source] redlock_core::ConfigError),
+    InvalidResource(#[source] redlock_core::ArgumentError),
     /// The fence table's name is not a plain SQL identifier.
     #[error(
         "`{table}` is not a plain table name (letters, digits, `_`, optionally `schema.table`)"

@@ -2,7 +2,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use redlock_core::{DEFAULT_MAX_RESOURCE_LEN, check_resource_name};
+use redlock_core::check_resource_name;
+use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Type};
 
 use crate::FenceError;

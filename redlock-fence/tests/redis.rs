@@ -140,15 +140,16 @@ async fn del_is_fenced() {
 /// lock takes is fenced; a raised bound takes longer names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resource_names_are_bounded() {
-    use redlock_core::{ConfigError, DEFAULT_MAX_RESOURCE_LEN};
+    use redlock_core::ArgumentError;
+    use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 
     #[track_caller]
     fn assert_refused<T: std::fmt::Debug>(result: Result<T, FenceError>, len: usize) {
         match result {
-            Err(FenceError::InvalidResource(ConfigError::ResourceTooLong {
+            Err(FenceError::InvalidResource(ArgumentError::ResourceTooLong {
                 len: l, max, ..
             })) if l == len && max == DEFAULT_MAX_RESOURCE_LEN => {}
-            Err(FenceError::InvalidResource(ConfigError::EmptyResource)) if len == 0 => {}
+            Err(FenceError::InvalidResource(ArgumentError::EmptyResource)) if len == 0 => {}
             other => panic!("expected InvalidResource for {len} bytes, got {other:?}"),
         }
     }

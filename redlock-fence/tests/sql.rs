@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use redlock_core::{ConfigError, DEFAULT_MAX_RESOURCE_LEN, RetryPolicy};
+use redlock_core::{ArgumentError, RetryPolicy};
+use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 use redlock_fence::{FenceError, SqlFence};
 use redlock_testkit::{Cluster, require};
 use sqlx::Executor;
@@ -192,14 +193,14 @@ macro_rules! resource_names_are_bounded {
         let mut conn = pool.acquire().await.unwrap();
         let long = incompressible(10 * 1024);
         match fence.check(&mut *conn, &long, 1).await {
-            Err(FenceError::InvalidResource(ConfigError::ResourceTooLong { len, max, .. })) => {
+            Err(FenceError::InvalidResource(ArgumentError::ResourceTooLong { len, max, .. })) => {
                 assert_eq!((len, max), (10 * 1024, DEFAULT_MAX_RESOURCE_LEN));
             }
             other => panic!("expected InvalidResource, got {other:?}"),
         }
         assert!(matches!(
             fence.check(&mut *conn, "", 1).await,
-            Err(FenceError::InvalidResource(ConfigError::EmptyResource))
+            Err(FenceError::InvalidResource(ArgumentError::EmptyResource))
         ));
         fence
             .check(&mut *conn, &incompressible(DEFAULT_MAX_RESOURCE_LEN), 1)
@@ -234,8 +235,8 @@ async fn sqlite_resource_names_are_bounded() {
         .unwrap();
     assert!(matches!(
         redlock.try_lock(incompressible(10 * 1024)).await,
-        Err(redlock_core::Error::Config(
-            ConfigError::ResourceTooLong { .. }
+        Err(redlock_core::Error::Argument(
+            ArgumentError::ResourceTooLong { .. }
         ))
     ));
 }

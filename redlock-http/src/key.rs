@@ -435,7 +435,7 @@ pub fn path_param_not_utf8(name: &str) -> Key {
 /// redlock-core's default resource-name bound, 512 bytes: the room of keys is counted
 /// against the client's own bound ([`Redlock::max_resource_len`](redlock_core::Redlock::max_resource_len)),
 /// this one unless it was built with another.
-pub const MAX_RESOURCE_LEN: usize = redlock_core::DEFAULT_MAX_RESOURCE_LEN;
+pub const MAX_RESOURCE_LEN: usize = redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 
 /// The separator of a semaphore's slot resources, `<name>/permit/<i>`.
 const PERMIT_SEPARATOR: &str = "/permit/";

@@ -24,7 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redlock_core::{BoxError, CancellationToken};
+use redlock_core::BoxError;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::{BuildError, TransactionError};
 pub use crate::spec::{JobSpec, Misfire};
@@ -304,7 +305,7 @@ pub(crate) fn check_spec(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use redlock_core::DEFAULT_MAX_RESOURCE_LEN;
+    use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 
     use super::*;
     use crate::keys::NameKind;

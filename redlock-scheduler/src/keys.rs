@@ -33,7 +33,7 @@
 //! the bound in bytes.
 //!
 //! ```
-//! use redlock_core::DEFAULT_MAX_RESOURCE_LEN;
+//! use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 //! use redlock_scheduler::keys::{max_job_name_len, max_scheduler_name_len};
 //!
 //! assert_eq!(max_scheduler_name_len(DEFAULT_MAX_RESOURCE_LEN), 485);
@@ -41,7 +41,7 @@
 //! assert_eq!(max_job_name_len("scheduler", DEFAULT_MAX_RESOURCE_LEN), 477);
 //! ```
 
-pub use redlock_core::DEFAULT_MAX_RESOURCE_LEN;
+pub use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 
 use crate::error::build::BuildError;
 pub use crate::error::build::NameKind;

@@ -38,7 +38,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::RngExt;
-use redlock_core::{CancellationToken, Error as LockError, Redlock, RetryPolicy};
+use redlock_core::{Error as LockError, Redlock, RetryPolicy};
+use tokio_util::sync::CancellationToken;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 

@@ -153,7 +153,7 @@ impl Recorder {
     /// Writes the rows of ticks about to run, all waiting rows in one transaction, until
     /// `stop` fires and none wait. While the database fails, waiting rows are queued at
     /// once instead (their runs do not wait on it).
-    pub(crate) async fn commit_claims(&self, stop: redlock_core::CancellationToken) {
+    pub(crate) async fn commit_claims(&self, stop: tokio_util::sync::CancellationToken) {
         loop {
             let batch: Vec<_> = {
                 let mut claims = locked(&self.claims);
@@ -256,8 +256,8 @@ impl Recorder {
     /// Ends once `stop` fires and nothing waits (or `give_up` fires too).
     pub(crate) async fn run(
         &self,
-        stop: redlock_core::CancellationToken,
-        give_up: redlock_core::CancellationToken,
+        stop: tokio_util::sync::CancellationToken,
+        give_up: tokio_util::sync::CancellationToken,
     ) {
         tokio::join!(self.commit_claims(stop.clone()), self.drain(stop, give_up));
     }
@@ -267,8 +267,8 @@ impl Recorder {
     /// and `give_up` does too).
     async fn drain(
         &self,
-        stop: redlock_core::CancellationToken,
-        give_up: redlock_core::CancellationToken,
+        stop: tokio_util::sync::CancellationToken,
+        give_up: tokio_util::sync::CancellationToken,
     ) {
         let mut backoff = Duration::from_millis(100);
         loop {

@@ -55,7 +55,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redlock_core::{CancellationToken, LockHandle};
+use redlock_core::LockHandle;
+use tokio_util::sync::CancellationToken;
 use sqlx::{Any, AnyConnection, Transaction};
 use tokio::sync::watch;
 use tracing::Instrument;

@@ -9,7 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_core::{BoxError, DEFAULT_MAX_RESOURCE_LEN};
+use redlock_core::BoxError;
+use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 use redlock_scheduler::admin::SchedulerAdmin;
 use redlock_scheduler::changes::JobChange;
 use redlock_scheduler::error::{BuildError, RequestError};

@@ -28,7 +28,9 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 
-use redlock_core::{Redlock, RwLock, Semaphore};
+use redlock_core::Redlock;
+use redlock_core::rwlock::RwLock;
+use redlock_core::semaphore::Semaphore;
 use redlock_examples::Nodes;
 use redlock_examples::measure::{closed_loop, header, interleave, verdict};
 

@@ -6,7 +6,9 @@ use std::time::Instant;
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, forward_ready};
 use futures_util::future::LocalBoxFuture;
-use redlock_core::{CancellationToken, LockHandle, Permit};
+use redlock_core::LockHandle;
+use redlock_core::semaphore::Permit;
+use tokio_util::sync::CancellationToken;
 use redlock_http::LimitOptions;
 use tokio::runtime::Handle;
 

@@ -157,12 +157,12 @@ impl SchedulerAdmin {
             scheduler: scheduler.into(),
             operator: "admin".to_owned(),
             next_ticks: DEFAULT_NEXT_TICKS,
-            max_resource_len: redlock_core::DEFAULT_MAX_RESOURCE_LEN,
+            max_resource_len: redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN,
         }
     }
 
     /// The longest resource name the replicas' `Redlock` takes (default
-    /// [`DEFAULT_MAX_RESOURCE_LEN`](redlock_core::DEFAULT_MAX_RESOURCE_LEN), 512; give
+    /// [`DEFAULT_MAX_RESOURCE_LEN`](redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN), 512; give
     /// the replicas' [`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)
     /// if they set one): the bound on the names of the jobs it adds follows from it
     /// ([`max_job_name_len`](Self::max_job_name_len)). A replica whose client takes

@@ -4,7 +4,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use redlock_core::{CancellationToken, Redlock};
+use redlock_core::Redlock;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::changes::Changes;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use redlock_core::CancellationToken;
+use tokio_util::sync::CancellationToken;
 
 use super::context::Context;
 use super::state::{JobDef, JobState, lock};

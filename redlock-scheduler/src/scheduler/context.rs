@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redlock_core::{CancellationToken, Redlock};
+use redlock_core::Redlock;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::state::{JobState, JobTable, Slots};

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redlock_core::CancellationToken;
+use tokio_util::sync::CancellationToken;
 
 use super::changes::Changes;
 use super::context::Context;

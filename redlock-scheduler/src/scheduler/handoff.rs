@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redlock_core::CancellationToken;
+use tokio_util::sync::CancellationToken;
 
 use super::context::Context;
 use super::placement::Place;

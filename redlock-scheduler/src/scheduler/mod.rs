@@ -29,7 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use redlock_core::CancellationToken;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::changes::Changes;

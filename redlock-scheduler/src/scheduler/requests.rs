@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redlock_core::CancellationToken;
+use tokio_util::sync::CancellationToken;
 
 use super::context::Context;
 use super::state::lock;

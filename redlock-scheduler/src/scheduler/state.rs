@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use chrono::{DateTime, Utc};
-use redlock_core::CancellationToken;
+use tokio_util::sync::CancellationToken;
 
 use crate::job::Job;
 use crate::status::LastRun;

@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redlock_core::{CancellationToken, Error as LockError, Lock, RetryPolicy};
+use redlock_core::{Error as LockError, Lock, RetryPolicy};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::context::{CLAIM_MARGIN, Context};

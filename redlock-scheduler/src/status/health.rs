@@ -133,7 +133,7 @@ pub(crate) async fn watch_redis(
     redlock: Redlock,
     cell: std::sync::Arc<HealthCell>,
     ready: watch::Sender<bool>,
-    stop: redlock_core::CancellationToken,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     loop {
         let statuses = redlock.node_status().await;
