@@ -84,7 +84,10 @@ impl Nodes {
 /// for until it ends.
 pub async fn wait_until_ready(redlock: &redlock_core::Redlock) {
     let started = std::time::Instant::now();
-    let result = match redlock.wait_ready(redlock_core::builder::CONNECT_TIMEOUT).await {
+    let result = match redlock
+        .wait_ready(redlock_core::builder::CONNECT_TIMEOUT)
+        .await
+    {
         Err(redlock_core::Error::NotReady {
             ready,
             needed,
@@ -473,36 +476,20 @@ pub mod fenced {
     }
 }
 
-/// The Rust snippets of the README and of `docs/`, compiled (and the ones that need no
-/// server run) as doctests: `cargo test -p redlock-examples --doc`.
+/// The Rust snippets of the root README, of the repository's own docs (ARCHITECTURE.md,
+/// DEVELOPMENT.md) and of redlock-idempotency's README, compiled (and the ones that need
+/// no server run) as doctests: `cargo test -p redlock-examples --doc`. The guides are
+/// compiled by the crates that publish them (each crate's `guides/`).
 #[cfg(doctest)]
 pub mod docs {
     #[doc = include_str!("../../README.md")]
     pub struct Readme;
     #[doc = include_str!("../../docs/ARCHITECTURE.md")]
     pub struct Architecture;
-    #[doc = include_str!("../../docs/BENCHMARKS.md")]
-    pub struct Benchmarks;
-    #[doc = include_str!("../../docs/CORE.md")]
-    pub struct Core;
     #[doc = include_str!("../../docs/DEVELOPMENT.md")]
     pub struct Development;
-    #[doc = include_str!("../../docs/FENCING.md")]
-    pub struct Fencing;
-    #[doc = include_str!("../../docs/IDEMPOTENCY.md")]
-    pub struct Idempotency;
     /// The crate README's example needs the tower layer, which the crate itself cannot
     /// depend on: compiled here.
     #[doc = include_str!("../../redlock-idempotency/README.md")]
     pub struct IdempotencyReadme;
-    #[doc = include_str!("../../docs/GUARANTEES.md")]
-    pub struct Guarantees;
-    #[doc = include_str!("../../docs/OPERATIONS.md")]
-    pub struct Operations;
-    #[doc = include_str!("../../docs/ACTIX.md")]
-    pub struct Actix;
-    #[doc = include_str!("../../docs/SCHEDULER.md")]
-    pub struct Scheduler;
-    #[doc = include_str!("../../docs/TOWER.md")]
-    pub struct Tower;
 }

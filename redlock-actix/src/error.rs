@@ -62,7 +62,7 @@ pub enum DistributedLockError {
     )]
     MissingConfig,
 
-    /// The lock call was rejected as invalid ([`redlock_core::Error::Config`], e.g. a TTL
+    /// The lock call was rejected as invalid ([`redlock_core::Error::Argument`], e.g. a TTL
     /// the client does not accept): 500.
     #[error(transparent)]
     Misconfigured(redlock_core::Error),

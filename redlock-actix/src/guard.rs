@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use actix_web::body::{BodySize, MessageBody};
 use actix_web::web::Bytes;
 use redlock_core::{Lock, LockHandle, Released};
-use tokio_util::sync::CancellationToken;
 use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::DistributedLockError;
 

@@ -210,6 +210,11 @@ pub use redlock_http::{
 };
 pub use token::{FencingToken, TokenFuture};
 
+#[doc = include_str!("../guides/ACTIX.md")]
+pub mod _guide {}
+#[doc = include_str!("../guides/IDEMPOTENCY.md")]
+pub mod _idempotency {}
+
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they
 // stay true to the API.
 #[cfg(doctest)]

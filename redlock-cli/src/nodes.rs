@@ -5,10 +5,13 @@
 //! health, the lock listing and a forced release are read-or-overrule operations the
 //! algorithm is not part of.
 
-use redlock_core::{Error, Redlock};
 use redlock_core::builder::DEFAULT_TTL_LIMIT;
 use redlock_core::error::NodeFailure;
-use redlock_core::inspect::{Agreement, ForceReleased, HeldLock, HeldRwLock, HeldSemaphore, LockListing, NodeHealth, RwReleased, SemaphoreReleased};
+use redlock_core::inspect::{
+    Agreement, ForceReleased, HeldLock, HeldRwLock, HeldSemaphore, LockListing, NodeHealth,
+    RwReleased, SemaphoreReleased,
+};
+use redlock_core::{Error, Redlock};
 use serde::Serialize;
 
 use crate::cli::{Global, NODES_ENV};

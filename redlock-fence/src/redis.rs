@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use ::redis::aio::ConnectionLike;
 use ::redis::{Script, ScriptInvocation, ToSingleRedisArg};
-use redlock_core::check_resource_name;
 use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
+use redlock_core::check_resource_name;
 
 use crate::FenceError;
 

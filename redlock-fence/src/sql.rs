@@ -2,8 +2,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use redlock_core::check_resource_name;
 use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
+use redlock_core::check_resource_name;
 use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Type};
 
 use crate::FenceError;

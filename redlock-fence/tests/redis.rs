@@ -147,7 +147,9 @@ async fn resource_names_are_bounded() {
     fn assert_refused<T: std::fmt::Debug>(result: Result<T, FenceError>, len: usize) {
         match result {
             Err(FenceError::InvalidResource(ArgumentError::ResourceTooLong {
-                len: l, max, ..
+                len: l,
+                max,
+                ..
             })) if l == len && max == DEFAULT_MAX_RESOURCE_LEN => {}
             Err(FenceError::InvalidResource(ArgumentError::EmptyResource)) if len == 0 => {}
             other => panic!("expected InvalidResource for {len} bytes, got {other:?}"),

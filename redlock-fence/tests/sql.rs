@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use redlock_core::{ArgumentError, RetryPolicy};
 use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
+use redlock_core::{ArgumentError, RetryPolicy};
 use redlock_fence::{FenceError, SqlFence};
 use redlock_testkit::{Cluster, require};
 use sqlx::Executor;
@@ -193,7 +193,9 @@ macro_rules! resource_names_are_bounded {
         let mut conn = pool.acquire().await.unwrap();
         let long = incompressible(10 * 1024);
         match fence.check(&mut *conn, &long, 1).await {
-            Err(FenceError::InvalidResource(ArgumentError::ResourceTooLong { len, max, .. })) => {
+            Err(FenceError::InvalidResource(ArgumentError::ResourceTooLong {
+                len, max, ..
+            })) => {
                 assert_eq!((len, max), (10 * 1024, DEFAULT_MAX_RESOURCE_LEN));
             }
             other => panic!("expected InvalidResource, got {other:?}"),

@@ -121,7 +121,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use redlock_core::{ConfigError, Error, ErrorClass};
+use redlock_core::{ArgumentError, Error, ErrorClass};
 /// The `Content-Type` of [`Problem::to_json`].
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
@@ -378,10 +378,10 @@ impl Problem {
                 retry_after,
             ),
             ErrorClass::InvalidResource => Self::bad_key(match error {
-                Error::Config(ConfigError::ResourceTooLong { max, .. }) => format!(
+                Error::Argument(ArgumentError::ResourceTooLong { max, .. }) => format!(
                     "The request's lock key is too long: lock names may be at most {max} bytes."
                 ),
-                Error::Config(ConfigError::DuplicateResource { .. }) => {
+                Error::Argument(ArgumentError::DuplicateResource { .. }) => {
                     "The request names the same lock key twice.".to_owned()
                 }
                 _ => "The request's lock key is empty.".to_owned(),
@@ -510,7 +510,7 @@ mod tests {
                 total: 3,
                 failures: vec![],
             },
-            Error::Config(ConfigError::ZeroTimeout),
+            Error::Config(redlock_core::ConfigError::ZeroTimeout),
         ];
         for error in &errors {
             let json = Problem::from_error(error)

@@ -12,8 +12,8 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use redlock_core::{Error, ErrorClass, Lock, Redlock, RetryPolicy};
 use redlock_core::semaphore::Permit;
+use redlock_core::{Error, ErrorClass, Lock, Redlock, RetryPolicy};
 
 use crate::{Hold, Key, KeyBoundError, KeyRoom, Refusal, RefusalKind, permit_suffix_len};
 

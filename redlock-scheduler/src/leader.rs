@@ -39,9 +39,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rand::RngExt;
 use redlock_core::{Error as LockError, Redlock, RetryPolicy};
-use tokio_util::sync::CancellationToken;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::BuildError;
 

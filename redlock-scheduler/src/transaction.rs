@@ -56,9 +56,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redlock_core::LockHandle;
-use tokio_util::sync::CancellationToken;
 use sqlx::{Any, AnyConnection, Transaction};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::error::transaction::TransactionError;

@@ -6,8 +6,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use redlock_core::{Error, Lock, Released};
 use redlock_core::semaphore::Permit;
+use redlock_core::{Error, Lock, Released};
 
 /// What a request holds: the lock of a [`LockLayer`](crate::LockLayer), or the permit
 /// of a [`ClusterLimitLayer`](crate::ClusterLimitLayer) (a held slot lock).

@@ -229,6 +229,9 @@ pub use redlock_http::{
 pub use response::problem_response;
 pub use token::{FencingToken, FencingTokenRejection};
 
+#[doc = include_str!("../guides/TOWER.md")]
+pub mod _guide {}
+
 // The README's examples, compiled (and run unless `no_run`) as doctests so that they
 // stay true to the API.
 #[cfg(doctest)]

@@ -8,9 +8,9 @@ use actix_web::dev::{Service, ServiceRequest, ServiceResponse, forward_ready};
 use futures_util::future::LocalBoxFuture;
 use redlock_core::LockHandle;
 use redlock_core::semaphore::Permit;
-use tokio_util::sync::CancellationToken;
 use redlock_http::LimitOptions;
 use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Failure, Setup};
 use crate::extract::KeyExtractor;
