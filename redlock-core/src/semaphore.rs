@@ -76,12 +76,7 @@ use crate::protocol::{Command, Op};
 use crate::retry::RetryPolicy;
 use crate::wake::Subscription;
 
-/// The most permits a semaphore may have ([`Redlock::semaphore`] refuses more with
-/// [`ArgumentError::PermitsAboveMax`]). A full semaphore's waiter looks at every slot
-/// (and marks every held one) when it starts waiting and at each release or rescan,
-/// so its cost grows with the size; each call's memory does not (the slots are looked
-/// at 256 at a time).
-pub const MAX_PERMITS: u32 = 4096;
+pub use crate::protocol::MAX_PERMITS;
 
 /// Slots looked at, or marked, in one round trip per node.
 const CHUNK: u32 = 256;

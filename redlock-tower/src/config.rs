@@ -2,12 +2,17 @@
 //! ([`redlock_http::LockOptions`] or [`redlock_http::LimitOptions`]) and the refusal hook.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 
-use redlock_core::Redlock;
+use redlock_core::{Error, Redlock};
 use redlock_http::{Guard, KeyBoundError, KeyRoom, LimitOptions, LockOptions, Refusal};
 
 use crate::guard::Held;
 use crate::response::{OnRefusal, RefusalResponse};
+
+/// Takes what a request holds while it runs: a lock, or a semaphore permit.
+pub(crate) type AcquireFuture = Pin<Box<dyn Future<Output = Result<Held, Error>> + Send>>;
 
 /// The engine's options of a lock or of a concurrency limit.
 #[derive(Clone, Debug)]
@@ -39,11 +44,7 @@ impl Config {
         }
     }
 
-    pub(crate) fn acquire(
-        &self,
-        redlock: &Redlock,
-        resource: String,
-    ) -> crate::lock::future::AcquireFuture {
+    pub(crate) fn acquire(&self, redlock: &Redlock, resource: String) -> AcquireFuture {
         match &self.options {
             Options::Lock(o) => {
                 let acquire = o.acquire(redlock, resource);

@@ -13,8 +13,8 @@ use super::{INSPECT_TIMEOUT, only_reply};
 use crate::client::Redlock;
 use crate::error::{ArgumentError, Error, NodeError, NodeFailure};
 use crate::node::Node;
+use crate::protocol::MAX_PERMITS;
 use crate::protocol::redis_error;
-use crate::semaphore::MAX_PERMITS;
 
 /// Slots of a semaphore released by force in one round trip per node (two commands
 /// each: the counter read, then the release).

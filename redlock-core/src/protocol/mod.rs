@@ -17,7 +17,7 @@ pub(crate) use command::{
 };
 pub(crate) use extensions::Extensions;
 pub(crate) use info::info_field;
-pub use op::MAX_TTL;
 #[cfg(test)]
 pub(crate) use op::with_queues;
+pub use op::{MAX_PERMITS, MAX_TTL};
 pub(crate) use op::{Op, ReleaseMode, RwKeys, Waiter, WaitingWriter, release_answer};

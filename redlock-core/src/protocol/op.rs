@@ -7,6 +7,13 @@ use rand::RngExt;
 /// The longest TTL accepted: 30 days.
 pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// The most permits a semaphore may have ([`Redlock::semaphore`](crate::Redlock::semaphore)
+/// refuses more with [`ArgumentError::PermitsAboveMax`](crate::ArgumentError::PermitsAboveMax)).
+/// A full semaphore's waiter looks at every slot (and marks every held one) when it starts
+/// waiting and at each release or rescan, so its cost grows with the size; each call's
+/// memory does not (the slots are looked at 256 at a time).
+pub const MAX_PERMITS: u32 = 4096;
+
 /// A lock operation on one node. Every one answers a number: 0 is a "no" vote, anything
 /// else a "yes" (for a fencing acquire, the node's token).
 #[derive(Debug, Clone, Copy)]

@@ -9,18 +9,15 @@ use std::time::Instant;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use redlock_core::{Error, Redlock};
+use redlock_core::Redlock;
 use redlock_http::{Hold, Key, Refusal, Route};
 use tower_service::Service;
 
 use crate::body::LockBody;
-use crate::config::{Config, Options};
-use crate::guard::{Guard, Held};
+use crate::config::{AcquireFuture, Config, Options};
+use crate::guard::Guard;
 use crate::response::RefusalResponse;
 use crate::token::FailedOpen;
-
-/// Takes what a request holds while it runs: a lock, or a semaphore permit.
-pub(crate) type AcquireFuture = Pin<Box<dyn Future<Output = Result<Held, Error>> + Send>>;
 
 pin_project! {
     /// The response future of [`LockService`](crate::LockService): acquiring the lock,
