@@ -278,7 +278,7 @@ impl Lock {
     ///
     /// [`Error::Expired`] if the validity ran out (before or during the call),
     /// [`Error::Lost`] if a majority no longer holds our value, [`Error::NoQuorum`] if
-    /// too many nodes failed, [`Error::Config`] for an invalid TTL. On error the lock
+    /// too many nodes failed, [`Error::Argument`] for an invalid TTL. On error the lock
     /// keeps its previous validity, or ends sooner: a node that did apply a shorter TTL
     /// lets the key expire by it, so the validity ends no later than
     /// `ttl - drift` from the start of this call.

@@ -319,7 +319,7 @@ async fn force_release_frees_wakes_and_makes_the_old_token_stale() {
     assert!(again.fencing_token > new_token);
     assert!(matches!(
         admin.force_release("").await,
-        Err(Error::Config(_))
+        Err(Error::Argument(_))
     ));
 }
 

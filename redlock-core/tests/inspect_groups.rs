@@ -172,11 +172,11 @@ async fn a_semaphore_without_a_size_record_is_released_by_scan() {
     assert!(api.try_lock("batch/permit/4").await.is_ok());
     assert!(matches!(
         api.force_release_semaphore("").await,
-        Err(redlock_core::Error::Config(_))
+        Err(redlock_core::Error::Argument(_))
     ));
     assert!(matches!(
         api.force_release_rw("").await,
-        Err(redlock_core::Error::Config(_))
+        Err(redlock_core::Error::Argument(_))
     ));
 }
 

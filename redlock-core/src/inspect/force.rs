@@ -68,7 +68,7 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for an invalid resource name; [`Error::NoQuorum`] when fewer
+    /// [`Error::Argument`] for an invalid resource name; [`Error::NoQuorum`] when fewer
     /// than a majority of nodes could be read first (the new counter must be above the
     /// last token, which only a majority is sure to know) or released; in the second
     /// case the nodes reached were released.
@@ -248,7 +248,7 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// As [`force_release`](Self::force_release): [`Error::Config`] for an invalid
+    /// As [`force_release`](Self::force_release): [`Error::Argument`] for an invalid
     /// name, [`Error::NoQuorum`] when fewer than a majority of nodes could be read or
     /// released.
     pub async fn force_release_semaphore(&self, name: &str) -> Result<SemaphoreReleased, Error> {
@@ -352,7 +352,7 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// As [`force_release`](Self::force_release): [`Error::Config`] for an invalid
+    /// As [`force_release`](Self::force_release): [`Error::Argument`] for an invalid
     /// name, [`Error::NoQuorum`] when fewer than a majority of nodes could be read or
     /// released.
     pub async fn force_release_rw(&self, name: &str) -> Result<RwReleased, Error> {
