@@ -8,7 +8,8 @@ use std::task::{Context, Poll, ready};
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use redlock_core::Redlock;
-use redlock_http::{BadKey, LockOptions, Refusal, RefusalKind};
+use redlock_http::key::BadKey;
+use redlock_http::{LockOptions, Refusal, RefusalKind};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
@@ -50,7 +51,8 @@ use crate::guard::LockGuard;
 /// ```
 /// use std::time::Duration;
 /// use actix_web::{App, HttpResponse, web};
-/// use redlock_actix::{DistributedLock, DistributedLockConfig, LockOptions, Redlock};
+/// use redlock_actix::{DistributedLock, DistributedLockConfig, LockOptions};
+/// use redlock_core::Redlock;
 ///
 /// async fn pay(order: DistributedLock<web::Path<u64>>) -> HttpResponse {
 ///     HttpResponse::Ok().body(format!("paid order {}", *order))
@@ -134,8 +136,8 @@ impl DistributedLockConfig {
     ///
     /// ```
     /// use actix_web::HttpResponse;
-    /// use redlock_actix::{DistributedLockConfig, RefusalKind, problem_response};
-    /// # let redlock = redlock_actix::Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
+    /// use redlock_actix::{DistributedLockConfig, RefusalKind, error::problem_response};
+    /// # let redlock = redlock_core::Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
     /// let config = DistributedLockConfig::new(redlock).on_refusal(|refusal| match refusal.kind {
     ///     RefusalKind::Busy => HttpResponse::Conflict().body("try again later"),
     ///     _ => problem_response(&refusal.problem),
@@ -191,12 +193,12 @@ impl DistributedLockConfig {
         actix_web::error::InternalError::from_response(err, response).into()
     }
 
-    /// `resource_prefix + key` ([`redlock_http::resource_name`]); an empty key is
+    /// `resource_prefix + key` ([`redlock_http::key::resource_name`]); an empty key is
     /// refused here, one too long by the client
     /// ([`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)), before
     /// anything is sent.
     pub(crate) fn resource(&self, key: &str) -> Result<String, BadKey> {
-        redlock_http::resource_name(self.options.prefix(), key)
+        redlock_http::key::resource_name(self.options.prefix(), key)
     }
 
     /// Takes the lock on `resource` by this configuration, watched by the client's

@@ -9,15 +9,15 @@ use redlock_core::Released;
 
 use crate::config::DistributedLockConfig;
 use crate::error::DistributedLockError;
+use crate::fencing::Acquiring;
 use crate::guard::LockGuard;
 use crate::key::LockKey;
-use crate::token::Acquiring;
 
 /// An extractor that holds the cluster-wide lock named by the inner extractor's value for
 /// as long as it lives: the handler body runs only while this replica holds the lock.
 ///
 /// `T` is any extractor whose value implements [`LockKey`] (`web::Path<u64>`,
-/// `web::Path<(String, u32)>`, `web::Query<MyParams>`, [`LockHeader<N>`](crate::LockHeader),
+/// `web::Path<(String, u32)>`, `web::Query<MyParams>`, [`LockHeader<N>`](crate::key::LockHeader),
 /// a tuple of them…). Extraction runs `T` first: its own errors (a bad path segment →
 /// 404, a bad query → 400) are its own responses. Then the lock on
 /// `resource_prefix + key` is
@@ -30,7 +30,7 @@ use crate::token::Acquiring;
 /// kept as long as the handler keeps it (see [`LockOptions::fail_open`](crate::LockOptions::fail_open) and
 /// [`LockOptions::abort_on_loss`](crate::LockOptions::abort_on_loss)).
 ///
-/// Once the lock is held, its [`LockHandle`](crate::LockHandle) is also put into the
+/// Once the lock is held, its [`LockHandle`](redlock_core::LockHandle) is also put into the
 /// request's extensions, so that a [`FencingToken`](crate::FencingToken) argument of the
 /// same handler gets the lock's fencing token (with
 /// [`fencing`](crate::LockOptions::fencing) on), as under
@@ -43,7 +43,8 @@ use crate::token::Acquiring;
 /// ```
 /// use std::time::Duration;
 /// use actix_web::{App, HttpResponse, test, web};
-/// use redlock_actix::{DistributedLock, DistributedLockConfig, LockOptions, Redlock};
+/// use redlock_actix::{DistributedLock, DistributedLockConfig, LockOptions};
+/// use redlock_core::Redlock;
 ///
 /// async fn pay(order: DistributedLock<web::Path<u64>>) -> HttpResponse {
 ///     // Only one replica at a time gets here for a given order.

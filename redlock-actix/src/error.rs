@@ -4,7 +4,9 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 
-use redlock_http::{self as problem, BadKey, MissingToken, Problem, RefusalKind};
+use redlock_http::key::BadKey;
+use redlock_http::problem;
+use redlock_http::{MissingToken, Problem, RefusalKind};
 
 /// Why a request could not get (or release) its lock.
 ///
@@ -30,7 +32,7 @@ use redlock_http::{self as problem, BadKey, MissingToken, Problem, RefusalKind};
 ///
 /// ```
 /// use actix_web::ResponseError;
-/// use redlock_actix::{BadKey, DistributedLockError};
+/// use redlock_actix::{error::DistributedLockError, key::BadKey};
 ///
 /// let err = DistributedLockError::BadKey(BadKey::new("the order id is empty"));
 /// let response = err.error_response();
@@ -99,7 +101,7 @@ pub enum DistributedLockError {
     FailedOpen,
 
     /// The middleware's [`KeyExtractor`](crate::extract::KeyExtractor) refused the
-    /// request ([`Key::Reject`](redlock_http::Key::Reject)), with this problem (its
+    /// request ([`Key::Reject`](redlock_http::key::Key::Reject)), with this problem (its
     /// status; a `5xx` detail goes to the log only, the body says the server is
     /// misconfigured).
     #[error("the key extractor refused the request ({}): {}", .0.status, .0.detail)]
@@ -226,7 +228,7 @@ impl DistributedLockError {
 
 /// The request's id, from its `x-request-id` (or `x-correlation-id`) header.
 pub(crate) fn request_id(req: &HttpRequest) -> Option<String> {
-    redlock_http::request_id(|name| req.headers().get(name)?.to_str().ok())
+    redlock_http::problem::request_id(|name| req.headers().get(name)?.to_str().ok())
 }
 
 impl ResponseError for DistributedLockError {

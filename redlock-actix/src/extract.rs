@@ -37,12 +37,12 @@
 //! ```
 
 use actix_web::dev::ServiceRequest;
-use redlock_http::BadKey;
+use redlock_http::key::BadKey;
 
 use crate::key::LockKey;
 
-pub use redlock_http::Key;
 pub use redlock_http::extract::{Global, PathParam, PathPrefix};
+pub use redlock_http::key::Key;
 
 /// Names the lock a request takes in [`LockMiddleware`](crate::LockMiddleware). See the
 /// [module documentation](self).
@@ -87,7 +87,7 @@ where
 ///     }
 ///     _ => Key::Pass,
 /// });
-/// # let redlock = redlock_actix::Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
+/// # let redlock = redlock_core::Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
 /// # let _ = redlock_actix::LockMiddleware::new(redlock_actix::DistributedLockConfig::new(redlock), by_tenant);
 /// ```
 pub fn from_fn<F>(f: F) -> FromFn<F> {
@@ -109,7 +109,7 @@ where
 
 /// The key is a path parameter of the scope or resource, e.g. `id` in
 /// `web::scope("/accounts/{id}")` (as `redlock_tower::extract::PathParam` for axum):
-/// percent-decoded (UTF-8, else `400`), then escaped ([`redlock_http::path_param_key`]).
+/// percent-decoded (UTF-8, else `400`), then escaped ([`redlock_http::key::path_param_key`]).
 /// A route without the parameter is the server's mistake: `500`, its detail in the log.
 ///
 /// A value that is not UTF-8 once decoded is refused with `400`, as in tower; note that
@@ -123,9 +123,9 @@ impl KeyExtractor for PathParam {
         let value = req.match_info().get(self.name());
         // But it replaces bytes that are not UTF-8 with U+FFFD: refused, as in tower.
         if value.is_some_and(|v| v.contains('\u{FFFD}'))
-            && redlock_http::decode_path_segment(req.path()).is_err()
+            && redlock_http::key::decode_path_segment(req.path()).is_err()
         {
-            return redlock_http::path_param_not_utf8(self.name());
+            return redlock_http::key::path_param_not_utf8(self.name());
         }
         self.key(value)
     }
@@ -133,7 +133,7 @@ impl KeyExtractor for PathParam {
 
 /// The key is a request header's value, e.g. `Idempotency-Key` or a tenant id (as
 /// `redlock_tower::extract::Header`, by the same rule:
-/// [`redlock_http::header_lock_key`]).
+/// [`redlock_http::key::header_lock_key`]).
 ///
 /// Without the header the request passes through unlocked, or, once
 /// [`required`](Self::required), is refused with `400`. A value given twice, empty, or
@@ -184,14 +184,14 @@ impl KeyExtractor for Header {
             .headers()
             .get_all(self.name)
             .map(actix_web::http::header::HeaderValue::as_bytes);
-        redlock_http::header_lock_key(self.name, values, self.required)
+        redlock_http::key::header_lock_key(self.name, values, self.required)
     }
 }
 
-/// The path as sent (actix shows it whole under a scope): [`redlock_http::sent_path`].
+/// The path as sent (actix shows it whole under a scope): [`redlock_http::key::sent_path`].
 impl KeyExtractor for PathPrefix {
     fn extract(&self, req: &ServiceRequest) -> Key {
-        self.key(redlock_http::sent_path(req.path(), None))
+        self.key(redlock_http::key::sent_path(req.path(), None))
     }
 }
 

@@ -10,7 +10,7 @@ use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, web};
 
 use crate::config::DistributedLockConfig;
-use redlock_http::BadKey;
+pub use redlock_http::key::BadKey;
 
 use crate::error::DistributedLockError;
 
@@ -18,7 +18,7 @@ use crate::error::DistributedLockError;
 /// is locked by. The lock's resource is the configured
 /// [`resource_prefix`](crate::LockOptions::resource_prefix) followed by this key.
 ///
-/// Provided for strings (`%` and `:` percent-encoded by [`redlock_http::lock_key`], the
+/// Provided for strings (`%` and `:` percent-encoded by [`redlock_http::key::lock_key`], the
 /// rule `redlock-tower` follows too, so the key of a string never contains `:`), integers (decimal), tuples of keys (joined by `:`), and the actix
 /// extractors that wrap such a value: [`web::Path`], [`web::Query`], [`web::Json`],
 /// [`web::Form`], [`web::Header`], [`web::ReqData`], plus [`LockHeader`] for a raw
@@ -27,7 +27,7 @@ use crate::error::DistributedLockError;
 /// For a type of your own, derive the key from its fields; no derive macro needed:
 ///
 /// ```
-/// use redlock_actix::{BadKey, LockKey};
+/// use redlock_actix::{LockKey, key::BadKey};
 ///
 /// #[derive(serde::Deserialize)]
 /// struct Transfer { from: u64, to: u64 }
@@ -56,9 +56,9 @@ pub trait LockKey {
     fn lock_key(&self) -> Result<String, BadKey>;
 }
 
-/// The key of a string: [`redlock_http::lock_key`], the rule of both web crates.
+/// The key of a string: [`redlock_http::key::lock_key`], the rule of both web crates.
 fn escape(s: &str) -> Result<String, BadKey> {
-    redlock_http::lock_key(s)
+    redlock_http::key::lock_key(s)
 }
 
 impl LockKey for str {
@@ -123,7 +123,7 @@ macro_rules! tuple_keys {
             fn lock_key(&self) -> Result<String, BadKey> {
                 let ($($name,)+) = self;
                 let parts = [$($name.lock_key()?),+];
-                Ok(parts.join(&redlock_http::KEY_SEPARATOR.to_string()))
+                Ok(parts.join(&redlock_http::key::KEY_SEPARATOR.to_string()))
             }
         }
     )*};
@@ -164,7 +164,7 @@ impl<T: LockKey + Clone + 'static> LockKey for web::ReqData<T> {
 ///
 /// ```
 /// struct IdempotencyKey;
-/// impl redlock_actix::LockHeaderName for IdempotencyKey {
+/// impl redlock_actix::key::LockHeaderName for IdempotencyKey {
 ///     const NAME: &'static str = "idempotency-key";
 /// }
 /// ```
@@ -178,11 +178,11 @@ pub trait LockHeaderName {
 ///
 /// A missing, repeated, empty or not visible ASCII header is a [`BadKey`] (400,
 /// `application/problem+json`, through the configuration's `on_refusal` hook when one is
-/// registered): the rule of [`redlock_http::header_key`], as in redlock-tower.
+/// registered): the rule of [`redlock_http::key::header_key`], as in redlock-tower.
 ///
 /// ```
 /// use actix_web::{web, App, HttpResponse};
-/// use redlock_actix::{DistributedLock, LockHeader, LockHeaderName};
+/// use redlock_actix::{DistributedLock, key::{LockHeader, LockHeaderName}};
 ///
 /// struct IdempotencyKey;
 /// impl LockHeaderName for IdempotencyKey {
@@ -246,7 +246,7 @@ impl<N: LockHeaderName> FromRequest for LockHeader<N> {
             .headers()
             .get_all(N::NAME)
             .map(actix_web::http::header::HeaderValue::as_bytes);
-        let value = match redlock_http::header_key(N::NAME, values, true) {
+        let value = match redlock_http::key::header_key(N::NAME, values, true) {
             Ok(Some(value)) => Ok(value.to_owned()),
             Ok(None) => Err(BadKey::new(format!("the `{}` header is required", N::NAME))),
             Err(bad) => Err(bad),

@@ -4,7 +4,8 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use actix_web::{App, HttpResponse, HttpServer, web};
-//! use redlock_actix::{DistributedLock, DistributedLockConfig, LockOptions, Redlock};
+//! use redlock_actix::{DistributedLock, DistributedLockConfig, LockOptions};
+//! use redlock_core::Redlock;
 //!
 //! async fn pay(order: DistributedLock<web::Path<u64>>) -> HttpResponse {
 //!     // No other replica is in here for this order until the handler returns.
@@ -36,6 +37,22 @@
 //!
 //! Supported version: actix-web 4 (with its `actix-rt` 2 runtime).
 //!
+//! # Where things are
+//!
+//! The root holds the extractor ([`DistributedLock`], [`LockKey`], [`FencingToken`]),
+//! the middleware ([`LockMiddleware`], [`ClusterLimitMiddleware`],
+//! `IdempotencyMiddleware`), the configuration and options
+//! ([`DistributedLockConfig`], [`LockOptions`], [`LimitOptions`], [`Hold`]) and the
+//! refusals ([`Refusal`], [`RefusalKind`]). Each middleware's service is in its module
+//! ([`lock`], [`limit`], `idempotency`); [`LockGuard`](guard::LockGuard),
+//! [`LockBody`](guard::LockBody) and [`LockLost`](guard::LockLost) in [`guard`]; the
+//! error and its answer ([`DistributedLockError`](error::DistributedLockError),
+//! [`problem_response`](error::problem_response)) in [`error`]; [`LockHeader`](key::LockHeader)
+//! and [`BadKey`](key::BadKey) in [`key`]; the token's future and
+//! [`MissingToken`](fencing::MissingToken) in [`fencing`]. The client
+//! ([`Redlock`](redlock_core::Redlock), [`LockHandle`](redlock_core::LockHandle)) is
+//! `redlock-core`'s.
+//!
 //! # How it works
 //!
 //! `pay` above runs only while this replica holds the lock for its order; every other
@@ -44,13 +61,13 @@
 //!
 //! - [`DistributedLock<T>`] wraps an existing extractor `T` whose value implements
 //!   [`LockKey`] (strings, integers, tuples; `web::Path`, `web::Query`, `web::Json`,
-//!   `web::Form`, `web::Header`, `web::ReqData` of those; [`LockHeader`] for a raw
+//!   `web::Form`, `web::Header`, `web::ReqData` of those; [`LockHeader`](key::LockHeader) for a raw
 //!   header; your own types in three lines). It dereferences to `T`; its
 //!   [`guard`](DistributedLock::guard) tells whether the lock is still held and when it
 //!   is lost. The lock is auto-extended while held and released when the handler
 //!   returns, or explicitly with [`release`](DistributedLock::release);
 //!   [`into_parts`](DistributedLock::into_parts) moves it into a streaming body
-//!   ([`LockGuard::hold_during`]).
+//!   ([`LockGuard::hold_during`](guard::LockGuard::hold_during)).
 //! - [`LockMiddleware`] locks a whole scope by a key taken from each request; it takes
 //!   its [`DistributedLockConfig`] directly.
 //! - [`FencingToken`], an extractor, hands the handler the lock's fencing token (with
@@ -68,7 +85,7 @@
 //!   [`LimitOptions`]).
 //! - [`LockMiddleware`]'s keys come from a [`KeyExtractor`](extract::KeyExtractor)
 //!   ([`extract`]: `Header`, `PathParam`, `PathPrefix`, `Global`, `from_fn`, closures).
-//! - [`DistributedLockConfig`] (the [`Redlock`] client, the engine's [`LockOptions`]
+//! - [`DistributedLockConfig`] (the [`Redlock`](redlock_core::Redlock) client, the engine's [`LockOptions`]
 //!   shared with `redlock-tower`, the refusal hook, the runtime) is what the extractors
 //!   find in `app_data`, innermost first: a resource's or scope's configuration
 //!   overrides the app's. A route whose extractor finds none answers 500 naming the
@@ -95,7 +112,8 @@
 //! ```
 //! use std::time::Duration;
 //! use actix_web::{App, HttpResponse, HttpServer, web};
-//! use redlock_actix::{BadKey, DistributedLock, DistributedLockConfig, LockKey, LockOptions, Redlock};
+//! use redlock_actix::{DistributedLock, DistributedLockConfig, LockKey, LockOptions, key::BadKey};
+//! use redlock_core::Redlock;
 //!
 //! #[derive(serde::Deserialize)]
 //! struct OrderId(u64);
@@ -166,7 +184,7 @@
 //! broken connections (a spurious 503) and watched locks would stop being extended. This
 //! crate therefore makes every call into the client on one long-lived runtime: its own
 //! thread by default, or yours ([`DistributedLockConfig::runtime`]). Build one
-//! [`Redlock`] per process, anywhere, and clone the configuration into every worker's
+//! [`Redlock`](redlock_core::Redlock) per process, anywhere, and clone the configuration into every worker's
 //! `App`.
 //!
 //! # Observability
@@ -183,32 +201,27 @@
 
 mod config;
 mod distributed_lock;
-mod error;
+pub mod error;
 pub mod extract;
-mod guard;
+pub mod fencing;
+pub mod guard;
 #[cfg(feature = "idempotency")]
-mod idempotency;
-mod key;
-mod limit;
-mod lock;
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
+pub mod idempotency;
+pub mod key;
+pub mod limit;
+pub mod lock;
 mod serve;
-mod token;
 
 pub use config::DistributedLockConfig;
 pub use distributed_lock::DistributedLock;
-pub use error::{DistributedLockError, problem_response};
-pub use guard::{LockBody, LockGuard, LockLost};
+pub use fencing::FencingToken;
 #[cfg(feature = "idempotency")]
-#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
-pub use idempotency::{IdempotencyMiddleware, IdempotencyService};
-pub use key::{LockHeader, LockHeaderName, LockKey};
-pub use limit::{ClusterLimitMiddleware, ClusterLimitService};
-pub use lock::{LockMiddleware, LockMiddlewareService};
-pub use redlock_core::{self, LockHandle, Redlock, Released, RetryPolicy};
-pub use redlock_http::{
-    BadKey, Hold, LimitOptions, LockOptions, MissingToken, Refusal, RefusalKind,
-};
-pub use token::{FencingToken, TokenFuture};
+pub use idempotency::IdempotencyMiddleware;
+pub use key::LockKey;
+pub use limit::ClusterLimitMiddleware;
+pub use lock::LockMiddleware;
+pub use redlock_http::{Hold, LimitOptions, LockOptions, Refusal, RefusalKind};
 
 #[doc = include_str!("../guides/ACTIX.md")]
 pub mod _guide {}

@@ -7,7 +7,8 @@ use std::time::Instant;
 use actix_web::body::{BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use futures_util::future::{Either, LocalBoxFuture, select};
-use redlock_http::{Guard, Hold, Key, Refusal, Route};
+use redlock_http::key::Key;
+use redlock_http::{Guard, Hold, Refusal, Route};
 
 use crate::config::{Failure, Setup};
 use crate::error::request_id;

@@ -14,7 +14,7 @@ use actix_web::dev::Service;
 use common::*;
 use redlock_actix::LimitOptions;
 use redlock_actix::{ClusterLimitMiddleware, IdempotencyMiddleware};
-use redlock_http::KeyBoundError;
+use redlock_http::key::KeyBoundError;
 use redlock_idempotency::store::RedisStore;
 
 /// The answers redlock-tower gives too.

@@ -555,7 +555,7 @@ async fn abort_on_loss_answers_503_when_the_nodes_are_paused() {
                 if rejection.kind == RefusalKind::Lost {
                     seen.fetch_add(1, SeqCst);
                 }
-                redlock_actix::problem_response(&rejection.problem)
+                redlock_actix::error::problem_response(&rejection.problem)
             })
         })
         .await

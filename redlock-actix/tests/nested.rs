@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use redlock_actix::LockOptions;
-use redlock_actix::{DistributedLockConfig, LockHandle, LockMiddleware, Redlock};
+use redlock_actix::{DistributedLockConfig, LockMiddleware};
+use redlock_core::{LockHandle, Redlock};
 use redlock_idempotency::store::RedisStore;
 use redlock_testkit::Cluster;
 
@@ -81,7 +82,7 @@ async fn start_axum(
         .route(
             "/orders/{id}",
             post(
-                |Extension(lock): Extension<redlock_tower::LockHandle>| async move {
+                |Extension(lock): Extension<redlock_core::LockHandle>| async move {
                     lock.resource().to_owned()
                 },
             ),

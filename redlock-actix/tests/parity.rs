@@ -17,8 +17,8 @@ use actix_web::{App, HttpResponse, HttpServer, web};
 use redlock_actix::LockOptions;
 use redlock_actix::{
     ClusterLimitMiddleware, DistributedLock, DistributedLockConfig, LimitOptions, LockMiddleware,
-    Redlock,
 };
+use redlock_core::Redlock;
 use redlock_testkit::Cluster;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -137,7 +137,7 @@ async fn start_axum(redlock: Redlock, cluster: Arc<Cluster>) -> SocketAddr {
         .route(
             "/open/{id}",
             post(
-                |lock: Option<axum::Extension<redlock_tower::LockHandle>>| async move {
+                |lock: Option<axum::Extension<redlock_core::LockHandle>>| async move {
                     if lock.is_some() { "locked" } else { "unlocked" }
                 },
             )
@@ -184,7 +184,7 @@ fn start_actix(
     ) -> HttpResponse {
         show(cluster).await
     }
-    async fn open(lock: Option<web::ReqData<redlock_actix::LockHandle>>) -> HttpResponse {
+    async fn open(lock: Option<web::ReqData<redlock_core::LockHandle>>) -> HttpResponse {
         HttpResponse::Ok()
             .content_type("text/plain; charset=utf-8")
             .body(if lock.is_some() { "locked" } else { "unlocked" })

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use redlock_actix::LockOptions;
-use redlock_actix::{DistributedLock, DistributedLockConfig, Redlock};
+use redlock_actix::{DistributedLock, DistributedLockConfig};
+use redlock_core::Redlock;
 use redlock_testkit::Cluster;
 
 async fn pay(order: DistributedLock<web::Path<String>>) -> HttpResponse {

@@ -3,7 +3,7 @@
 //! `redlock_actix::extract` re-export them and read the request for them (the path the
 //! client sent, the matched route's parameter).
 
-use crate::{Key, lock_key, path_param_key, path_prefix_key};
+use crate::key::{Key, lock_key, path_param_key, path_prefix_key};
 
 /// One key for every request: one request at a time through the middleware,
 /// cluster-wide (e.g. on an admin route that runs migrations). The key is `key` as a
@@ -34,7 +34,7 @@ impl Global {
 /// `/orders-archive/1`). Segments are taken as they appear in the URI
 /// (percent-encoded), each escaped as a value ([`path_prefix_key`]).
 ///
-/// The path is the one the client sent ([`sent_path`](crate::sent_path)): under axum's
+/// The path is the one the client sent ([`sent_path`](crate::key::sent_path)): under axum's
 /// `Router::nest("/api", ..)` (redlock-tower's feature `axum`) and actix's
 /// `web::scope("/api")`, a request for `/api/orders/42` keys `/api/orders/42`. Give the
 /// prefix with the nesting prefix: `PathPrefix::new("/api/orders")`.

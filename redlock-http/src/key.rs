@@ -133,7 +133,7 @@ impl From<Result<String, BadKey>> for Key {
 /// empty value is a [`BadKey`].
 ///
 /// ```
-/// use redlock_http::lock_key;
+/// use redlock_http::key::lock_key;
 ///
 /// assert_eq!(lock_key("order-42").unwrap(), "order-42");
 /// assert_eq!(lock_key("a:b").unwrap(), "a%3Ab");
@@ -164,8 +164,8 @@ pub fn lock_key(value: &str) -> Result<String, BadKey> {
 /// [`BadKey`]; the length is the client's to check (`max_resource_len`, `400` too).
 ///
 /// ```
-/// assert_eq!(redlock_http::resource_name("order:", "42").unwrap(), "order:42");
-/// assert!(redlock_http::resource_name("order:", "").is_err());
+/// assert_eq!(redlock_http::key::resource_name("order:", "42").unwrap(), "order:42");
+/// assert!(redlock_http::key::resource_name("order:", "").is_err());
 /// ```
 ///
 /// # Errors
@@ -185,7 +185,7 @@ pub fn resource_name(resource_prefix: &str, key: &str) -> Result<String, BadKey>
 /// stays as it is), as axum's and actix's `Path` extractors decode a path parameter.
 ///
 /// ```
-/// use redlock_http::decode_path_segment;
+/// use redlock_http::key::decode_path_segment;
 ///
 /// assert_eq!(decode_path_segment("a%3Ab").unwrap(), "a:b");
 /// assert_eq!(decode_path_segment("%E2%82%AC").unwrap(), "€");
@@ -223,7 +223,7 @@ pub fn decode_path_segment(raw: &str) -> Result<String, BadKey> {
 /// fewer segments after it.
 ///
 /// ```
-/// use redlock_http::path_prefix_key;
+/// use redlock_http::key::path_prefix_key;
 ///
 /// assert_eq!(path_prefix_key("/orders", 1, "/orders/42/pay").as_deref(), Some("/orders/42"));
 /// assert_eq!(path_prefix_key("/orders", 1, "/orders/a:b").as_deref(), Some("/orders/a%3Ab"));
@@ -269,7 +269,7 @@ pub fn path_prefix_key(prefix: &str, segments: usize, path: &str) -> Option<Stri
 /// two prefixes gives two targets.
 ///
 /// ```
-/// use redlock_http::sent_target;
+/// use redlock_http::key::sent_target;
 ///
 /// assert_eq!(sent_target("/refunds?x=1", Some("/api/refunds?x=1")), "/api/refunds?x=1");
 /// assert_eq!(sent_target("/api/refunds", None), "/api/refunds");
@@ -282,7 +282,7 @@ pub fn sent_target<'a>(shown: &'a str, original: Option<&'a str>) -> &'a str {
 /// what path keys ([`path_prefix_key`]) are derived from.
 ///
 /// ```
-/// use redlock_http::sent_path;
+/// use redlock_http::key::sent_path;
 ///
 /// assert_eq!(sent_path("/refunds", Some("/v1/refunds?page=2")), "/v1/refunds");
 /// assert_eq!(sent_path("/v1/refunds", None), "/v1/refunds");
@@ -312,7 +312,7 @@ pub(crate) fn normalize_prefix(prefix: &str) -> String {
 ///   trimmed: an error.
 ///
 /// ```
-/// use redlock_http::header_key;
+/// use redlock_http::key::header_key;
 ///
 /// assert_eq!(header_key("idempotency-key", [&b" k-1 "[..]], false), Ok(Some("k-1")));
 /// assert_eq!(header_key("idempotency-key", [], false), Ok(None));
@@ -351,7 +351,7 @@ pub fn header_key<'a>(
 /// names a key (a lock's, a limit's, an idempotency key) is read through it.
 ///
 /// ```
-/// use redlock_http::single_header_value;
+/// use redlock_http::key::single_header_value;
 ///
 /// assert_eq!(single_header_value("k", [&b"a"[..]], true), Ok(Some(&b"a"[..])));
 /// assert_eq!(single_header_value("k", [], false), Ok(None));
@@ -387,7 +387,7 @@ pub fn single_header_value<'a>(
 /// `Header` extractors answer.
 ///
 /// ```
-/// use redlock_http::{Key, header_lock_key};
+/// use redlock_http::key::{Key, header_lock_key};
 ///
 /// assert_eq!(header_lock_key("idempotency-key", [&b"a:b"[..]], true), Key::Lock("a%3Ab".into()));
 /// assert_eq!(header_lock_key("idempotency-key", [], false), Key::Pass);
@@ -444,8 +444,8 @@ const PERMIT_SEPARATOR: &str = "/permit/";
 /// `limit` permits adds to its name: what a concurrency limit's key must leave room for.
 ///
 /// ```
-/// assert_eq!(redlock_http::permit_suffix_len(1), "/permit/0".len());
-/// assert_eq!(redlock_http::permit_suffix_len(11), "/permit/10".len());
+/// assert_eq!(redlock_http::key::permit_suffix_len(1), "/permit/0".len());
+/// assert_eq!(redlock_http::key::permit_suffix_len(11), "/permit/10".len());
 /// ```
 pub fn permit_suffix_len(limit: u32) -> usize {
     let mut digits = 1;
@@ -465,7 +465,7 @@ pub fn permit_suffix_len(limit: u32) -> usize {
 /// ([`KeyBoundError::NoRoom`]).
 ///
 /// ```
-/// use redlock_http::{KeyBoundError, KeyRoom};
+/// use redlock_http::key::{KeyBoundError, KeyRoom};
 ///
 /// # fn main() -> Result<(), redlock_core::ConfigError> {
 /// let redlock = redlock_core::Redlock::builder().node("redis://127.0.0.1:6379").build()?;
@@ -592,7 +592,7 @@ impl KeyBoundError {
                 "The request's {what} is too long: {len} bytes once escaped (`%` as `%25`, `:` as `%3A`); at most {max} bytes are taken."
             )),
             Self::NoRoom { .. } | Self::KeyLimitAboveRoom { .. } => {
-                Problem::misconfigured(crate::MISCONFIGURED_DETAIL.to_owned())
+                Problem::misconfigured(crate::problem::MISCONFIGURED_DETAIL.to_owned())
             }
         }
     }

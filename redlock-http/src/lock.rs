@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use redlock_core::semaphore::Permit;
 use redlock_core::{Error, ErrorClass, Lock, Redlock, RetryPolicy};
 
-use crate::{Hold, Key, KeyBoundError, KeyRoom, Refusal, RefusalKind, permit_suffix_len};
+use crate::key::{Key, KeyBoundError, KeyRoom, permit_suffix_len};
+use crate::{Hold, Refusal, RefusalKind};
 
 /// What an extractor's decision and the options make of a request.
 #[derive(Debug)]
@@ -38,7 +39,7 @@ macro_rules! shared_options {
                 self
             }
 
-            #[doc = concat!("Put `prefix` in front of every extracted key (e.g. `\"order:\"`): the ", $what, "'s resource name is `prefix` followed by the key ([`resource_name`](crate::resource_name)), so that middleware on different routes with the same kind of key do not share ", $what, "s. Default: empty. Not the client's `key_prefix` (the Redis key namespace in front of every resource on the nodes).")]
+            #[doc = concat!("Put `prefix` in front of every extracted key (e.g. `\"order:\"`): the ", $what, "'s resource name is `prefix` followed by the key ([`resource_name`](crate::key::resource_name)), so that middleware on different routes with the same kind of key do not share ", $what, "s. Default: empty. Not the client's `key_prefix` (the Redis key namespace in front of every resource on the nodes).")]
             #[must_use]
             pub fn resource_prefix(self, prefix: impl Into<String>) -> Self {
                 let prefix = prefix.into();
@@ -270,7 +271,7 @@ impl Shared {
                         }
                     }
                 }
-                match crate::resource_name(&self.resource_prefix, &key) {
+                match crate::key::resource_name(&self.resource_prefix, &key) {
                     Ok(resource) => Route::Take(resource),
                     Err(bad) => Route::Refuse(bad.into()),
                 }

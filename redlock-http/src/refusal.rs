@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use redlock_core::{Error, ErrorClass};
 
-use crate::{FALLBACK_RETRY_AFTER, MISCONFIGURED_DETAIL, Problem};
+use crate::Problem;
+use crate::problem::{FALLBACK_RETRY_AFTER, MISCONFIGURED_DETAIL};
 
 /// Why a request was answered without running its handler.
 ///
@@ -288,16 +289,18 @@ impl fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
-impl From<crate::BadKey> for Refusal {
-    fn from(bad: crate::BadKey) -> Self {
+impl From<crate::key::BadKey> for Refusal {
+    fn from(bad: crate::key::BadKey) -> Self {
         Self::new(RefusalKind::BadKey, bad.problem())
     }
 }
 
-impl From<crate::KeyBoundError> for Refusal {
-    fn from(error: crate::KeyBoundError) -> Self {
+impl From<crate::key::KeyBoundError> for Refusal {
+    fn from(error: crate::key::KeyBoundError) -> Self {
         match error {
-            crate::KeyBoundError::TooLong { .. } => Self::new(RefusalKind::BadKey, error.problem()),
+            crate::key::KeyBoundError::TooLong { .. } => {
+                Self::new(RefusalKind::BadKey, error.problem())
+            }
             _ => Self::misconfigured(),
         }
     }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use redlock_http::{BadKey, lock_key};
+use redlock_http::key::{BadKey, lock_key};
 
 /// The request header carrying the key unless told otherwise
 /// ([`header`](crate::Idempotency::header)).
@@ -63,7 +63,7 @@ impl IdempotencyKey {
         required: bool,
         max_len: usize,
     ) -> Result<Option<Self>, BadKey> {
-        let Some(value) = redlock_http::single_header_value(name, values, required)? else {
+        let Some(value) = redlock_http::key::single_header_value(name, values, required)? else {
             return Ok(None);
         };
         let key = parse(name, value)?;

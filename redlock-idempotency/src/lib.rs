@@ -28,7 +28,7 @@
 //! | same key, first one's body larger than [`max_body`](Idempotency::max_body) | `409`: it ran, its answer was not kept (never a truncated replay) |
 //!
 //! The fingerprint covers the method, the target (path and query, as the client sent
-//! it: `redlock_http::sent_target`, the same under a nested router in both web crates),
+//! it: `redlock_http::key::sent_target`, the same under a nested router in both web crates),
 //! the headers named by
 //! [`fingerprint_headers`](Idempotency::fingerprint_headers) and the body (at most
 //! [`max_request_body`](Idempotency::max_request_body), else `413`).
@@ -430,14 +430,14 @@ impl Idempotency {
     ///
     /// # Errors
     ///
-    /// [`KeyBoundError::NoRoom`](redlock_http::KeyBoundError::NoRoom) when the prefix
-    /// leaves none, [`KeyBoundError::KeyLimitAboveRoom`](redlock_http::KeyBoundError::KeyLimitAboveRoom)
+    /// [`KeyBoundError::NoRoom`](redlock_http::key::KeyBoundError::NoRoom) when the prefix
+    /// leaves none, [`KeyBoundError::KeyLimitAboveRoom`](redlock_http::key::KeyBoundError::KeyLimitAboveRoom)
     /// when a key of [`max_key_len`](Self::max_key_len) bytes would not fit.
-    pub fn room(&self) -> Result<redlock_http::KeyRoom, redlock_http::KeyBoundError> {
+    pub fn room(&self) -> Result<redlock_http::key::KeyRoom, redlock_http::key::KeyBoundError> {
         let o = &self.inner.options;
-        let room = redlock_http::KeyRoom::new(&self.inner.redlock, &o.resource_prefix, 0)?;
+        let room = redlock_http::key::KeyRoom::new(&self.inner.redlock, &o.resource_prefix, 0)?;
         if o.max_key_len > room.bytes() {
-            return Err(redlock_http::KeyBoundError::KeyLimitAboveRoom {
+            return Err(redlock_http::key::KeyBoundError::KeyLimitAboveRoom {
                 max_key_len: o.max_key_len,
                 room: room.bytes(),
             });
@@ -494,7 +494,7 @@ impl Idempotency {
     }
 
     /// The fingerprint of a request: its method, target (path and query as the client
-    /// sent it, [`redlock_http::sent_target`]), the values of
+    /// sent it, [`redlock_http::key::sent_target`]), the values of
     /// the configured headers (`header(name)` gives a header's values in order) and body.
     pub fn fingerprint<'a, H>(
         &self,

@@ -1,4 +1,4 @@
-//! [`LockBody`]: the response body of a [`LockService`](crate::LockService).
+//! [`LockBody`]: the response body of a [`LockService`](crate::lock::LockService).
 //!
 //! It is either the service's own body, carrying the request's lock until the last
 //! frame has been produced (or the body is dropped, e.g. when the client went away), or
@@ -34,7 +34,7 @@ use redlock_core::BoxError;
 pub use redlock_http::LockLost;
 
 pin_project! {
-    /// The response body of a [`LockService`](crate::LockService): the inner service's
+    /// The response body of a [`LockService`](crate::lock::LockService): the inner service's
     /// body (holding the request's lock, by default, until it ends or is dropped) or a
     /// rejection's body. See the [module documentation](self).
     pub struct LockBody<B> {

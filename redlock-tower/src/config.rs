@@ -6,7 +6,8 @@ use std::future::Future;
 use std::pin::Pin;
 
 use redlock_core::{Error, Redlock};
-use redlock_http::{Guard, KeyBoundError, KeyRoom, LimitOptions, LockOptions, Refusal};
+use redlock_http::key::{KeyBoundError, KeyRoom};
+use redlock_http::{Guard, LimitOptions, LockOptions, Refusal};
 
 use crate::guard::Held;
 use crate::response::{OnRefusal, RefusalResponse};

@@ -3,7 +3,8 @@
 //!
 //! ```
 //! use axum::{Router, routing::post};
-//! use redlock_tower::{LockLayer, LockOptions, Redlock, extract::PathParam};
+//! use redlock_core::Redlock;
+//! use redlock_tower::{LockLayer, LockOptions, extract::PathParam};
 //!
 //! async fn pay() -> &'static str {
 //!     "paid" // no other replica is charging this order meanwhile
@@ -17,7 +18,7 @@
 //!     .options(LockOptions::new().resource_prefix("order:"));
 //! let app: Router = Router::new().route("/orders/{id}/pay", post(pay).route_layer(per_order));
 //! // axum::serve(listener, app).await?;
-//! # Ok::<(), redlock_tower::BoxError>(())
+//! # Ok::<(), redlock_core::BoxError>(())
 //! ```
 //!
 //! `PathParam` needs the `axum` feature; without it, any tower service works the same
@@ -35,6 +36,18 @@
 //! sets other extension types, so `PathParam` answers 500 there, and the log names the
 //! version mismatch.
 //!
+//! # Where things are
+//!
+//! The root holds the layers ([`LockLayer`], [`ClusterLimitLayer`], `IdempotencyLayer`),
+//! their options ([`LockOptions`], [`LimitOptions`], [`Hold`]), the refusals
+//! ([`Refusal`], [`RefusalKind`]), [`FencingToken`] and [`LockBody`]. Each middleware's
+//! service and future are in its module ([`lock`], [`limit`], `idempotency`); the key
+//! extractors and [`BadKey`](extract::BadKey) in [`extract`]; the problem answers in
+//! [`response`]; [`LockLost`](body::LockLost) in [`body`]; the token's rejection in
+//! [`fencing`]. The client ([`Redlock`](redlock_core::Redlock),
+//! [`LockHandle`](redlock_core::LockHandle), [`BoxError`](redlock_core::BoxError)) is
+//! `redlock-core`'s.
+//!
 //! # How it works
 //!
 //! Add one [`LockLayer`] to an axum, hyper or tonic service, and requests for the same
@@ -46,7 +59,7 @@
 //! 2. the layer takes the cluster-wide lock on the key (failing fast by default, or
 //!    waiting up to a deadline, woken as soon as the holder releases);
 //! 3. the inner service runs while the lock is held and auto-extended; the handler finds
-//!    a [`LockHandle`] (key, validity, `lost()`, fencing token) in the request's
+//!    a [`LockHandle`](redlock_core::LockHandle) (key, validity, `lost()`, fencing token) in the request's
 //!    extensions, and takes the lock's [`FencingToken`] as an axum extractor;
 //! 4. the lock is released when the response body has been sent, or dropped (by
 //!    default), or as soon as the response head is ready ([`Hold`]).
@@ -76,11 +89,12 @@
 //!
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::BodyExt;
-//! use redlock_tower::{LockHandle, LockLayer, LockOptions, Redlock, extract::PathPrefix};
+//! use redlock_core::{LockHandle, Redlock};
+//! use redlock_tower::{LockLayer, LockOptions, extract::PathPrefix};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), redlock_tower::BoxError> {
+//! # async fn main() -> Result<(), redlock_core::BoxError> {
 //! # let cluster = redlock_testkit::Cluster::start(3).await;
 //! # let urls = cluster.urls();
 //! // `urls`: three independent Redis masters, e.g. "redis://10.0.0.1:6379".
@@ -154,7 +168,8 @@
 //!
 //! ```
 //! use axum::{Router, routing::post};
-//! use redlock_tower::{FencingToken, LockLayer, LockOptions, Redlock, extract::PathParam};
+//! use redlock_core::Redlock;
+//! use redlock_tower::{FencingToken, LockLayer, LockOptions, extract::PathParam};
 //!
 //! async fn pay(FencingToken(token): FencingToken) -> String {
 //!     // BEGIN; fence.check(&mut *tx, "order:42", token); UPDATE ...; COMMIT
@@ -165,13 +180,13 @@
 //! let per_order = LockLayer::new(redlock, PathParam::new("id"))
 //!     .options(LockOptions::new().resource_prefix("order:").fencing(true));
 //! let app: Router = Router::new().route("/orders/{id}/pay", post(pay).route_layer(per_order));
-//! # Ok::<(), redlock_tower::BoxError>(())
+//! # Ok::<(), redlock_core::BoxError>(())
 //! ```
 //!
 //! A route the layer does not cover, or a layer without fencing, is a configuration
 //! mistake: the handler is not called, the client gets a `500` problem saying which
 //! (and nothing of the server's insides), and the log names the setting to change
-//! ([`FencingTokenRejection`]). Hyper and tonic services read it with
+//! ([`FencingTokenRejection`](fencing::FencingTokenRejection)). Hyper and tonic services read it with
 //! [`FencingToken::from_request`].
 //!
 //! # Lock loss
@@ -180,14 +195,14 @@
 //! request runs, up to [`max_hold`](LockOptions::max_hold). If a majority of nodes cannot
 //! extend it in time, the lock is **lost**: another request for the key may run meanwhile.
 //! By default the layer logs a warning and signals it through the request's
-//! [`LockHandle`] (`lost()`, `is_held()`, `cancellation_token()`), and the handler
+//! [`LockHandle`](redlock_core::LockHandle) (`lost()`, `is_held()`, `cancellation_token()`), and the handler
 //! decides; with [`abort_on_loss`](LockOptions::abort_on_loss) the layer drops the
 //! handler's future and answers `503` (or, once the body streams, cuts the body off).
 //!
 //! # Cancellation
 //!
 //! A request whose client goes away is dropped by the server, with its
-//! [`ResponseFuture`] or [`LockBody`]: an acquisition in flight releases what it had
+//! [`ResponseFuture`](lock::ResponseFuture) or [`LockBody`]: an acquisition in flight releases what it had
 //! set, and a held lock is released at once (in the background), not at its TTL.
 //!
 //! # Tracing
@@ -202,10 +217,11 @@
 // what it does not call).
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
-mod body;
+pub mod body;
 #[macro_use]
 mod config;
 pub mod extract;
+pub mod fencing;
 mod guard;
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
@@ -214,20 +230,14 @@ pub mod limit;
 pub mod lock;
 pub mod response;
 mod target;
-mod token;
 
-pub use body::{LockBody, LockLost};
+pub use body::LockBody;
+pub use fencing::FencingToken;
 #[cfg(feature = "idempotency")]
 pub use idempotency::IdempotencyLayer;
 pub use limit::ClusterLimitLayer;
-pub use lock::{LockLayer, LockService, ResponseFuture};
-pub use redlock_core::{BoxError, LockHandle, Redlock, RetryPolicy};
-pub use redlock_http::{
-    BadKey, Hold, LimitOptions, LockOptions, MissingToken, Refusal, RefusalKind,
-};
-// At the root too, where redlock-actix has it.
-pub use response::problem_response;
-pub use token::{FencingToken, FencingTokenRejection};
+pub use lock::LockLayer;
+pub use redlock_http::{Hold, LimitOptions, LockOptions, Refusal, RefusalKind};
 
 #[doc = include_str!("../guides/TOWER.md")]
 pub mod _guide {}

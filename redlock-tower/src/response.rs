@@ -26,7 +26,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
-use redlock_http::{self as problem, Problem};
+use redlock_http::{Problem, problem};
 
 /// What a refusal hook returns: a complete response with its body in one piece.
 pub type RefusalResponse = Response<Bytes>;

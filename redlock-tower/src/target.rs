@@ -1,5 +1,5 @@
 //! The request target as the client sent it, by the rule both web crates follow
-//! ([`redlock_http::sent_target`]): under axum's `Router::nest`, the original URI that
+//! ([`redlock_http::key::sent_target`]): under axum's `Router::nest`, the original URI that
 //! axum keeps in the `OriginalUri` extension (feature `axum`), else the request's URI.
 
 use http::{Extensions, Uri};
@@ -27,7 +27,7 @@ fn path_and_query(uri: &Uri) -> &str {
 /// The path and query the client sent.
 #[cfg(feature = "idempotency")]
 pub(crate) fn sent_target<'a>(uri: &'a Uri, extensions: &'a Extensions) -> &'a str {
-    redlock_http::sent_target(
+    redlock_http::key::sent_target(
         path_and_query(uri),
         original(extensions).map(path_and_query),
     )
@@ -35,5 +35,5 @@ pub(crate) fn sent_target<'a>(uri: &'a Uri, extensions: &'a Extensions) -> &'a s
 
 /// The path the client sent.
 pub(crate) fn sent_path<'a>(uri: &'a Uri, extensions: &'a Extensions) -> &'a str {
-    redlock_http::sent_path(uri.path(), original(extensions).map(path_and_query))
+    redlock_http::key::sent_path(uri.path(), original(extensions).map(path_and_query))
 }

@@ -10,7 +10,7 @@
 mod common;
 
 use common::*;
-use redlock_http::KeyBoundError;
+use redlock_http::key::KeyBoundError;
 use redlock_idempotency::store::RedisStore;
 use redlock_tower::ClusterLimitLayer;
 use redlock_tower::LimitOptions;

@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use redlock_tower::LockOptions;
 use redlock_tower::extract::Global;
-use redlock_tower::{FencingToken, MissingToken};
+use redlock_tower::{FencingToken, fencing::MissingToken};
 
 /// Answers the token, and counts its calls.
 fn handler(calls: &Arc<AtomicUsize>) -> axum::routing::MethodRouter<(), std::convert::Infallible> {

@@ -19,7 +19,7 @@ async fn missing_required_key_is_400_and_no_key_takes_no_lock() {
         .options(LockOptions::new().resource_prefix("idem:"));
     // Only POSTs are serialized per tenant; GETs pass.
     let by_tenant = LockLayer::new(redlock, |request: &Request| {
-        Ok::<_, redlock_tower::BadKey>(
+        Ok::<_, redlock_tower::extract::BadKey>(
             (request.method() == axum::http::Method::POST)
                 .then(|| {
                     request

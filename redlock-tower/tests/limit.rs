@@ -178,7 +178,7 @@ async fn another_tenant_is_not_limited_by_the_first() {
 
     // Elsewhere, tenant a's three exports hold every permit of its semaphore.
     let redlock = replica(&cluster, Duration::from_millis(500));
-    let resource = redlock_http::resource_name("export:", "a").unwrap();
+    let resource = redlock_http::key::resource_name("export:", "a").unwrap();
     let semaphore = redlock.semaphore(resource, LIMIT).unwrap();
     let mut held = Vec::new();
     for _ in 0..LIMIT {
@@ -545,7 +545,7 @@ async fn abort_on_loss_answers_503_when_the_nodes_are_paused() {
             if rejection.kind == RefusalKind::Lost {
                 seen.fetch_add(1, Ordering::SeqCst);
             }
-            redlock_tower::problem_response(&rejection.problem)
+            redlock_tower::response::problem_response(&rejection.problem)
         }),
         Arc::clone(&abort_gauge),
         Arc::clone(&abort_dropped),

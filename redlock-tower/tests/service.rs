@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
+use redlock_core::{LockHandle, Redlock};
 use redlock_http::Problem;
 use redlock_testkit::Cluster;
 use redlock_tower::LockOptions;
 use redlock_tower::RefusalKind;
 use redlock_tower::extract::{Global, Key, PathPrefix, from_fn};
-use redlock_tower::{Hold, LockBody, LockHandle, LockLayer, LockLost, Redlock};
+use redlock_tower::{Hold, LockBody, LockLayer, body::LockLost};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 fn redlock(cluster: &Cluster) -> Redlock {
@@ -44,7 +45,7 @@ fn get(path: &str) -> Request<()> {
 async fn text<B>(response: Response<LockBody<B>>) -> String
 where
     B: http_body::Body<Data = Bytes>,
-    B::Error: Into<redlock_tower::BoxError>,
+    B::Error: Into<redlock_core::BoxError>,
 {
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
@@ -69,7 +70,7 @@ async fn busy_status_and_rejection_hook() {
                 rejection.error().is_some(),
                 rejection.problem.retry_after,
             ));
-            let mut response = redlock_tower::problem_response(&rejection.problem);
+            let mut response = redlock_tower::response::problem_response(&rejection.problem);
             response
                 .headers_mut()
                 .insert("x-hook", "1".parse().unwrap());
@@ -223,7 +224,7 @@ async fn bad_keys_and_bad_configuration() {
     };
     // A closure naming an empty key: 400, the service is not called.
     let empty = LockLayer::new(redlock.clone(), |_: &Request<()>| {
-        Ok::<_, redlock_tower::BadKey>(Some(String::new()))
+        Ok::<_, redlock_tower::extract::BadKey>(Some(String::new()))
     })
     .layer(counted.clone());
     let response = empty.oneshot(get("/")).await.unwrap();

@@ -42,9 +42,9 @@ use std::time::{Duration, Instant};
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use redlock_actix::{
-    DistributedLock, DistributedLockConfig, FencingToken, LockHandle, LockMiddleware, LockOptions,
-    Redlock,
+    DistributedLock, DistributedLockConfig, FencingToken, LockMiddleware, LockOptions,
 };
+use redlock_core::{LockHandle, Redlock};
 use redlock_examples::Nodes;
 use redlock_examples::fenced::WriteLog;
 use redlock_fence::FenceError;

@@ -266,7 +266,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-type Direct = redlock_tower::LockService<
+type Direct = redlock_tower::lock::LockService<
     tower::util::ServiceFn<
         fn(
             http::Request<()>,

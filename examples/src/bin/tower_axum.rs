@@ -34,12 +34,13 @@ use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Extension, Router};
+use redlock_core::LockHandle;
 use redlock_core::Redlock;
 use redlock_examples::Nodes;
 use redlock_examples::fenced::WriteLog;
 use redlock_fence::FenceError;
 use redlock_tower::extract::PathParam;
-use redlock_tower::{FencingToken, LockHandle, LockLayer, LockOptions};
+use redlock_tower::{FencingToken, LockLayer, LockOptions};
 
 /// What the "payment provider" saw: per order, the intervals it was busy with it.
 type Ledger = Arc<Mutex<BTreeMap<String, Vec<(Instant, Instant)>>>>;

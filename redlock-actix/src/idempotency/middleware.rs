@@ -33,7 +33,7 @@ type ScopeFn = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 /// handler with the same body. The first one runs under the key's lock; its response
 /// is stored (status, headers without hop-by-hop ones, body) before it is sent. A retry
 /// gets the stored response, marked `Idempotent-Replayed: true`, without the handler
-/// running. The handler sees the run's lock as `web::ReqData<redlock_actix::LockHandle>`,
+/// running. The handler sees the run's lock as `web::ReqData<redlock_core::LockHandle>`,
 /// and its fencing token as a [`FencingToken`](crate::FencingToken) argument.
 ///
 /// Refusals are `application/problem+json` responses (with the request's id, as the
@@ -53,7 +53,8 @@ type ScopeFn = dyn Fn(&HttpRequest) -> Option<String> + Send + Sync;
 /// ```
 /// use std::time::Duration;
 /// use actix_web::{App, HttpResponse, web};
-/// use redlock_actix::{IdempotencyMiddleware, Redlock};
+/// use redlock_actix::IdempotencyMiddleware;
+/// use redlock_core::Redlock;
 /// use redlock_idempotency::{Idempotency, store::RedisStore};
 ///
 /// async fn refund(body: web::Bytes) -> HttpResponse {
@@ -125,7 +126,8 @@ impl IdempotencyMiddleware {
     ///
     /// ```
     /// use actix_web::HttpMessage;
-    /// use redlock_actix::{IdempotencyMiddleware, Redlock};
+    /// use redlock_actix::IdempotencyMiddleware;
+    /// use redlock_core::Redlock;
     /// use redlock_idempotency::{Idempotency, store::RedisStore};
     ///
     /// #[derive(Clone)]

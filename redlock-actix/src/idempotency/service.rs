@@ -113,7 +113,7 @@ where
         .uri()
         .path_and_query()
         .map_or_else(|| req.path(), |pq| pq.as_str());
-    let target = redlock_http::sent_target(shown, None);
+    let target = redlock_http::key::sent_target(shown, None);
     let fingerprint = core.fingerprint(
         req.method().as_str(),
         target,

@@ -48,7 +48,8 @@ use super::ClusterLimitService;
 /// use std::time::Duration;
 ///
 /// use actix_web::{App, HttpResponse, web};
-/// use redlock_actix::{ClusterLimitMiddleware, Hold, LimitOptions, Redlock, problem_response};
+/// use redlock_actix::{ClusterLimitMiddleware, Hold, LimitOptions, error::problem_response};
+/// use redlock_core::Redlock;
 ///
 /// async fn report(tenant: web::Path<String>) -> HttpResponse {
 ///     HttpResponse::Ok().body(format!("report for {tenant}"))
@@ -147,9 +148,9 @@ impl<K: KeyExtractor> ClusterLimitMiddleware<K> {
     ///
     /// # Errors
     ///
-    /// [`KeyBoundError::NoRoom`](redlock_http::KeyBoundError::NoRoom) when the prefix
+    /// [`KeyBoundError::NoRoom`](redlock_http::key::KeyBoundError::NoRoom) when the prefix
     /// leaves none.
-    pub fn room(&self) -> Result<redlock_http::KeyRoom, redlock_http::KeyBoundError> {
+    pub fn room(&self) -> Result<redlock_http::key::KeyRoom, redlock_http::key::KeyBoundError> {
         self.setup.1.room(&self.setup.0.redlock)
     }
 }

@@ -23,13 +23,14 @@ use super::LockMiddlewareService;
 /// [`ClusterLimitMiddleware`](crate::ClusterLimitMiddleware) and
 /// `IdempotencyMiddleware` take theirs; only the
 /// extractors read `app_data`. Refusals: busy → 409, no quorum → 503, bad key → 400.
-/// Handlers see the lock as `web::ReqData<redlock_actix::LockHandle>` (is it still
+/// Handlers see the lock as `web::ReqData<redlock_core::LockHandle>` (is it still
 /// held, its loss, its fencing token), and its fencing token as a
 /// [`FencingToken`](crate::FencingToken) argument.
 ///
 /// ```
 /// use actix_web::{App, HttpResponse, web};
-/// use redlock_actix::{DistributedLockConfig, LockHandle, LockMiddleware, LockOptions, Redlock};
+/// use redlock_actix::{DistributedLockConfig, LockMiddleware, LockOptions};
+/// use redlock_core::{LockHandle, Redlock};
 ///
 /// async fn deposit(lock: web::ReqData<LockHandle>) -> HttpResponse {
 ///     HttpResponse::Ok().body(format!("deposit under {}", lock.resource()))
@@ -69,7 +70,8 @@ impl<K: KeyExtractor> LockMiddleware<K> {
     ///
     /// ```
     /// use actix_web::dev::ServiceRequest;
-    /// use redlock_actix::{BadKey, DistributedLockConfig, LockMiddleware, Redlock};
+    /// use redlock_actix::{DistributedLockConfig, LockMiddleware, key::BadKey};
+    /// use redlock_core::Redlock;
     ///
     /// # let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
     /// // One lock per (tenant header, scope path parameter); no tenant: unlocked.

@@ -10,9 +10,9 @@ use redlock_http::LockOptions;
 
 use crate::config::{DistributedLockConfig, Failure, Setup, take_lock};
 use crate::extract::KeyExtractor;
+use crate::fencing::FailedOpen;
 use crate::guard::{LockBody, LockGuard};
 use crate::serve::{Guarding, serve};
-use crate::token::FailedOpen;
 
 /// The service made by [`LockMiddleware`](super::LockMiddleware).
 pub struct LockMiddlewareService<S, K> {

@@ -11,9 +11,10 @@ pub use actix_web::dev::{ServerHandle, ServiceRequest};
 pub use actix_web::{App, HttpResponse, HttpServer, test as actix_test, web};
 pub use redlock_actix::extract::Header;
 pub use redlock_actix::{
-    BadKey, DistributedLock, DistributedLockConfig, LockHandle, LockHeader, LockHeaderName,
-    LockMiddleware, Redlock,
+    DistributedLock, DistributedLockConfig, LockMiddleware,
+    key::{BadKey, LockHeader, LockHeaderName},
 };
+pub use redlock_core::{LockHandle, Redlock};
 pub use redlock_testkit::Cluster;
 pub use redlock_testkit::Intervals;
 

@@ -11,7 +11,7 @@ use http::header::HeaderName;
 /// visible ASCII, or given twice, is always refused with `400`, and so is one longer
 /// than the client's [`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)
 /// with the prefix. The key is the trimmed value with `%` and `:` escaped
-/// ([`redlock_http::header_lock_key`]): `Idempotency-Key: a:b` locks `a%3Ab`, as in
+/// ([`redlock_http::key::header_lock_key`]): `Idempotency-Key: a:b` locks `a%3Ab`, as in
 /// `redlock-actix`.
 #[derive(Debug, Clone)]
 pub struct Header {
@@ -71,6 +71,6 @@ impl<B> KeyExtractor<B> for Header {
             .get_all(name)
             .iter()
             .map(http::HeaderValue::as_bytes);
-        redlock_http::header_lock_key(name.as_str(), values, self.required)
+        redlock_http::key::header_lock_key(name.as_str(), values, self.required)
     }
 }

@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use http::Request;
-//! use redlock_tower::BadKey;
+//! use redlock_tower::extract::BadKey;
 //! use redlock_tower::extract::{Global, Header, Key, KeyExtractor, PathPrefix};
 //!
 //! let pay = Request::post("/orders/42/pay")
@@ -63,7 +63,7 @@ mod path_prefix;
 mod tests;
 
 use http::Request;
-use redlock_http::BadKey;
+pub use redlock_http::key::BadKey;
 
 pub use self::header::Header;
 #[cfg(feature = "axum")]
@@ -71,13 +71,13 @@ pub use self::header::Header;
 pub use redlock_http::extract::PathParam;
 pub use redlock_http::extract::{Global, PathPrefix};
 
-pub use redlock_http::Key;
+pub use redlock_http::key::Key;
 
 /// Names the lock a request needs. See the [module documentation](self).
 ///
 /// Implemented for closures `Fn(&http::Request<B>) -> Result<Option<V>, BadKey>` where
 /// `V: AsRef<str>`: `Ok(Some(value))` locks by the value, made a key by
-/// [`redlock_http::lock_key`] (`%` and `:` escaped, empty refused with `400`), as
+/// [`redlock_http::key::lock_key`] (`%` and `:` escaped, empty refused with `400`), as
 /// actix's closures' values are; `Ok(None)` passes the request through; `Err` refuses it
 /// with `400`. Implement it yourself (or use [`from_fn`]) for a full [`Key`]; a
 /// [`Key::Lock`] you return is the final key. It runs synchronously in `Service::call`,

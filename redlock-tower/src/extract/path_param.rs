@@ -14,7 +14,7 @@ use super::{Key, KeyExtractor, PathParam};
 /// value is read from the request path at the parameter's place in that template,
 /// percent-decoded as axum's `Path` extractor does (a `{*wildcard}` takes the rest
 /// of the path). Nested routers work: the original URI (axum's `OriginalUri`) is used
-/// when present ([`redlock_http::sent_path`]).
+/// when present ([`redlock_http::key::sent_path`]).
 ///
 /// Answers `500` when the layer sits where no route was matched (outside the
 /// `Router`, or on a fallback), the route has no such parameter, or the router is not
@@ -27,13 +27,14 @@ use super::{Key, KeyExtractor, PathParam};
 /// ```
 /// use axum::{Extension, Router, body::Body, routing::post};
 /// use http::{Request, StatusCode};
-/// use redlock_tower::{LockHandle, LockLayer, LockOptions, extract::PathParam};
+/// use redlock_core::LockHandle;
+/// use redlock_tower::{LockLayer, LockOptions, extract::PathParam};
 /// use tower::ServiceExt;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), redlock_tower::BoxError> {
+/// # async fn main() -> Result<(), redlock_core::BoxError> {
 /// # let cluster = redlock_testkit::Cluster::start(1).await;
-/// # let redlock = redlock_tower::Redlock::builder()
+/// # let redlock = redlock_core::Redlock::builder()
 /// #     .nodes(cluster.urls())
 /// #     .restart_quarantine(false) // the test node was started a moment ago
 /// #     .build()?;
@@ -106,7 +107,7 @@ mod tests {
     #[test]
     fn path_parameters_from_templates() {
         let v = |t: &str, p: &str, n: &str| {
-            param_value(t, p, n).map(|raw| redlock_http::path_param_key(n, Some(&raw)))
+            param_value(t, p, n).map(|raw| redlock_http::key::path_param_key(n, Some(&raw)))
         };
         let lock = |k: &str| Some(Key::Lock(k.into()));
         assert_eq!(v("/orders/{id}/pay", "/orders/42/pay", "id"), lock("42"));

@@ -63,7 +63,8 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let request_id = redlock_http::request_id(|name| request.headers().get(name)?.to_str().ok());
+    let request_id =
+        redlock_http::problem::request_id(|name| request.headers().get(name)?.to_str().ok());
     let values = request.headers().get_all(core.header_name());
     let key = match core.key(values.iter().map(HeaderValue::as_bytes)) {
         Ok(Some(key)) => key,

@@ -54,7 +54,7 @@ impl IdempotencyLayer {
     /// A request for which it returns `None` is refused with `400`.
     ///
     /// ```
-    /// use redlock_tower::Redlock;
+    /// use redlock_core::Redlock;
     /// use redlock_tower::idempotency::{Idempotency, IdempotencyLayer};
     /// use redlock_idempotency::store::RedisStore;
     ///

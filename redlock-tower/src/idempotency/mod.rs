@@ -16,7 +16,7 @@
 //! 3. replays the key's stored response, or refuses the request (`409` while the key's
 //!    first request runs, `422` for a different request under the same key), or runs
 //!    the inner service under the key's lock: the handler finds the lock's
-//!    [`LockHandle`](crate::LockHandle) in the request's extensions, and its
+//!    [`LockHandle`](redlock_core::LockHandle) in the request's extensions, and its
 //!    [`FencingToken`](crate::FencingToken) works as under a [`LockLayer`](crate::LockLayer);
 //! 4. stores the response (status, headers but hop-by-hop ones, body up to
 //!    [`max_body`](Idempotency::max_body)) before answering it. A response not
@@ -29,11 +29,12 @@
 //! use axum::{Router, body::Body, routing::post};
 //! use http::{Request, StatusCode};
 //! use redlock_idempotency::store::RedisStore;
-//! use redlock_tower::{IdempotencyLayer, Redlock, idempotency::Idempotency};
+//! use redlock_core::Redlock;
+//! use redlock_tower::{IdempotencyLayer, idempotency::Idempotency};
 //! use tower::ServiceExt;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), redlock_tower::BoxError> {
+//! # async fn main() -> Result<(), redlock_core::BoxError> {
 //! # let cluster = redlock_testkit::Cluster::start(1).await;
 //! # let data = redlock_testkit::Cluster::start(1).await;
 //! let redlock = Redlock::builder()

@@ -52,9 +52,9 @@ impl<E> ClusterLimitLayer<E> {
     ///
     /// # Errors
     ///
-    /// [`KeyBoundError::NoRoom`](redlock_http::KeyBoundError::NoRoom) when the prefix
+    /// [`KeyBoundError::NoRoom`](redlock_http::key::KeyBoundError::NoRoom) when the prefix
     /// leaves none.
-    pub fn room(&self) -> Result<redlock_http::KeyRoom, redlock_http::KeyBoundError> {
+    pub fn room(&self) -> Result<redlock_http::key::KeyRoom, redlock_http::key::KeyBoundError> {
         self.config.room(&self.redlock)
     }
 }

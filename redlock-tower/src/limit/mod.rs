@@ -3,7 +3,8 @@
 //!
 //! ```
 //! use axum::{Router, routing::post};
-//! use redlock_tower::{ClusterLimitLayer, LimitOptions, Redlock, extract::PathParam};
+//! use redlock_core::Redlock;
+//! use redlock_tower::{ClusterLimitLayer, LimitOptions, extract::PathParam};
 //!
 //! async fn export() -> &'static str {
 //!     "exported" // at most 3 exports of this tenant run at once, cluster-wide
@@ -19,7 +20,7 @@
 //!     LimitOptions::new(3).resource_prefix("export:"),
 //! );
 //! let app: Router = Router::new().route("/export/{tenant}", post(export).route_layer(per_tenant));
-//! # Ok::<(), redlock_tower::BoxError>(())
+//! # Ok::<(), redlock_core::BoxError>(())
 //! ```
 //!
 //! # How it works
@@ -30,7 +31,7 @@
 //! 2. the layer takes a permit of the key's semaphore,
 //!    [`redlock.semaphore(resource, limit)`](redlock_core::Redlock::semaphore), whose
 //!    name is the [resource prefix](redlock_http::LimitOptions::resource_prefix) and the key
-//!    ([`redlock_http::resource_name`]). A semaphore of `k` permits is `k` slot locks,
+//!    ([`redlock_http::key::resource_name`]). A semaphore of `k` permits is `k` slot locks,
 //!    so at most `k` requests hold one, whichever replica they run on (see
 //!    [`redlock_core::semaphore`]);
 //! 3. the inner service runs while the permit is held and auto-extended by the
@@ -45,7 +46,7 @@
 //! Every permit taken: **429 Too Many Requests** (or
 //! [`busy_status`](redlock_http::LimitOptions::busy_status)) with `Retry-After` (the
 //! soonest a held permit expires if not extended, or
-//! [`FALLBACK_RETRY_AFTER`](redlock_http::FALLBACK_RETRY_AFTER)), at once by default or
+//! [`FALLBACK_RETRY_AFTER`](redlock_http::problem::FALLBACK_RETRY_AFTER)), at once by default or
 //! after [`wait`](redlock_http::LimitOptions::wait). No quorum of Redis nodes: **503** with
 //! `Retry-After` (fail-closed; [`fail_open`](redlock_http::LimitOptions::fail_open) is an
 //! explicit opt-in). A limit of `0` is a misconfiguration: **500**, at request time
@@ -67,7 +68,8 @@
 //! use std::time::Duration;
 //!
 //! use http::StatusCode;
-//! use redlock_tower::{ClusterLimitLayer, Hold, LimitOptions, Redlock, extract::Header};
+//! use redlock_core::Redlock;
+//! use redlock_tower::{ClusterLimitLayer, Hold, LimitOptions, extract::Header};
 //! use redlock_tower::response::problem_response;
 //!
 //! let redlock = Redlock::builder().node("redis://127.0.0.1:6379").build()?;
@@ -85,10 +87,10 @@
 //!         problem_response(&refusal.problem)
 //!     });
 //! # let _ = layer;
-//! # Ok::<(), redlock_tower::BoxError>(())
+//! # Ok::<(), redlock_core::BoxError>(())
 //! ```
 //!
-//! The handler finds no [`LockHandle`](crate::LockHandle) from this layer (a permit is
+//! The handler finds no [`LockHandle`](redlock_core::LockHandle) from this layer (a permit is
 //! no lock on the key, and would hide the handle of a [`LockLayer`](crate::LockLayer)
 //! on the same route), and permits carry no fencing token.
 //!
@@ -98,11 +100,12 @@
 //! use std::convert::Infallible;
 //!
 //! use http::{Request, Response, StatusCode};
-//! use redlock_tower::{ClusterLimitLayer, LimitOptions, Redlock, extract::Header};
+//! use redlock_core::Redlock;
+//! use redlock_tower::{ClusterLimitLayer, LimitOptions, extract::Header};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), redlock_tower::BoxError> {
+//! # async fn main() -> Result<(), redlock_core::BoxError> {
 //! # let cluster = redlock_testkit::Cluster::start(3).await;
 //! # let urls = cluster.urls();
 //! let redlock = Redlock::builder()

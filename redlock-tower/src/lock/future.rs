@@ -1,4 +1,4 @@
-//! [`ResponseFuture`]: one request through the [`LockService`](crate::LockService).
+//! [`ResponseFuture`]: one request through the [`LockService`](crate::lock::LockService).
 
 use std::fmt;
 use std::future::Future;
@@ -10,17 +10,18 @@ use std::time::Instant;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use redlock_core::Redlock;
-use redlock_http::{Hold, Key, Refusal, Route};
+use redlock_http::key::Key;
+use redlock_http::{Hold, Refusal, Route};
 use tower_service::Service;
 
 use crate::body::LockBody;
 use crate::config::{AcquireFuture, Config, Options};
+use crate::fencing::FailedOpen;
 use crate::guard::Guard;
 use crate::response::RefusalResponse;
-use crate::token::FailedOpen;
 
 pin_project! {
-    /// The response future of [`LockService`](crate::LockService): acquiring the lock,
+    /// The response future of [`LockService`](crate::lock::LockService): acquiring the lock,
     /// then running the inner service's future under it.
     ///
     /// Dropping it (the client went away, a timeout) is safe at any point: an
@@ -96,7 +97,7 @@ where
         request: Request<ReqBody>,
     ) -> Self {
         let request_id =
-            redlock_http::request_id(|name| request.headers().get(name)?.to_str().ok());
+            redlock_http::problem::request_id(|name| request.headers().get(name)?.to_str().ok());
         let state = match config.guard().route(redlock, key, request_id.as_deref()) {
             Route::Take(resource) => State::Acquiring {
                 acquire: config.acquire(redlock, resource.clone()),

@@ -23,7 +23,8 @@ use crate::lock::LockService;
 ///
 /// ```
 /// use std::time::Duration;
-/// use redlock_tower::{LockLayer, LockOptions, Redlock, extract::Header};
+/// use redlock_core::Redlock;
+/// use redlock_tower::{LockLayer, LockOptions, extract::Header};
 ///
 /// # fn layer(redlock: Redlock) -> LockLayer<Header> {
 /// LockLayer::new(redlock, Header::new("x-tenant").required()).options(

@@ -1,4 +1,5 @@
-//! [`FencingToken`]: the fencing token of the request's lock, for the handler.
+//! Fencing tokens: [`FencingToken`], the fencing token of the request's lock, for the handler;
+//! [`FencingTokenRejection`] and [`MissingToken`], why a request has none.
 
 use std::fmt;
 
@@ -38,9 +39,9 @@ use crate::response::{RefusalResponse, problem_response};
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), redlock_tower::BoxError> {
+/// # async fn main() -> Result<(), redlock_core::BoxError> {
 /// # let cluster = redlock_testkit::Cluster::start(1).await;
-/// # let redlock = redlock_tower::Redlock::builder()
+/// # let redlock = redlock_core::Redlock::builder()
 /// #     .nodes(cluster.urls())
 /// #     .restart_quarantine(false) // the test node was started a moment ago
 /// #     .build()?;
@@ -78,7 +79,7 @@ impl FencingToken {
     ///
     /// ```
     /// use http::Request;
-    /// use redlock_tower::{FencingToken, MissingToken};
+    /// use redlock_tower::{FencingToken, fencing::MissingToken};
     ///
     /// // A request that went through no lock layer.
     /// let request = Request::post("/orders/42/pay").header("x-request-id", "req-1").body(())?;
@@ -104,7 +105,7 @@ impl FencingToken {
 
     /// The token of the lock the layer holds for the request whose extensions these are
     /// (tonic: `request.extensions()`; axum or hyper: the request's
-    /// [`Parts`](http::request::Parts)). The rejection carries no request id.
+    /// [`Parts`]). The rejection carries no request id.
     ///
     /// # Errors
     ///
@@ -153,7 +154,7 @@ impl From<FencingToken> for u64 {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FailedOpen;
 
-use redlock_http::MissingToken;
+pub use redlock_http::MissingToken;
 
 /// A request without a [`FencingToken`]: why ([`reason`](Self::reason)), the answer
 /// for the client ([`problem`](Self::problem), [`to_response`](Self::to_response); with
@@ -223,7 +224,7 @@ impl std::error::Error for FencingTokenRejection {}
 
 /// The request's id, from its `x-request-id` (or `x-correlation-id`) header.
 fn request_id(headers: &http::HeaderMap) -> Option<String> {
-    redlock_http::request_id(|name| headers.get(name)?.to_str().ok())
+    redlock_http::problem::request_id(|name| headers.get(name)?.to_str().ok())
 }
 
 #[cfg(feature = "axum")]

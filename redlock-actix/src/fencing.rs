@@ -1,4 +1,5 @@
-//! [`FencingToken`]: the fencing token of the request's lock, as an extractor.
+//! Fencing tokens: [`FencingToken`], the fencing token of the request's lock, as an extractor;
+//! [`TokenFuture`], its future; [`MissingToken`], why a request has none.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -13,6 +14,8 @@ use redlock_core::LockHandle;
 
 use crate::config::DistributedLockConfig;
 use crate::error::DistributedLockError;
+
+pub use redlock_http::MissingToken;
 
 /// The fencing token of the request's lock: strictly greater for every new holder of
 /// the lock's key, to pass to the storage with each write so that it can refuse a
@@ -37,11 +40,12 @@ use crate::error::DistributedLockError;
 /// names the setting to change.
 ///
 /// With several locks in one handler, the token is the last acquired one's: read each
-/// lock's own with [`LockGuard::fencing_token`](crate::LockGuard::fencing_token).
+/// lock's own with [`LockGuard::fencing_token`](crate::guard::LockGuard::fencing_token).
 ///
 /// ```
 /// use actix_web::{App, HttpResponse, test, web};
-/// use redlock_actix::{DistributedLock, DistributedLockConfig, FencingToken, LockOptions, Redlock};
+/// use redlock_actix::{DistributedLock, DistributedLockConfig, FencingToken, LockOptions};
+/// use redlock_core::Redlock;
 ///
 /// async fn pay(order: DistributedLock<web::Path<u64>>, token: FencingToken) -> HttpResponse {
 ///     // e.g. `SqlFence::check(&mut *tx, order.guard().resource(), token.0)` before the write
@@ -85,7 +89,7 @@ impl FencingToken {
     /// # Errors
     ///
     /// [`DistributedLockError::NoLock`], [`DistributedLockError::NoFencingToken`], or
-    /// [`DistributedLockError::FailedOpen`] (the [`MissingToken`](crate::MissingToken)
+    /// [`DistributedLockError::FailedOpen`] (the [`MissingToken`]
     /// reasons of both web crates).
     pub fn from_req(req: &HttpRequest) -> Result<Self, DistributedLockError> {
         let extensions = req.extensions();
