@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 use super::changes::Changes;
 use super::context::Context;
 use super::handoff::Handoffs;
+use super::parts::Parts;
 use super::requests::Requests;
 use super::state::{JobDef, JobState, JobTable, Slots, jobs_digest};
 use super::tenure::Tenure;
@@ -282,12 +283,14 @@ impl SchedulerBuilder {
         );
         Ok(Scheduler {
             inner: Arc::new(Inner {
-                tenure: Arc::new(tenure),
-                ticks: Arc::new(Ticks::new(Arc::clone(&ctx))),
-                handoffs: Arc::new(Handoffs::new(Arc::clone(&ctx), jobs_digest, handler_names)),
-                changes: Arc::new(Changes::new(Arc::clone(&ctx), handlers)),
-                requests: Arc::new(Requests::new(Arc::clone(&ctx))),
-                ctx,
+                parts: Parts {
+                    tenure: Arc::new(tenure),
+                    ticks: Arc::new(Ticks::new(Arc::clone(&ctx))),
+                    handoffs: Arc::new(Handoffs::new(Arc::clone(&ctx), jobs_digest, handler_names)),
+                    changes: Arc::new(Changes::new(Arc::clone(&ctx), handlers)),
+                    requests: Arc::new(Requests::new(Arc::clone(&ctx))),
+                    ctx,
+                },
                 background: OnceLock::new(),
                 redis_health: Arc::new(HealthCell::new("the Redis quorum", false)),
                 ready: tokio::sync::watch::channel(false).0,

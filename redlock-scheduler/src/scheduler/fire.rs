@@ -9,13 +9,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use super::changes::Changes;
-use super::context::Context;
-use super::handoff::{BEAT, Handoffs, Placed, RESCAN};
-use super::requests::{REQUEST_POLL, Requests};
+use super::handoff::{BEAT, Placed, RESCAN};
+use super::parts::Parts;
+use super::requests::REQUEST_POLL;
 use super::state::{JobDef, JobState, lock};
-use super::tenure::Tenure;
-use super::tick::{AHEAD, NotTaken, Ticks};
+use super::tick::{AHEAD, NotTaken};
 use crate::leader::LeaderEvent;
 use crate::leader::Leadership;
 use crate::plan::{self, Action, Recorded};
@@ -32,142 +30,116 @@ const SWEEP_MAX: Duration = Duration::from_secs(30);
 /// How often the leader prunes the history (with a retention set).
 const PRUNE_INTERVAL: Duration = Duration::from_secs(600);
 
-/// The parts the leader's loops use, shared with the scheduler that holds them.
-#[derive(Clone)]
-pub(super) struct Leading {
-    ctx: Arc<Context>,
-    tenure: Arc<Tenure>,
-    ticks: Arc<Ticks>,
-    handoffs: Arc<Handoffs>,
-    changes: Arc<Changes>,
-    requests: Arc<Requests>,
-}
-
-impl Leading {
-    pub(super) fn new(
-        ctx: Arc<Context>,
-        tenure: Arc<Tenure>,
-        ticks: Arc<Ticks>,
-        handoffs: Arc<Handoffs>,
-        changes: Arc<Changes>,
-        requests: Arc<Requests>,
-    ) -> Self {
-        Self {
-            ctx,
-            tenure,
-            ticks,
-            handoffs,
-            changes,
-            requests,
+/// Carries out one planned tick.
+async fn handle_tick(
+    parts: &Parts,
+    index: usize,
+    tick: DateTime<Utc>,
+    action: Action,
+    leadership: &Leadership,
+) {
+    let Some(state) = parts.ctx.jobs.get(index) else {
+        return;
+    };
+    let state = &*state;
+    let deadline = parts.ctx.deadline(state, tick);
+    let token = leadership.epoch();
+    // An on-time run that may go anywhere is placed ahead of its time, and claimed
+    // then if it goes to another replica; a run that stays here is claimed at its
+    // time, so that a leader that stops before leaves the tick to the next one.
+    let mut placed = None;
+    if matches!(action, Action::Run { late: false }) && parts.ctx.spreads(state) {
+        match parts.handoffs.place(leadership, deadline, true).await {
+            Placed::Stopped => return,
+            place => placed = Some(place),
         }
     }
-
-    /// Carries out one planned tick.
-    pub(super) async fn handle_tick(
-        &self,
-        index: usize,
-        tick: DateTime<Utc>,
-        action: Action,
-        leadership: &Leadership,
-    ) {
-        let Some(state) = self.ctx.jobs.get(index) else {
-            return;
-        };
-        let state = &*state;
-        let deadline = self.ctx.deadline(state, tick);
-        let token = leadership.epoch();
-        // An on-time run that may go anywhere is placed ahead of its time, and claimed
-        // then if it goes to another replica; a run that stays here is claimed at its
-        // time, so that a leader that stops before leaves the tick to the next one.
-        let mut placed = None;
-        if matches!(action, Action::Run { late: false }) && self.ctx.spreads(state) {
-            match self.handoffs.place(leadership, deadline, true).await {
-                Placed::Stopped => return,
-                place => placed = Some(place),
-            }
-        }
-        let handing_over = matches!(placed, Some(Placed::There(_)));
-        if !handing_over && !self.ticks.wait_for_tick(tick, Some(leadership)).await {
+    let handing_over = matches!(placed, Some(Placed::There(_)));
+    if !handing_over && !parts.ticks.wait_for_tick(tick, Some(leadership)).await {
+        return;
+    }
+    match parts
+        .ticks
+        .claim(state, tick, deadline, Some(leadership))
+        .await
+    {
+        Ok(()) => {}
+        Err(NotTaken::Held) => {
+            tracing::debug!(job = %state.name, %tick, "tick already claimed elsewhere");
             return;
         }
-        match self
+        Err(NotTaken::Stopped) => return,
+        Err(NotTaken::Failed(err)) => {
+            tracing::warn!(job = %state.name, %tick, error = %err, "could not claim the tick within its grace window: not run");
+            parts.ticks.record_skip(
+                state,
+                tick,
+                token,
+                SkipReason::Unclaimable,
+                format!("not claimable within the grace window: {err}"),
+            );
+            return;
+        }
+    }
+    let late = match action {
+        Action::Skip(reason) => {
+            parts
+                .ticks
+                .record_skip(state, tick, token, SkipReason::Missed, reason);
+            return;
+        }
+        Action::Run { late } => late,
+    };
+    if state.paused.load(Ordering::Acquire) {
+        let paused = SkipReason::Paused;
+        parts
             .ticks
-            .claim(state, tick, deadline, Some(leadership))
+            .record_skip(state, tick, token, paused, "paused".to_owned());
+        return;
+    }
+    if parts.ticks.dropped(state, tick, token) {
+        return;
+    }
+    if let Some(Placed::There(replica)) = &placed {
+        match parts
+            .handoffs
+            .hand_over(state, tick, replica, leadership)
             .await
         {
-            Ok(()) => {}
-            Err(NotTaken::Held) => {
-                tracing::debug!(job = %state.name, %tick, "tick already claimed elsewhere");
-                return;
-            }
-            Err(NotTaken::Stopped) => return,
-            Err(NotTaken::Failed(err)) => {
-                tracing::warn!(job = %state.name, %tick, error = %err, "could not claim the tick within its grace window: not run");
-                self.ticks.record_skip(
-                    state,
-                    tick,
-                    token,
-                    SkipReason::Unclaimable,
-                    format!("not claimable within the grace window: {err}"),
-                );
-                return;
+            Ok(()) | Err(None) => {}
+            Err(Some(reason)) => {
+                parts
+                    .ticks
+                    .record_skip(state, tick, token, SkipReason::Untaken, reason);
             }
         }
-        let late = match action {
-            Action::Skip(reason) => {
-                self.ticks
-                    .record_skip(state, tick, token, SkipReason::Missed, reason);
-                return;
-            }
-            Action::Run { late } => late,
-        };
-        if state.paused.load(Ordering::Acquire) {
-            let paused = SkipReason::Paused;
-            self.ticks
-                .record_skip(state, tick, token, paused, "paused".to_owned());
-            return;
-        }
-        if self.ticks.dropped(state, tick, token) {
-            return;
-        }
-        if let Some(Placed::There(replica)) = &placed {
-            match self
-                .handoffs
-                .hand_over(state, tick, replica, leadership)
-                .await
-            {
-                Ok(()) | Err(None) => {}
-                Err(Some(reason)) => {
-                    self.ticks
-                        .record_skip(state, tick, token, SkipReason::Untaken, reason);
-                }
-            }
-            return;
-        }
-        // Here: when this replica has room for it.
-        let placed = match placed {
-            Some(placed) => placed,
-            None => self.handoffs.place(leadership, deadline, false).await,
-        };
-        let slot = match placed {
-            Placed::Here(slot) => slot,
-            Placed::Nowhere => {
-                let reason =
-                    "no replica had room for the run (max_concurrent_runs) within the grace window";
-                self.ticks
-                    .record_skip(state, tick, token, SkipReason::NoRoom, reason.to_owned());
-                return;
-            }
-            Placed::There(_) | Placed::Stopped => return,
-        };
-        self.ticks
-            .run_here(index, tick, late, slot, leadership)
-            .await;
+        return;
     }
+    // Here: when this replica has room for it.
+    let placed = match placed {
+        Some(placed) => placed,
+        None => parts.handoffs.place(leadership, deadline, false).await,
+    };
+    let slot = match placed {
+        Placed::Here(slot) => slot,
+        Placed::Nowhere => {
+            let reason =
+                "no replica had room for the run (max_concurrent_runs) within the grace window";
+            parts
+                .ticks
+                .record_skip(state, tick, token, SkipReason::NoRoom, reason.to_owned());
+            return;
+        }
+        Placed::There(_) | Placed::Stopped => return,
+    };
+    parts
+        .ticks
+        .run_here(index, tick, late, slot, leadership)
+        .await;
 }
 
 /// Follows the election: while this replica leads, fires the jobs.
-pub(super) async fn lead(leading: Leading, mut events: tokio::sync::watch::Receiver<LeaderEvent>) {
+pub(super) async fn lead(parts: Parts, mut events: tokio::sync::watch::Receiver<LeaderEvent>) {
     loop {
         let leadership = match &*events.borrow_and_update() {
             LeaderEvent::Elected(l) if l.is_current() => Some(l.clone()),
@@ -175,23 +147,23 @@ pub(super) async fn lead(leading: Leading, mut events: tokio::sync::watch::Recei
         };
         if let Some(leadership) = leadership {
             let firing = CancellationToken::new();
-            if leading.ctx.recorder.is_some() {
+            if parts.ctx.recorder.is_some() {
                 tokio::spawn(housekeeping(
-                    leading.clone(),
+                    parts.clone(),
                     leadership.clone(),
                     firing.clone(),
                 ));
             }
             tokio::select! {
-                () = fire_jobs(&leading, &leadership, &firing) => {}
+                () = fire_jobs(&parts, &leadership, &firing) => {}
                 () = leadership.ended_token().cancelled() => {}
-                () = leading.ctx.stop_firing.cancelled() => {}
+                () = parts.ctx.stop_firing.cancelled() => {}
             }
             firing.cancel();
         }
         tokio::select! {
             changed = events.changed() => if changed.is_err() { return },
-            () = leading.ctx.stop_firing.cancelled() => return,
+            () = parts.ctx.stop_firing.cancelled() => return,
         }
     }
 }
@@ -233,20 +205,20 @@ impl Retire {
 /// Fires every job in force while `leadership` lasts: a loop per job, started at the
 /// election from where the history says each job stands, and restarted (or ended)
 /// when a job is rescheduled, added or removed at run time.
-async fn fire_jobs(leading: &Leading, leadership: &Leadership, firing: &CancellationToken) {
-    let mut changes = leading.ctx.jobs.subscribe();
+async fn fire_jobs(parts: &Parts, leadership: &Leadership, firing: &CancellationToken) {
+    let mut changes = parts.ctx.jobs.subscribe();
     changes.mark_unchanged();
-    let elected = leading.ctx.clock.now();
-    let recorded = last_ticks(leading, leadership).await;
+    let elected = parts.ctx.clock.now();
+    let recorded = last_ticks(parts, leadership).await;
     // The jobs as changed at run time until now (read with the history: if it could
     // not be, the changes apply as they come).
     if recorded.is_some() {
-        leading.changes.sync().await;
+        parts.changes.sync().await;
     }
     let mut loops: HashMap<usize, Firing> = HashMap::new();
     let mut first = true;
     loop {
-        for (index, state) in leading.ctx.jobs.all() {
+        for (index, state) in parts.ctx.jobs.all() {
             let def = state.def();
             if state.is_removed() {
                 if let Some(old) = loops.remove(&index) {
@@ -262,7 +234,7 @@ async fn fire_jobs(leading: &Leading, leadership: &Leadership, firing: &Cancella
                 // when it took effect (those the old one fired are claimed already).
                 Some(old) => {
                     // The old one fires its ticks up to the switch, the new one after.
-                    let now = leading.ctx.clock.now();
+                    let now = parts.ctx.clock.now();
                     old.retire
                         .retire(Some(def.since.map_or(now, |since| since.min(now))));
                     Start::Switch
@@ -278,7 +250,7 @@ async fn fire_jobs(leading: &Leading, leadership: &Leadership, firing: &Cancella
                     },
                     elected,
                     added: !first,
-                    at: leading.ctx.clock.now(),
+                    at: parts.ctx.clock.now(),
                 },
             };
             // At the election, the definitions replaced while nobody led fire their
@@ -304,17 +276,16 @@ async fn fire_jobs(leading: &Leading, leadership: &Leadership, firing: &Cancella
                     retire: retire.clone(),
                 },
             );
-            let (leading, leadership, firing) =
-                (leading.clone(), leadership.clone(), firing.clone());
+            let (parts, leadership, firing) = (parts.clone(), leadership.clone(), firing.clone());
             tokio::spawn(async move {
                 for (old, until) in replaced {
                     let ended = Retire::new(&firing);
                     ended.retire(Some(until));
                     let state = Arc::clone(&state);
-                    let (leading, leadership) = (leading.clone(), leadership.clone());
-                    fire_loop(leading, index, state, old, start, leadership, ended).await;
+                    let (parts, leadership) = (parts.clone(), leadership.clone());
+                    fire_loop(parts, index, state, old, start, leadership, ended).await;
                 }
-                fire_loop(leading, index, state, def, start, leadership, retire).await;
+                fire_loop(parts, index, state, def, start, leadership, retire).await;
             });
         }
         first = false;
@@ -338,7 +309,7 @@ enum Start {
         /// after waiting for the loops of replaced definitions.
         at: DateTime<Utc>,
     },
-    /// A new definition while leading: from when it took effect.
+    /// A new definition while parts: from when it took effect.
     Switch,
 }
 
@@ -392,23 +363,23 @@ impl Start {
 /// without a history, or when it stays unreadable past the longest grace window: the
 /// Redis claims of the ticks in the window then tell what ran.
 async fn last_ticks(
-    leading: &Leading,
+    parts: &Parts,
     leadership: &Leadership,
 ) -> Option<HashMap<String, DateTime<Utc>>> {
-    let recorder = leading.ctx.recorder.as_ref()?;
-    let give_up = leading
+    let recorder = parts.ctx.recorder.as_ref()?;
+    let give_up = parts
         .ctx
         .jobs
         .live()
         .iter()
-        .map(|s| leading.ctx.grace(s))
+        .map(|s| parts.ctx.grace(s))
         .max()
         .unwrap_or_default();
     let started = tokio::time::Instant::now();
     let mut backoff = Duration::from_millis(100);
     let mut failing = false;
     loop {
-        match recorder.history().last_ticks(&leading.ctx.name).await {
+        match recorder.history().last_ticks(&parts.ctx.name).await {
             Ok(ticks) => {
                 recorder.health.read_ok();
                 if failing {
@@ -431,7 +402,7 @@ async fn last_ticks(
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
             () = leadership.ended_token().cancelled() => return None,
-            () = leading.ctx.stop_firing.cancelled() => return None,
+            () = parts.ctx.stop_firing.cancelled() => return None,
         }
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
@@ -442,7 +413,7 @@ async fn last_ticks(
 /// missed before it apart from those that came due while the leader waited for the
 /// history ([`plan::plan_first`]).
 async fn fire_loop(
-    leading: Leading,
+    parts: Parts,
     index: usize,
     state: Arc<JobState>,
     def: Arc<JobDef>,
@@ -450,20 +421,17 @@ async fn fire_loop(
     leadership: Leadership,
     retire: Retire,
 ) {
-    let (mut cursor, mut elected) = start.cursor(
-        def.since,
-        leading.ctx.clock.now(),
-        leading.ctx.grace(&state),
-    );
+    let (mut cursor, mut elected) =
+        start.cursor(def.since, parts.ctx.clock.now(), parts.ctx.grace(&state));
     // Runs handed to other replicas are handed out ahead of their time.
-    let ahead = if leading.ctx.spreads(&state) {
+    let ahead = if parts.ctx.spreads(&state) {
         AHEAD
     } else {
         Duration::ZERO
     };
     let misfire = def.job.spec.misfire_policy();
     loop {
-        let now = leading.ctx.clock.now();
+        let now = parts.ctx.clock.now();
         let mut until = crate::time::later(now, ahead);
         let retired = retire.retired();
         match retired {
@@ -489,31 +457,31 @@ async fn fire_loop(
                     tokio::select! {
                         () = state.wait_idle() => {}
                         () = leadership.ended_token().cancelled() => return,
-                        () = leading.ctx.stop_firing.cancelled() => return,
+                        () = parts.ctx.stop_firing.cancelled() => return,
                     }
                 }
                 // Removed: nothing more (also for the loop of a replaced definition,
                 // which no retirement reaches).
                 if !leadership.is_current()
-                    || leading.ctx.stop_firing.is_cancelled()
+                    || parts.ctx.stop_firing.is_cancelled()
                     || state.is_removed()
                 {
                     return;
                 }
                 let late = matches!(action, plan::Action::Run { late: true });
                 let task = {
-                    let (leading, leadership) = (leading.clone(), leadership.clone());
-                    async move { leading.handle_tick(index, tick, action, &leadership).await }
+                    let (parts, leadership) = (parts.clone(), leadership.clone());
+                    async move { handle_tick(&parts, index, tick, action, &leadership).await }
                 };
                 if late {
                     // Claimed and started before the next one is considered.
                     tokio::select! {
-                        () = leading.ctx.runs.track_future(task) => {}
+                        () = parts.ctx.runs.track_future(task) => {}
                         () = leadership.ended_token().cancelled() => return,
-                        () = leading.ctx.stop_firing.cancelled() => return,
+                        () = parts.ctx.stop_firing.cancelled() => return,
                     }
                 } else {
-                    leading.ctx.runs.spawn(task);
+                    parts.ctx.runs.spawn(task);
                 }
             }
         } else {
@@ -530,31 +498,31 @@ async fn fire_loop(
             // A tick due now fires before a retirement is heeded (it may be before the
             // switch); a retired loop goes round once more to fire up to the switch.
             biased;
-            () = leading.ctx.clock.sleep_until(wake) => {}
+            () = parts.ctx.clock.sleep_until(wake) => {}
             () = retire.token.cancelled() => {}
             () = leadership.ended_token().cancelled() => return,
-            () = leading.ctx.stop_firing.cancelled() => return,
+            () = parts.ctx.stop_firing.cancelled() => return,
         }
     }
 }
 
 /// The leader's chores: refresh pauses set by other replicas; carry out operators'
 /// requests; close runs whose replica died; prune the history per its retention.
-async fn housekeeping(leading: Leading, leadership: Leadership, firing: CancellationToken) {
-    let Some(recorder) = leading.ctx.recorder.clone() else {
+async fn housekeeping(parts: Parts, leadership: Leadership, firing: CancellationToken) {
+    let Some(recorder) = parts.ctx.recorder.clone() else {
         return;
     };
-    // The leader's record for admin tools: renewed while leading, ended with it.
-    let (tenure, elected) = (Arc::clone(&leading.tenure), leadership.clone());
+    // The leader's record for admin tools: renewed while parts, ended with it.
+    let (tenure, elected) = (Arc::clone(&parts.tenure), leadership.clone());
     tokio::spawn(async move { tenure.keep_record(elected).await });
     // Runs of earlier leaderships can no longer commit their transactions (a replica
     // paused past its term); the fences are also raised by this leadership's first
     // commit of each job, should this fail.
-    let live = leading.ctx.jobs.live();
+    let live = parts.ctx.jobs.live();
     let jobs = live.iter().map(|state| &*state.name);
     if let Err(err) = recorder
         .history()
-        .raise_fences(&leading.ctx.name, jobs, leadership.epoch())
+        .raise_fences(&parts.ctx.name, jobs, leadership.epoch())
         .await
     {
         tracing::warn!(error = %err, "could not raise the jobs' fences for this leadership");
@@ -565,32 +533,32 @@ async fn housekeeping(leading: Leading, leadership: Leadership, firing: Cancella
     // A slow round (a trigger waiting on Redis) is not made up for with a burst.
     requests.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sweeps =
-        tokio::time::interval((leading.ticks.run_lock_ttl() * 2).clamp(SWEEP_MIN, SWEEP_MAX));
+        tokio::time::interval((parts.ticks.run_lock_ttl() * 2).clamp(SWEEP_MIN, SWEEP_MAX));
     let mut prunes = tokio::time::interval(PRUNE_INTERVAL);
     // Where runs go: who is alive, and the hand-offs not taken.
-    leading.handoffs.reset();
+    parts.handoffs.reset();
     let mut replicas = tokio::time::interval(BEAT);
     let mut rescans = tokio::time::interval(RESCAN);
     replicas.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     rescans.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = pauses.tick() => match recorder.history().paused_jobs(&leading.ctx.name).await {
+            _ = pauses.tick() => match recorder.history().paused_jobs(&parts.ctx.name).await {
                 Ok(paused) => {
                     recorder.health.read_ok();
-                    for state in leading.ctx.jobs.live() {
+                    for state in parts.ctx.jobs.live() {
                         state.paused.store(paused.iter().any(|p| *p == *state.name), Ordering::Release);
                     }
                 }
                 // The pauses last read stay in force.
                 Err(err) => recorder.health.fail(&err),
             },
-            _ = requests.tick() => leading.requests.serve(&leading.ticks, &leading.tenure, &leadership).await,
-            _ = sweeps.tick() => leading.ticks.sweep_abandoned(&leadership).await,
-            _ = replicas.tick() => leading.handoffs.refresh_replicas().await,
-            _ = rescans.tick() => leading.handoffs.rescan(&leading.ticks, &leadership).await,
+            _ = requests.tick() => parts.requests.serve(&parts.ticks, &parts.tenure, &leadership).await,
+            _ = sweeps.tick() => parts.ticks.sweep_abandoned(&leadership).await,
+            _ = replicas.tick() => parts.handoffs.refresh_replicas().await,
+            _ = rescans.tick() => parts.handoffs.rescan(&parts.ticks, &leadership).await,
             _ = prunes.tick(), if recorder.history().prunes() => {
-                match recorder.history().prune(&leading.ctx.name, leading.ctx.clock.now()).await {
+                match recorder.history().prune(&parts.ctx.name, parts.ctx.clock.now()).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(rows = n, "history pruned"),
                     Err(err) => recorder.health.fail(&err),

@@ -19,6 +19,7 @@ mod changes;
 mod context;
 mod fire;
 mod handoff;
+mod parts;
 mod placement;
 mod requests;
 mod state;
@@ -32,14 +33,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::changes::Changes;
-use self::context::Context;
-use self::fire::Leading;
-use self::handoff::Handoffs;
-use self::requests::{Requests, triggered};
+use self::parts::Parts;
+use self::requests::triggered;
 use self::state::lock;
-use self::tenure::Tenure;
-use self::tick::Ticks;
 use crate::changes::{JobChange, JobChangeAction};
 use crate::control::{Base, SchedulerAdmin};
 use crate::error::{NotReady, RequestError};
@@ -85,20 +81,10 @@ pub struct Scheduler {
     inner: Arc<Inner>,
 }
 
-/// What a [`Scheduler`] holds: the shared context, the parts of the engine (each with
-/// its own state), and the background tasks.
+/// What a [`Scheduler`] holds: the shared context and the parts of the engine (each
+/// with its own state), and the background tasks.
 struct Inner {
-    ctx: Arc<Context>,
-    /// Leadership: the election and the leader's record.
-    tenure: Arc<Tenure>,
-    /// Claims and runs.
-    ticks: Arc<Ticks>,
-    /// Runs spread over the replicas.
-    handoffs: Arc<Handoffs>,
-    /// Jobs changed at run time.
-    changes: Arc<Changes>,
-    /// Operators' requests.
-    requests: Arc<Requests>,
+    parts: Parts,
     /// Background tasks started (Redis probe, history writer).
     background: OnceLock<()>,
     redis_health: Arc<HealthCell>,
@@ -108,26 +94,13 @@ struct Inner {
     background_tasks: TaskTracker,
 }
 
-impl Inner {
-    /// The parts the leader's loops use.
-    fn leading(&self) -> Leading {
-        Leading::new(
-            Arc::clone(&self.ctx),
-            Arc::clone(&self.tenure),
-            Arc::clone(&self.ticks),
-            Arc::clone(&self.handoffs),
-            Arc::clone(&self.changes),
-            Arc::clone(&self.requests),
-        )
-    }
-}
-
 impl std::fmt::Debug for Scheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts = &self.inner.parts;
         f.debug_struct("Scheduler")
-            .field("name", &self.inner.ctx.name)
-            .field("instance", &self.inner.ctx.instance)
-            .field("jobs", &self.inner.ctx.jobs.live().len())
+            .field("name", &parts.ctx.name)
+            .field("instance", &parts.ctx.instance)
+            .field("jobs", &parts.ctx.jobs.live().len())
             .finish_non_exhaustive()
     }
 }
@@ -142,27 +115,28 @@ impl Scheduler {
     /// operators' requests.
     fn start_background(&self) {
         let inner = &self.inner;
+        let parts = &inner.parts;
         inner.background.get_or_init(|| {
             inner.background_tasks.spawn(status::watch_redis(
-                inner.ctx.redlock.clone(),
+                parts.ctx.redlock.clone(),
                 Arc::clone(&inner.redis_health),
                 inner.ready.clone(),
                 inner.stop_background.clone(),
             ));
-            if let Some(recorder) = inner.ctx.recorder.clone() {
-                let (stop, give_up) = (inner.stop_background.clone(), inner.ctx.hard_stop.clone());
+            if let Some(recorder) = parts.ctx.recorder.clone() {
+                let (stop, give_up) = (inner.stop_background.clone(), parts.ctx.hard_stop.clone());
                 inner
                     .background_tasks
                     .spawn(async move { recorder.run(stop, give_up).await });
                 // The jobs changed at run time; for admin tools, what this replica
                 // runs; and the cancels of its runs.
-                let (changes, stop) = (Arc::clone(&inner.changes), inner.stop_background.clone());
+                let (changes, stop) = (Arc::clone(&parts.changes), inner.stop_background.clone());
                 inner
                     .background_tasks
                     .spawn(async move { changes.follow(stop).await });
                 inner.background_tasks.spawn(requests::follow(
-                    Arc::clone(&inner.requests),
-                    Arc::clone(&inner.tenure),
+                    Arc::clone(&parts.requests),
+                    Arc::clone(&parts.tenure),
                     inner.stop_background.clone(),
                 ));
             }
@@ -173,15 +147,16 @@ impl Scheduler {
     /// current tokio runtime). Calling it again does nothing.
     pub fn start(&self) {
         let inner = &self.inner;
-        if inner.ctx.stop_firing.is_cancelled() {
+        let parts = &inner.parts;
+        if parts.ctx.stop_firing.is_cancelled() {
             return;
         }
         self.start_background();
-        if let Some(events) = inner.tenure.start() {
-            tokio::spawn(fire::lead(inner.leading(), events));
-            if inner.ctx.recorder.is_some() {
+        if let Some(events) = parts.tenure.start() {
+            tokio::spawn(fire::lead(parts.clone(), events));
+            if parts.ctx.recorder.is_some() {
                 // Runs the leader hands to this replica.
-                let (handoffs, ticks) = (Arc::clone(&inner.handoffs), Arc::clone(&inner.ticks));
+                let (handoffs, ticks) = (Arc::clone(&parts.handoffs), Arc::clone(&parts.ticks));
                 let stop = inner.stop_background.clone();
                 inner.background_tasks.spawn(handoffs.serve(ticks, stop));
             }
@@ -224,6 +199,7 @@ impl Scheduler {
             redis: self.inner.redis_health.snapshot(),
             history: self
                 .inner
+                .parts
                 .ctx
                 .recorder
                 .as_ref()
@@ -233,18 +209,22 @@ impl Scheduler {
 
     /// This replica's id.
     pub fn instance(&self) -> &str {
-        &self.inner.ctx.instance
+        &self.inner.parts.ctx.instance
     }
 
     /// This replica's leadership changes, as a `watch` receiver (`None` before
     /// [`start`](Self::start)).
     pub fn leader_events(&self) -> Option<tokio::sync::watch::Receiver<LeaderEvent>> {
-        self.inner.tenure.elector().map(LeaderElector::subscribe)
+        self.inner
+            .parts
+            .tenure
+            .elector()
+            .map(LeaderElector::subscribe)
     }
 
     /// The current leadership, if this replica leads.
     pub fn leadership(&self) -> Option<Leadership> {
-        self.inner.tenure.leadership()
+        self.inner.parts.tenure.leadership()
     }
 
     /// Runs `job` once now, through the same claim path as a scheduled tick (the tick is
@@ -264,13 +244,13 @@ impl Scheduler {
     /// ([`RequestError::Lock`]); without a history,
     /// [`RequestError::NotLeader`] on another replica; [`RequestError::History`].
     pub async fn trigger(&self, job: &str) -> Result<Dispatched, RequestError> {
-        let inner = &self.inner;
-        inner.ctx.job(job)?;
-        if inner.ctx.stop_firing.is_cancelled() {
+        let parts = &self.inner.parts;
+        parts.ctx.job(job)?;
+        if parts.ctx.stop_firing.is_cancelled() {
             return Err(RequestError::ShutDown);
         }
-        if inner.tenure.leadership().is_some() || inner.ctx.history().is_none() {
-            let tick = inner.ticks.trigger(job, inner.tenure.leadership()).await?;
+        if parts.tenure.leadership().is_some() || parts.ctx.history().is_none() {
+            let tick = parts.ticks.trigger(job, parts.tenure.leadership()).await?;
             return Ok(Dispatched::Done {
                 result: triggered(tick),
                 tick: Some(tick),
@@ -291,20 +271,20 @@ impl Scheduler {
     /// this replica and the history tell); without a history, [`RequestError::NotLeader`] when
     /// the run is not here and this replica does not lead; [`RequestError::History`].
     pub async fn cancel(&self, job: &str) -> Result<Dispatched, RequestError> {
-        let inner = &self.inner;
+        let parts = &self.inner.parts;
         // A job removed while its run goes on included.
-        if inner.ctx.jobs.find(job).is_none() {
+        if parts.ctx.jobs.find(job).is_none() {
             return Err(RequestError::UnknownJob {
                 name: job.to_owned(),
             });
         }
-        if let Some(tick) = inner.requests.cancel_local(job) {
+        if let Some(tick) = parts.requests.cancel_local(job) {
             return Ok(Dispatched::Done {
-                result: inner.requests.cancelled(tick),
+                result: parts.requests.cancelled(tick),
                 tick: Some(tick),
             });
         }
-        let Some(history) = inner.ctx.history() else {
+        let Some(history) = parts.ctx.history() else {
             return Err(match self.leadership() {
                 Some(_) => RequestError::NotRunning {
                     job: job.to_owned(),
@@ -313,10 +293,10 @@ impl Scheduler {
             });
         };
         let elsewhere = history
-            .running(&inner.ctx.name)
+            .running(&parts.ctx.name)
             .await?
             .iter()
-            .any(|run| run.job == job && *run.instance != *inner.ctx.instance);
+            .any(|run| run.job == job && *run.instance != *parts.ctx.instance);
         if !elsewhere {
             return Err(RequestError::NotRunning {
                 job: job.to_owned(),
@@ -337,19 +317,19 @@ impl Scheduler {
     /// [`RequestError::ShutDown`]; without a history, [`RequestError::NotLeader`] when this replica
     /// does not lead; [`RequestError::History`].
     pub async fn step_down(&self) -> Result<Dispatched, RequestError> {
-        let inner = &self.inner;
-        if inner.ctx.stop_firing.is_cancelled() {
+        let parts = &self.inner.parts;
+        if parts.ctx.stop_firing.is_cancelled() {
             return Err(RequestError::ShutDown);
         }
         if let Some(leadership) = self.leadership()
-            && inner.tenure.step_down().await
+            && parts.tenure.step_down().await
         {
             return Ok(Dispatched::Done {
-                result: inner.requests.stepped_down(leadership.epoch()),
+                result: parts.requests.stepped_down(leadership.epoch()),
                 tick: None,
             });
         }
-        if inner.ctx.history().is_none() {
+        if parts.ctx.history().is_none() {
             return Err(RequestError::NotLeader);
         }
         self.request(None, RequestAction::StepDown).await
@@ -373,11 +353,11 @@ impl Scheduler {
     /// [`step_down`](Self::step_down) record, or to see what every replica published.
     /// `None` without a [`History`](crate::History).
     pub fn admin(&self) -> Option<SchedulerAdmin> {
-        let inner = &self.inner;
-        inner.ctx.history().map(|history| {
-            SchedulerAdmin::new(history.clone(), inner.ctx.name.clone())
-                .operator(inner.ctx.instance.to_string())
-                .max_resource_len(inner.ctx.max_resource_len)
+        let parts = &self.inner.parts;
+        parts.ctx.history().map(|history| {
+            SchedulerAdmin::new(history.clone(), parts.ctx.name.clone())
+                .operator(parts.ctx.instance.to_string())
+                .max_resource_len(parts.ctx.max_resource_len)
         })
     }
 
@@ -402,11 +382,10 @@ impl Scheduler {
     }
 
     async fn set_paused(&self, job: &str, paused: bool) -> Result<(), RequestError> {
-        let (_, state) = self.inner.ctx.job(job)?;
-        if let Some(history) = self.inner.ctx.history() {
-            history
-                .set_paused(&self.inner.ctx.name, job, paused)
-                .await?;
+        let parts = &self.inner.parts;
+        let (_, state) = parts.ctx.job(job)?;
+        if let Some(history) = parts.ctx.history() {
+            history.set_paused(&parts.ctx.name, job, paused).await?;
         }
         state.paused.store(paused, Ordering::Release);
         Ok(())
@@ -417,21 +396,21 @@ impl Scheduler {
     /// serde. Reads from the history are bounded by its statement timeout; when it does
     /// not answer, this replica's own view is shown.
     pub async fn status(&self) -> SchedulerStatus {
-        let inner = &self.inner;
-        let now = inner.ctx.clock.now();
+        let parts = &self.inner.parts;
+        let now = parts.ctx.clock.now();
         let leading = self.leadership();
-        let paused_in_history = match inner.ctx.history() {
-            Some(history) => history.paused_jobs(&inner.ctx.name).await.ok(),
+        let paused_in_history = match parts.ctx.history() {
+            Some(history) => history.paused_jobs(&parts.ctx.name).await.ok(),
             None => None,
         };
-        let live = inner.ctx.jobs.live();
+        let live = parts.ctx.jobs.live();
         let mut jobs = Vec::with_capacity(live.len());
         for state in live {
             let def = state.def();
             let local = lock(&state.last).clone();
             let mut last_run = local.clone();
-            if let Some(history) = inner.ctx.history()
-                && let Ok(runs) = history.runs(&inner.ctx.name, &state.name, 1).await
+            if let Some(history) = parts.ctx.history()
+                && let Ok(runs) = history.runs(&parts.ctx.name, &state.name, 1).await
                 && let Some(run) = runs.into_iter().next()
             {
                 let row = LastRun::from(run);
@@ -465,11 +444,11 @@ impl Scheduler {
             });
         }
         SchedulerStatus {
-            scheduler: inner.ctx.name.clone(),
-            instance: inner.ctx.instance.to_string(),
+            scheduler: parts.ctx.name.clone(),
+            instance: parts.ctx.instance.to_string(),
             is_leader: leading.is_some(),
             leader: match &leading {
-                Some(_) => Some(inner.ctx.instance.to_string()),
+                Some(_) => Some(parts.ctx.instance.to_string()),
                 None => self.leader().await,
             },
             epoch: leading.map(|l| l.epoch()),
@@ -480,7 +459,7 @@ impl Scheduler {
 
     /// The leader as last recorded in the history (`None` without one).
     async fn leader(&self) -> Option<String> {
-        self.inner.tenure.recorded_leader().await
+        self.inner.parts.tenure.recorded_leader().await
     }
 
     /// Stops firing and hands leadership over to another replica at once; lets the runs
@@ -491,22 +470,23 @@ impl Scheduler {
     /// waited for.
     pub async fn shutdown(&self, deadline: Duration) {
         let inner = &self.inner;
+        let parts = &inner.parts;
         let until = crate::time::instant_after(deadline);
-        inner.ctx.stop_firing.cancel();
-        inner.tenure.shutdown(until).await;
-        inner.ctx.runs.close();
-        if tokio::time::timeout_at(until, inner.ctx.runs.wait())
+        parts.ctx.stop_firing.cancel();
+        parts.tenure.shutdown(until).await;
+        parts.ctx.runs.close();
+        if tokio::time::timeout_at(until, parts.ctx.runs.wait())
             .await
             .is_err()
         {
-            tracing::warn!(scheduler = %inner.ctx.name, "shutdown deadline reached: cancelling the runs still going");
-            inner.ctx.hard_stop.cancel();
-            inner.ctx.runs.wait().await;
+            tracing::warn!(scheduler = %parts.ctx.name, "shutdown deadline reached: cancelling the runs still going");
+            parts.ctx.hard_stop.cancel();
+            parts.ctx.runs.wait().await;
         }
         // The writer empties its queue, then ends (or gives up at the deadline).
         inner.stop_background.cancel();
         inner.background_tasks.close();
-        let give_up = inner.ctx.hard_stop.clone();
+        let give_up = parts.ctx.hard_stop.clone();
         let deadline_passed = async move {
             tokio::time::sleep_until(until).await;
             give_up.cancel();
@@ -536,7 +516,7 @@ impl Scheduler {
     /// bytes; [`RequestError::UnknownHandler`]; [`RequestError::JobExists`];
     /// [`RequestError::ChangeConflict`]; [`RequestError::ShutDown`]; [`RequestError::History`].
     pub async fn add_job(&self, spec: JobSpec) -> Result<JobChange, RequestError> {
-        self.inner.changes.check(&spec)?;
+        self.inner.parts.changes.check(&spec)?;
         let name = spec.name().to_owned();
         self.change(&name, |current| match current {
             Some(_) => Err(RequestError::JobExists { name: name.clone() }),
@@ -555,7 +535,7 @@ impl Scheduler {
     /// As [`add_job`](Self::add_job) (the name's bound included), with
     /// [`RequestError::UnknownJob`] instead of [`RequestError::JobExists`].
     pub async fn reschedule_job(&self, spec: JobSpec) -> Result<JobChange, RequestError> {
-        self.inner.changes.check(&spec)?;
+        self.inner.parts.changes.check(&spec)?;
         let name = spec.name().to_owned();
         self.change(&name, |current| match current {
             Some(_) => Ok((JobChangeAction::Reschedule, Some(spec.clone()))),
@@ -586,7 +566,8 @@ impl Scheduler {
     /// under the client's `max_resource_len` for the longest key made from a job's
     /// name (see [`keys::max_job_name_len`](crate::keys::max_job_name_len)).
     pub fn max_job_name_len(&self) -> usize {
-        crate::keys::max_job_name_len(&self.inner.ctx.name, self.inner.ctx.max_resource_len)
+        let parts = &self.inner.parts;
+        crate::keys::max_job_name_len(&parts.ctx.name, parts.ctx.max_resource_len)
     }
 
     /// Records the change `decide` makes (through the history, or here alone without
@@ -596,19 +577,19 @@ impl Scheduler {
         job: &str,
         decide: impl Fn(Option<JobSpec>) -> Result<(JobChangeAction, Option<JobSpec>), RequestError>,
     ) -> Result<JobChange, RequestError> {
-        let inner = &self.inner;
-        if inner.ctx.stop_firing.is_cancelled() {
+        let parts = &self.inner.parts;
+        if parts.ctx.stop_firing.is_cancelled() {
             return Err(RequestError::ShutDown);
         }
-        let now = inner.ctx.clock.now();
+        let now = parts.ctx.clock.now();
         let Some(admin) = self.admin() else {
             // This replica alone.
-            return inner.changes.change_here(job, now, decide).await;
+            return parts.changes.change_here(job, now, decide).await;
         };
-        let base = Base::Local(inner.changes.local_spec(job));
+        let base = Base::Local(parts.changes.local_spec(job));
         let change = admin.change(job, base, now, decide).await?;
         // In force here at once (and every change before it, in order).
-        inner.changes.sync().await;
+        parts.changes.sync().await;
         Ok(change)
     }
 }
