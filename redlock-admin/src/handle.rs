@@ -858,11 +858,11 @@ fn scheduler_failure(err: impl Into<redlock_scheduler::Error>) -> Failure {
             Failure::new(StatusCode::BAD_REQUEST, err.to_string())
         }
         // A name too long for the lock keys made from it: the bound, in bytes, with it.
-        E::Request(RequestError::NameTooLong { kind, len, max, .. }) => {
+        E::Request(RequestError::NameTooLong(name)) => {
             Failure::new(StatusCode::BAD_REQUEST, err.to_string())
-                .with("name_kind", to_value(kind))
-                .with("len", json!(len))
-                .with("max_len", json!(max))
+                .with("name_kind", to_value(&name.kind))
+                .with("len", json!(name.len))
+                .with("max_len", json!(name.max))
         }
         // A definition that reads well, naming a handler no live replica registered.
         E::Request(RequestError::UnknownHandler { .. }) => {

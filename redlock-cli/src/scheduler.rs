@@ -101,7 +101,7 @@ fn query_error(admin: &SchedulerAdmin, err: impl Into<Error>) -> CliError {
             | RequestError::JobExists { .. }
             | RequestError::UnknownHandler { .. }
             | RequestError::InvalidJob(_)
-            | RequestError::NameTooLong { .. }
+            | RequestError::NameTooLong(_)
             | RequestError::ReplicasOutdated { .. }
             | RequestError::ChangeConflict { .. },
         ) => CliError::failed(err.to_string()),

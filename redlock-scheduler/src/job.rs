@@ -308,6 +308,7 @@ mod tests {
     use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 
     use super::*;
+    use crate::error::NameTooLong;
     use crate::keys::NameKind;
 
     #[test]
@@ -376,12 +377,12 @@ mod tests {
                 "scheduler",
                 DEFAULT_MAX_RESOURCE_LEN
             ),
-            Err(BuildError::NameTooLong {
+            Err(BuildError::NameTooLong(NameTooLong {
                 kind: NameKind::Job,
                 len: 478,
                 max: 477,
                 ..
-            })
+            }))
         ));
         assert!(matches!(
             check_spec(
@@ -389,12 +390,12 @@ mod tests {
                 &"s".repeat(486),
                 DEFAULT_MAX_RESOURCE_LEN
             ),
-            Err(BuildError::NameTooLong {
+            Err(BuildError::NameTooLong(NameTooLong {
                 kind: NameKind::Scheduler,
                 len: 486,
                 max: 485,
                 ..
-            })
+            }))
         ));
     }
 }

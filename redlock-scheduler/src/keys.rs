@@ -43,8 +43,8 @@
 
 pub use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 
-use crate::error::build::BuildError;
 pub use crate::error::build::NameKind;
+use crate::error::build::{BuildError, NameTooLong};
 
 /// The widest tick suffix a claim's resource can have: an `i64` of Unix milliseconds
 /// written out, sign included (`-9223372036854775808`).
@@ -133,12 +133,12 @@ fn start_of(name: &str) -> String {
 /// Refuses `name` (a `kind`) above `max` bytes.
 pub(crate) fn check_len(kind: NameKind, name: &str, max: usize) -> Result<(), BuildError> {
     if name.len() > max {
-        return Err(BuildError::NameTooLong {
+        return Err(BuildError::NameTooLong(NameTooLong {
             kind,
             start: start_of(name),
             len: name.len(),
             max,
-        });
+        }));
     }
     Ok(())
 }
@@ -242,12 +242,12 @@ mod tests {
     fn a_refused_name_is_named_by_its_start() {
         let name = "é".repeat(100);
         match check_len(NameKind::Job, &name, 10) {
-            Err(BuildError::NameTooLong {
+            Err(BuildError::NameTooLong(NameTooLong {
                 kind: NameKind::Job,
                 start,
                 len: 200,
                 max: 10,
-            }) => {
+            })) => {
                 assert!(start.len() <= START_LEN + '…'.len_utf8(), "{start}");
                 assert!(start.ends_with('…'));
             }

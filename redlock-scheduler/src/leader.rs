@@ -579,12 +579,12 @@ mod tests {
                 .unwrap()
         };
         match LeaderElector::builder(redlock(), "e".repeat(513)).start() {
-            Err(BuildError::NameTooLong {
+            Err(BuildError::NameTooLong(crate::error::NameTooLong {
                 kind: crate::keys::NameKind::Election,
                 len: 513,
                 max: 512,
                 ..
-            }) => {}
+            })) => {}
             Ok(elector) => {
                 elector.shutdown().await;
                 panic!("a 513-byte lock name was accepted");

@@ -13,7 +13,7 @@ use redlock_core::BoxError;
 use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 use redlock_scheduler::admin::SchedulerAdmin;
 use redlock_scheduler::changes::JobChange;
-use redlock_scheduler::error::{BuildError, RequestError};
+use redlock_scheduler::error::{BuildError, NameTooLong, RequestError};
 use redlock_scheduler::history::Outcome;
 use redlock_scheduler::keys::{NameKind, max_job_name_len, max_scheduler_name_len};
 use redlock_scheduler::{History, Job, JobContext, Scheduler};
@@ -57,12 +57,12 @@ fn assert_too_long(
     what: &str,
 ) {
     match result {
-        Err(RequestError::NameTooLong {
+        Err(RequestError::NameTooLong(NameTooLong {
             kind: k,
             len: l,
             max: m,
             ..
-        }) if k == kind && l == len && m == max => {}
+        })) if k == kind && l == len && m == max => {}
         other => panic!("{what}: a {kind} of {len} bytes (at most {max}): {other:?}"),
     }
 }
@@ -178,12 +178,12 @@ async fn the_longest_names_declared_in_code_run_and_one_byte_more_is_refused_by_
         .name(format!("{longest_scheduler}s"))
         .build();
     match refused {
-        Err(BuildError::NameTooLong {
+        Err(BuildError::NameTooLong(NameTooLong {
             kind: NameKind::Scheduler,
             len: 486,
             max: 485,
             ..
-        }) => {}
+        })) => {}
         other => panic!("a scheduler name of 486 bytes: {:?}", other.err()),
     }
     let refused = Scheduler::builder(redlock())
@@ -194,12 +194,12 @@ async fn the_longest_names_declared_in_code_run_and_one_byte_more_is_refused_by_
         ))
         .build();
     match refused {
-        Err(BuildError::NameTooLong {
+        Err(BuildError::NameTooLong(NameTooLong {
             kind: NameKind::Job,
             len: 478,
             max: 477,
             ..
-        }) => {}
+        })) => {}
         other => panic!("a job name of 478 bytes: {:?}", other.err()),
     }
     // Beside the longest scheduler name, a job name of two bytes is one too many.
@@ -208,12 +208,12 @@ async fn the_longest_names_declared_in_code_run_and_one_byte_more_is_refused_by_
         .job(Job::new("jj", "* * * * * *", committing))
         .build();
     match refused {
-        Err(BuildError::NameTooLong {
+        Err(BuildError::NameTooLong(NameTooLong {
             kind: NameKind::Job,
             len: 2,
             max: 1,
             ..
-        }) => {}
+        })) => {}
         other => panic!("a job name of 2 bytes: {:?}", other.err()),
     }
 
@@ -267,12 +267,12 @@ async fn the_bounds_follow_the_clients_resource_name_limit() {
         .job(Job::new("j".repeat(max + 1), "* * * * * *", committing))
         .build();
     match refused {
-        Err(BuildError::NameTooLong {
+        Err(BuildError::NameTooLong(NameTooLong {
             kind: NameKind::Job,
             len,
             max: m,
             ..
-        }) if len == max + 1 && m == max => {}
+        })) if len == max + 1 && m == max => {}
         other => panic!("a job name of {} bytes: {:?}", max + 1, other.err()),
     }
     let longest = "j".repeat(max);

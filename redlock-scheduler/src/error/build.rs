@@ -40,22 +40,9 @@ pub enum BuildError {
         reason: String,
     },
 
-    /// A name is too long for the lock keys made from it: the client's
-    /// `max_resource_len` less the longest suffix the scheduler adds (see
-    /// [`keys`](crate::keys) for the keys and the bounds). Use a shorter name.
-    #[error(
-        "the {kind} `{start}` is {len} bytes long, above the {max} bytes its lock keys leave room for: use a name of at most {max} bytes (see redlock_scheduler::keys)"
-    )]
-    NameTooLong {
-        /// Which name.
-        kind: NameKind,
-        /// Its first bytes (64 at most, then `…`).
-        start: String,
-        /// Its length, in bytes.
-        len: usize,
-        /// The longest name accepted, in bytes.
-        max: usize,
-    },
+    /// A name is too long for the lock keys made from it; see [`NameTooLong`].
+    #[error(transparent)]
+    NameTooLong(#[from] NameTooLong),
 
     /// An option is out of range.
     #[error("{what}: {reason}")]
@@ -65,6 +52,28 @@ pub enum BuildError {
         /// Why it cannot work.
         reason: String,
     },
+}
+
+/// A name too long for the lock keys made from it: the client's `max_resource_len` less
+/// the longest suffix the scheduler adds (see [`keys`](crate::keys) for the keys and the
+/// bounds). Use a name of at most `max` bytes.
+///
+/// Refused when a builder checks its names ([`BuildError::NameTooLong`]) and when a job
+/// changes at run time ([`RequestError::NameTooLong`](crate::error::RequestError::NameTooLong)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the {kind} `{start}` is {len} bytes long, above the {max} bytes its lock keys leave room for: use a name of at most {max} bytes (see redlock_scheduler::keys)"
+)]
+#[non_exhaustive]
+pub struct NameTooLong {
+    /// Which name.
+    pub kind: NameKind,
+    /// Its first bytes (64 at most, then `…`).
+    pub start: String,
+    /// Its length, in bytes.
+    pub len: usize,
+    /// The longest name accepted, in bytes.
+    pub max: usize,
 }
 
 /// Which name is too long for the keys made from it.

@@ -21,7 +21,7 @@ pub(crate) mod history;
 pub(crate) mod request;
 pub(crate) mod transaction;
 
-pub use self::build::BuildError;
+pub use self::build::{BuildError, NameTooLong};
 pub use self::history::{DatabaseError, HistoryError};
 pub use self::request::RequestError;
 pub use self::transaction::TransactionError;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::build::{BuildError, NameKind};
+use super::build::{BuildError, NameTooLong};
 use super::history::HistoryError;
 use crate::request::RequestState;
 
@@ -83,22 +83,10 @@ pub enum RequestError {
     #[error("the job's definition is refused: {0}")]
     InvalidJob(#[source] BuildError),
 
-    /// The job's name (or the scheduler's) is too long for the lock keys made from it:
-    /// the client's `max_resource_len` less the longest suffix the scheduler adds (see
-    /// [`keys`](crate::keys)). Use a name of at most `max` bytes.
-    #[error(
-        "the {kind} `{start}` is {len} bytes long, above the {max} bytes its lock keys leave room for: use a name of at most {max} bytes (see redlock_scheduler::keys)"
-    )]
-    NameTooLong {
-        /// Which name.
-        kind: NameKind,
-        /// Its first bytes (64 at most, then `…`).
-        start: String,
-        /// Its length, in bytes.
-        len: usize,
-        /// The longest name accepted, in bytes.
-        max: usize,
-    },
+    /// The job's name (or the scheduler's) is too long for the lock keys made from it;
+    /// see [`NameTooLong`].
+    #[error(transparent)]
+    NameTooLong(#[from] NameTooLong),
 
     /// Replicas alive now run a version that does not apply job changes: they would
     /// keep firing the jobs as they were. Upgrade them first.
@@ -161,17 +149,7 @@ impl From<BuildError> for RequestError {
     /// definition that cannot work, [`RequestError::InvalidJob`].
     fn from(err: BuildError) -> Self {
         match err {
-            BuildError::NameTooLong {
-                kind,
-                start,
-                len,
-                max,
-            } => Self::NameTooLong {
-                kind,
-                start,
-                len,
-                max,
-            },
+            BuildError::NameTooLong(err) => Self::NameTooLong(err),
             other => Self::InvalidJob(other),
         }
     }
