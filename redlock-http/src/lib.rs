@@ -118,12 +118,13 @@
 // what it does not call).
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+pub mod body;
 pub mod extract;
 pub mod key;
 mod lock;
 pub mod problem;
 mod refusal;
-pub use lock::{Guard, LimitOptions, LockOptions, Route};
+pub use lock::{Guard, GuardOptions, LimitKind, LimitOptions, LockKind, LockOptions, Route};
 pub use problem::Problem;
 pub use refusal::{Refusal, RefusalKind};
 

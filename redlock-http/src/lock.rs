@@ -8,7 +8,6 @@
 //! without a lock when `fail_open` is on) → run the handler → release (dropping the
 //! held lock or permit, when the response ends by [`Hold`]).
 
-use std::fmt;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -30,122 +29,211 @@ pub enum Route {
     Take(String),
 }
 
-/// Writes the setters shared by [`LockOptions`] and [`LimitOptions`] once.
-macro_rules! shared_options {
-    ($name:ident, $what:literal, $busy:literal) => {
-        impl $name {
-            fn set(mut self, change: impl FnOnce(&mut Shared)) -> Self {
-                change(&mut self.shared);
-                self
-            }
+/// The options of a guarding middleware, one type for the lock ([`LockOptions`]) and the
+/// cluster-wide concurrency limit ([`LimitOptions`]): the fields, defaults and setters
+/// they share, and `K`, what is the lock's or the limit's own. See the table in the
+/// [crate docs](crate#the-web-crates-contract).
+#[derive(Debug, Clone)]
+pub struct GuardOptions<K> {
+    resource_prefix: String,
+    ttl: Option<Duration>,
+    retry: RetryPolicy,
+    hold: Hold,
+    max_hold: Option<Duration>,
+    fail_open: bool,
+    busy_status: u16,
+    abort_on_loss: bool,
+    kind: K,
+}
 
-            #[doc = concat!("Put `prefix` in front of every extracted key (e.g. `\"order:\"`): the ", $what, "'s resource name is `prefix` followed by the key ([`resource_name`](crate::key::resource_name)), so that middleware on different routes with the same kind of key do not share ", $what, "s. Default: empty. Not the client's `key_prefix` (the Redis key namespace in front of every resource on the nodes).")]
-            #[must_use]
-            pub fn resource_prefix(self, prefix: impl Into<String>) -> Self {
-                let prefix = prefix.into();
-                self.set(|s| s.resource_prefix = prefix)
-            }
+/// What is [`LockOptions`]' own: fencing.
+#[derive(Debug, Clone)]
+pub struct LockKind {
+    fencing: Option<bool>,
+}
 
-            #[doc = concat!("The ", $what, "'s TTL (default: the client's `default_ttl`). It is extended about every `ttl / 3` while the request runs, so it is how long a replica that died mid-request keeps the key taken, not a limit on the request ([`max_hold`](Self::max_hold) is).")]
-            #[must_use]
-            pub fn ttl(self, ttl: Duration) -> Self {
-                self.set(|s| s.ttl = Some(ttl))
-            }
+/// What is [`LimitOptions`]' own: the limit.
+#[derive(Debug, Clone)]
+pub struct LimitKind {
+    limit: u32,
+}
 
-            #[doc = concat!("Answer `", $busy, "` at once when the key is taken (the default).")]
-            #[must_use]
-            pub fn fail_fast(self) -> Self {
-                self.retry(RetryPolicy::once())
-            }
+/// The lock's or the limit's part of the request decision.
+pub trait Kind {
+    /// What a request takes, for the log: `lock` or `permit`.
+    const WHAT: &'static str;
 
-            #[doc = concat!("When the key is taken, wait up to `deadline` (woken as soon as a holder releases), then answer `", $busy, "`. Waiting requests hold a connection (and, in tower, a slot of the inner service) meanwhile; an unreachable quorum is retried until the deadline too.")]
-            #[must_use]
-            pub fn wait(self, deadline: Duration) -> Self {
-                self.retry(RetryPolicy::deadline(deadline))
-            }
+    /// What is derived after the key under the resource-name bound (a semaphore's slot
+    /// suffix), if anything.
+    fn suffix(&self) -> Option<usize>;
+}
 
-            /// The full retry policy of the acquisition (see [`RetryPolicy`]);
-            /// [`wait`](Self::wait) and [`fail_fast`](Self::fail_fast) are shorthands.
-            #[must_use]
-            pub fn retry(self, retry: RetryPolicy) -> Self {
-                self.set(|s| s.retry = retry)
-            }
+impl Kind for LockKind {
+    const WHAT: &'static str = "lock";
 
-            #[doc = concat!("How long a request keeps its ", $what, " (default: [`Hold::UntilBodyEnd`], until the response body has been sent or dropped; [`Hold::UntilHead`]: until the response head is ready).")]
-            #[must_use]
-            pub fn hold(self, hold: Hold) -> Self {
-                self.set(|s| s.hold = hold)
-            }
+    fn suffix(&self) -> Option<usize> {
+        None
+    }
+}
 
-            #[doc = concat!("The longest a request may keep its ", $what, ", counted from its acquisition (default: the client's `max_hold`). It is not extended past that: it expires at its TTL, and the request is treated as having lost it.")]
-            #[must_use]
-            pub fn max_hold(self, max_hold: Duration) -> Self {
-                self.set(|s| s.max_hold = Some(max_hold))
-            }
+impl Kind for LimitKind {
+    const WHAT: &'static str = "permit";
 
-            #[doc = concat!("When no quorum of Redis nodes can be reached (or another backend failure), serve the request without a ", $what, ", logging a warning, instead of answering `503` (fail-closed, the default). A taken key is still refused.")]
-            #[must_use]
-            pub fn fail_open(self, on: bool) -> Self {
-                self.set(|s| s.fail_open = on)
-            }
+    fn suffix(&self) -> Option<usize> {
+        Some(permit_suffix_len(self.limit))
+    }
+}
 
-            #[doc = concat!("The status answered when the key is taken (default `", $busy, "`). Takes a `u16` or an `http::StatusCode`; a number that is no HTTP status is answered `500`.")]
-            #[must_use]
-            pub fn busy_status(self, status: impl Into<u16>) -> Self {
-                let status = status.into();
-                self.set(|s| s.busy_status = status)
-            }
-
-            #[doc = concat!("When the ", $what, " is lost while the request runs (a majority of nodes could not extend it in time, or `max_hold` ran out), drop the handler's future and answer `503` ([`RefusalKind::Lost`]); while the body streams, cut the body off with an error so that the client sees an incomplete response. Off by default: the loss is logged (and, for a lock, signalled through its `LockHandle`), and the request carries on.")]
-            #[must_use]
-            pub fn abort_on_loss(self, on: bool) -> Self {
-                self.set(|s| s.abort_on_loss = on)
-            }
-
-            /// The resource prefix.
-            pub fn prefix(&self) -> &str {
-                &self.shared.resource_prefix
-            }
-
-
-            /// The status of a busy answer.
-            pub fn busy_code(&self) -> u16 {
-                self.shared.busy_status
-            }
-
-
-            /// Whether a request is served unguarded when the lock service is
-            /// unavailable.
-            pub fn fails_open(&self) -> bool {
-                self.shared.fail_open
-            }
-
+impl<K> GuardOptions<K> {
+    fn with_kind(busy_status: u16, kind: K) -> Self {
+        Self {
+            resource_prefix: String::new(),
+            ttl: None,
+            retry: RetryPolicy::once(),
+            hold: Hold::default(),
+            max_hold: None,
+            fail_open: false,
+            busy_status,
+            abort_on_loss: false,
+            kind,
         }
+    }
 
-        impl Guard for $name {
-            fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
-                self.shared.route(redlock, key, self.suffix(), request_id)
-            }
+    /// Put `prefix` in front of every extracted key (e.g. `"order:"`): the resource name
+    /// is `prefix` followed by the key ([`resource_name`](crate::key::resource_name)), so
+    /// that middleware on different routes with the same kind of key do not share locks
+    /// (or permits). Default: empty. Not the client's `key_prefix` (the Redis key
+    /// namespace in front of every resource on the nodes).
+    #[must_use]
+    pub fn resource_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.resource_prefix = prefix.into();
+        self
+    }
 
-            fn refuse(
-                &self,
-                resource: &str,
-                error: Error,
-                request_id: Option<&str>,
-                waited: Duration,
-            ) -> Option<Refusal> {
-                self.shared.refuse($what, resource, error, request_id, waited)
-            }
-
-            fn held_until(&self) -> Hold {
-                self.shared.hold
-            }
-
-            fn aborts_on_loss(&self) -> bool {
-                self.shared.abort_on_loss
-            }
+    /// The lock's (a permit's) TTL (default: the client's `default_ttl`). It is extended
+    /// about every `ttl / 3` while the request runs, so it is how long a replica that
+    /// died mid-request keeps the key taken, not a limit on the request
+    /// ([`max_hold`](Self::max_hold) is).
+    #[must_use]
+    pub fn ttl(self, ttl: Duration) -> Self {
+        Self {
+            ttl: Some(ttl),
+            ..self
         }
-    };
+    }
+
+    /// Answer the busy status at once when the key is taken (the default).
+    #[must_use]
+    pub fn fail_fast(self) -> Self {
+        self.retry(RetryPolicy::once())
+    }
+
+    /// When the key is taken, wait up to `deadline` (woken as soon as a holder
+    /// releases), then answer the busy status. Waiting requests hold a connection (and,
+    /// in tower, a slot of the inner service) meanwhile; an unreachable quorum is
+    /// retried until the deadline too.
+    #[must_use]
+    pub fn wait(self, deadline: Duration) -> Self {
+        self.retry(RetryPolicy::deadline(deadline))
+    }
+
+    /// The full retry policy of the acquisition (see [`RetryPolicy`]);
+    /// [`wait`](Self::wait) and [`fail_fast`](Self::fail_fast) are shorthands.
+    #[must_use]
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// How long a request keeps its lock (permit): default [`Hold::UntilBodyEnd`], until
+    /// the response body has been sent or dropped; [`Hold::UntilHead`]: until the
+    /// response head is ready.
+    #[must_use]
+    pub fn hold(self, hold: Hold) -> Self {
+        Self { hold, ..self }
+    }
+
+    /// The longest a request may keep its lock (permit), counted from its acquisition
+    /// (default: the client's `max_hold`). It is not extended past that: it expires at
+    /// its TTL, and the request is treated as having lost it.
+    #[must_use]
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// When no quorum of Redis nodes can be reached (or another backend failure), serve
+    /// the request unguarded, logging a warning, instead of answering `503`
+    /// (fail-closed, the default). A taken key is still refused.
+    #[must_use]
+    pub fn fail_open(self, on: bool) -> Self {
+        Self {
+            fail_open: on,
+            ..self
+        }
+    }
+
+    /// The status answered when the key is taken (default `409 Conflict` for the lock,
+    /// `429 Too Many Requests` for the limit). Takes a `u16` or an `http::StatusCode`;
+    /// a number that is no HTTP status is answered `500`.
+    #[must_use]
+    pub fn busy_status(mut self, status: impl Into<u16>) -> Self {
+        self.busy_status = status.into();
+        self
+    }
+
+    /// When the lock (permit) is lost while the request runs (a majority of nodes could
+    /// not extend it in time, or `max_hold` ran out), drop the handler's future and
+    /// answer `503` ([`RefusalKind::Lost`]); while the body streams, cut the body off
+    /// with an error so that the client sees an incomplete response. Off by default: the
+    /// loss is logged (and, for a lock, signalled through its `LockHandle`), and the
+    /// request carries on.
+    #[must_use]
+    pub fn abort_on_loss(self, on: bool) -> Self {
+        Self {
+            abort_on_loss: on,
+            ..self
+        }
+    }
+
+    /// The resource prefix.
+    pub fn prefix(&self) -> &str {
+        &self.resource_prefix
+    }
+
+    /// The status of a busy answer.
+    pub fn busy_code(&self) -> u16 {
+        self.busy_status
+    }
+
+    /// Whether a request is served unguarded when the lock service is unavailable.
+    pub fn fails_open(&self) -> bool {
+        self.fail_open
+    }
+}
+
+impl<K: Kind> Guard for GuardOptions<K> {
+    fn route(&self, redlock: &Redlock, key: Key, request_id: Option<&str>) -> Route {
+        self.route_key(redlock, key, self.kind.suffix(), request_id)
+    }
+
+    fn refuse(
+        &self,
+        resource: &str,
+        error: Error,
+        request_id: Option<&str>,
+        waited: Duration,
+    ) -> Option<Refusal> {
+        self.refuse_error(K::WHAT, resource, error, request_id, waited)
+    }
+
+    fn held_until(&self) -> Hold {
+        self.hold
+    }
+
+    fn aborts_on_loss(&self) -> bool {
+        self.abort_on_loss
+    }
 }
 
 /// The request decision of [`LockOptions`] and [`LimitOptions`], the part both web
@@ -173,34 +261,8 @@ pub trait Guard {
     fn aborts_on_loss(&self) -> bool;
 }
 
-/// The options shared by the lock and the limit.
-#[derive(Clone)]
-struct Shared {
-    resource_prefix: String,
-    ttl: Option<Duration>,
-    retry: RetryPolicy,
-    hold: Hold,
-    max_hold: Option<Duration>,
-    fail_open: bool,
-    busy_status: u16,
-    abort_on_loss: bool,
-}
-
-impl Shared {
-    fn new(busy_status: u16) -> Self {
-        Self {
-            resource_prefix: String::new(),
-            ttl: None,
-            retry: RetryPolicy::once(),
-            hold: Hold::default(),
-            max_hold: None,
-            fail_open: false,
-            busy_status,
-            abort_on_loss: false,
-        }
-    }
-
-    fn refuse(
+impl<K> GuardOptions<K> {
+    fn refuse_error(
         &self,
         what: &str,
         resource: &str,
@@ -237,7 +299,7 @@ impl Shared {
 
     /// The route of `key`, logged when refused; `suffix`: what is derived after the key
     /// (a semaphore's slot suffix) under the resource-name bound.
-    fn route(
+    fn route_key(
         &self,
         redlock: &Redlock,
         key: Key,
@@ -280,21 +342,6 @@ impl Shared {
     }
 }
 
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Options")
-            .field("resource_prefix", &self.resource_prefix)
-            .field("ttl", &self.ttl)
-            .field("retry", &self.retry)
-            .field("hold", &self.hold)
-            .field("max_hold", &self.max_hold)
-            .field("fail_open", &self.fail_open)
-            .field("busy_status", &self.busy_status)
-            .field("abort_on_loss", &self.abort_on_loss)
-            .finish()
-    }
-}
-
 /// The options of the lock middleware (`redlock_tower::LockLayer`,
 /// `redlock_actix::LockMiddleware` and the `DistributedLock` extractor's
 /// `DistributedLockConfig`): one type, the same defaults in both web crates. See the
@@ -314,11 +361,7 @@ impl fmt::Debug for Shared {
 /// assert_eq!(options.prefix(), "order:");
 /// assert_eq!(LockOptions::default().prefix(), "");
 /// ```
-#[derive(Debug, Clone)]
-pub struct LockOptions {
-    shared: Shared,
-    fencing: Option<bool>,
-}
+pub type LockOptions = GuardOptions<LockKind>;
 
 impl Default for LockOptions {
     fn default() -> Self {
@@ -326,16 +369,11 @@ impl Default for LockOptions {
     }
 }
 
-shared_options!(LockOptions, "lock", "409 Conflict");
-
 impl LockOptions {
     /// The defaults: no resource prefix, the client's TTL, `max_hold` and `fencing`,
     /// fail fast, hold until the body ends, fail closed, `409`, no abort on loss.
     pub fn new() -> Self {
-        Self {
-            shared: Shared::new(409),
-            fencing: None,
-        }
+        Self::with_kind(409, LockKind { fencing: None })
     }
 
     /// Take each lock with a fencing token (default: the client's `fencing` setting);
@@ -343,13 +381,8 @@ impl LockOptions {
     /// `LockHandle` in the request.
     #[must_use]
     pub fn fencing(mut self, on: bool) -> Self {
-        self.fencing = Some(on);
+        self.kind.fencing = Some(on);
         self
-    }
-
-    /// What is derived after the key: nothing.
-    fn suffix(&self) -> Option<usize> {
-        None
     }
 
     /// Takes the lock on `resource` by these options, watched by the client's watchdog
@@ -361,12 +394,8 @@ impl LockOptions {
         resource: String,
     ) -> impl Future<Output = Result<Lock, Error>> + Send + 'static {
         let redlock = redlock.clone();
-        let (ttl, retry, fencing, max_hold) = (
-            self.shared.ttl,
-            self.shared.retry,
-            self.fencing,
-            self.shared.max_hold,
-        );
+        let (ttl, retry, fencing, max_hold) =
+            (self.ttl, self.retry, self.kind.fencing, self.max_hold);
         async move {
             let started = Instant::now();
             let mut acquire = redlock.lock(resource).retry(retry);
@@ -405,35 +434,26 @@ impl LockOptions {
 /// let options = LimitOptions::new(3).resource_prefix("export:");
 /// assert_eq!(options.limit(), 3);
 /// ```
-#[derive(Debug, Clone)]
-pub struct LimitOptions {
-    shared: Shared,
-    limit: u32,
-}
-
-shared_options!(LimitOptions, "permit", "429 Too Many Requests");
+pub type LimitOptions = GuardOptions<LimitKind>;
 
 impl LimitOptions {
     /// At most `limit` requests per key at once; the other options' defaults are
     /// [`LockOptions`]'s but `busy_status` (`429`). A limit of `0` is a
     /// misconfiguration: every request with a key is answered `500`.
     pub fn new(limit: u32) -> Self {
-        Self {
-            shared: Shared::new(429),
-            limit,
-        }
+        Self::with_kind(429, LimitKind { limit })
     }
 
     /// The most requests per key at once.
     pub fn limit(&self) -> u32 {
-        self.limit
+        self.kind.limit
     }
 
     /// Logs a limit of `0`, or a resource prefix that leaves no room for a key under
     /// `redlock`'s resource-name bound: where the middleware is built, for mistakes
     /// that make every request with a key answered `500`.
     pub fn check(&self, redlock: &Redlock) {
-        if self.limit == 0 {
+        if self.kind.limit == 0 {
             tracing::error!(
                 "concurrency limit of 0: every request with a key will be answered 500"
             );
@@ -453,15 +473,9 @@ impl LimitOptions {
     pub fn room(&self, redlock: &Redlock) -> Result<KeyRoom, KeyBoundError> {
         KeyRoom::new(
             redlock,
-            &self.shared.resource_prefix,
-            permit_suffix_len(self.limit),
+            &self.resource_prefix,
+            permit_suffix_len(self.kind.limit),
         )
-    }
-
-    /// What is derived after the key: the longest slot suffix (`/permit/<limit - 1>`),
-    /// which a key must leave room for.
-    fn suffix(&self) -> Option<usize> {
-        Some(permit_suffix_len(self.limit))
     }
 
     /// Takes a permit of the semaphore `resource`, watched by the client's watchdog (up
@@ -472,12 +486,7 @@ impl LimitOptions {
         resource: String,
     ) -> impl Future<Output = Result<Permit, Error>> + Send + 'static {
         let redlock = redlock.clone();
-        let (ttl, retry, max_hold, limit) = (
-            self.shared.ttl,
-            self.shared.retry,
-            self.shared.max_hold,
-            self.limit,
-        );
+        let (ttl, retry, max_hold, limit) = (self.ttl, self.retry, self.max_hold, self.kind.limit);
         async move {
             let started = Instant::now();
             // A permit's fencing token is per slot, not per key: of no use to a handler.

@@ -271,6 +271,31 @@ impl Refusal {
         )
     }
 
+    /// Logs this refusal of a request to `path`, with its `cause` (the full error, node
+    /// addresses included: for the log, never the body) and the request's id: a busy or
+    /// bad key at debug, an unavailable service or a loss at warn, a misconfiguration at
+    /// error.
+    pub fn log(&self, path: &str, cause: &dyn fmt::Display) {
+        let id = self.problem.request_id.as_deref();
+        match self.kind {
+            RefusalKind::Busy | RefusalKind::InFlight => {
+                tracing::debug!(path, request_id = id, error = %cause, "lock busy: request refused");
+            }
+            RefusalKind::Unavailable => {
+                tracing::warn!(path, request_id = id, error = %cause, "lock service unavailable: request refused");
+            }
+            RefusalKind::Lost => {
+                tracing::warn!(path, request_id = id, error = %cause, "lock lost: request refused");
+            }
+            RefusalKind::Misconfigured => {
+                tracing::error!(path, request_id = id, error = %cause, "lock misconfigured: request refused");
+            }
+            _ => {
+                tracing::debug!(path, request_id = id, detail = %cause, "no usable lock key in the request");
+            }
+        }
+    }
+
     /// The HTTP status to answer with ([`Problem::http_status`]).
     pub fn status(&self) -> u16 {
         self.problem.http_status()
