@@ -9,94 +9,32 @@ use std::task::{Context, Poll, ready};
 use actix_web::{HttpRequest, HttpResponse, web};
 use redlock_core::Redlock;
 use redlock_http::key::BadKey;
-use redlock_http::{LockOptions, Refusal, RefusalKind};
+use redlock_http::{LockOptions, Refusal};
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use crate::error::{DistributedLockError, problem_response, request_id};
+use crate::error::{DistributedLockError, problem_response};
 use crate::guard::LockGuard;
 
 /// How [`LockMiddleware`](crate::LockMiddleware) and the
 /// [`DistributedLock`](crate::DistributedLock) extractor take their locks: the client,
-/// the engine's [`LockOptions`] ([`options`](Self::options): the same type as
-/// `redlock-tower`'s `LockLayer` takes; one table for both in [`redlock_http`'s
-/// contract](redlock_http#the-web-crates-contract)), the refusal hook
-/// ([`on_refusal`](Self::on_refusal)) and the [runtime](Self#runtimes).
-///
-/// [`LockMiddleware::new`](crate::LockMiddleware::new) takes it directly. The
-/// extractors (`DistributedLock<T>`, `FencingToken`) find it in `app_data`: register it
-/// with `.app_data(config)` on the `App`, a scope or a resource; the innermost one
-/// applies (resource over scope over app), as with actix's own `PathConfig`. It is
-/// looked up as a plain value first, then as `web::Data<DistributedLockConfig>`. A
-/// route whose extractor finds none answers 500 with
-/// [`DistributedLockError::MissingConfig`]'s message.
+/// the engine's [`LockOptions`], the [`on_refusal`](Self::on_refusal) hook and the
+/// [runtime](Self#runtimes). The extractors find the innermost one in `app_data` (as a
+/// plain value, or in `web::Data`); a route without one answers 500.
 ///
 /// # Runtimes
 ///
-/// `redlock-core` runs background tasks (releasing a dropped lock, the auto-extension
-/// watchdog, wake-ups of waiters, the connections to the nodes) on the tokio runtime
-/// where they are first needed. actix-web runs every worker on a runtime of its own, and
-/// a task bound to a worker's runtime dies with it (a server stopped and started again
-/// in the same process, a worker restarted): the next lock would then meet broken
-/// connections, and watched locks would stop being extended. So every call into the
-/// client (acquire, watch, release) runs on one long-lived runtime instead: by default a
-/// current-thread runtime on a thread of this crate's own (`redlock-actix`), started on
-/// first use and shared by every configuration of the process; or the runtime given with
-/// [`runtime`](Self::runtime). The handler just awaits the result. One `Redlock` (built
-/// anywhere) can thus serve every worker: build it once and clone it into the
-/// configuration. The default runtime is a single thread doing the client's work for
-/// the whole process (a few microseconds per lock); for very high lock rates, give it
-/// a multi-threaded runtime of yours.
-///
-/// ```
-/// use std::time::Duration;
-/// use actix_web::{App, HttpResponse, web};
-/// use redlock_actix::{DistributedLock, DistributedLockConfig, LockOptions};
-/// use redlock_core::Redlock;
-///
-/// async fn pay(order: DistributedLock<web::Path<u64>>) -> HttpResponse {
-///     HttpResponse::Ok().body(format!("paid order {}", *order))
-/// }
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let redlock = Redlock::builder()
-///     .nodes(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
-///     .build()?;
-/// let options = LockOptions::new()
-///     .ttl(Duration::from_secs(5))
-///     .resource_prefix("order:");
-/// let config = DistributedLockConfig::new(redlock).options(options.clone());
-/// let app = App::new()
-///     .app_data(config.clone())
-///     .service(
-///         web::scope("/orders")
-///             // here: wait up to 2 s for a busy order instead of answering 409 at once
-///             .app_data(config.options(options.wait(Duration::from_secs(2))))
-///             .route("/{id}/pay", web::post().to(pay)),
-///     );
-/// # let _ = app;
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone)]
+/// Every call into the client runs on one long-lived runtime, never on an actix worker's
+/// (whose tasks die with it): a thread of this crate's own by default, or
+/// [`runtime`](Self::runtime). The guide ([`_guide`](crate::_guide)) says more.
+#[derive(Clone, Debug)]
 pub struct DistributedLockConfig {
     pub(crate) setup: Setup,
     pub(crate) options: LockOptions,
 }
 
-impl std::fmt::Debug for DistributedLockConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DistributedLockConfig")
-            .field("setup", &self.setup)
-            .field("options", &self.options)
-            .finish()
-    }
-}
-
 impl DistributedLockConfig {
-    /// A configuration taking its locks through `redlock` (cheap to clone: share one per
-    /// process), with the default [`LockOptions`] (see the table in
-    /// [`redlock_http`](redlock_http#the-web-crates-contract)).
+    /// Locks through `redlock` with the default [`LockOptions`].
     pub fn new(redlock: Redlock) -> Self {
         Self {
             setup: Setup::new(redlock),
@@ -104,46 +42,24 @@ impl DistributedLockConfig {
         }
     }
 
-    /// Takes its locks by `options` (resource prefix, TTL, wait policy, hold, fencing,
-    /// fail-open, busy status, abort on loss: the engine's, the same type as
-    /// `redlock-tower`'s `LockLayer` takes).
-    ///
-    /// The [`DistributedLock`](crate::DistributedLock) extractor has no hold on the
-    /// response nor on the handler's future: it holds its lock for as long as the
-    /// handler keeps it ([`LockGuard::hold_during`] keeps it until a body is sent),
-    /// answers `503` where the middleware would fail open (its value is the held lock),
-    /// and leaves a loss to the handler ([`LockGuard::lost`]); `hold`, `fail_open` and
-    /// `abort_on_loss` are the middleware's.
+    /// Takes its locks by `options` (`hold`, `fail_open` and `abort_on_loss` are the
+    /// middleware's only: the extractor's value is the held lock).
     #[must_use]
     pub fn options(mut self, options: LockOptions) -> Self {
         self.options = options;
         self
     }
 
-    /// Runs the client's calls (and so its background tasks) on this runtime instead of
-    /// the crate's own thread (see [Runtimes](Self#runtimes)). It must outlive every
-    /// request using this configuration, and have its time and I/O drivers enabled.
+    /// Runs the client's calls on this runtime (time and I/O enabled, outliving the
+    /// requests) instead of the crate's own thread.
     #[must_use]
     pub fn runtime(mut self, handle: Handle) -> Self {
         self.setup.runtime = Some(handle);
         self
     }
 
-    /// Build refusal responses yourself (default: [`problem_response`] of the refusal's
-    /// problem, an `application/problem+json` document), as `redlock-tower`'s
-    /// `on_refusal`. Not used for a route without configuration, nor for the inner
-    /// extractor's own errors.
-    ///
-    /// ```
-    /// use actix_web::HttpResponse;
-    /// use redlock_actix::{DistributedLockConfig, RefusalKind, error::problem_response};
-    /// # let redlock = redlock_core::Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
-    /// let config = DistributedLockConfig::new(redlock).on_refusal(|refusal| match refusal.kind {
-    ///     RefusalKind::Busy => HttpResponse::Conflict().body("try again later"),
-    ///     _ => problem_response(&refusal.problem),
-    /// });
-    /// # let _ = config;
-    /// ```
+    /// Build refusal responses yourself (default: [`problem_response`]), as
+    /// `redlock-tower`'s `on_refusal`.
     #[must_use]
     pub fn on_refusal<F>(mut self, hook: F) -> Self
     where
@@ -163,57 +79,25 @@ impl DistributedLockConfig {
         &self.options
     }
 
-    /// The innermost configuration for `req` (resource, then scope, then app), as a plain
-    /// value or in `web::Data`: what the [`DistributedLock`](crate::DistributedLock)
-    /// and [`FencingToken`](crate::FencingToken) extractors use.
+    /// The innermost configuration for `req`, as a plain value or in `web::Data`.
     pub fn from_req(req: &HttpRequest) -> Option<&Self> {
         req.app_data::<Self>()
             .or_else(|| req.app_data::<web::Data<Self>>().map(|data| &***data))
     }
 
-    /// `err` as an actix error, logged, carrying the `on_refusal` hook's response if
-    /// one is set, else a generic problem with the request's id (and the configured
-    /// `busy_status` for a busy key).
-    pub(crate) fn reject(
-        &self,
-        err: DistributedLockError,
-        key: Option<&str>,
-        req: &HttpRequest,
-    ) -> actix_web::Error {
-        let id = request_id(req);
-        err.log(req.path(), id.as_deref());
-        let mut refusal = Refusal::new(err.kind(), err.problem()).with_request_id(id);
-        if refusal.kind == RefusalKind::Busy {
-            refusal.problem.status = self.options.busy_code();
-        }
-        if let Some(key) = key {
-            refusal = refusal.with_resource(key);
-        }
-        let response = self.setup.render(&refusal);
-        actix_web::error::InternalError::from_response(err, response).into()
-    }
-
-    /// `resource_prefix + key` ([`redlock_http::key::resource_name`]); an empty key is
-    /// refused here, one too long by the client
-    /// ([`max_resource_len`](redlock_core::RedlockBuilder::max_resource_len)), before
-    /// anything is sent.
+    /// `resource_prefix + key` ([`redlock_http::key::resource_name`]).
     pub(crate) fn resource(&self, key: &str) -> Result<String, BadKey> {
         redlock_http::key::resource_name(self.options.prefix(), key)
     }
 
-    /// Takes the lock on `resource` by this configuration, watched by the client's
-    /// watchdog; the acquisition runs on the background runtime. Dropping the returned
-    /// future (the client went away) cancels it, and whatever it had set is released.
+    /// Takes the lock on `resource` on the background runtime (cancelled when dropped).
     pub(crate) async fn acquire(
         &self,
         resource: String,
     ) -> Result<LockGuard, DistributedLockError> {
-        self.take(resource).await.map_err(Failure::into_error)
-    }
-
-    /// [`acquire`](Self::acquire), with the lock client's error as it is.
-    pub(crate) async fn take(&self, resource: String) -> Result<LockGuard, Failure> {
-        take_lock(&self.setup, &self.options, resource).await
+        take_lock(&self.setup, &self.options, resource)
+            .await
+            .map_err(Failure::into_error)
     }
 }
 
@@ -233,7 +117,7 @@ pub(crate) fn take_lock(
 
 /// Why an acquisition on the background runtime failed.
 #[derive(Debug)]
-pub(crate) enum Failure {
+pub enum Failure {
     /// The lock client's answer.
     Lock(redlock_core::Error),
     /// The background task did not run to its end.
@@ -255,7 +139,7 @@ pub(crate) type OnRefusal = dyn Fn(&Refusal) -> HttpResponse + Send + Sync;
 /// What a lock or a limit needs besides its options: the client, the runtime its calls
 /// run on, the refusal hook.
 #[derive(Clone)]
-pub(crate) struct Setup {
+pub struct Setup {
     pub(crate) redlock: Redlock,
     pub(crate) runtime: Option<Handle>,
     pub(crate) on_refusal: Option<Arc<OnRefusal>>,

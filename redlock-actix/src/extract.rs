@@ -1,39 +1,14 @@
-//! Key extractors of [`LockMiddleware`](crate::LockMiddleware): which lock (if any) a
-//! request needs, by the rule that `redlock-tower` follows too ([`redlock_http::key`]).
-//!
-//! A [`KeyExtractor`] looks at a request and answers with a [`Key`]:
-//!
-//! - [`Key::Lock`]: serialize this request with every other request of the same key;
-//! - [`Key::Pass`]: no lock, the request goes straight through;
-//! - [`Key::Reject`]: refuse the request (by default `400 Bad Request`, for a missing or
-//!   malformed key), with a [`Problem`](redlock_http::Problem) saying why.
-//!
-//! Built in, with the names and keys of `redlock_tower::extract`: [`Header`]
-//! (optionally required), [`PathParam`], [`PathPrefix`], [`Global`]. Any closure
-//! `Fn(&ServiceRequest) -> Result<Option<K>, BadKey>` with `K:` [`LockKey`] is an
-//! extractor too (`None` passes the request through, as in `redlock-tower`), and
-//! [`from_fn`] wraps a closure that returns a full [`Key`].
+//! Key extractors of [`LockMiddleware`](crate::LockMiddleware) and
+//! [`ClusterLimitMiddleware`](crate::ClusterLimitMiddleware), with the names and keys of
+//! `redlock_tower::extract` ([`redlock_http::key`]): [`Header`], [`PathParam`],
+//! [`PathPrefix`], [`Global`], [`from_fn`] and closures.
 //!
 //! ```
 //! use actix_web::test::TestRequest;
-//! use redlock_actix::extract::{Global, Header, Key, KeyExtractor, PathPrefix};
+//! use redlock_actix::extract::{Header, Key, KeyExtractor};
 //!
-//! let pay = TestRequest::post()
-//!     .uri("/orders/42/pay")
-//!     .insert_header(("idempotency-key", "a:b"))
-//!     .to_srv_request();
-//!
-//! // The header's value is the key, escaped as in redlock-tower: `a:b` locks `a%3Ab`.
-//! let by_header = Header::new("idempotency-key").required();
-//! assert_eq!(by_header.extract(&pay), Key::Lock("a%3Ab".into()));
-//! let bare = TestRequest::post().uri("/orders/42/pay").to_srv_request();
-//! assert_eq!(by_header.extract(&bare).rejection().map(|p| p.status), Some(400));
-//!
-//! // The prefix and the next segment: every request under /orders/42 shares a key.
-//! assert_eq!(PathPrefix::new("/orders").extract(&pay), Key::Lock("/orders/42".into()));
-//!
-//! // One key for everything.
-//! assert_eq!(Global::new("migrations").extract(&bare), Key::Lock("migrations".into()));
+//! let pay = TestRequest::post().insert_header(("idempotency-key", "a:b")).to_srv_request();
+//! assert_eq!(Header::new("idempotency-key").extract(&pay), Key::Lock("a%3Ab".into()));
 //! ```
 
 use actix_web::dev::ServiceRequest;
@@ -44,16 +19,10 @@ use crate::key::LockKey;
 pub use redlock_http::extract::{Global, PathParam, PathPrefix};
 pub use redlock_http::key::Key;
 
-/// Names the lock a request takes in [`LockMiddleware`](crate::LockMiddleware). See the
-/// [module documentation](self).
-///
-/// Implemented for closures `Fn(&ServiceRequest) -> Result<Option<K>, BadKey>` where
-/// `K:` [`LockKey`], with the meaning `redlock-tower`'s closures have: `Ok(Some(value))`
-/// locks by the value's key ([`LockKey::lock_key`]: a string is escaped as tower's
-/// closures' strings are), `Ok(None)` passes the request through, `Err` refuses it with
-/// `400`; and for [`PathParam`], [`Header`],
-/// [`PathPrefix`], [`Global`] and [`from_fn`]. A [`Key::Lock`] you return yourself is
-/// the final key.
+/// Names the lock (or limit) a request takes. A closure
+/// `Fn(&ServiceRequest) -> Result<Option<K>, BadKey>` (`K:` [`LockKey`]) is one:
+/// `Ok(Some(value))` locks by the value's key, `Ok(None)` passes the request, `Err`
+/// refuses it with `400`, as in `redlock-tower`.
 pub trait KeyExtractor: 'static {
     /// Decides the key for `req` (without the configuration's resource prefix).
     fn extract(&self, req: &ServiceRequest) -> Key;
@@ -73,23 +42,8 @@ where
     }
 }
 
-/// An extractor from a closure returning a full [`Key`] (to pass requests through or
-/// reject them), as `redlock_tower::extract::from_fn`.
-///
-/// ```
-/// use actix_web::dev::ServiceRequest;
-/// use redlock_actix::extract::{Key, from_fn};
-///
-/// // Lock POSTs per tenant; let everything else through.
-/// let by_tenant = from_fn(|req: &ServiceRequest| match req.headers().get("x-tenant") {
-///     Some(tenant) if req.method() == actix_web::http::Method::POST => {
-///         Key::from_value(tenant.to_str().ok())
-///     }
-///     _ => Key::Pass,
-/// });
-/// # let redlock = redlock_core::Redlock::builder().node("redis://127.0.0.1:6379").build().unwrap();
-/// # let _ = redlock_actix::LockMiddleware::new(redlock_actix::DistributedLockConfig::new(redlock), by_tenant);
-/// ```
+/// An extractor from a closure returning a full [`Key`], as
+/// `redlock_tower::extract::from_fn`.
 pub fn from_fn<F>(f: F) -> FromFn<F> {
     FromFn(f)
 }
@@ -107,15 +61,9 @@ where
     }
 }
 
-/// The key is a path parameter of the scope or resource, e.g. `id` in
-/// `web::scope("/accounts/{id}")` (as `redlock_tower::extract::PathParam` for axum):
-/// percent-decoded (UTF-8, else `400`), then escaped ([`redlock_http::key::path_param_key`]).
-/// A route without the parameter is the server's mistake: `500`, its detail in the log.
-///
-/// A value that is not UTF-8 once decoded is refused with `400`, as in tower; note that
-/// actix's own `web::Path<String>` (the [`DistributedLock`](crate::DistributedLock)
-/// extractor's inner value) decodes it lossily instead, with U+FFFD in place of the
-/// invalid bytes.
+/// A path parameter of the scope (e.g. `id` in `/accounts/{id}`), by
+/// [`redlock_http::key::path_param_key`]: not UTF-8 once decoded → `400` (where actix's
+/// `web::Path<String>` decodes lossily), missing → `500`.
 impl KeyExtractor for PathParam {
     fn extract(&self, req: &ServiceRequest) -> Key {
         // actix leaves `%`, `/` and `+` encoded in `match_info`; decoding the rest gives
@@ -131,14 +79,8 @@ impl KeyExtractor for PathParam {
     }
 }
 
-/// The key is a request header's value, e.g. `Idempotency-Key` or a tenant id (as
-/// `redlock_tower::extract::Header`, by the same rule:
-/// [`redlock_http::key::header_lock_key`]).
-///
-/// Without the header the request passes through unlocked, or, once
-/// [`required`](Self::required), is refused with `400`. A value given twice, empty, or
-/// not visible ASCII is always refused with `400`. `Idempotency-Key: a:b` locks
-/// `a%3Ab`.
+/// A request header's value (by [`redlock_http::key::header_lock_key`]): without it, the
+/// request passes, or is refused with `400` once [`required`](Self::required).
 #[derive(Debug, Clone)]
 pub struct Header {
     name: &'static str,
@@ -148,9 +90,7 @@ pub struct Header {
 }
 
 impl Header {
-    /// The key from header `name` (any case). A `name` that is not a valid header name
-    /// (a programming error) makes every request answered `500`, the name in the
-    /// server's log, as in `redlock-tower`.
+    /// The key from header `name` (any case; an invalid name answers every request `500`).
     pub fn new(name: &'static str) -> Self {
         Self {
             name,
@@ -159,7 +99,7 @@ impl Header {
         }
     }
 
-    /// Refuse requests without the header (`400`) instead of letting them through.
+    /// Refuse requests without the header (`400`).
     #[must_use]
     pub fn required(mut self) -> Self {
         self.required = true;

@@ -1,5 +1,4 @@
-//! Fencing tokens: [`FencingToken`], the fencing token of the request's lock, as an extractor;
-//! [`TokenFuture`], its future; [`MissingToken`], why a request has none.
+//! [`FencingToken`], the request's lock's fencing token as an extractor, and its future.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -12,66 +11,24 @@ use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpMessage, HttpRequest};
 use redlock_core::LockHandle;
 
-use crate::config::DistributedLockConfig;
 use crate::error::DistributedLockError;
 
 pub use redlock_http::MissingToken;
 
-/// The fencing token of the request's lock: strictly greater for every new holder of
-/// the lock's key, to pass to the storage with each write so that it can refuse a
-/// writer whose lock has expired and been taken since (see `redlock-fence`).
-///
-/// An extractor reading the [`LockHandle`] in the request's extensions, which
-/// [`LockMiddleware`](crate::LockMiddleware) puts there before the handler runs, and a
-/// [`DistributedLock`](crate::DistributedLock) argument of the same handler once it
-/// holds its lock (whatever the arguments' order: the token waits for the lock). The
-/// lock must be taken with fencing on
-/// ([`LockOptions::fencing`](crate::LockOptions::fencing), or the
-/// client's [`fencing`](redlock_core::RedlockBuilder::fencing) setting).
-///
-/// Without a token the handler is not called: a request that holds no lock is refused
-/// with [`DistributedLockError::NoLock`], a lock without a token with
-/// [`DistributedLockError::NoFencingToken`], both `500` (through the configuration's
-/// [`on_refusal`](crate::DistributedLockConfig::on_refusal) hook when there is one). A
-/// request that [`LockMiddleware`](crate::LockMiddleware) let through unlocked
-/// ([`fail_open`](crate::LockOptions::fail_open)) is answered `503`
-/// ([`DistributedLockError::FailedOpen`]), as in `redlock-tower`.
-/// The body says which of the two it is and nothing of the server's insides; the log
-/// names the setting to change.
-///
-/// With several locks in one handler, the token is the last acquired one's: read each
-/// lock's own with [`LockGuard::fencing_token`](crate::guard::LockGuard::fencing_token).
+/// The fencing token of the request's lock (with
+/// [`LockOptions::fencing`](crate::LockOptions::fencing) on), to pass with each write so
+/// that the storage refuses a writer whose lock has expired (`redlock-fence`). An
+/// extractor: it reads the lock of [`LockMiddleware`](crate::LockMiddleware) or of a
+/// [`DistributedLock`](crate::DistributedLock) argument (waiting for it); without a token
+/// the request is refused ([`MissingToken`]: 500, or 503 after `fail_open`).
 ///
 /// ```
-/// use actix_web::{App, HttpResponse, test, web};
-/// use redlock_actix::{DistributedLock, DistributedLockConfig, FencingToken, LockOptions};
-/// use redlock_core::Redlock;
+/// use actix_web::HttpResponse;
+/// use redlock_actix::{DistributedLock, FencingToken};
 ///
-/// async fn pay(order: DistributedLock<web::Path<u64>>, token: FencingToken) -> HttpResponse {
-///     // e.g. `SqlFence::check(&mut *tx, order.guard().resource(), token.0)` before the write
+/// async fn pay(order: DistributedLock<actix_web::web::Path<u64>>, token: FencingToken) -> HttpResponse {
 ///     HttpResponse::Ok().body(format!("paid {} with token {}", *order, token.0))
 /// }
-///
-/// # #[actix_web::main]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let cluster = redlock_testkit::Cluster::start(1).await;
-/// # let urls = cluster.urls();
-/// let redlock = Redlock::builder()
-///     .nodes(urls)
-/// #   .restart_quarantine(false) // the test node was started a moment ago
-///     .build()?;
-/// let config = DistributedLockConfig::new(redlock)
-///     .options(LockOptions::new().resource_prefix("order:").fencing(true));
-/// let app = test::init_service(
-///     App::new().app_data(config).route("/orders/{id}/pay", web::post().to(pay)),
-/// )
-/// .await;
-///
-/// let request = test::TestRequest::post().uri("/orders/42/pay").to_request();
-/// let body = test::call_and_read_body(&app, request).await;
-/// assert!(body.starts_with(b"paid 42 with token "));
-/// # Ok(())
-/// # }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(pub u64);
@@ -82,15 +39,12 @@ impl FencingToken {
         self.0
     }
 
-    /// The token of the lock in `req`'s extensions, as it stands now (a
-    /// [`DistributedLock`](crate::DistributedLock) still being acquired is not waited
-    /// for; the extractor does that).
+    /// The token of the lock in `req`'s extensions now (not waiting for one being taken).
     ///
     /// # Errors
     ///
-    /// [`DistributedLockError::NoLock`], [`DistributedLockError::NoFencingToken`], or
-    /// [`DistributedLockError::FailedOpen`] (the [`MissingToken`]
-    /// reasons of both web crates).
+    /// [`DistributedLockError::NoLock`], [`DistributedLockError::NoFencingToken`] or
+    /// [`DistributedLockError::FailedOpen`].
     pub fn from_req(req: &HttpRequest) -> Result<Self, DistributedLockError> {
         let extensions = req.extensions();
         match extensions.get::<LockHandle>() {
@@ -129,8 +83,8 @@ impl FromRequest for FencingToken {
     }
 }
 
-/// The future of the [`FencingToken`] extractor: ready once no
-/// [`DistributedLock`](crate::DistributedLock) of the request is still being acquired.
+/// The future of the [`FencingToken`] extractor: ready once no lock of the request is
+/// still being acquired.
 pub struct TokenFuture {
     req: HttpRequest,
 }
@@ -153,12 +107,7 @@ impl Future for TokenFuture {
             acquiring.wait(cx.waker());
             return Poll::Pending;
         }
-        Poll::Ready(FencingToken::from_req(req).map_err(
-            |err| match DistributedLockConfig::from_req(req) {
-                Some(config) => config.reject(err, None, req),
-                None => err.respond(req),
-            },
-        ))
+        Poll::Ready(FencingToken::from_req(req).map_err(|err| err.reject(req, None)))
     }
 }
 

@@ -1,24 +1,41 @@
-//! One request through a guarding middleware ([`LockMiddleware`](crate::LockMiddleware),
-//! [`ClusterLimitMiddleware`](crate::ClusterLimitMiddleware)): the engine's decision
-//! (`redlock_http`: route, acquire, refuse), translated to actix.
+//! One request through a [`GuardMiddleware`](crate::middleware::GuardMiddleware): the
+//! engine's decision (`redlock_http`: route, acquire, refuse), translated to actix.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use actix_web::body::{BoxBody, EitherBody, MessageBody};
+use actix_web::HttpMessage;
+use actix_web::body::{BodySize, BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
+use actix_web::web::Bytes;
 use futures_util::future::{Either, LocalBoxFuture, select};
+use redlock_core::LockHandle;
+use redlock_core::semaphore::Permit;
+use redlock_http::body::{Holding, Step};
 use redlock_http::key::Key;
-use redlock_http::{Guard, Hold, Refusal, Route};
+use redlock_http::{Guard, Hold, LimitOptions, LockOptions, Refusal, Route};
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
 
-use crate::config::{Failure, Setup};
+use crate::config::{Failure, Setup, take_lock};
 use crate::error::request_id;
-use crate::guard::{BodyHold, HoldingBody};
+use crate::fencing::FailedOpen;
+use crate::guard::{LockBody, LockGuard};
 
-/// What a guarding middleware takes for a request: the engine's options, and how what
-/// it holds is taken and shown to the handler.
-pub(crate) trait Guarding: Guard + 'static {
+/// What a guarding middleware takes for a request: the engine's options, how what it
+/// holds is taken and shown to the handler, and its response body.
+pub trait Guarding: Guard + Clone + 'static {
     /// What a request holds while it runs.
     type Held: BodyHold + 'static;
+
+    /// The middleware's response body.
+    type Body<B: MessageBody + 'static>: MessageBody + 'static;
+
+    /// The guarded body (left) or a refusal's (right) as the middleware's body.
+    fn body<B: MessageBody + 'static>(
+        body: EitherBody<HoldingBody<B, Self::Held>>,
+    ) -> Self::Body<B>;
 
     /// Takes `resource` on the background runtime.
     fn take(
@@ -126,4 +143,181 @@ fn refuse<B, H>(
         refusal, response,
     ))
     .map_into_right_body()
+}
+
+impl Guarding for LockOptions {
+    type Held = LockGuard;
+    type Body<B: MessageBody + 'static> = EitherBody<LockBody<B>>;
+
+    fn body<B: MessageBody + 'static>(
+        body: EitherBody<HoldingBody<B, LockGuard>>,
+    ) -> Self::Body<B> {
+        match body {
+            EitherBody::Left { body } => EitherBody::left(LockBody::holding(body)),
+            EitherBody::Right { body } => EitherBody::right(body),
+        }
+    }
+
+    fn take(
+        &self,
+        setup: &Setup,
+        resource: String,
+    ) -> LocalBoxFuture<'static, Result<LockGuard, Failure>> {
+        Box::pin(take_lock(setup, self, resource))
+    }
+
+    fn expose(&self, req: &ServiceRequest, held: Option<&LockGuard>) {
+        let mut extensions = req.extensions_mut();
+        match held {
+            // For `web::ReqData<LockHandle>` and `FencingToken`.
+            Some(guard) => drop(extensions.insert(guard.handle())),
+            // Tells `FencingToken` why there is no lock (fail-open).
+            None => drop(extensions.insert(FailedOpen)),
+        }
+    }
+}
+
+impl Guarding for LimitOptions {
+    type Held = HeldPermit;
+    type Body<B: MessageBody + 'static> = BoxBody;
+
+    fn body<B: MessageBody + 'static>(body: EitherBody<HoldingBody<B, HeldPermit>>) -> BoxBody {
+        body.boxed()
+    }
+
+    fn take(
+        &self,
+        setup: &Setup,
+        resource: String,
+    ) -> LocalBoxFuture<'static, Result<HeldPermit, Failure>> {
+        let task = self.acquire(&setup.redlock, resource);
+        let setup = setup.clone();
+        Box::pin(async move {
+            let (permit, runtime) = setup.run(task).await?;
+            Ok(HeldPermit {
+                handle: permit.handle(),
+                permit: Some(permit),
+                acquired: Instant::now(),
+                runtime,
+            })
+        })
+    }
+
+    // No `LockHandle` for the handler: a permit is no lock on the key.
+    fn expose(&self, _req: &ServiceRequest, _held: Option<&HeldPermit>) {}
+}
+
+/// A held permit, given back on the background runtime when dropped (never on the
+/// worker's, whose tasks may die with it).
+pub struct HeldPermit {
+    permit: Option<Permit>,
+    /// Its slot lock's handle: validity, loss.
+    handle: LockHandle,
+    acquired: Instant,
+    runtime: Handle,
+}
+
+impl Drop for HeldPermit {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let slot = self.handle.resource().to_owned();
+        let held_ms = self.acquired.elapsed().as_millis() as u64;
+        if !self.handle.is_held() {
+            tracing::warn!(key = %slot, held_ms, "concurrency permit lost before the request finished: another request may have run past the limit");
+        }
+        self.runtime.spawn(async move {
+            match permit.release().await {
+                Ok(released) => {
+                    tracing::debug!(key = %slot, held_ms, was_held = released.was_held(), "concurrency permit released");
+                }
+                Err(err) => {
+                    tracing::warn!(key = %slot, held_ms, error = %err, "concurrency permit release failed: it ends at its TTL");
+                }
+            }
+        });
+    }
+}
+
+impl BodyHold for HeldPermit {
+    fn resource(&self) -> &str {
+        self.handle.resource()
+    }
+
+    fn cancellation_token(&self) -> CancellationToken {
+        self.handle.cancellation_token()
+    }
+
+    fn cut_off(slot: String) -> Box<dyn std::error::Error> {
+        tracing::warn!(key = %slot, "concurrency permit lost while the response body was sent: body cut off");
+        Box::new(redlock_http::LockLost::new(slot))
+    }
+}
+
+/// What a [`HoldingBody`] keeps until its body ends: a [`LockGuard`], or a concurrency
+/// permit. Dropping it releases what it holds.
+pub trait BodyHold {
+    /// The held resource's name.
+    fn resource(&self) -> &str;
+
+    /// A token cancelled when what it holds is lost.
+    fn cancellation_token(&self) -> CancellationToken;
+
+    /// Logs that the loss of `resource` (already dropped) cut a body off, and gives the
+    /// error the body ends with.
+    fn cut_off(resource: String) -> Box<dyn std::error::Error>;
+}
+
+pin_project_lite::pin_project! {
+    /// A response body holding `H` (if any) until it ends or is dropped, by the engine's
+    /// [`Holding`]: inside [`LockBody`], and the concurrency limit's body.
+    pub struct HoldingBody<B, H> {
+        #[pin]
+        body: B,
+        pub(crate) hold: Holding<H>,
+    }
+}
+
+impl<B, H: BodyHold> HoldingBody<B, H> {
+    /// `body`, holding `held` (if any) until it ends; cut off at its loss if
+    /// `abort_on_loss`.
+    pub(crate) fn new(body: B, held: Option<H>, abort_on_loss: bool) -> Self {
+        let lost = held
+            .as_ref()
+            .filter(|_| abort_on_loss)
+            .map(|held| held.cancellation_token().cancelled_owned());
+        Self {
+            body,
+            hold: Holding::new(held, lost),
+        }
+    }
+}
+
+impl<B: MessageBody, H: BodyHold> MessageBody for HoldingBody<B, H> {
+    type Error = Box<dyn std::error::Error>;
+
+    fn size(&self) -> BodySize {
+        self.body.size()
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        let this = self.project();
+        match this.hold.step(cx) {
+            Step::Ended => return Poll::Ready(None),
+            // Released first, then the loss logged by `cut_off`.
+            Step::Lost(held) => {
+                let resource = held.resource().to_owned();
+                drop(held);
+                return Poll::Ready(Some(Err(H::cut_off(resource))));
+            }
+            _ => {}
+        }
+        let next = this.body.poll_next(cx);
+        this.hold.release_at_end(&next);
+        next.map(|chunk| chunk.map(|result| result.map_err(Into::into)))
+    }
 }
