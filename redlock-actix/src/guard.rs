@@ -2,7 +2,7 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix_web::body::{BodySize, MessageBody};
 use actix_web::web::Bytes;
@@ -11,19 +11,12 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::DistributedLockError;
-use crate::serve::{BodyHold, HoldingBody};
+use crate::serve::{BodyHold, HoldingBody, Kept};
 
 /// The cluster-wide lock a request holds: auto-extended while it lives, released when
 /// dropped (in the background) or by [`release`](Self::release). It can be lost: check
 /// [`is_held`](Self::is_held) or [`lost`](Self::lost) before a protected write.
-pub struct LockGuard {
-    /// `Some` until released or dropped.
-    lock: Option<Lock>,
-    handle: LockHandle,
-    acquired: Instant,
-    /// Where the client's calls run (see `DistributedLockConfig::runtime`).
-    runtime: Handle,
-}
+pub struct LockGuard(Kept<Lock>);
 
 impl std::fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -37,52 +30,48 @@ impl std::fmt::Debug for LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(lock: Lock, runtime: Handle) -> Self {
-        Self {
-            handle: lock.handle(),
-            acquired: lock.acquired_at(),
-            lock: Some(lock),
-            runtime,
-        }
+        let (handle, acquired) = (lock.handle(), lock.acquired_at());
+        Self(Kept::new(lock, handle, acquired, runtime))
     }
 
     /// The locked resource: the configuration's prefix followed by the key.
     pub fn resource(&self) -> &str {
-        self.handle.resource()
+        self.0.handle.resource()
     }
 
     /// Whether the lock is still ours: valid, and not declared lost by the watchdog.
     pub fn is_held(&self) -> bool {
-        self.handle.is_held()
+        self.0.handle.is_held()
     }
 
     /// The validity left (the watchdog moves it forward); zero once it ran out.
     pub fn validity(&self) -> Duration {
-        self.handle.validity()
+        self.0.handle.validity()
     }
 
     /// How long the lock has been held.
     pub fn held_for(&self) -> Duration {
-        self.acquired.elapsed()
+        self.0.acquired.elapsed()
     }
 
     /// The fencing token, with [`LockOptions::fencing`](crate::LockOptions::fencing) on.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.handle.fencing_token()
+        self.0.handle.fencing_token()
     }
 
     /// Completes when the lock is lost.
     pub async fn lost(&self) {
-        self.handle.lost().await;
+        self.0.handle.lost().await;
     }
 
     /// A token cancelled when the lock is lost; hand it to the protected work.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.handle.cancellation_token()
+        self.0.handle.cancellation_token()
     }
 
     /// A cloneable, `Send` view of the lock (it does not keep it).
     pub fn handle(&self) -> LockHandle {
-        self.handle.clone()
+        self.0.handle.clone()
     }
 
     /// Keeps this guard (and so the lock) until `body` has been sent ([`LockBody`]).
@@ -97,57 +86,30 @@ impl LockGuard {
     /// [`DistributedLockError::Unavailable`] if too few nodes answered,
     /// [`DistributedLockError::Background`] if the release task could not run.
     pub async fn release(mut self) -> Result<Released, DistributedLockError> {
-        let Some(lock) = self.lock.take() else {
-            return Err(DistributedLockError::Background(
-                "the lock was already released".into(),
-            ));
-        };
-        let resource = self.resource().to_owned();
-        let held_ms = self.held_for().as_millis() as u64;
-        let lost = !self.handle.is_held();
-        let released = self
-            .runtime
-            .spawn(async move { lock.release().await })
+        let (key, held_ms, lost) = (
+            self.resource().to_owned(),
+            self.0.held_ms(),
+            !self.is_held(),
+        );
+        match self
+            .0
+            .release()
             .await
-            .map_err(|err| DistributedLockError::Background(err.to_string()))?;
-        match released {
+            .map_err(DistributedLockError::Background)?
+        {
             Ok(released) => {
                 if lost || !released.was_held() {
-                    tracing::warn!(key = %resource, held_ms, "lock released after it was lost: another holder may have overlapped");
+                    tracing::warn!(%key, held_ms, "lock released after it was lost: another holder may have overlapped");
                 } else {
-                    tracing::debug!(key = %resource, held_ms, "lock released");
+                    tracing::debug!(%key, held_ms, "lock released");
                 }
                 Ok(released)
             }
             Err(err) => {
-                tracing::warn!(key = %resource, held_ms, error = %err, "lock release failed: it ends at its TTL");
+                tracing::warn!(%key, held_ms, error = %err, "lock release failed: it ends at its TTL");
                 Err(err.into())
             }
         }
-    }
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        let Some(lock) = self.lock.take() else {
-            return;
-        };
-        let resource = self.resource().to_owned();
-        let held_ms = self.held_for().as_millis() as u64;
-        if !self.handle.is_held() {
-            tracing::warn!(key = %resource, held_ms, "the lock was lost before the request finished");
-        }
-        // On the background runtime: the release must not depend on this worker's.
-        self.runtime.spawn(async move {
-            match lock.release().await {
-                Ok(released) => {
-                    tracing::debug!(key = %resource, held_ms, was_held = released.was_held(), "lock released");
-                }
-                Err(err) => {
-                    tracing::warn!(key = %resource, held_ms, error = %err, "lock release failed: it ends at its TTL");
-                }
-            }
-        });
     }
 }
 
@@ -208,16 +170,9 @@ impl<B: MessageBody> MessageBody for LockBody<B> {
 }
 
 impl BodyHold for LockGuard {
-    fn resource(&self) -> &str {
-        self.handle.resource()
-    }
+    const WHAT: &'static str = "lock";
 
-    fn cancellation_token(&self) -> CancellationToken {
-        self.handle.cancellation_token()
-    }
-
-    fn cut_off(key: String) -> Box<dyn std::error::Error> {
-        tracing::warn!(key = %key, "lock lost while the response body was sent: body cut off");
-        Box::new(LockLost::new(key))
+    fn handle(&self) -> &LockHandle {
+        &self.0.handle
     }
 }

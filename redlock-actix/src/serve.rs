@@ -1,6 +1,7 @@
 //! One request through a [`GuardMiddleware`](crate::middleware::GuardMiddleware): the
 //! engine's decision (`redlock_http`: route, acquire, refuse), translated to actix.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -10,13 +11,12 @@ use actix_web::body::{BodySize, BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use actix_web::web::Bytes;
 use futures_util::future::{Either, LocalBoxFuture, select};
-use redlock_core::LockHandle;
 use redlock_core::semaphore::Permit;
+use redlock_core::{Lock, LockHandle, Released};
 use redlock_http::body::{Holding, Step};
 use redlock_http::key::Key;
-use redlock_http::{Guard, Hold, LimitOptions, LockOptions, Refusal, Route};
+use redlock_http::{Guard, Hold, LimitOptions, LockLost, LockOptions, Refusal, Route};
 use tokio::runtime::Handle;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{Failure, Setup, take_lock};
 use crate::error::request_id;
@@ -95,14 +95,14 @@ where
     let abort = guarding.aborts_on_loss();
     let response = if abort {
         // The request cannot be kept (actix routes it further by `Rc::get_mut`).
-        let lost = Box::pin(held.cancellation_token().cancelled_owned());
+        let lost = Box::pin(held.handle().cancellation_token().cancelled_owned());
         let handler = Box::pin(service.call(req));
         match select(handler, lost).await {
             Either::Left((response, _)) => response?,
             Either::Right(((), handler)) => {
                 // The handler's future is dropped where it stands, then the lock.
                 drop(handler);
-                let key = held.resource().to_owned();
+                let key = held.handle().resource().to_owned();
                 drop(held);
                 tracing::warn!(key = %key, request_id = id.as_deref(), "lock lost while the request ran (a majority of lock nodes could not extend it in time): request stopped");
                 // Answered as the error of this service (the request went with the
@@ -178,10 +178,10 @@ impl Guarding for LockOptions {
 }
 
 impl Guarding for LimitOptions {
-    type Held = HeldPermit;
+    type Held = Kept<Permit>;
     type Body<B: MessageBody + 'static> = BoxBody;
 
-    fn body<B: MessageBody + 'static>(body: EitherBody<HoldingBody<B, HeldPermit>>) -> BoxBody {
+    fn body<B: MessageBody + 'static>(body: EitherBody<HoldingBody<B, Kept<Permit>>>) -> BoxBody {
         body.boxed()
     }
 
@@ -189,84 +189,121 @@ impl Guarding for LimitOptions {
         &self,
         setup: &Setup,
         resource: String,
-    ) -> LocalBoxFuture<'static, Result<HeldPermit, Failure>> {
+    ) -> LocalBoxFuture<'static, Result<Kept<Permit>, Failure>> {
         let task = self.acquire(&setup.redlock, resource);
         let setup = setup.clone();
         Box::pin(async move {
             let (permit, runtime) = setup.run(task).await?;
-            Ok(HeldPermit {
-                handle: permit.handle(),
-                permit: Some(permit),
-                acquired: Instant::now(),
-                runtime,
-            })
+            let handle = permit.handle();
+            Ok(Kept::new(permit, handle, Instant::now(), runtime))
         })
     }
 
     // No `LockHandle` for the handler: a permit is no lock on the key.
-    fn expose(&self, _req: &ServiceRequest, _held: Option<&HeldPermit>) {}
+    fn expose(&self, _req: &ServiceRequest, _held: Option<&Kept<Permit>>) {}
 }
 
-/// A held permit, given back on the background runtime when dropped (never on the
-/// worker's, whose tasks may die with it).
-pub struct HeldPermit {
-    permit: Option<Permit>,
-    /// Its slot lock's handle: validity, loss.
-    handle: LockHandle,
-    acquired: Instant,
+/// A lock or a permit a request holds, released on the background runtime when dropped
+/// (never on the worker's, whose tasks may die with it).
+pub struct Kept<T: Release> {
+    held: Option<T>,
+    pub(crate) handle: LockHandle,
+    pub(crate) acquired: Instant,
     runtime: Handle,
 }
 
-impl Drop for HeldPermit {
+/// A lock or a permit, for [`Kept`].
+pub trait Release: Send + 'static {
+    /// What it is, for the log.
+    const WHAT: &'static str;
+
+    /// Gives it back.
+    fn release(self) -> impl Future<Output = Result<Released, redlock_core::Error>> + Send;
+}
+
+impl Release for Lock {
+    const WHAT: &'static str = "lock";
+
+    fn release(self) -> impl Future<Output = Result<Released, redlock_core::Error>> + Send {
+        Lock::release(self)
+    }
+}
+
+impl Release for Permit {
+    const WHAT: &'static str = "concurrency permit";
+
+    fn release(self) -> impl Future<Output = Result<Released, redlock_core::Error>> + Send {
+        Permit::release(self)
+    }
+}
+
+impl<T: Release> Kept<T> {
+    pub(crate) fn new(held: T, handle: LockHandle, acquired: Instant, runtime: Handle) -> Self {
+        Self {
+            held: Some(held),
+            handle,
+            acquired,
+            runtime,
+        }
+    }
+
+    pub(crate) fn held_ms(&self) -> u64 {
+        self.acquired.elapsed().as_millis() as u64
+    }
+
+    /// Releases it now, on the background runtime: the client's answer, or why the task
+    /// did not run.
+    pub(crate) async fn release(
+        &mut self,
+    ) -> Result<Result<Released, redlock_core::Error>, String> {
+        let Some(held) = self.held.take() else {
+            return Err(format!("the {} was already released", T::WHAT));
+        };
+        self.runtime
+            .spawn(held.release())
+            .await
+            .map_err(|err| err.to_string())
+    }
+}
+
+impl<T: Release> Drop for Kept<T> {
     fn drop(&mut self) {
-        let Some(permit) = self.permit.take() else {
+        let Some(held) = self.held.take() else {
             return;
         };
-        let slot = self.handle.resource().to_owned();
-        let held_ms = self.acquired.elapsed().as_millis() as u64;
+        let (key, held_ms, what) = (self.handle.resource().to_owned(), self.held_ms(), T::WHAT);
         if !self.handle.is_held() {
-            tracing::warn!(key = %slot, held_ms, "concurrency permit lost before the request finished: another request may have run past the limit");
+            tracing::warn!(%key, held_ms, "{what} lost before the request finished: another request may have overlapped");
         }
         self.runtime.spawn(async move {
-            match permit.release().await {
+            match held.release().await {
                 Ok(released) => {
-                    tracing::debug!(key = %slot, held_ms, was_held = released.was_held(), "concurrency permit released");
+                    tracing::debug!(%key, held_ms, was_held = released.was_held(), "{what} released");
                 }
                 Err(err) => {
-                    tracing::warn!(key = %slot, held_ms, error = %err, "concurrency permit release failed: it ends at its TTL");
+                    tracing::warn!(%key, held_ms, error = %err, "{what} release failed: it ends at its TTL");
                 }
             }
         });
     }
 }
 
-impl BodyHold for HeldPermit {
-    fn resource(&self) -> &str {
-        self.handle.resource()
-    }
+/// What a [`HoldingBody`] keeps until its body ends: a [`LockGuard`], or a permit.
+/// Dropping it releases what it holds.
+pub trait BodyHold {
+    /// What it is, for the log.
+    const WHAT: &'static str;
 
-    fn cancellation_token(&self) -> CancellationToken {
-        self.handle.cancellation_token()
-    }
-
-    fn cut_off(slot: String) -> Box<dyn std::error::Error> {
-        tracing::warn!(key = %slot, "concurrency permit lost while the response body was sent: body cut off");
-        Box::new(redlock_http::LockLost::new(slot))
-    }
+    /// Its lock's handle (a permit's: its slot lock's).
+    fn handle(&self) -> &LockHandle;
 }
 
-/// What a [`HoldingBody`] keeps until its body ends: a [`LockGuard`], or a concurrency
-/// permit. Dropping it releases what it holds.
-pub trait BodyHold {
-    /// The held resource's name.
-    fn resource(&self) -> &str;
+impl<T: Release> BodyHold for Kept<T> {
+    const WHAT: &'static str = T::WHAT;
 
-    /// A token cancelled when what it holds is lost.
-    fn cancellation_token(&self) -> CancellationToken;
-
-    /// Logs that the loss of `resource` (already dropped) cut a body off, and gives the
-    /// error the body ends with.
-    fn cut_off(resource: String) -> Box<dyn std::error::Error>;
+    fn handle(&self) -> &LockHandle {
+        &self.handle
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -286,7 +323,7 @@ impl<B, H: BodyHold> HoldingBody<B, H> {
         let lost = held
             .as_ref()
             .filter(|_| abort_on_loss)
-            .map(|held| held.cancellation_token().cancelled_owned());
+            .map(|held| held.handle().cancellation_token().cancelled_owned());
         Self {
             body,
             hold: Holding::new(held, lost),
@@ -308,11 +345,12 @@ impl<B: MessageBody, H: BodyHold> MessageBody for HoldingBody<B, H> {
         let this = self.project();
         match this.hold.step(cx) {
             Step::Ended => return Poll::Ready(None),
-            // Released first, then the loss logged by `cut_off`.
+            // Released first, then the loss logged.
             Step::Lost(held) => {
-                let resource = held.resource().to_owned();
+                let key = held.handle().resource().to_owned();
                 drop(held);
-                return Poll::Ready(Some(Err(H::cut_off(resource))));
+                tracing::warn!(%key, "{} lost while the response body was sent: body cut off", H::WHAT);
+                return Poll::Ready(Some(Err(Box::new(LockLost::new(key)))));
             }
             _ => {}
         }
