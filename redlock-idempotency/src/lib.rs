@@ -126,6 +126,7 @@ use redlock_core::{ErrorClass, Redlock, RetryPolicy};
 
 mod fingerprint;
 mod key;
+pub mod middleware;
 mod record;
 mod refusal;
 mod response;
@@ -135,6 +136,7 @@ pub mod telemetry;
 
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use key::{DEFAULT_HEADER, DEFAULT_MAX_KEY_LEN, IdempotencyKey, record_id, scope_from_header};
+pub use middleware::{Admit, Collect, Decision, Reading, RequestHead, ScopeHook};
 pub use record::{Corrupt, Record, RecordState, StoredResponse};
 use refusal::counted;
 pub use refusal::{Refusal, RefusalKind};
@@ -445,6 +447,15 @@ impl Idempotency {
         Ok(room)
     }
 
+    /// Logs a misconfiguration ([`room`](Self::room)) at `error` level: every request
+    /// with a key would be answered `500`. The web crates call it where their middleware
+    /// is built, once every option is set.
+    pub fn check(&self) {
+        if let Err(error) = self.room() {
+            tracing::error!(%error, "idempotency misconfigured: every request with a key will be answered 500");
+        }
+    }
+
     /// The request header with the key, lower-cased.
     pub fn header_name(&self) -> &str {
         &self.inner.options.header
@@ -506,6 +517,16 @@ impl Idempotency {
     where
         H: Fn(&str) -> Vec<&'a [u8]>,
     {
+        self.fingerprint_head(method, target, &header)
+            .body(body)
+            .finish()
+    }
+
+    /// The fingerprint of a request's head: all but the body.
+    fn fingerprint_head<'a, H>(&self, method: &str, target: &str, header: &H) -> FingerprintBuilder
+    where
+        H: Fn(&str) -> Vec<&'a [u8]>,
+    {
         let mut builder = Fingerprint::builder(method, target);
         for name in &self.inner.options.fingerprint_headers {
             let values = header(name);
@@ -516,7 +537,7 @@ impl Idempotency {
                 builder = builder.header(name, value);
             }
         }
-        builder.body(body).finish()
+        builder
     }
 
     /// Decides a request with `key` in `scope` whose fingerprint is `fingerprint`:
@@ -542,7 +563,7 @@ impl Idempotency {
 
     /// The refusal of a request with a key but no scope, where a scope is configured
     /// (`400`), counted.
-    pub fn no_scope(&self) -> Refusal {
+    fn no_scope(&self) -> Refusal {
         counted(Refusal::bad_key(
             "The request names no scope for its idempotency key (the client, tenant or subject it is made for)."
                 .to_owned(),
@@ -551,7 +572,7 @@ impl Idempotency {
 
     /// The refusal of a request whose body is over
     /// [`max_request_body`](Self::max_request_body) (`413`), counted.
-    pub fn body_too_large(&self) -> Refusal {
+    fn body_too_large(&self) -> Refusal {
         counted(Refusal::body_too_large(self.inner.options.max_request_body))
     }
 
@@ -646,6 +667,7 @@ impl Idempotency {
             started_ms: now_ms(),
             started,
             runtime: tokio::runtime::Handle::try_current().ok(),
+            request_id: None,
         };
         let record = Record::in_flight(token, fingerprint, run.started_ms);
         // Dropping `run` on a refusal releases the lock.

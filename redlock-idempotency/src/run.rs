@@ -75,6 +75,9 @@ pub struct Run {
     pub(crate) started_ms: u64,
     pub(crate) started: Instant,
     pub(crate) runtime: Option<tokio::runtime::Handle>,
+    /// The request's id, for the problem of a response that fails
+    /// ([`Collect::failed`](crate::Collect::failed)).
+    pub(crate) request_id: Option<String>,
 }
 
 impl std::fmt::Debug for Run {

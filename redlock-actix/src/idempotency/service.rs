@@ -1,28 +1,25 @@
-//! [`IdempotencyService`]: one request through idempotency: read it whole, decide
-//! (the engine), run or replay, store the answer.
+//! [`IdempotencyService`]: actix's requests and responses to and from the engine's flow.
 
 use std::fmt;
-use std::future::poll_fn;
-use std::pin::Pin;
+use std::future::{poll_fn, ready};
 use std::rc::Rc;
-use std::task::{Context, Poll};
 
-use actix_web::body::{BodySize, BoxBody, EitherBody, MessageBody};
-use actix_web::dev::{Service, ServiceRequest, ServiceResponse, forward_ready};
+use actix_web::body::{BodySize, BodyStream, BoxBody, EitherBody, MessageBody};
+use actix_web::dev::{Payload, Service, ServiceRequest, ServiceResponse, forward_ready};
 use actix_web::http::StatusCode;
-use actix_web::http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
-use actix_web::web::{Bytes, BytesMut};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::web::Bytes;
 use actix_web::{HttpMessage, HttpResponse};
-use futures_util::StreamExt;
 use futures_util::future::LocalBoxFuture;
-use redlock_http::Problem;
-use redlock_idempotency::{Begin, REPLAYED_HEADER, Refusal, Replay, Run};
+use futures_util::{StreamExt, stream};
+use redlock_idempotency::{Admit, Collect, Decision, Refusal, RequestHead, Run, StoredResponse};
 use tokio::runtime::Handle;
 
+use super::IdempotencyMiddleware;
 use crate::config::AbortOnDrop;
 use crate::error::{problem_response, request_id};
 
-use super::IdempotencyMiddleware;
+type Answer<B> = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>;
 
 /// The service made by [`IdempotencyMiddleware`].
 pub struct IdempotencyService<S> {
@@ -32,9 +29,7 @@ pub struct IdempotencyService<S> {
 
 impl<S> fmt::Debug for IdempotencyService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyService")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
+        f.debug_struct("IdempotencyService").finish_non_exhaustive()
     }
 }
 
@@ -45,306 +40,147 @@ where
 {
     type Response = ServiceResponse<EitherBody<B>>;
     type Error = actix_web::Error;
-    type Future = LocalBoxFuture<'static, Result<Self::Response, Self::Error>>;
+    type Future = LocalBoxFuture<'static, Answer<B>>;
 
     forward_ready!(service);
 
-    fn call(&self, req: ServiceRequest) -> Self::Future {
-        let service = Rc::clone(&self.service);
-        let config = Rc::clone(&self.config);
-        Box::pin(async move { answer(&service, &config, req).await })
-    }
-}
-
-/// The answer to `req`: refused, replayed, passed through, or run by `service`.
-async fn answer<S, B>(
-    service: &S,
-    config: &IdempotencyMiddleware,
-    mut req: ServiceRequest,
-) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error>
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
-    B: MessageBody + 'static,
-{
-    let core = &config.core;
-    let values = req.headers().get_all(core.header_name());
-    let key = match core.key(values.map(HeaderValue::as_bytes)) {
-        Ok(Some(key)) => key,
-        // Optional and absent: the request goes through, unprotected.
-        Ok(None) => return Ok(service.call(req).await?.map_into_left_body()),
-        Err(refusal) => return Ok(refuse(req, refusal.problem)),
-    };
-    let scope = match &config.scope {
-        Some(scope) => match scope(req.request()) {
-            Some(scope) => Some(scope),
-            None => return Ok(refuse(req, core.no_scope().problem)),
-        },
-        None => None,
-    };
-
-    // The body, read whole to be fingerprinted, then handed back for the handler.
-    let limit = core.request_body_limit();
-    let announced = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    if announced.is_some_and(|len| len > limit) {
-        return Ok(refuse(req, core.body_too_large().problem));
-    }
-    let mut payload = req.take_payload();
-    let mut body = BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        match chunk {
-            Ok(chunk) if body.len() + chunk.len() > limit => {
-                return Ok(refuse(req, core.body_too_large().problem));
+    fn call(&self, mut req: ServiceRequest) -> Self::Future {
+        let (service, config) = (Rc::clone(&self.service), Rc::clone(&self.config));
+        Box::pin(async move {
+            // The target as the client sent it (actix shows it whole, under a scope too).
+            let uri = req.uri();
+            let shown = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
+            let target = redlock_http::key::sent_target(shown, None);
+            let headers = |name: &str| req.headers().get_all(name).map(|v| v.as_bytes()).collect();
+            let head = RequestHead::new(req.method().as_str(), target, headers);
+            let scope = config
+                .scope
+                .as_ref()
+                .map(|hook| || hook.scope(req.request()));
+            let mut reading = match config.core.admit(&head, scope) {
+                Admit::Read(reading) => reading,
+                Admit::Refuse(refusal) => return Ok(refuse(req, &refusal)),
+                // `PassThrough`: no key, and keys are optional.
+                _ => return Ok(service.call(req).await?.map_into_left_body()),
+            };
+            let mut payload = req.take_payload();
+            while let Some(chunk) = payload.next().await {
+                let chunk = chunk.map_err(|error| reading.unreadable(&error));
+                if let Err(refusal) = chunk.and_then(|chunk| reading.push(&chunk)) {
+                    return Ok(refuse(req, &refusal));
+                }
             }
-            Ok(chunk) => body.extend_from_slice(&chunk),
-            Err(error) => {
-                let id = request_id(req.request());
-                tracing::debug!(request_id = id.as_deref(), %error, "request body unreadable: idempotent request refused");
-                return Ok(refuse(req, Refusal::unreadable_body().problem));
+            let (body, decision) = reading.finish();
+            req.set_payload(Payload::from(body));
+            let runtime = match config.handle() {
+                Ok(runtime) => runtime,
+                Err(error) => return Ok(misconfigured(req, &error)),
+            };
+            // The decision runs on the long-lived runtime: so do the lock's watchdog and,
+            // when the run ends or is dropped, its release.
+            let run = match AbortOnDrop::spawn(&runtime, decision).await {
+                Ok(Decision::Run(run)) => run,
+                Ok(Decision::Replay(stored)) => {
+                    return Ok(req.into_response(replayed(stored)).map_into_right_body());
+                }
+                Ok(Decision::Refuse(refusal)) => return Ok(refuse(req, &refusal)),
+                Ok(other) => return Ok(misconfigured(req, &format!("{other:?}"))),
+                Err(error) => return Ok(misconfigured(req, &error)),
+            };
+            if let Some(lock) = run.handle() {
+                // For `web::ReqData<LockHandle>` and the `FencingToken` extractor.
+                req.extensions_mut().insert(lock);
             }
-        }
-    }
-    let body = body.freeze();
-    // The target as the client sent it (actix shows it whole, under a scope too), by
-    // the rule redlock-tower follows: the same request fingerprints alike in both.
-    let shown = req
-        .uri()
-        .path_and_query()
-        .map_or_else(|| req.path(), |pq| pq.as_str());
-    let target = redlock_http::key::sent_target(shown, None);
-    let fingerprint = core.fingerprint(
-        req.method().as_str(),
-        target,
-        |name| {
-            req.headers()
-                .get_all(name)
-                .map(HeaderValue::as_bytes)
-                .collect()
-        },
-        &body,
-    );
-    req.set_payload(actix_web::dev::Payload::from(body));
-
-    let runtime = match config.handle() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            tracing::error!(%error, "no runtime for the idempotency middleware: request refused");
-            return Ok(refuse(req, Refusal::misconfigured().problem));
-        }
-    };
-    // The decision runs on the long-lived runtime: so do the lock's watchdog and, when
-    // the run ends or is dropped, its release.
-    let begun = {
-        let core = core.clone();
-        AbortOnDrop::spawn(&runtime, async move {
-            core.begin(scope.as_deref(), &key, fingerprint).await
+            // An error (or this future dropped) drops `run`: its lock is released on the
+            // runtime it began on, and the record stays in flight (a retry runs again).
+            finish(service.call(req).await?, run, &runtime).await
         })
-        .await
-    };
-    let run = match begun {
-        Ok(Ok(Begin::Run(run))) => run,
-        Ok(Ok(Begin::Replay(replay))) => {
-            return Ok(req.into_response(replayed(&replay)).map_into_right_body());
-        }
-        Ok(Err(refusal)) => return Ok(refuse(req, refusal.problem)),
-        Ok(Ok(other)) => {
-            tracing::error!(decision = ?other, "an idempotency decision this version does not know: request refused");
-            return Ok(refuse(req, Refusal::misconfigured().problem));
-        }
-        Err(error) => {
-            tracing::error!(%error, "the idempotency decision's task failed: request refused");
-            return Ok(refuse(req, Refusal::misconfigured().problem));
-        }
-    };
-    if let Some(lock) = run.handle() {
-        // For `web::ReqData<LockHandle>` and the `FencingToken` extractor.
-        req.extensions_mut().insert(lock);
     }
-    // An error (or this future dropped) drops `run`: its lock is released on the
-    // runtime it began on, and the record stays in flight (a retry runs again).
-    let response = service.call(req).await?;
-    finish(response, run, &runtime).await
 }
 
-/// Records the handler's `response` through `run` (on `runtime`), then answers it.
-async fn finish<B>(
+/// The handler's `response` to `run`, read for the engine to store it (its final write
+/// on `runtime`), and answered whole in every case.
+async fn finish<B: MessageBody + 'static>(
     response: ServiceResponse<B>,
     run: Run,
     runtime: &Handle,
-) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error>
-where
-    B: MessageBody + 'static,
-{
-    let status = response.status().as_u16();
-    let headers: Vec<(String, Bytes)> = response
+) -> Answer<B> {
+    let len = match response.response().body().size() {
+        BodySize::Sized(len) => Some(len),
+        _ => None,
+    };
+    let headers = response
         .headers()
         .iter()
-        .map(|(name, value)| {
-            (
-                name.as_str().to_owned(),
-                Bytes::copy_from_slice(value.as_bytes()),
-            )
-        })
-        .collect();
-    if !run.stores(status) {
-        // Recorded "abandoned": the key's next request runs again.
-        end(runtime, run, status, headers, None).await;
-        return Ok(response.map_into_left_body());
-    }
-    let max = run.max_body();
-    let size = response.response().body().size();
-    if matches!(size, BodySize::Sized(len) if len > max as u64) {
-        // Known too large: sent as it is, not stored.
-        end(runtime, run, status, headers, None).await;
+        .map(|(n, v)| (n.as_str(), v.as_bytes()));
+    let mut collect = run.respond(response.status().as_u16(), headers, len);
+    if !collect.wants() {
+        // Not stored (by its status or its size): sent as it is.
+        write(runtime, collect).await;
         return Ok(response.map_into_left_body());
     }
     let (req, res) = response.into_parts();
     let (head, body) = res.into_parts();
-    match collect(body, max).await {
-        Collected::Whole(bytes) => {
-            end(runtime, run, status, headers, Some(bytes.clone())).await;
-            let res = head.set_body(BoxBody::new(bytes));
-            Ok(ServiceResponse::new(req, res).map_into_right_body())
-        }
-        Collected::TooLarge { read, rest } => {
-            end(runtime, run, status, headers, None).await;
-            let body = Prefixed {
-                prefix: Some(read),
-                rest,
-                size,
-            };
-            let res = head.set_body(BoxBody::new(body));
-            Ok(ServiceResponse::new(req, res).map_into_right_body())
-        }
-        Collected::Failed(error) => {
-            let id = request_id(&req);
-            tracing::warn!(id = run.id(), request_id = id.as_deref(), %error, "the response body failed before it could be stored: answered 500, and the key's next request runs again");
-            drop(run);
-            let problem = Refusal::response_failed().problem.with_request_id(id);
-            let res = problem_response(&problem);
-            Ok(ServiceResponse::new(req, res).map_into_right_body())
-        }
-    }
-}
-
-/// [`Run::finish`] on `runtime`, awaited (it goes on if this future is dropped).
-async fn end(
-    runtime: &Handle,
-    run: Run,
-    status: u16,
-    headers: Vec<(String, Bytes)>,
-    body: Option<Bytes>,
-) {
-    let id = run.id().to_owned();
-    let task = runtime.spawn(run.finish(status, headers, body));
-    if let Err(error) = task.await {
-        tracing::error!(%id, %error, "the idempotent request's final write failed to run: a retry runs again once the lock expires");
-    }
-}
-
-/// What [`collect`] read of a body.
-enum Collected<B> {
-    /// The whole body.
-    Whole(Bytes),
-    /// More than the limit: what was read, and the rest.
-    TooLarge {
-        read: Bytes,
-        rest: Option<Pin<Box<B>>>,
-    },
-    /// The body failed.
-    Failed(Box<dyn std::error::Error>),
-}
-
-/// Reads `body` to its end, or until more than `max` bytes were read.
-async fn collect<B: MessageBody>(body: B, max: usize) -> Collected<B> {
-    let body = match body.try_into_bytes() {
-        Ok(bytes) if bytes.len() <= max => return Collected::Whole(bytes),
-        Ok(bytes) => {
-            return Collected::TooLarge {
-                read: bytes,
-                rest: None,
-            };
-        }
-        Err(body) => body,
-    };
-    let mut body = Box::pin(body);
-    let mut read = BytesMut::new();
-    loop {
-        match poll_fn(|cx| body.as_mut().poll_next(cx)).await {
-            None => return Collected::Whole(read.freeze()),
-            Some(Ok(chunk)) => {
-                read.extend_from_slice(&chunk);
-                if read.len() > max {
-                    return Collected::TooLarge {
-                        read: read.freeze(),
-                        rest: Some(body),
-                    };
-                }
+    let mut rest = Box::pin(body);
+    while collect.wants() {
+        match poll_fn(|cx| rest.as_mut().poll_next(cx)).await {
+            Some(Ok(chunk)) => collect.push(&chunk),
+            Some(Err(error)) => {
+                let res = problem_response(&collect.failed(&error.into()).problem);
+                return Ok(ServiceResponse::new(req, res).map_into_right_body());
             }
-            Some(Err(error)) => return Collected::Failed(error.into()),
-        }
-    }
-}
-
-/// A body: the bytes already read, then the rest.
-struct Prefixed<B> {
-    prefix: Option<Bytes>,
-    rest: Option<Pin<Box<B>>>,
-    size: BodySize,
-}
-
-impl<B: MessageBody> MessageBody for Prefixed<B> {
-    type Error = B::Error;
-
-    fn size(&self) -> BodySize {
-        match self.size {
-            BodySize::Sized(len) => BodySize::Sized(len),
-            _ => BodySize::Stream,
-        }
-    }
-
-    fn poll_next(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
-        let this = self.get_mut();
-        if let Some(prefix) = this.prefix.take() {
-            return Poll::Ready(Some(Ok(prefix)));
-        }
-        match this.rest.as_mut() {
-            Some(rest) => rest.as_mut().poll_next(cx),
-            None => Poll::Ready(None),
-        }
-    }
-}
-
-/// The response to replay, marked with [`REPLAYED_HEADER`].
-fn replayed(replay: &Replay) -> HttpResponse {
-    let status = StatusCode::from_u16(replay.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = HttpResponse::with_body(status, BoxBody::new(replay.body().clone()));
-    let headers = response.headers_mut();
-    for (name, value) in replay.headers() {
-        // A header this version of actix cannot parse is left out.
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) else {
-            continue;
+            None => break,
         };
-        headers.append(name, value);
     }
-    headers.insert(
-        HeaderName::from_static(REPLAYED_HEADER),
-        HeaderValue::from_static("true"),
-    );
+    let whole = collect.wants();
+    let read = write(runtime, collect).await;
+    let body = match whole {
+        true => BoxBody::new(read),
+        // Too large: what was read, then the rest.
+        false => {
+            let rest = stream::poll_fn(move |cx| rest.as_mut().poll_next(cx));
+            BoxBody::new(BodyStream::new(stream::once(ready(Ok(read))).chain(rest)))
+        }
+    };
+    Ok(ServiceResponse::new(req, head.set_body(body)).map_into_right_body())
+}
+
+/// The run's final write on `runtime`, awaited (it goes on if this future is dropped);
+/// what was read of the body.
+async fn write(runtime: &Handle, collect: Collect) -> Bytes {
+    let (read, write) = collect.finish();
+    if let Err(error) = runtime.spawn(write).await {
+        tracing::error!(%error, "the idempotent request's final write failed to run: a retry runs again once the lock expires");
+    }
+    read
+}
+
+/// The engine's replay as a response (a header actix cannot take is left out).
+fn replayed(stored: StoredResponse) -> HttpResponse {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::with_body(status, BoxBody::new(stored.body));
+    *response.headers_mut() = (stored.headers.into_iter())
+        .filter_map(|(name, value)| {
+            let name = HeaderName::try_from(name).ok()?;
+            Some((name, HeaderValue::from_maybe_shared(value).ok()?))
+        })
+        .collect();
     response
 }
 
-/// `req` answered with `problem`, with the request's id.
-fn refuse<B>(req: ServiceRequest, problem: Problem) -> ServiceResponse<EitherBody<B>> {
-    let id = request_id(req.request());
-    req.into_response(problem_response(&problem.with_request_id(id)))
+/// `req` answered with the refusal's problem.
+fn refuse<B>(req: ServiceRequest, refusal: &Refusal) -> ServiceResponse<EitherBody<B>> {
+    req.into_response(problem_response(&refusal.problem))
         .map_into_right_body()
+}
+
+/// `req` refused as misconfigured (`500`), the cause logged.
+fn misconfigured<B>(
+    req: ServiceRequest,
+    error: &dyn fmt::Display,
+) -> ServiceResponse<EitherBody<B>> {
+    tracing::error!(%error, "the idempotency middleware cannot decide: request refused");
+    let mut refusal = Refusal::misconfigured();
+    refusal.problem = refusal.problem.with_request_id(request_id(req.request()));
+    refuse(req, &refusal)
 }

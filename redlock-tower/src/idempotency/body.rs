@@ -7,50 +7,15 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
 use redlock_core::BoxError;
 
-pin_project! {
-    /// The response body of an [`IdempotencyService`](super::IdempotencyService): the
-    /// inner service's body as it is (a request without a key, a response not stored),
-    /// a body in one piece (a replay, a stored first response, a refusal), or the bytes
-    /// already read followed by the rest of the inner body (a response too large to
-    /// store: no byte is lost).
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use http_body_util::{BodyExt, Full};
-    /// use redlock_tower::idempotency::IdempotentBody;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let body = IdempotentBody::with_prefix(Bytes::from("hello, "), Full::new(Bytes::from("world")));
-    /// assert_eq!(body.collect().await.unwrap().to_bytes(), "hello, world");
-    /// # }
-    /// ```
-    pub struct IdempotentBody<B> {
-        #[pin]
-        kind: Kind<B>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    enum Kind<B> {
-        Full {
-            data: Option<Bytes>,
-            trailers: Option<HeaderMap>,
-        },
-        Inner {
-            #[pin]
-            body: B,
-        },
-        // Boxed: the inner body was pinned while its first frames were read.
-        Prefix {
-            prefix: Option<Bytes>,
-            body: Pin<Box<B>>,
-        },
-    }
+/// The response body of an [`IdempotencyService`](super::IdempotencyService): a body in
+/// one piece (a replay, a stored response, a refusal), or the bytes already read (none
+/// for a response not read) followed by the rest of the inner body: no byte is lost.
+pub struct IdempotentBody<B> {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+    rest: Option<Pin<Box<B>>>,
 }
 
 impl<B> IdempotentBody<B> {
@@ -61,19 +26,12 @@ impl<B> IdempotentBody<B> {
 
     /// A body in one piece, then `trailers` (the inner body's, when it had some).
     pub(crate) fn full_with_trailers(data: Bytes, trailers: Option<HeaderMap>) -> Self {
-        Self {
-            kind: Kind::Full {
-                data: (!data.is_empty()).then_some(data),
-                trailers,
-            },
-        }
+        Self::from_parts(data, trailers, None)
     }
 
     /// The inner service's body, unchanged.
     pub fn new(body: B) -> Self {
-        Self {
-            kind: Kind::Inner { body },
-        }
+        Self::with_prefix(Bytes::new(), body)
     }
 
     /// `prefix` (bytes already read from `body`), then the rest of `body`.
@@ -83,26 +41,22 @@ impl<B> IdempotentBody<B> {
 
     /// [`with_prefix`](Self::with_prefix) with a body already pinned.
     pub(crate) fn with_pinned_prefix(prefix: Bytes, body: Pin<Box<B>>) -> Self {
+        Self::from_parts(prefix, None, Some(body))
+    }
+
+    fn from_parts(data: Bytes, trailers: Option<HeaderMap>, rest: Option<Pin<Box<B>>>) -> Self {
+        let data = (!data.is_empty()).then_some(data);
         Self {
-            kind: Kind::Prefix {
-                prefix: (!prefix.is_empty()).then_some(prefix),
-                body,
-            },
+            data,
+            trailers,
+            rest,
         }
     }
 }
 
 impl<B> fmt::Debug for IdempotentBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (kind, len) = match &self.kind {
-            Kind::Full { data, .. } => ("full", data.as_ref().map_or(0, Bytes::len)),
-            Kind::Inner { .. } => ("inner", 0),
-            Kind::Prefix { prefix, .. } => ("prefix", prefix.as_ref().map_or(0, Bytes::len)),
-        };
-        f.debug_struct("IdempotentBody")
-            .field("kind", &kind)
-            .field("buffered", &len)
-            .finish()
+        f.debug_struct("IdempotentBody").finish_non_exhaustive()
     }
 }
 
@@ -118,98 +72,31 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Full { data, trailers } => {
-                if let Some(data) = data.take() {
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
-            }
-            KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
-            KindProj::Prefix { prefix, body } => {
-                if let Some(prefix) = prefix.take() {
-                    return Poll::Ready(Some(Ok(Frame::data(prefix))));
-                }
-                body.as_mut().poll_frame(cx).map_err(Into::into)
-            }
+        let this = self.get_mut();
+        if let Some(data) = this.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        match this.rest.as_mut() {
+            Some(rest) => rest.as_mut().poll_frame(cx).map_err(Into::into),
+            None => Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
-            Kind::Inner { body } => body.is_end_stream(),
-            Kind::Prefix { prefix, body } => prefix.is_none() && body.is_end_stream(),
-        }
+        let rest_ended = self.rest.as_ref().is_none_or(|rest| rest.is_end_stream());
+        self.data.is_none() && self.trailers.is_none() && rest_ended
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Full { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-            Kind::Inner { body } => body.size_hint(),
-            Kind::Prefix { prefix, body } => {
-                let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
-                let inner = body.size_hint();
-                let mut hint = SizeHint::new();
-                hint.set_lower(inner.lower().saturating_add(extra));
-                if let Some(upper) = inner.upper() {
-                    hint.set_upper(upper.saturating_add(extra));
-                }
-                hint
-            }
+        let read = self.data.as_ref().map_or(0, |d| d.len() as u64);
+        let mut hint = self
+            .rest
+            .as_ref()
+            .map_or(SizeHint::with_exact(0), |r| r.size_hint());
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper.saturating_add(read));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use http_body_util::{BodyExt, Empty, Full};
-
-    use super::*;
-
-    #[tokio::test]
-    async fn full_prefix_and_inner_bodies() {
-        let full: IdempotentBody<Empty<Bytes>> = IdempotentBody::full(Bytes::from("abc"));
-        assert_eq!(full.size_hint().exact(), Some(3));
-        assert!(!full.is_end_stream());
-        assert_eq!(
-            full.collect().await.ok().map(|c| c.to_bytes()),
-            Some(Bytes::from("abc"))
-        );
-
-        let empty: IdempotentBody<Empty<Bytes>> = IdempotentBody::full(Bytes::new());
-        assert!(empty.is_end_stream());
-        assert_eq!(empty.size_hint().exact(), Some(0));
-
-        let prefixed = IdempotentBody::with_prefix(Bytes::from("ab"), Full::new(Bytes::from("cd")));
-        assert_eq!(prefixed.size_hint().exact(), Some(4));
-        assert!(!prefixed.is_end_stream());
-        assert_eq!(
-            prefixed.collect().await.ok().map(|c| c.to_bytes()),
-            Some(Bytes::from("abcd"))
-        );
-
-        let inner = IdempotentBody::new(Full::new(Bytes::from("xyz")));
-        assert_eq!(inner.size_hint().exact(), Some(3));
-        assert_eq!(
-            inner.collect().await.ok().map(|c| c.to_bytes()),
-            Some(Bytes::from("xyz"))
-        );
-
-        let mut trailers = HeaderMap::new();
-        trailers.insert("x-checksum", http::HeaderValue::from_static("1"));
-        let with_trailers: IdempotentBody<Empty<Bytes>> =
-            IdempotentBody::full_with_trailers(Bytes::from("a"), Some(trailers));
-        let collected = with_trailers.collect().await.ok();
-        assert_eq!(
-            collected
-                .as_ref()
-                .and_then(|c| c.trailers())
-                .and_then(|t| t.get("x-checksum"))
-                .map(|v| v.as_bytes()),
-            Some(&b"1"[..])
-        );
+        hint.set_lower(hint.lower().saturating_add(read));
+        hint
     }
 }
