@@ -1,23 +1,5 @@
-//! [`LockBody`]: the response body of a [`LockService`](crate::lock::LockService).
-//!
-//! It is either the service's own body, carrying the request's lock until the last
-//! frame has been produced (or the body is dropped, e.g. when the client went away), or
-//! the body of a rejection (a problem+json document, in one frame).
-//!
-//! ```
-//! use bytes::Bytes;
-//! use http_body_util::{BodyExt, Full};
-//! use redlock_tower::LockBody;
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! // Without a lock (a request that needed none) it is the inner body, unchanged.
-//! let body = LockBody::unlocked(Full::new(Bytes::from("hello")));
-//! assert!(!body.holds_lock());
-//! let bytes = body.collect().await.unwrap().to_bytes();
-//! assert_eq!(bytes, "hello");
-//! # }
-//! ```
+//! [`LockBody`]: the response body of a lock's or a limit's service, and [`LockLost`],
+//! the error it ends with when its lock is lost under `abort_on_loss`.
 
 use std::fmt;
 use std::pin::Pin;
@@ -27,16 +9,15 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::guard::Guard;
-
 use redlock_core::BoxError;
-
 pub use redlock_http::LockLost;
 
+use crate::guard::Guard;
+
 pin_project! {
-    /// The response body of a [`LockService`](crate::lock::LockService): the inner service's
-    /// body (holding the request's lock, by default, until it ends or is dropped) or a
-    /// rejection's body. See the [module documentation](self).
+    /// The response body of a [`LockService`](crate::lock::LockService) (or a limit's):
+    /// the inner service's body, holding the request's lock (by default) until its last
+    /// frame is out or it is dropped, or a refusal's body in one frame.
     pub struct LockBody<B> {
         #[pin]
         kind: Kind<B>,

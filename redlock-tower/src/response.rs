@@ -1,12 +1,8 @@
 //! Refusals: the responses a layer answers with instead of calling the service.
 //!
-//! Every refusal is a [`Refusal`] (from [`redlock_http`], so that `redlock-actix`
-//! answers the same way: one [`RefusalKind`] vocabulary for the lock, the concurrency
-//! limit and idempotency) and is rendered, by default, as an
-//! `application/problem+json` body with the problem's status and, where the client may
-//! retry, a `Retry-After` header in seconds. The table of kinds and statuses is
-//! [`RefusalKind`]'s. [`LockLayer::on_refusal`](crate::LockLayer::on_refusal) replaces
-//! the rendering.
+//! A [`Refusal`] (one vocabulary with `redlock-actix`: [`RefusalKind`] has the table of
+//! kinds and statuses) is rendered by default by [`problem_response`]; a layer's
+//! `on_refusal` hook replaces it.
 //!
 //! ```
 //! use std::time::Duration;
@@ -18,7 +14,6 @@
 //! assert_eq!(response.status(), 409);
 //! assert_eq!(response.headers()["retry-after"], "3");
 //! assert_eq!(response.headers()["content-type"], "application/problem+json");
-//! assert!(response.body().starts_with(br#"{"type":"urn:redlock:busy""#));
 //! ```
 
 use std::sync::Arc;
@@ -28,19 +23,21 @@ use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use redlock_http::{Problem, problem};
 
+pub use redlock_http::{Refusal, RefusalKind};
+
 /// What a refusal hook returns: a complete response with its body in one piece.
 pub type RefusalResponse = Response<Bytes>;
 
-/// The hook set with [`LockLayer::on_refusal`](crate::LockLayer::on_refusal).
+/// A layer's refusal hook (`on_refusal`).
 pub(crate) type OnRefusal = Arc<dyn Fn(&Refusal) -> RefusalResponse + Send + Sync>;
 
-pub use redlock_http::{Refusal, RefusalKind};
-
-/// `problem` as an HTTP response: its status, `Content-Type: application/problem+json`,
-/// `Retry-After` in whole seconds (rounded up) when it has one, and the JSON body.
+/// `problem` as an HTTP response: its status ([`Problem::http_status`]),
+/// `Content-Type: application/problem+json`, `Retry-After` in whole seconds (rounded
+/// up) when it has one, and the JSON body.
 pub fn problem_response(problem: &Problem) -> RefusalResponse {
     let mut response = Response::new(Bytes::from(problem.to_json()));
-    *response.status_mut() = status_of(problem);
+    *response.status_mut() =
+        StatusCode::from_u16(problem.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let headers = response.headers_mut();
     headers.insert(
         CONTENT_TYPE,
@@ -50,33 +47,4 @@ pub fn problem_response(problem: &Problem) -> RefusalResponse {
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
     }
     response
-}
-
-/// The status of `problem` ([`Problem::http_status`]).
-pub(crate) fn status_of(problem: &Problem) -> StatusCode {
-    StatusCode::from_u16(problem.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[test]
-    fn renders_status_headers_and_body() {
-        let r = problem_response(&Problem::unavailable("down".into(), None));
-        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(r.headers()[RETRY_AFTER], "1");
-        assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
-        assert!(String::from_utf8_lossy(r.body()).contains(r#""status":503"#));
-
-        let r = problem_response(&Problem::bad_key("no key".into()));
-        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-        assert!(r.headers().get(RETRY_AFTER).is_none());
-
-        let mut odd = Problem::busy(String::new(), Some(Duration::from_secs(4)));
-        odd.status = 1000; // not an HTTP status
-        assert_eq!(problem_response(&odd).status(), 500);
-    }
 }

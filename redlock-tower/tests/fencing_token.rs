@@ -207,4 +207,13 @@ fn from_request_tells_a_request_without_a_lock() {
     assert_eq!(rejection.reason(), MissingToken::NoLock);
     assert_eq!(rejection.request_id(), Some("plain-1"));
     assert_eq!(rejection.to_response().status(), 500);
+    // The client's answer names none of the settings; the log's (`Display`) does.
+    let json = rejection.problem().to_json();
+    assert!(json.contains(r#""status":500"#), "{json}");
+    assert!(json.contains(r#""request_id":"plain-1""#), "{json}");
+    assert!(
+        !json.contains("LockLayer") && !json.contains("route_layer"),
+        "{json}"
+    );
+    assert!(rejection.to_string().contains("route_layer"));
 }

@@ -58,3 +58,33 @@ async fn refusals_carry_no_internals_and_the_holders_remaining_time() {
     redlock_testkit::refusals::check(&cluster, &redlock, |order, id| pay(url.clone(), order, id))
         .await;
 }
+
+/// `problem_response`: the problem's status, `Content-Type`, `Retry-After` in whole
+/// seconds when it has one, and the JSON body; a status that is none is a 500.
+#[test]
+fn problem_responses_carry_status_headers_and_body() {
+    use redlock_http::Problem;
+    use redlock_tower::response::problem_response;
+
+    let r = problem_response(&Problem::unavailable("down".into(), None));
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert!(String::from_utf8_lossy(r.body()).contains(r#""status":503"#));
+
+    let r = problem_response(&Problem::bad_key("no key".into()));
+    assert_eq!(r.status(), 400);
+    assert!(r.headers().get("retry-after").is_none());
+
+    let busy = Problem::busy(
+        "order:42 is being paid".into(),
+        Some(Duration::from_millis(2500)),
+    );
+    let r = problem_response(&busy);
+    assert_eq!(r.headers()["retry-after"], "3");
+    assert!(r.body().starts_with(br#"{"type":"urn:redlock:busy""#));
+
+    let mut odd = Problem::busy(String::new(), Some(Duration::from_secs(4)));
+    odd.status = 1000; // not an HTTP status
+    assert_eq!(problem_response(&odd).status(), 500);
+}

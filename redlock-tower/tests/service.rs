@@ -51,6 +51,18 @@ where
     String::from_utf8(bytes.to_vec()).unwrap()
 }
 
+/// A body made without a lock (a request that needed none) is the inner body as it is;
+/// a refusal's is one frame.
+#[tokio::test]
+async fn bodies_without_a_lock() {
+    let body = LockBody::unlocked(http_body_util::Full::new(Bytes::from("hello")));
+    assert!(!body.holds_lock() && !body.is_rejection());
+    assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
+    let refusal = LockBody::<http_body_util::Empty<Bytes>>::full("no");
+    assert!(refusal.is_rejection());
+    assert_eq!(refusal.collect().await.unwrap().to_bytes(), "no");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_status_and_rejection_hook() {
     let cluster = Cluster::start(3).await;

@@ -1,7 +1,11 @@
-//! The built-in extractors.
+//! The built-in extractors and key closures, without a server: their keys, and which
+//! requests they pass or refuse.
 
-use super::*;
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use http::Request;
 use redlock_http::Problem;
+use redlock_tower::extract::{BadKey, Global, Header, Key, KeyExtractor, PathPrefix, from_fn};
 
 fn req(path: &str) -> Request<()> {
     Request::get(path).body(()).unwrap()
@@ -131,4 +135,59 @@ fn values_are_escaped_by_the_rule_of_both_web_crates() {
         PathPrefix::new("/o").extract(&req("/o/a:b/pay")),
         Key::Lock("/o/a%3Ab".into())
     );
+}
+
+/// `PathParam`'s key for `path` on an axum route `template`, as a handler on the route
+/// sees it (axum puts the matched route into the request): the key, `pass`, or the
+/// rejection's status.
+async fn param_key(template: &str, name: &str, path: &str) -> String {
+    use axum::Router;
+    use axum::routing::get;
+    use redlock_tower::extract::PathParam;
+    use tower::ServiceExt;
+
+    let param = PathParam::new(name);
+    let app: Router = Router::new().route(
+        template,
+        get(move |request: axum::extract::Request| async move {
+            match param.extract(&request) {
+                Key::Lock(key) => key,
+                Key::Pass => "pass".to_owned(),
+                Key::Reject(problem) => format!("rejected {}", problem.status),
+                _ => "other".to_owned(),
+            }
+        }),
+    );
+    let request = Request::get(path).body(axum::body::Body::empty()).unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    let body = axum::body::to_bytes(response.into_body(), 1024)
+        .await
+        .unwrap();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn path_parameters_are_read_from_the_matched_route() {
+    for (template, name, path, key) in [
+        ("/orders/{id}/pay", "id", "/orders/42/pay", "42"),
+        ("/t/{tenant}/o/{id}", "tenant", "/t/acme/o/7", "acme"),
+        ("/t/{tenant}/o/{id}", "id", "/t/acme/o/7", "7"),
+        ("/files/{*path}", "path", "/files/a/b%20c", "a/b c"),
+        ("/orders/{id}", "id", "/orders/%E2%82%AC", "€"),
+        ("/orders/{id}", "id", "/orders/a%3Ab", "a%3Ab"),
+        ("/orders/{id}", "id", "/orders/a:b", "a%3Ab"),
+        ("/orders/{id}", "id", "/orders/100%", "100%25"),
+        ("/orders/{id}", "id", "/orders/%FF", "rejected 400"),
+        // The server's mistake: the route has no such parameter.
+        ("/orders/{id}", "other", "/orders/42", "rejected 500"),
+    ] {
+        assert_eq!(
+            param_key(template, name, path).await,
+            key,
+            "{template} {path}"
+        );
+    }
+    // Outside a router (or before routing): no matched route, the server's mistake.
+    let outside = redlock_tower::extract::PathParam::new("id").extract(&req("/orders/1"));
+    assert_eq!(outside.rejection().map(|p| p.status), Some(500));
 }
