@@ -4,9 +4,11 @@
 //!
 //! This crate is the framework-free engine: the options ([`Idempotency`], one type,
 //! with its defaults and setters), the key rule, the fingerprint, the decision
-//! ([`Idempotency::begin`]), the records and their stores; its refusals are
-//! `redlock-http`'s vocabulary ([`Refusal`], [`RefusalKind`]). The middleware in the web
-//! crates takes an [`Idempotency`] and only translates requests and responses:
+//! ([`Idempotency::begin`]), a request's whole flow through the middleware (the
+//! [`middleware`] module: [`Idempotency::admit`] to [`Collect::finish`]), the records
+//! and their stores; its refusals are `redlock-http`'s vocabulary ([`Refusal`],
+//! [`RefusalKind`]). The middleware in the web crates takes an [`Idempotency`] and only
+//! translates requests, responses and bodies:
 //! `redlock_tower::IdempotencyLayer::new(idempotency)` (axum, hyper, tonic) and
 //! `redlock_actix::IdempotencyMiddleware::new(idempotency)` (actix-web). It is a crate
 //! of its own, above `redlock-http` (which it depends on for the problem bodies, the key

@@ -500,3 +500,56 @@ async fn keys_are_a_token_or_a_quoted_string() {
     assert_eq!(headers[REPLAYED_HEADER], "true");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A stored response keeps its trailers in the first answer; the middleware's bodies send
+/// every byte they were given (in one piece, or what was read, then the rest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_response_keeps_its_trailers_and_no_byte_is_lost() {
+    use http_body::Body as _;
+    use http_body_util::{BodyExt, Empty, Full, StreamBody};
+    use redlock_tower::idempotency::IdempotentBody;
+    use std::convert::Infallible;
+
+    let servers = Servers::start().await;
+    let handler = tower::service_fn(|_: Request| async {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", http::HeaderValue::from_static("1"));
+        let frames = [
+            Ok::<_, Infallible>(http_body::Frame::data(Bytes::from("ab"))),
+            Ok(http_body::Frame::trailers(trailers)),
+        ];
+        let body = StreamBody::new(futures_util::stream::iter(frames));
+        Ok::<_, Infallible>(http::Response::new(body))
+    });
+    let service = tower::ServiceBuilder::new()
+        .layer(servers.layer().await)
+        .service(handler);
+    let response = service.oneshot(request(Some("trailers-1"), "x")).await;
+    let collected = response.unwrap().into_body().collect().await.unwrap();
+    let checksum = collected
+        .trailers()
+        .and_then(|t| t.get("x-checksum"))
+        .cloned();
+    assert_eq!(
+        (checksum.unwrap(), collected.to_bytes()),
+        ("1".parse().unwrap(), "ab".into())
+    );
+
+    let full: IdempotentBody<Empty<Bytes>> = IdempotentBody::full(Bytes::from("abc"));
+    assert_eq!(
+        (full.size_hint().exact(), full.is_end_stream()),
+        (Some(3), false)
+    );
+    assert_eq!(full.collect().await.unwrap().to_bytes(), "abc");
+    let empty: IdempotentBody<Empty<Bytes>> = IdempotentBody::full(Bytes::new());
+    assert_eq!(
+        (empty.size_hint().exact(), empty.is_end_stream()),
+        (Some(0), true)
+    );
+    let prefixed = IdempotentBody::with_prefix(Bytes::from("ab"), Full::new(Bytes::from("cd")));
+    assert_eq!(prefixed.size_hint().exact(), Some(4));
+    assert_eq!(prefixed.collect().await.unwrap().to_bytes(), "abcd");
+    let inner = IdempotentBody::new(Full::new(Bytes::from("xyz")));
+    assert_eq!(inner.size_hint().exact(), Some(3));
+    assert_eq!(inner.collect().await.unwrap().to_bytes(), "xyz");
+}
