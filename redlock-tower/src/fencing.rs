@@ -10,16 +10,12 @@ use redlock_http::Problem;
 
 use crate::response::{RefusalResponse, problem_response};
 
-/// The fencing token of the request's lock: strictly greater for every new holder of
-/// the key, to pass with each write so that the storage refuses a writer whose lock has
-/// expired and been taken since (`redlock-fence`). It exists under a
-/// [`LockLayer`](crate::LockLayer) taking its locks with
-/// [`fencing`](crate::LockOptions::fencing).
+/// The fencing token of the request's lock (under a [`LockLayer`](crate::LockLayer) with
+/// [`fencing`](crate::LockOptions::fencing) on), to pass with each write so that the
+/// storage refuses a writer whose lock has expired and been taken since.
 ///
-/// An axum 0.8 handler (feature `axum`) takes it as an argument; without a token the
-/// handler is not called, the client gets a [`FencingTokenRejection`] and the log the
-/// cause and its fix. Elsewhere (hyper, tonic), call [`from_request`](Self::from_request).
-/// See the [guide](crate::_guide#fencing-tokens).
+/// An axum 0.8 handler (feature `axum`) takes it as an argument; hyper and tonic call
+/// [`from_request`](Self::from_request). See the [guide](crate::_guide#fencing-tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(pub u64);
 
