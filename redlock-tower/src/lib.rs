@@ -52,12 +52,9 @@ mod middleware;
 pub mod response;
 mod target;
 
-pub use body::LockBody;
-pub use fencing::FencingToken;
+pub use self::{body::LockBody, fencing::FencingToken, limit::ClusterLimitLayer, lock::LockLayer};
 #[cfg(feature = "idempotency")]
 pub use idempotency::IdempotencyLayer;
-pub use limit::ClusterLimitLayer;
-pub use lock::LockLayer;
 pub use redlock_http::{Hold, LimitOptions, LockOptions, Refusal, RefusalKind};
 
 #[doc = include_str!("../guides/TOWER.md")]
