@@ -37,7 +37,8 @@ const SWEEP_BATCH: i64 = 1000;
 /// | `expires_ms` | `BIGINT`, indexed | when it expires, Unix milliseconds |
 ///
 /// Expired rows are never read. They are deleted by a sweep that runs at most once a
-/// minute per store, in the background of a request, 1,000 rows at a time
+/// minute per store (the first a minute after it is made), in the background of a
+/// request, 1,000 rows at a time
 /// ([`sweep`](Self::sweep) runs one now). Clocks: `expires_ms` is the writing replica's
 /// clock; replicas whose clocks differ by seconds see a 24 h record expire seconds apart.
 ///
@@ -146,7 +147,9 @@ impl SqlStore {
             pool,
             table: DEFAULT_TABLE.to_owned(),
             statements: Arc::new(Statements::new(DEFAULT_TABLE)),
-            last_sweep_ms: Arc::new(AtomicU64::new(0)),
+            // The first sweep comes a minute after the store is made, as every later one:
+            // an explicit `sweep` right after making it counts every row it deletes.
+            last_sweep_ms: Arc::new(AtomicU64::new(u64::try_from(now_ms()).unwrap_or(0))),
         }
     }
 
