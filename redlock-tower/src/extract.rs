@@ -209,3 +209,19 @@ fn param_value(template: &str, path: &str, name: &str) -> Option<String> {
     }
     None
 }
+
+/// What no axum 0.8 route reaches (the router refuses the template, or has matched the
+/// path already); the rest is tested through a router, in `tests/extract.rs`.
+#[cfg(all(test, feature = "axum"))]
+mod tests {
+    #[test]
+    fn a_parameter_sharing_its_segment_or_a_path_that_does_not_fit() {
+        let value = super::param_value;
+        assert_eq!(
+            value("/r/{name}.json", "/r/x.json", "name").as_deref(),
+            Some("x")
+        );
+        assert_eq!(value("/r/{name}.json", "/r/x.xml", "name"), None);
+        assert_eq!(value("/orders/{id}", "/orders", "id"), None);
+    }
+}
