@@ -8,8 +8,8 @@ use std::time::Duration;
 use redis::Value;
 
 use super::groups::{rw_key, size_key, slot_of};
-use super::listing::{glob_escape, scan};
-use super::{INSPECT_TIMEOUT, only_reply};
+use super::listing::scan;
+use super::{INSPECT_TIMEOUT, glob_escape, only_reply};
 use crate::client::Redlock;
 use crate::error::{ArgumentError, Error, NodeError, NodeFailure};
 use crate::node::Node;

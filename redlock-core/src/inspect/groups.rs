@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use redis::RedisResult;
 
-use super::listing::{HeldLock, quorum_validity};
+use super::held::{HeldLock, quorum_validity};
 use crate::client::Redlock;
 use crate::error::NodeError;
 use crate::node::Node;
@@ -216,10 +216,7 @@ pub(super) fn split(all: Vec<HeldLock>, prefix: &str) -> Split {
 /// (`SCAN MATCH`), and the name of the lock a matching key belongs to, if it is the
 /// readers' set or the waiting writer's mark (reader keys and fences are skipped).
 pub(super) fn rw_pattern(key_start: &str, escaped_prefix: &str) -> String {
-    format!(
-        "{}{escaped_prefix}*{RW}}}:*",
-        super::listing::glob_escape(key_start)
-    )
+    format!("{}{escaped_prefix}*{RW}}}:*", super::glob_escape(key_start))
 }
 
 /// The read-write lock's name of a readers' set or waiting writer's mark key.
@@ -279,7 +276,7 @@ struct RwSeen {
 }
 
 /// Asks `node` about the semaphores `semaphores` and read-write locks `rw` (one
-/// pipeline per [`DETAIL_BATCH`](super::listing::DETAIL_BATCH) of each).
+/// pipeline per [`DETAIL_BATCH`](super::DETAIL_BATCH) of each).
 pub(super) async fn detail(
     node: &Node,
     shared: &Shared,
@@ -288,7 +285,7 @@ pub(super) async fn detail(
     timeout: Duration,
 ) -> Result<GroupView, NodeError> {
     let mut view = GroupView::default();
-    for names in semaphores.chunks(super::listing::DETAIL_BATCH) {
+    for names in semaphores.chunks(super::DETAIL_BATCH) {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for name in names {
@@ -304,7 +301,7 @@ pub(super) async fn detail(
             view.sizes.push(size);
         }
     }
-    for names in rw.chunks(super::listing::DETAIL_BATCH) {
+    for names in rw.chunks(super::DETAIL_BATCH) {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for name in names {

@@ -45,15 +45,15 @@
 mod force;
 mod groups;
 mod health;
+mod held;
 mod listing;
 
 pub use self::force::{ForceReleased, RwReleased, SemaphoreReleased, SlotReleased};
 pub use self::groups::{HeldReader, HeldRwLock, HeldSemaphore, HeldSlot, SIZE_TTL};
 pub(crate) use self::groups::{SIZE_REFRESH, record_size};
 pub use self::health::NodeHealth;
-pub use self::listing::{
-    Agreement, DEFAULT_LIST_LIMIT, HeldLock, ListLocks, LockListing, NodeLock,
-};
+pub use self::held::{Agreement, HeldLock, NodeLock};
+pub use self::listing::{DEFAULT_LIST_LIMIT, ListLocks, LockListing};
 
 use std::time::Duration;
 
@@ -61,6 +61,9 @@ use std::time::Duration;
 /// a pipeline of up to 1,000 keys): longer than a lock operation's
 /// timeout, since an inspection reads much more.
 pub const INSPECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Keys asked about in one pipeline (four commands each).
+const DETAIL_BATCH: usize = 1000;
 
 /// The only reply of a one-command pipeline.
 fn only_reply(
@@ -74,6 +77,18 @@ fn only_reply(
             "no reply",
         )))),
     }
+}
+
+/// `s` with Redis glob's special characters escaped.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Serializers for the reports (`serde` feature): durations in milliseconds, errors as
@@ -126,5 +141,16 @@ mod json {
     struct Failure<'a> {
         node: &'a str,
         error: String,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_escaping() {
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+        assert_eq!(glob_escape("orders:{x}"), "orders:{x}");
     }
 }
