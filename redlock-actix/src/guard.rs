@@ -11,7 +11,7 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::DistributedLockError;
-use crate::serve::{BodyHold, HoldingBody, Kept};
+use crate::hold::{BodyHold, HoldingBody, Kept};
 
 /// The cluster-wide lock a request holds: auto-extended while it lives, released when
 /// dropped (in the background) or by [`release`](Self::release). It can be lost: check

@@ -43,6 +43,7 @@ pub mod error;
 pub mod extract;
 pub mod fencing;
 pub mod guard;
+mod hold;
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
