@@ -5,7 +5,7 @@
 //! This crate is the framework-free engine: the options ([`Idempotency`], one type,
 //! with its defaults and setters), the key rule, the fingerprint, the decision
 //! ([`Idempotency::begin`]), a request's whole flow through the middleware (the
-//! [`middleware`] module: [`Idempotency::admit`] to [`Collect::finish`]), the records
+//! [`middleware`] module: [`Idempotency::admit`] to [`Collect::finish`](middleware::Collect::finish)), the records
 //! and their stores; its refusals are `redlock-http`'s vocabulary ([`Refusal`],
 //! [`RefusalKind`]). The middleware in the web crates takes an [`Idempotency`] and only
 //! translates requests, responses and bodies:
@@ -138,7 +138,6 @@ pub mod telemetry;
 
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use key::{DEFAULT_HEADER, DEFAULT_MAX_KEY_LEN, IdempotencyKey, record_id, scope_from_header};
-pub use middleware::{Admit, Collect, Decision, Reading, RequestHead, ScopeHook};
 pub use record::{Corrupt, Record, RecordState, StoredResponse};
 use refusal::counted;
 pub use refusal::{Refusal, RefusalKind};

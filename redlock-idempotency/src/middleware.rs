@@ -23,7 +23,8 @@
 //! # let cluster = redlock_testkit::Cluster::start(1).await;
 //! # let data = redlock_testkit::Cluster::start(1).await;
 //! use redlock_core::Redlock;
-//! use redlock_idempotency::{Admit, Decision, Idempotency, RequestHead, store::RedisStore};
+//! use redlock_idempotency::middleware::{Admit, Decision, RequestHead};
+//! use redlock_idempotency::{Idempotency, store::RedisStore};
 //!
 //! let redlock = Redlock::builder()
 //!     .nodes(cluster.urls())

@@ -76,7 +76,7 @@ pub struct Run {
     pub(crate) started: Instant,
     pub(crate) runtime: Option<tokio::runtime::Handle>,
     /// The request's id, for the problem of a response that fails
-    /// ([`Collect::failed`](crate::Collect::failed)).
+    /// ([`Collect::failed`](crate::middleware::Collect::failed)).
     pub(crate) request_id: Option<String>,
 }
 

@@ -3,10 +3,9 @@
 //! decision, the handler's response read and stored, the replay marked.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
+use redlock_idempotency::middleware::{Admit, Decision, Reading, RequestHead};
 use redlock_idempotency::store::RedisStore;
-use redlock_idempotency::{
-    Admit, Decision, Finished, Idempotency, REPLAYED_HEADER, Reading, RefusalKind, RequestHead,
-};
+use redlock_idempotency::{Finished, Idempotency, REPLAYED_HEADER, RefusalKind};
 use redlock_testkit::Cluster;
 
 type Headers<'a> = [(&'a str, &'a [u8])];

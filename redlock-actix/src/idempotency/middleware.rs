@@ -6,7 +6,8 @@ use std::rc::Rc;
 use actix_web::HttpRequest;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform};
-use redlock_idempotency::{Idempotency as Core, ScopeHook};
+use redlock_idempotency::Idempotency as Core;
+use redlock_idempotency::middleware::ScopeHook;
 use tokio::runtime::Handle;
 
 use crate::config::background;

@@ -12,7 +12,8 @@ use actix_web::web::Bytes;
 use actix_web::{HttpMessage, HttpResponse};
 use futures_util::future::LocalBoxFuture;
 use futures_util::{StreamExt, stream};
-use redlock_idempotency::{Admit, Collect, Decision, Refusal, RequestHead, Run, StoredResponse};
+use redlock_idempotency::middleware::{Admit, Collect, Decision, RequestHead};
+use redlock_idempotency::{Refusal, Run, StoredResponse};
 use tokio::runtime::Handle;
 
 use super::IdempotencyMiddleware;

@@ -12,8 +12,8 @@ use http::{Request, Response, StatusCode, request::Parts};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use redlock_core::BoxError;
-use redlock_idempotency::{Admit, Decision, Idempotency, Refusal, RequestHead, Run};
-use redlock_idempotency::{ScopeHook, StoredResponse, scope_from_header};
+use redlock_idempotency::middleware::{Admit, Decision, RequestHead, ScopeHook};
+use redlock_idempotency::{Idempotency, Refusal, Run, StoredResponse, scope_from_header};
 use tower_layer::Layer;
 use tower_service::Service;
 
