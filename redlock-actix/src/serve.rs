@@ -8,8 +8,9 @@ use actix_web::body::{BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use futures_util::future::{Either, LocalBoxFuture, select};
 use redlock_core::semaphore::Permit;
+use redlock_http::guard::Route;
 use redlock_http::key::Key;
-use redlock_http::{Guard, Hold, LimitOptions, LockOptions, Refusal, Route};
+use redlock_http::{Guard, Hold, LimitOptions, LockOptions, Refusal};
 
 use crate::config::{Failure, Setup, take_lock};
 use crate::error::request_id;

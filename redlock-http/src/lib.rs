@@ -120,11 +120,11 @@
 
 pub mod body;
 pub mod extract;
+pub mod guard;
 pub mod key;
-mod lock;
 pub mod problem;
 mod refusal;
-pub use lock::{Guard, GuardOptions, LimitKind, LimitOptions, LockKind, LockOptions, Route};
+pub use guard::{Guard, GuardOptions, LimitOptions, LockOptions};
 pub use problem::Problem;
 pub use refusal::{Refusal, RefusalKind};
 

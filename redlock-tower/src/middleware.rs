@@ -13,8 +13,9 @@ use std::time::Instant;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use redlock_core::{Error, Redlock};
+use redlock_http::guard::Route;
 use redlock_http::key::{Key, KeyBoundError, KeyRoom};
-use redlock_http::{Hold, LimitOptions, LockOptions, Refusal, Route};
+use redlock_http::{Hold, LimitOptions, LockOptions, Refusal};
 use tower_service::Service;
 
 use crate::body::LockBody;
