@@ -48,15 +48,14 @@ mod hold;
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
 pub mod key;
-pub mod middleware;
+pub mod limit;
+pub mod lock;
+mod middleware;
 mod serve;
 
 pub use self::{
-    config::DistributedLockConfig,
-    distributed_lock::DistributedLock,
-    fencing::FencingToken,
-    key::LockKey,
-    middleware::{ClusterLimitMiddleware, LockMiddleware},
+    config::DistributedLockConfig, distributed_lock::DistributedLock, fencing::FencingToken,
+    key::LockKey, limit::ClusterLimitMiddleware, lock::LockMiddleware,
 };
 #[cfg(feature = "idempotency")]
 pub use idempotency::IdempotencyMiddleware;

@@ -1,4 +1,4 @@
-//! One request through a [`GuardMiddleware`](crate::middleware::GuardMiddleware): the
+//! One request through a [`GuardMiddleware`](crate::lock::GuardMiddleware): the
 //! engine's decision (`redlock_http`: route, acquire, refuse), translated to actix.
 
 use std::time::Instant;

@@ -467,3 +467,87 @@ where
         }
     }
 }
+
+// The lock's layer and service: the engine's `LockOptions`.
+/// Serializes requests per key across every replica of a service, with a Redlock
+/// distributed lock: one key per request, named by a
+/// [`KeyExtractor`](crate::extract::KeyExtractor); busy: `409` at once by default.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_core::Redlock;
+/// use redlock_tower::{LockLayer, LockOptions, extract::Header};
+///
+/// # fn layer(redlock: Redlock) -> LockLayer<Header> {
+/// LockLayer::new(redlock, Header::new("x-tenant").required()).options(
+///     LockOptions::new()
+///         .resource_prefix("tenant:")
+///         .ttl(Duration::from_secs(5))
+///         .wait(Duration::from_secs(1)),
+/// )
+/// # }
+/// ```
+pub type LockLayer<E> = GuardLayer<LockOptions, E>;
+
+/// The service made by a [`LockLayer`]: the request runs while holding its key's lock,
+/// released when the response (by default its body) is done.
+pub type LockService<S, E> = GuardService<LockOptions, S, E>;
+
+impl<E> LockLayer<E> {
+    /// A layer locking, for each request, the key `extractor` names, through `redlock`,
+    /// with the default [`LockOptions`].
+    pub fn new(redlock: Redlock, extractor: E) -> Self {
+        Self::with_options(redlock, extractor, Options::Lock(LockOptions::new()))
+    }
+
+    /// Takes its locks by `options` (see [`LockOptions`] for each and its default).
+    #[must_use]
+    pub fn options(self, options: LockOptions) -> Self {
+        self.set_options(Options::Lock(options))
+    }
+}
+
+impl<S, E> LockService<S, E> {
+    /// A layer making this service (the same as [`LockLayer::new`]).
+    pub fn layer(redlock: Redlock, extractor: E) -> LockLayer<E> {
+        LockLayer::new(redlock, extractor)
+    }
+}
+
+// The concurrency limit's layer and service: the engine's `LimitOptions`.
+/// At most [`limit`](LimitOptions::limit) concurrent requests per key, across every
+/// replica of a service. See the [module documentation](crate::limit).
+pub type ClusterLimitLayer<E> = GuardLayer<LimitOptions, E>;
+
+/// The service made by a [`ClusterLimitLayer`]: the request runs while holding a
+/// permit of its key's semaphore, released when the response (by default its body) is
+/// done.
+pub type ClusterLimitService<S, E> = GuardService<LimitOptions, S, E>;
+
+impl<E> ClusterLimitLayer<E> {
+    /// A layer letting at most `options.limit()` requests with the key `extractor`
+    /// names run at once, cluster-wide, through `redlock`. A limit of `0`, or a prefix
+    /// that leaves no room for a key, is logged here ([`LimitOptions::check`]) and
+    /// answers `500` to every request with a key.
+    pub fn new(redlock: Redlock, extractor: E, options: LimitOptions) -> Self {
+        options.check(&redlock);
+        Self::with_options(redlock, extractor, Options::Limit(options))
+    }
+
+    /// The longest key (after escaping) taken under the options' prefix and limit
+    /// ([`LimitOptions::room`]).
+    ///
+    /// # Errors
+    ///
+    /// [`KeyBoundError::NoRoom`] when the prefix leaves none.
+    pub fn room(&self) -> Result<KeyRoom, KeyBoundError> {
+        self.key_room()
+    }
+}
+
+impl<S, E> ClusterLimitService<S, E> {
+    /// A layer making this service (the same as [`ClusterLimitLayer::new`]).
+    pub fn layer(redlock: Redlock, extractor: E, options: LimitOptions) -> ClusterLimitLayer<E> {
+        ClusterLimitLayer::new(redlock, extractor, options)
+    }
+}
