@@ -7,7 +7,9 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;

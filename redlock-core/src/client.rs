@@ -2,7 +2,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use crate::acquire::Acquire;
 use crate::error::{Error, NodeError, NodeFailure};

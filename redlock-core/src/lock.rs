@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;

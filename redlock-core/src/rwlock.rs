@@ -56,7 +56,9 @@
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use crate::attempt::{AttemptFailure, attempt, time_until_free};
 use crate::client::Redlock;

@@ -11,7 +11,9 @@
 //! counts on from there with its monotonic clock, which a wall-clock step cannot move.
 
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::clock::Instant;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;

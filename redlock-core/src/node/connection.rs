@@ -4,7 +4,9 @@
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
