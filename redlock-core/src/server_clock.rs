@@ -89,6 +89,10 @@ async fn read(cluster: &Cluster) -> Option<(Instant, u64)> {
 }
 
 fn wall_clock_ms() -> u64 {
+    #[cfg(test)]
+    if let Some(ms) = crate::clock::simulated_wall_ms() {
+        return ms;
+    }
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -202,7 +202,11 @@ async fn run(
         }
         let wake = *wake_at.get_or_insert_with(|| next_wake(&cluster, &entries));
         drop(cluster);
+        // Biased: a message (an extension done, a new lock) is taken in before a tick
+        // due at the same instant, so that the tick sees it; and the order does not
+        // hang on tokio's random pick (the simulator replays a seed bit for bit).
         tokio::select! {
+            biased;
             received = incoming.recv(), if open => match received {
                 Some(Message::Watch(id, watched)) => {
                     let ttl = watched.state.ttl();

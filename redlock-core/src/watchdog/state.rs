@@ -98,7 +98,10 @@ impl LockState {
             if Instant::now() >= until {
                 return;
             }
+            // Biased: a loss first, and no random pick (the simulator replays a seed
+            // bit for bit).
             tokio::select! {
+                biased;
                 () = self.lost.cancelled() => return,
                 () = tokio::time::sleep_until(until.into()) => {}
                 () = &mut sooner => {}

@@ -65,6 +65,16 @@ impl Observer {
         }
     }
 
+    /// `client`'s lock reported its loss at `at`, after its validity ended at `until`.
+    pub(super) fn late_loss(&mut self, client: usize, at: Instant, until: Instant) {
+        let line = format!(
+            "c{client}'s loss reported at {:.3} ms, after its validity ended at {:.3} ms",
+            self.ms(at),
+            self.ms(until)
+        );
+        self.violations.push(line);
+    }
+
     /// The invariants over every holding: no more holders at once than permits (no
     /// two holders of a lock within their validity), and tokens rising in the order the
     /// holdings began.
