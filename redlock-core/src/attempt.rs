@@ -9,11 +9,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::Instant;
-
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
+use crate::clock::Instant;
 use crate::error::Error;
 use crate::lock::Granted;
 use crate::protocol::{Command, Op, ReleaseMode};

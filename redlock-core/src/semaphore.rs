@@ -63,8 +63,6 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::clock::Instant;
-
 use rand::RngExt;
 use rand::seq::SliceRandom;
 
@@ -72,6 +70,7 @@ use std::future::IntoFuture;
 
 use crate::attempt::{KeyState, look_at, mark_waited};
 use crate::client::Redlock;
+use crate::clock::Instant;
 use crate::error::{ArgumentError, Error, ErrorClass};
 use crate::lock::{Lock, LockHandle, Released};
 use crate::protocol::{Command, Op};

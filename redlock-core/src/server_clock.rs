@@ -13,11 +13,10 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::clock::Instant;
-
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
+use crate::clock::Instant;
 use crate::protocol::{Command, Op};
 use crate::quorum::Cluster;
 

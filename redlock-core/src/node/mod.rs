@@ -17,14 +17,13 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
-use crate::clock::Instant;
-
 use self::checks::Checks;
 pub use self::connection::CONNECT_TIMEOUT;
 use self::connection::{Backend, Direct, Slot};
 pub(crate) use self::identity::{IDENTITY_WAIT, Identities};
 use self::quarantine::{Quarantine, QuarantineState};
 pub(crate) use self::queued::Queued;
+use crate::clock::Instant;
 use crate::error::NodeError;
 use crate::protocol::{Command, Extensions, Step, breaks_connection, query_batch, redis_error};
 

@@ -25,8 +25,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use crate::clock::Instant;
-
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -35,6 +33,7 @@ use tokio::sync::mpsc;
 mod state;
 
 pub(crate) use self::state::LockState;
+use crate::clock::Instant;
 use crate::protocol::Extensions;
 use crate::quorum::{Cluster, Target};
 

@@ -10,11 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::clock::Instant;
-
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Instant;
 use crate::quorum::InFlight;
 
 /// The validity end and the TTL last set, changed together.
