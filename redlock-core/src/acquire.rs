@@ -5,11 +5,12 @@
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::Instrument;
 
 use crate::attempt::{AttemptFailure, attempt, join_and_look, time_until_free};
+use crate::clock::Instant;
 use crate::error::Error;
 use crate::lock::{Finished, Lock, LockHandle};
 use crate::protocol::Waiter;

@@ -7,11 +7,12 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
+use crate::clock::Instant;
 use crate::error::Error;
 use crate::lock::Granted;
 use crate::protocol::{Command, Op, ReleaseMode};

@@ -2,9 +2,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::acquire::Acquire;
+use crate::clock::Instant;
 use crate::error::{Error, NodeError, NodeFailure};
 use crate::lock::{Finished, LockHandle};
 use crate::node::{Node, NodeStatus};

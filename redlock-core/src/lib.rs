@@ -114,6 +114,8 @@
 // Examples in the docs compile without warnings, as the code does (a snippet may define
 // what it does not call).
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+// Under unit tests `clock::Instant` is tokio's own, so its conversions to tokio's are no-ops.
+#![cfg_attr(test, allow(clippy::useless_conversion))]
 
 // The `mod` lines are alphabetical (as `cargo fmt` keeps them); docs/ARCHITECTURE.md
 // gives the layers bottom up, each module using only those of its layer or below.
@@ -121,6 +123,7 @@ mod acquire;
 mod attempt;
 pub mod builder;
 mod client;
+mod clock;
 pub mod error;
 pub mod inspect;
 mod lock;

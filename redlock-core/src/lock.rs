@@ -2,11 +2,12 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::clock::Instant;
 use crate::error::Error;
 use crate::protocol::ReleaseMode;
 use crate::queue::follow_hand_overs;

@@ -41,7 +41,7 @@ pub(crate) fn random_up_to(max: Duration) -> Duration {
     if us == 0 {
         return Duration::ZERO;
     }
-    Duration::from_micros(rand::rng().random_range(0..=us))
+    Duration::from_micros(crate::value::rng().random_range(0..=us))
 }
 
 impl Default for RetryPolicy {

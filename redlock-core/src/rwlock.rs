@@ -56,10 +56,11 @@
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::attempt::{AttemptFailure, attempt, time_until_free};
 use crate::client::Redlock;
+use crate::clock::Instant;
 use crate::error::{ArgumentError, Error};
 use crate::lock::{Lock, Released};
 use crate::protocol::{Command, MAX_TTL, Op, RwKeys, WaitingWriter};

@@ -61,7 +61,7 @@
 //! off, or pooled nodes).
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::RngExt;
 use rand::seq::SliceRandom;
@@ -70,6 +70,7 @@ use std::future::IntoFuture;
 
 use crate::attempt::{KeyState, look_at, mark_waited};
 use crate::client::Redlock;
+use crate::clock::Instant;
 use crate::error::{ArgumentError, Error, ErrorClass};
 use crate::lock::{Lock, LockHandle, Released};
 use crate::protocol::{Command, Op};
@@ -315,7 +316,7 @@ impl Semaphore {
                 Some(_) => (window, Duration::ZERO),
                 None => (policy.base_delay(), policy.jitter()),
             };
-            let slot = rand::rng().random_range(0..self.permits);
+            let slot = crate::value::rng().random_range(0..self.permits);
             let queued = self
                 .request(slot)
                 .retry(RetryPolicy::deadline(window).with_delay(base, jitter))
@@ -540,7 +541,7 @@ impl Semaphore {
     /// nodes answered about counts as free (the attempts will say what is wrong).
     async fn look(&self, n: u32) -> Looked {
         let cluster = &self.redlock.shared().cluster;
-        let start = rand::rng().random_range(0..self.permits);
+        let start = crate::value::rng().random_range(0..self.permits);
         let mut looked = Looked {
             free: Vec::new(),
             held: 0,
@@ -562,7 +563,7 @@ impl Semaphore {
                 }
                 None => free = chunk,
             }
-            free.shuffle(&mut rand::rng());
+            free.shuffle(&mut crate::value::rng());
             looked.free.append(&mut free);
             if looked.free.len() >= n as usize {
                 break;
@@ -645,7 +646,7 @@ impl Semaphore {
     /// attempt on each slot that looked free, chunk by chunk, until one is taken. A
     /// full semaphore costs one attempt and one look at every slot.
     async fn scan(&self) -> Result<Permit, Miss> {
-        let first = rand::rng().random_range(0..self.permits);
+        let first = crate::value::rng().random_range(0..self.permits);
         let taken = match self.request(first).retry(RetryPolicy::once()).await {
             Ok(lock) => return Ok(Permit::new(lock, first)),
             Err(error) if matches!(error.class(), ErrorClass::Contended { .. }) => error,
@@ -661,7 +662,7 @@ impl Semaphore {
         }
         let cluster = &self.redlock.shared().cluster;
         let (mut held, mut soonest) = (0, None);
-        let start = rand::rng().random_range(0..self.permits);
+        let start = crate::value::rng().random_range(0..self.permits);
         for chunk in chunks(self.permits, start) {
             let mut free = Vec::new();
             match look_at(cluster, &self.slot_keys(&chunk)).await {
@@ -678,7 +679,7 @@ impl Semaphore {
                 }
                 None => free = chunk,
             }
-            free.shuffle(&mut rand::rng());
+            free.shuffle(&mut crate::value::rng());
             for slot in free.into_iter().filter(|&slot| slot != first) {
                 match self.request(slot).retry(RetryPolicy::once()).await {
                     Ok(lock) => return Ok(Permit::new(lock, slot)),

@@ -11,11 +11,12 @@
 //! counts on from there with its monotonic clock, which a wall-clock step cannot move.
 
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
+use crate::clock::Instant;
 use crate::protocol::{Command, Op};
 use crate::quorum::Cluster;
 
@@ -87,6 +88,10 @@ async fn read(cluster: &Cluster) -> Option<(Instant, u64)> {
 }
 
 fn wall_clock_ms() -> u64 {
+    #[cfg(test)]
+    if let Some(ms) = crate::clock::simulated_wall_ms() {
+        return ms;
+    }
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

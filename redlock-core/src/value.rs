@@ -12,7 +12,7 @@ use crate::error::ConfigError;
 /// 160 bits from the thread-local CSPRNG (ChaCha, seeded and periodically reseeded from
 /// the OS), hex-encoded.
 pub(crate) fn random_value() -> String {
-    let bytes: [u8; 20] = rand::rng().random();
+    let bytes: [u8; 20] = rng().random();
     let mut out = String::with_capacity(40);
     push_hex(&mut out, &bytes);
     out
@@ -20,7 +20,7 @@ pub(crate) fn random_value() -> String {
 
 /// A new lock value for `holder`: `<holder>/<160 random bits, hex>`.
 pub(crate) fn lock_value(holder: &str) -> String {
-    let bytes: [u8; 20] = rand::rng().random();
+    let bytes: [u8; 20] = rng().random();
     let mut out = String::with_capacity(holder.len() + 41);
     out.push_str(holder);
     out.push('/');
@@ -36,6 +36,64 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// The random source every random choice of core draws from: the thread-local CSPRNG.
+#[cfg(not(test))]
+pub(crate) fn rng() -> rand::rngs::ThreadRng {
+    rand::rng()
+}
+
+/// The random source every random choice of core draws from: under unit tests, the
+/// generator [`seed_rng`] set on this thread (the simulator's, one history per seed),
+/// else the thread-local CSPRNG.
+#[cfg(test)]
+pub(crate) fn rng() -> TestRng {
+    TestRng(rand::rng())
+}
+
+#[cfg(test)]
+thread_local! {
+    static SEEDED: std::cell::RefCell<Option<rand::rngs::StdRng>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Seeds this thread's [`rng`] (`None`: back to the CSPRNG).
+#[cfg(test)]
+pub(crate) fn seed_rng(seed: Option<u64>) {
+    use rand::SeedableRng;
+    SEEDED.with_borrow_mut(|rng| *rng = seed.map(rand::rngs::StdRng::seed_from_u64));
+}
+
+/// [`rng`] under unit tests: the seeded generator of this thread if any.
+#[cfg(test)]
+pub(crate) struct TestRng(rand::rngs::ThreadRng);
+
+#[cfg(test)]
+impl rand::TryRng for TestRng {
+    type Error = std::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        let seeded = SEEDED.with_borrow_mut(|rng| rng.as_mut().map(rand::Rng::next_u32));
+        Ok(seeded.unwrap_or_else(|| rand::Rng::next_u32(&mut self.0)))
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        let seeded = SEEDED.with_borrow_mut(|rng| rng.as_mut().map(rand::Rng::next_u64));
+        Ok(seeded.unwrap_or_else(|| rand::Rng::next_u64(&mut self.0)))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        let seeded = SEEDED.with_borrow_mut(|rng| {
+            rng.as_mut()
+                .map(|rng| rand::Rng::fill_bytes(rng, dst))
+                .is_some()
+        });
+        if !seeded {
+            rand::Rng::fill_bytes(&mut self.0, dst);
+        }
+        Ok(())
+    }
+}
 
 /// The longest holder name, in bytes.
 const MAX_HOLDER_LEN: usize = 64;

@@ -28,7 +28,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use futures_util::StreamExt;
 use tokio::sync::Notify;
@@ -205,7 +207,10 @@ impl Wakeups {
             }),
             clients,
             next_id: AtomicU64::new(0),
-            client: format!("{:016x}", rand::RngExt::random::<u64>(&mut rand::rng())),
+            client: format!(
+                "{:016x}",
+                rand::RngExt::random::<u64>(&mut crate::value::rng())
+            ),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
         }

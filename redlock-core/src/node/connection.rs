@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
@@ -14,6 +14,7 @@ use redis::{AsyncConnectionConfig, RedisError};
 use super::checks::{Checks, refused};
 use super::identity::{Identities, run_id};
 use super::quarantine::Quarantine;
+use crate::clock::Instant;
 use crate::error::NodeError;
 use crate::protocol::{load_scripts, redis_error};
 

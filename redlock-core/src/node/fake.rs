@@ -22,7 +22,43 @@ use crate::protocol::scripts;
 
 /// One fake server; clones share it.
 #[derive(Clone, Default)]
-pub(crate) struct FakeServer(Arc<Mutex<State>>);
+pub(crate) struct FakeServer(Arc<Mutex<State>>, Link);
+
+/// One client's side of a fake server (see [`FakeServer::for_client`]): which client it
+/// is, and the server's last run it has seen (its "connection").
+#[derive(Clone, Default)]
+struct Link {
+    client: usize,
+    seen_run: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// What happens to one request on its way to a node and back, as a [`Network`] decides.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Fate {
+    /// Time to reach the node (commands of one client to one node still run in order).
+    pub(crate) request_delay: Duration,
+    /// The request never arrives: no effect, no reply.
+    pub(crate) request_lost: bool,
+    /// Time for the reply to come back.
+    pub(crate) reply_delay: Duration,
+    /// The command takes effect but its reply never comes.
+    pub(crate) reply_lost: bool,
+}
+
+/// The network between clients and fake servers (the simulator's): decides each
+/// request's fate and hears each command applied, for its trace.
+pub(crate) trait Network: Send + Sync {
+    /// The fate of `cmds`, sent by `client` to node `node`.
+    fn fate(&self, node: usize, client: usize, cmds: &[Cmd]) -> Fate;
+    /// `cmds` from `client` were applied on `node`, answering `replies`.
+    fn applied(
+        &self,
+        node: usize,
+        client: usize,
+        cmds: &[Cmd],
+        replies: &Result<Vec<Value>, RedisError>,
+    );
+}
 
 #[derive(Default)]
 struct State {
@@ -35,6 +71,24 @@ struct State {
     failing: bool,
     losing_replies: bool,
     commands: u64,
+    /// The network the requests go through, and this node's number on it.
+    network: Option<(usize, Arc<dyn Network>)>,
+    /// Restarts so far: the server's run (its `run_id`), and when it began.
+    run: u64,
+    booted: Option<Instant>,
+    /// Uptime before `booted` (a server up since before the test began).
+    up_before: Duration,
+    /// The node's clock: its rate against true time (above 1: fast, keys expire early)
+    /// and how far it jumped (µs, added to its time; expiries moved earlier by as much).
+    clock_rate: f64,
+    clock_jump_us: u64,
+    /// Per client, the last time a request of it reaches this node (the order of one
+    /// connection's commands).
+    arrivals: HashMap<usize, Instant>,
+    /// Model knobs for the simulator's negative controls: tokens without the clock
+    /// floor, releases that skip the holder check.
+    no_fence_floor: bool,
+    unchecked_release: bool,
 }
 
 struct Entry {
@@ -52,6 +106,90 @@ struct ZSet {
 impl FakeServer {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A handle on the same server for client `client`: its requests go through the
+    /// network as that client's, and it connects afresh after each restart.
+    pub(crate) fn for_client(&self, client: usize) -> Self {
+        Self(
+            Arc::clone(&self.0),
+            Link {
+                client,
+                seen_run: Arc::default(),
+            },
+        )
+    }
+
+    /// Sends requests through `network`, as its node `node`.
+    pub(crate) fn set_network(&self, node: usize, network: Arc<dyn Network>) {
+        self.state().network = Some((node, network));
+    }
+
+    /// The node's wall clock reads `us` (µs since the Unix epoch) now, instead of the
+    /// host's clock at first use.
+    pub(crate) fn set_wall_clock(&self, us: u64) {
+        self.state().origin = Some((Instant::now(), us));
+    }
+
+    /// The server has been up for `uptime` now.
+    pub(crate) fn set_uptime(&self, uptime: Duration) {
+        let mut state = self.state();
+        state.booted = Some(Instant::now());
+        state.up_before = uptime;
+    }
+
+    /// The node's clock runs at `rate` against true time (1.1: 10% fast, so its keys
+    /// expire after TTL / 1.1).
+    pub(crate) fn set_clock_rate(&self, rate: f64) {
+        self.state().clock_rate = rate;
+    }
+
+    /// The node's clock jumps forward by `by`: its time moves on, and every expiry comes
+    /// that much sooner.
+    pub(crate) fn jump_clock(&self, by: Duration) {
+        let mut state = self.state();
+        state.clock_jump_us = state
+            .clock_jump_us
+            .saturating_add(u64::try_from(by.as_micros()).unwrap_or(u64::MAX));
+        let now = Instant::now();
+        let sooner = |at: &mut Option<Instant>| {
+            if let Some(at) = at {
+                *at = at.checked_sub(by).unwrap_or(now).max(now);
+            }
+        };
+        for entry in state.keys.values_mut() {
+            sooner(&mut entry.expires);
+        }
+        for zset in state.zsets.values_mut() {
+            sooner(&mut zset.expires);
+        }
+    }
+
+    /// Fencing tokens count on from the counters alone, without the clock floor (a
+    /// negative control: tokens fall back after counters are lost).
+    pub(crate) fn set_no_fence_floor(&self, on: bool) {
+        self.state().no_fence_floor = on;
+    }
+
+    /// Releases delete the key whoever holds it (a negative control).
+    pub(crate) fn set_unchecked_release(&self, on: bool) {
+        self.state().unchecked_release = on;
+    }
+
+    /// `INFO server` as a new connection reads it (`run_id`, `uptime_in_seconds`), if
+    /// the server restarted since this client's handle last connected (or never did).
+    pub(crate) fn reconnected(&self) -> Option<String> {
+        use std::sync::atomic::Ordering;
+        let mut state = self.state();
+        let run = state.run + 1;
+        if self.1.seen_run.swap(run, Ordering::Relaxed) == run {
+            return None;
+        }
+        let booted = *state.booted.get_or_insert_with(Instant::now);
+        let uptime = (state.scaled_elapsed(booted) + state.up_before).as_secs();
+        Some(format!(
+            "# Server\r\nrun_id:{run:040x}\r\nuptime_in_seconds:{uptime}\r\n"
+        ))
     }
 
     /// Every reply takes this long to come back.
@@ -74,6 +212,9 @@ impl FakeServer {
         let mut state = self.state();
         state.keys.clear();
         state.zsets.clear();
+        state.run += 1;
+        state.booted = Some(Instant::now());
+        state.up_before = Duration::ZERO;
     }
 
     /// Puts waiter `id` in the wait queue of lock key `key` as the queue scripts do,
@@ -118,6 +259,10 @@ impl FakeServer {
     /// Takes the commands in at once (so that commands to one server run in the order
     /// they were sent, as on one connection), answers after the latency.
     async fn run(&self, cmds: Vec<Cmd>) -> Result<Vec<Value>, RedisError> {
+        let network = self.state().network.clone();
+        if let Some((node, network)) = network {
+            return self.through(node, network, cmds).await;
+        }
         let (latency, replies, lost) = {
             let mut state = self.state();
             state.commands += cmds.len() as u64;
@@ -138,7 +283,85 @@ impl FakeServer {
     }
 }
 
+impl FakeServer {
+    /// [`run`](Self::run) through the simulator's network: the request travels (or is
+    /// lost), takes effect on the node in a task of its own (a caller that gives up does
+    /// not take back a request already sent), and its reply travels back (or is lost).
+    async fn through(
+        &self,
+        node: usize,
+        network: Arc<dyn Network>,
+        cmds: Vec<Cmd>,
+    ) -> Result<Vec<Value>, RedisError> {
+        let client = self.1.client;
+        let fate = network.fate(node, client, &cmds);
+        if fate.request_lost {
+            return std::future::pending().await;
+        }
+        let (arrival, run) = {
+            let mut state = self.state();
+            let now = Instant::now();
+            let last = state.arrivals.get(&client).copied().unwrap_or(now);
+            let arrival = (now + fate.request_delay).max(last);
+            state.arrivals.insert(client, arrival);
+            (arrival, state.run)
+        };
+        let server = self.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(arrival).await;
+            let replies = {
+                let mut state = server.state();
+                state.commands += cmds.len() as u64;
+                if state.run != run {
+                    // The connection it was sent on broke with the restart.
+                    Err(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        "the node restarted",
+                    )))
+                } else if state.failing {
+                    Err(RedisError::from(std::io::Error::other("injected failure")))
+                } else {
+                    cmds.iter()
+                        .map(|cmd| state.apply(cmd))
+                        .collect::<Result<Vec<_>, _>>()
+                }
+            };
+            network.applied(node, client, &cmds, &replies);
+            let _ = tx.send(replies);
+        });
+        let replies = rx
+            .await
+            .unwrap_or_else(|_| Err(RedisError::from(std::io::Error::other("dropped"))));
+        tokio::time::sleep(fate.reply_delay).await;
+        if fate.reply_lost {
+            std::future::pending::<()>().await;
+        }
+        replies
+    }
+}
+
 impl State {
+    /// True time `ttl_ms` of this node's clock lasts (shorter on a fast clock).
+    fn ttl(&self, ttl_ms: u64) -> Duration {
+        let ttl = Duration::from_millis(ttl_ms);
+        if self.clock_rate > 0.0 && self.clock_rate != 1.0 {
+            ttl.div_f64(self.clock_rate)
+        } else {
+            ttl
+        }
+    }
+
+    /// The node's clock's time elapsed since `since` (true time).
+    fn scaled_elapsed(&self, since: Instant) -> Duration {
+        let elapsed = Instant::now().duration_since(since);
+        if self.clock_rate > 0.0 && self.clock_rate != 1.0 {
+            elapsed.mul_f64(self.clock_rate)
+        } else {
+            elapsed
+        }
+    }
+
     fn live(&mut self, key: &[u8]) -> Option<&Entry> {
         let expired = self
             .keys
@@ -165,8 +388,9 @@ impl State {
                 .as_micros();
             (Instant::now(), u64::try_from(wall).unwrap_or(0))
         });
-        let elapsed = u64::try_from(Instant::now().duration_since(at).as_micros()).unwrap_or(0);
+        let elapsed = u64::try_from(self.scaled_elapsed(at).as_micros()).unwrap_or(0);
         wall.saturating_add(elapsed)
+            .saturating_add(self.clock_jump_us)
     }
 
     /// A fencing token as the acquire scripts compute it from the counters `fences`:
@@ -174,7 +398,11 @@ impl State {
     /// multiple of `step`.
     fn next_token(&mut self, fences: &[&[u8]], step: u64) -> u64 {
         let highest = fences.iter().map(|k| self.number(k)).max().unwrap_or(0);
-        let now = self.now_us();
+        let now = if self.no_fence_floor {
+            0
+        } else {
+            self.now_us()
+        };
         let floor = now - now % step.max(1);
         highest.saturating_add(1).max(floor)
     }
@@ -225,7 +453,7 @@ impl State {
     }
 
     fn pexpire(&mut self, key: &[u8], ms: u64) {
-        let at = Instant::now() + Duration::from_millis(ms);
+        let at = Instant::now() + self.ttl(ms);
         if let Some(z) = self.zset(key) {
             z.expires = Some(at);
         } else if self.live(key).is_some()
@@ -262,7 +490,7 @@ impl State {
     }
 
     fn set(&mut self, key: &[u8], value: &[u8], ttl_ms: Option<u64>) {
-        let expires = ttl_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+        let expires = ttl_ms.map(|ms| Instant::now() + self.ttl(ms));
         self.keys.insert(
             key.to_vec(),
             Entry {
@@ -372,9 +600,10 @@ impl State {
                     .iter()
                     .all(|k| self.live(k).is_some_and(|e| holds(&e.value, value)));
                 if held {
+                    let ttl = self.ttl(ttl);
                     for key in lock_keys {
                         if let Some(entry) = self.keys.get_mut(*key) {
-                            entry.expires = Some(Instant::now() + Duration::from_millis(ttl));
+                            entry.expires = Some(Instant::now() + ttl);
                         }
                     }
                 }
@@ -467,7 +696,10 @@ impl State {
                     }
                     Some(_) => {}
                 }
-            } else if current.as_deref().is_some_and(|c| holds(c, value)) {
+            } else if current
+                .as_deref()
+                .is_some_and(|c| holds(c, value) || self.unchecked_release)
+            {
                 released += 1;
                 free = true;
             }

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use self::checks::Checks;
 pub use self::connection::CONNECT_TIMEOUT;
@@ -23,6 +23,7 @@ use self::connection::{Backend, Direct, Slot};
 pub(crate) use self::identity::{IDENTITY_WAIT, Identities};
 use self::quarantine::{Quarantine, QuarantineState};
 pub(crate) use self::queued::Queued;
+use crate::clock::Instant;
 use crate::error::NodeError;
 use crate::protocol::{Command, Extensions, Step, breaks_connection, query_batch, redis_error};
 
@@ -169,6 +170,17 @@ impl Node {
         }
     }
 
+    /// A fake server's connection: after a restart, the new connection's `INFO
+    /// server` goes through the quarantine, as on a real node.
+    #[cfg(test)]
+    fn fake_connected(&self, server: &fake::FakeServer) {
+        if self.quarantine.is_some()
+            && let Some(info) = server.reconnected()
+        {
+            self.observe(&info);
+        }
+    }
+
     /// The quarantine time left, if the node is in quarantine.
     fn quarantined(&self) -> Option<Duration> {
         let quarantine = self.quarantine.as_ref()?;
@@ -261,9 +273,13 @@ impl Node {
                     query_batch(pipe, &mut conn).await.map_err(redis_error)
                 }
                 #[cfg(test)]
-                Backend::Fake(server) => query_batch(pipe, &mut server.clone())
-                    .await
-                    .map_err(redis_error),
+                Backend::Fake(server) => {
+                    self.fake_connected(server);
+                    self.check_quarantine(votes)?;
+                    query_batch(pipe, &mut server.clone())
+                        .await
+                        .map_err(redis_error)
+                }
             }
         };
         let started = Instant::now();
@@ -416,6 +432,7 @@ impl Node {
             Backend::Pool(pool) => return Box::pin(self.run_pooled(pool, command)).await,
             #[cfg(test)]
             Backend::Fake(server) => {
+                self.fake_connected(server);
                 self.check_quarantine(command.votes)?;
                 return command
                     .execute(&mut server.clone())

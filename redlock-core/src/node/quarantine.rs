@@ -1,7 +1,9 @@
 //! The restart quarantine: the client-side "delayed restart" of the Redlock paper.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 /// The client-side "delayed restart": a node that has been up for less than the longest
 /// lock TTL may have forgotten a live lock (restarted without persistence), so its

@@ -263,7 +263,7 @@ impl Waiter {
     ) -> Self {
         let id = format!(
             "{client}.{:016x}:{}",
-            rand::rng().random::<u64>(),
+            crate::value::rng().random::<u64>(),
             handoff.min(MAX_TTL).as_millis().max(1)
         );
         // Saturating, and at most the longest TTL: a retry delay of `Duration::MAX` is

@@ -5,13 +5,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 
 use super::in_flight::InFlight;
 use super::target::{OpKind, Target};
 use super::{Cluster, Tally};
+use crate::clock::Instant;
 use crate::error::{Error, NodeError, NodeFailure};
 use crate::node::{IDENTITY_WAIT, Queued};
 use crate::protocol::Command;

@@ -5,6 +5,7 @@
 //! and real faults is tested in `tests/`.
 
 mod queue;
+mod sim;
 
 use std::time::Duration;
 

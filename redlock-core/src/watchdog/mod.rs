@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
@@ -33,6 +33,7 @@ use tokio::sync::mpsc;
 mod state;
 
 pub(crate) use self::state::LockState;
+use crate::clock::Instant;
 use crate::protocol::Extensions;
 use crate::quorum::{Cluster, Target};
 
@@ -200,7 +201,11 @@ async fn run(
         }
         let wake = *wake_at.get_or_insert_with(|| next_wake(&cluster, &entries));
         drop(cluster);
+        // Biased: a message (an extension done, a new lock) is taken in before a tick
+        // due at the same instant, so that the tick sees it; and the order does not
+        // hang on tokio's random pick (the simulator replays a seed bit for bit).
         tokio::select! {
+            biased;
             received = incoming.recv(), if open => match received {
                 Some(Message::Watch(id, watched)) => {
                     let ttl = watched.state.ttl();

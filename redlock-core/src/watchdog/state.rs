@@ -8,11 +8,12 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Instant;
 use crate::quorum::InFlight;
 
 /// The validity end and the TTL last set, changed together.
@@ -96,7 +97,10 @@ impl LockState {
             if Instant::now() >= until {
                 return;
             }
+            // Biased: a loss first, and no random pick (the simulator replays a seed
+            // bit for bit).
             tokio::select! {
+                biased;
                 () = self.lost.cancelled() => return,
                 () = tokio::time::sleep_until(until.into()) => {}
                 () = &mut sooner => {}

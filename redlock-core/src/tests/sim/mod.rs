@@ -1,0 +1,588 @@
+//! A deterministic simulator: the library's own code (acquisition, extension, the
+//! watchdog, release, fencing, the restart quarantine, semaphores) against simulated
+//! nodes (`node::fake`) on tokio's paused clock, one current-thread runtime per seed, with
+//! faults drawn from the seed and invariants checked by an observer outside the library.
+//! One seed gives one history, bit for bit; a failing seed prints the command that
+//! replays it with a trace. See docs/DEVELOPMENT.md ("Simulation").
+
+mod observer;
+mod world;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use tokio::time::Instant;
+
+use self::observer::{Holding, Observer};
+use self::world::{Fault, World};
+use crate::node::fake::FakeServer;
+use crate::{Redlock, RetryPolicy};
+
+/// A lock's TTL in the simulation.
+const TTL: Duration = Duration::from_millis(300);
+/// The drift factor of the simulated clients: the nodes' clocks run up to 4% fast.
+const DRIFT_FACTOR: f64 = 0.05;
+const FASTEST_CLOCK: f64 = 1.04;
+
+/// A change that breaks a guarantee on purpose: the observer must catch it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Control {
+    /// Restart quarantine off, nodes restarting without persistence.
+    QuarantineOff,
+    /// Drift factor 0, nodes' clocks running fast.
+    NoDriftAllowance,
+    /// Fencing tokens without the clock floor (counters lost in restarts).
+    NoFenceFloor,
+    /// Releases that delete whatever value the key holds.
+    UncheckedRelease,
+}
+
+impl Control {
+    const ALL: [Control; 4] = [
+        Control::QuarantineOff,
+        Control::NoDriftAllowance,
+        Control::NoFenceFloor,
+        Control::UncheckedRelease,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Control::QuarantineOff => "quarantine-off",
+            Control::NoDriftAllowance => "no-drift-allowance",
+            Control::NoFenceFloor => "no-fence-floor",
+            Control::UncheckedRelease => "unchecked-release",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
+/// What one seed did.
+pub(super) struct Outcome {
+    pub(super) violations: Vec<String>,
+    /// Order breaches on a node (see `WorldState::findings`).
+    pub(super) findings: Vec<String>,
+    pub(super) trace: Vec<String>,
+}
+
+/// Runs seed `seed` (with `control`, if any) on a runtime of its own; its clients take
+/// a round more with a control or `REDLOCK_SIM_MORE=1`.
+pub(super) fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> Outcome {
+    let more = control.is_some() || std::env::var("REDLOCK_SIM_MORE").is_ok_and(|v| v == "1");
+    run_world(seed, control, more, trace, live)
+}
+
+fn run_world(seed: u64, control: Option<Control>, more: bool, trace: bool, live: bool) -> Outcome {
+    crate::value::seed_rng(Some(seed ^ 0x5eed_5eed_5eed_5eed));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    let outcome = runtime.block_on(simulate(seed, control, more, trace, live));
+    crate::value::seed_rng(None);
+    crate::clock::set_wall_clock(None);
+    outcome
+}
+
+async fn simulate(
+    seed: u64,
+    control: Option<Control>,
+    more: bool,
+    trace: bool,
+    live: bool,
+) -> Outcome {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let nodes = if rng.random_bool(0.7) { 3 } else { 5 };
+    let clients = rng.random_range(2..=3);
+    let semaphore = rng.random_bool(0.25);
+    let fencing = !semaphore && (rng.random_bool(0.5) || control == Some(Control::NoFenceFloor));
+    let world = World::new(&mut rng, nodes, clients, trace);
+    world.state().live = live;
+    let servers: Vec<FakeServer> = (0..nodes).map(|_| FakeServer::default()).collect();
+    // The nodes' wall clocks: about the same simulated time, a few ms apart.
+    let wall_us: u64 = 1_800_000_000_000_000 + rng.random_range(0..1_000_000_000_000);
+    // The clients' wall clock (read only when no node tells its time), a second off.
+    crate::clock::set_wall_clock(Some(wall_us / 1000 + rng.random_range(0..2000)));
+    for (i, server) in servers.iter().enumerate() {
+        server.set_wall_clock(wall_us + rng.random_range(0..5_000));
+        server.set_uptime(Duration::from_secs(3600));
+        server.set_network(i, std::sync::Arc::new(world.clone()));
+        server.set_no_fence_floor(control == Some(Control::NoFenceFloor));
+        server.set_unchecked_release(control == Some(Control::UncheckedRelease));
+    }
+    let faults = schedule(&mut rng, nodes, clients, control);
+    world.log(|| {
+        format!("seed {seed}: {nodes} nodes, {clients} clients, semaphore {semaphore}, fencing {fencing}, control {control:?}")
+    });
+    let origin = Instant::now();
+    let observer = Rc::new(RefCell::new(Observer::new(origin)));
+    {
+        let (world, servers) = (world.clone(), servers.clone());
+        tokio::spawn(async move {
+            for (at, fault) in faults {
+                tokio::time::sleep_until(origin + at).await;
+                world.apply(&fault, &servers);
+            }
+        });
+    }
+    let local = tokio::task::LocalSet::new();
+    for c in 0..clients {
+        let redlock = servers
+            .iter()
+            .fold(Redlock::builder(), |b, s| b.fake(s.for_client(c)))
+            .holder(format!("c{c}"))
+            .restart_quarantine(control != Some(Control::QuarantineOff))
+            .wake_on_release(false)
+            .fencing(fencing)
+            .ttl(TTL)
+            .drift_factor(if control == Some(Control::NoDriftAllowance) {
+                0.0
+            } else {
+                DRIFT_FACTOR
+            })
+            .node_timeout(Duration::from_millis(20))
+            .retry(
+                RetryPolicy::deadline(Duration::from_millis(500))
+                    .with_delay(Duration::from_millis(5), Duration::from_millis(10)),
+            )
+            .build()
+            .expect("valid configuration");
+        let client = Client {
+            id: c,
+            rng: StdRng::seed_from_u64(rng.random()),
+            world: world.clone(),
+            observer: Rc::clone(&observer),
+            redlock,
+        };
+        local.spawn_local(client.run(semaphore, more));
+    }
+    local.await;
+    let mut observer = Rc::try_unwrap(observer)
+        .map(RefCell::into_inner)
+        .unwrap_or_default();
+    observer.check();
+    let mut state = world.state();
+    let mut violations = std::mem::take(&mut state.violations);
+    violations.extend(observer.violations);
+    Outcome {
+        violations,
+        findings: std::mem::take(&mut state.findings),
+        trace: state.trace.take().unwrap_or_default(),
+    }
+}
+
+/// The fault schedule: when each fault strikes, drawn from the seed.
+fn schedule(
+    rng: &mut StdRng,
+    nodes: usize,
+    clients: usize,
+    control: Option<Control>,
+) -> Vec<(Duration, Fault)> {
+    let mut faults = Vec::new();
+    let count = rng.random_range(0..=6);
+    for _ in 0..count {
+        let at = Duration::from_millis(rng.random_range(0..2500));
+        let node = rng.random_range(0..nodes);
+        let fault = match rng.random_range(0..10) {
+            0..=1 => Fault::Restart(node),
+            2..=4 => Fault::Cut {
+                node,
+                client: rng.random_range(0..clients),
+                to_node: rng.random_bool(0.5),
+                for_ms: rng.random_range(10..600),
+            },
+            5..=6 => Fault::Failing {
+                node,
+                for_ms: rng.random_range(10..400),
+            },
+            7..=8 => Fault::ClockRate {
+                node,
+                rate: rng.random_range(0.96..FASTEST_CLOCK),
+            },
+            // Within the allowance (2 ms + the drift factor's part, 15 ms at 300 ms).
+            _ => Fault::ClockJump {
+                node,
+                ms: rng.random_range(0..2),
+            },
+        };
+        faults.push((at, fault));
+    }
+    // The controls' faults, more often than the rest.
+    match control {
+        Some(Control::QuarantineOff | Control::NoFenceFloor) => {
+            for _ in 0..rng.random_range(1..=3) {
+                let at = Duration::from_millis(rng.random_range(0..2500));
+                faults.push((at, Fault::Restart(rng.random_range(0..nodes))));
+            }
+        }
+        Some(Control::NoDriftAllowance) => {
+            for node in 0..nodes {
+                let rate = rng.random_range(1.0..FASTEST_CLOCK);
+                faults.push((Duration::ZERO, Fault::ClockRate { node, rate }));
+            }
+        }
+        _ => {}
+    }
+    faults.sort_by_key(|(at, _)| *at);
+    faults
+}
+
+/// One simulated client: takes the lock (or a permit) a few times, works while it holds,
+/// sometimes pauses past its validity or crashes.
+struct Client {
+    id: usize,
+    rng: StdRng,
+    world: World,
+    observer: Rc<RefCell<Observer>>,
+    redlock: Redlock,
+}
+
+impl Client {
+    /// With `more`, a round more (a control: more chances to meet its fault).
+    async fn run(mut self, semaphore: bool, more: bool) {
+        let rounds = self.rng.random_range(1..=3) + usize::from(more);
+        for _ in 0..rounds {
+            let wait = self.rng.random_range(0..200);
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            let crashed = if semaphore {
+                self.permit_round().await
+            } else {
+                self.lock_round().await
+            };
+            if crashed {
+                return;
+            }
+        }
+    }
+
+    /// One acquisition of the lock; true if the client crashed.
+    async fn lock_round(&mut self) -> bool {
+        let c = self.id;
+        let result = self.redlock.lock("r").await;
+        let mut lock = match result {
+            Ok(lock) => lock,
+            Err(err) => {
+                self.world.log(|| format!("c{c} lock: {err}"));
+                return false;
+            }
+        };
+        let start = Instant::now();
+        let token = lock.fencing_token();
+        self.world
+            .log(|| format!("c{c} holds r (token {token:?}) for {:?}", lock.validity()));
+        let mut holding = Holding {
+            client: c,
+            start,
+            end: lock.valid_until(),
+            token,
+        };
+        if self.rng.random_bool(0.3) {
+            lock.auto_extend();
+        }
+        // Loss is reported by the end of the validity (within tokio's 1 ms timer
+        // granularity), never after it.
+        let watcher = {
+            let (handle, observer) = (lock.handle(), Rc::clone(&self.observer));
+            tokio::task::spawn_local(async move {
+                handle.lost().await;
+                let (now, until) = (Instant::now(), handle.valid_until());
+                if now > until + Duration::from_millis(1) {
+                    observer.borrow_mut().late_loss(c, now, until);
+                }
+            })
+        };
+        let steps = self.rng.random_range(1..=4);
+        for _ in 0..steps {
+            if lock.is_held() {
+                holding.end = holding.end.max(lock.valid_until());
+                if let Some(token) = token {
+                    self.observer
+                        .borrow_mut()
+                        .fenced_write("r", c, token, Instant::now());
+                }
+            }
+            if self.rng.random_bool(0.15) && lock.is_held() {
+                let result = lock.extend(TTL).await;
+                self.world.log(|| format!("c{c} extend: {result:?}"));
+                if result.is_ok() && lock.is_held() {
+                    holding.end = holding.end.max(lock.valid_until());
+                }
+            }
+            self.work().await;
+        }
+        if lock.is_held() {
+            holding.end = holding.end.max(lock.valid_until());
+        }
+        watcher.abort();
+        let ending = self.rng.random_range(0..20);
+        holding.end = holding.end.min(Instant::now());
+        self.observer.borrow_mut().held("r", 1, holding);
+        match ending {
+            0 => {
+                self.world.log(|| format!("c{c} crashes holding r"));
+                lock.detach();
+                true
+            }
+            1 => {
+                drop(lock);
+                false
+            }
+            _ => {
+                let result = lock.release().await;
+                self.world.log(|| format!("c{c} release: {result:?}"));
+                false
+            }
+        }
+    }
+
+    /// One permit of the semaphore (2 permits); true if the client crashed.
+    async fn permit_round(&mut self) -> bool {
+        const PERMITS: u32 = 2;
+        let c = self.id;
+        let semaphore = self
+            .redlock
+            .semaphore("s", PERMITS)
+            .expect("a valid semaphore")
+            .retry(
+                RetryPolicy::deadline(Duration::from_millis(500))
+                    .with_delay(Duration::from_millis(5), Duration::from_millis(10)),
+            );
+        let mut permit = match semaphore.acquire().await {
+            Ok(permit) => permit,
+            Err(err) => {
+                self.world.log(|| format!("c{c} permit: {err}"));
+                return false;
+            }
+        };
+        let start = Instant::now();
+        self.world
+            .log(|| format!("c{c} holds permit {} of s", permit.slot()));
+        let mut holding = Holding {
+            client: c,
+            start,
+            end: permit.lock().valid_until(),
+            token: None,
+        };
+        if self.rng.random_bool(0.3) {
+            permit.auto_extend();
+        }
+        for _ in 0..self.rng.random_range(1..=3) {
+            if permit.lock().is_held() {
+                holding.end = holding.end.max(permit.lock().valid_until());
+            }
+            self.work().await;
+        }
+        if permit.lock().is_held() {
+            holding.end = holding.end.max(permit.lock().valid_until());
+        }
+        holding.end = holding.end.min(Instant::now());
+        self.observer.borrow_mut().held("s", PERMITS, holding);
+        if self.rng.random_range(0..20) == 0 {
+            self.world.log(|| format!("c{c} crashes holding a permit"));
+            drop(permit);
+            return true;
+        }
+        let result = permit.release().await;
+        self.world
+            .log(|| format!("c{c} release permit: {result:?}"));
+        false
+    }
+
+    /// A step of work; now and then a pause longer than the TTL, during which the
+    /// client neither sends nor hears anything.
+    async fn work(&mut self) {
+        if self.rng.random_bool(0.06) {
+            let pause = Duration::from_millis(self.rng.random_range(300..800));
+            self.world.freeze(self.id, pause);
+            tokio::time::sleep(pause).await;
+        } else {
+            let ms = self.rng.random_range(1..150);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+}
+
+/// The seeds to run: `REDLOCK_SIM_SEEDS` (default 10,000) from `REDLOCK_SIM_FIRST`
+/// (default 0).
+fn seeds() -> std::ops::Range<u64> {
+    let var = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.replace('_', "").parse().ok())
+            .unwrap_or(default)
+    };
+    let first = var("REDLOCK_SIM_FIRST", 0);
+    first..first.saturating_add(var("REDLOCK_SIM_SEEDS", 10_000))
+}
+
+/// The command that replays `seed`, with its trace.
+fn replay_command(seed: u64, control: Option<Control>) -> String {
+    let control = control.map_or(String::new(), |c| {
+        format!("REDLOCK_SIM_CONTROL={} ", c.name())
+    });
+    format!(
+        "{control}REDLOCK_SIM_SEED={seed} REDLOCK_SIM_TRACE=1 cargo test -p redlock-core --lib tests::sim::replay -- --nocapture"
+    )
+}
+
+/// Runs every `step`-th seed of [`seeds`] from `offset`: all invariants on every seed,
+/// none may fail.
+fn run_share(offset: u64, step: u64) {
+    let started = std::time::Instant::now();
+    let mut count = 0u64;
+    let mut findings = Vec::new();
+    for seed in seeds()
+        .skip(usize::try_from(offset).unwrap_or(0))
+        .step_by(usize::try_from(step).unwrap_or(1))
+    {
+        let outcome = run_seed(seed, None, false, false);
+        count += 1;
+        if let Some(finding) = outcome.findings.first() {
+            findings.push(format!("seed {seed}: {finding}"));
+        }
+        assert!(
+            outcome.violations.is_empty(),
+            "simulation seed {seed} broke an invariant:\n  {}\nreplay: {}",
+            outcome.violations.join("\n  "),
+            replay_command(seed, None)
+        );
+    }
+    let secs = started.elapsed().as_secs_f64();
+    // An extension issued before a release but applied after it on a node, when both
+    // waited for an earlier command still in flight there: harmless to exclusion (the
+    // value is gone), but against the per-node order the in-flight barriers keep. Open:
+    // printed with its replay command; `REDLOCK_SIM_STRICT=1` fails on it.
+    if let Some(first) = findings.first() {
+        let seed: u64 = first
+            .trim_start_matches("seed ")
+            .split(':')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        println!(
+            "simulation: {} seeds with an extension applied after the release on a node, first {first}\n  replay: {}",
+            findings.len(),
+            replay_command(seed, None)
+        );
+        assert!(
+            std::env::var("REDLOCK_SIM_STRICT").is_err(),
+            "order breaches: {findings:?}"
+        );
+    }
+    println!(
+        "simulation: {count} seeds, 0 violations, {secs:.1} s, {:.0} seeds/s",
+        count as f64 / secs.max(1e-9)
+    );
+}
+
+// The seeds in two halves, one test each: the test harness runs them on two threads.
+#[test]
+fn seeds_even() {
+    run_share(0, 2);
+}
+
+#[test]
+fn seeds_odd() {
+    run_share(1, 2);
+}
+
+/// One seed gives one history, bit for bit: the same trace twice.
+#[test]
+fn a_seed_replays_bit_for_bit() {
+    for seed in 0..200 {
+        let first = run_seed(seed, None, true, false);
+        let second = run_seed(seed, None, true, false);
+        assert!(first.trace.len() > 5, "seed {seed}: too short a trace");
+        if first.trace != second.trace {
+            let at = first
+                .trace
+                .iter()
+                .zip(&second.trace)
+                .position(|(a, b)| a != b)
+                .unwrap_or(first.trace.len().min(second.trace.len()));
+            panic!(
+                "seed {seed}: two runs differ at line {at}:\n  {:?}\n  {:?}",
+                first.trace.get(at),
+                second.trace.get(at)
+            );
+        }
+    }
+}
+
+/// The most seeds each control may take to be caught.
+const CONTROL_BUDGET: u64 = 500;
+
+/// Every negative control is caught within [`CONTROL_BUDGET`] seeds: the observer has
+/// the power to see each broken guarantee.
+#[test]
+fn every_negative_control_is_caught() {
+    for control in Control::ALL {
+        let caught = (0..CONTROL_BUDGET).find_map(|seed| {
+            let outcome = run_seed(seed, Some(control), false, false);
+            outcome.violations.first().cloned().map(|v| (seed, v))
+        });
+        match caught {
+            Some((seed, violation)) => println!(
+                "control {}: caught at seed {seed} ({} seeds): {violation}\n  replay: {}",
+                control.name(),
+                seed + 1,
+                replay_command(seed, Some(control))
+            ),
+            None => panic!(
+                "control {} not caught within {CONTROL_BUDGET} seeds: the simulator cannot see the guarantee it breaks",
+                control.name()
+            ),
+        }
+    }
+}
+
+/// Replays `REDLOCK_SIM_SEED` (with `REDLOCK_SIM_CONTROL`, if set), printing its trace
+/// with `REDLOCK_SIM_TRACE=1`.
+#[test]
+fn replay() {
+    let Some(seed) = std::env::var("REDLOCK_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    else {
+        return;
+    };
+    let control = std::env::var("REDLOCK_SIM_CONTROL")
+        .ok()
+        .and_then(|c| Control::parse(&c));
+    let trace = std::env::var("REDLOCK_SIM_TRACE").is_ok_and(|v| v == "1");
+    let outcome = run_seed(seed, control, false, trace);
+    for violation in &outcome.violations {
+        println!("VIOLATION: {violation}");
+    }
+    for finding in &outcome.findings {
+        println!("FINDING: {finding}");
+    }
+    assert!(
+        outcome.violations.is_empty(),
+        "seed {seed} broke an invariant"
+    );
+}
+
+/// The open finding (docs/GUARANTEES.md, "The deterministic simulator"): on this seed,
+/// with a round more per client, an extension issued before the release is applied
+/// after it on one node. When the release waits for the extension's commands too, this
+/// seed finds nothing: turn the assertion around to keep it as a regression test.
+#[test]
+fn open_finding_an_extension_applied_after_the_release_on_a_node() {
+    let outcome = run_world(19676, None, true, false, false);
+    assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
+    assert!(
+        outcome
+            .findings
+            .iter()
+            .any(|f| f.contains("after its release there")),
+        "seed 19676 no longer applies an extension after the release: {:?}",
+        outcome.findings
+    );
+}

@@ -1,0 +1,326 @@
+//! The simulated world: the nodes (fake servers), the network between them and the
+//! clients (latency, lost requests and replies, one-way cuts, frozen clients), the fault
+//! schedule drawn from the seed, and the trace of every message on simulated time.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use redis::{Arg, Cmd, RedisError, Value};
+use tokio::time::Instant;
+
+use crate::node::fake::{FakeServer, Fate, Network};
+use crate::protocol::scripts;
+
+/// One fault of the schedule, applied at its time.
+#[derive(Clone, Debug)]
+pub(super) enum Fault {
+    /// The node restarts without persistence.
+    Restart(usize),
+    /// Requests from `client` to `node` (`to_node`) or its replies (else) are lost,
+    /// for `for_ms`.
+    Cut {
+        node: usize,
+        client: usize,
+        to_node: bool,
+        for_ms: u64,
+    },
+    /// The node answers every command with an error, for `for_ms`.
+    Failing { node: usize, for_ms: u64 },
+    /// The node's clock runs at `rate` from now on.
+    ClockRate { node: usize, rate: f64 },
+    /// The node's clock jumps forward by `ms`.
+    ClockJump { node: usize, ms: u64 },
+}
+
+/// The parts of the world the network reads and writes.
+pub(super) struct WorldState {
+    rng: StdRng,
+    start: Instant,
+    /// Every message and fault, on simulated time (only while tracing).
+    pub(super) trace: Option<Vec<String>>,
+    /// Print each trace line as it happens.
+    pub(super) live: bool,
+    /// Per node: base latency one way.
+    latency: Vec<Duration>,
+    /// Probability that a request or a reply is lost.
+    loss: f64,
+    /// One-way cuts in force: (node, client, to the node).
+    cuts: HashSet<(usize, usize, bool)>,
+    /// Per client: frozen (a pause) until then.
+    frozen: Vec<Instant>,
+    /// Lock values released, per node.
+    released: HashSet<(usize, String)>,
+    /// Invariant violations seen on the wire.
+    pub(super) violations: Vec<String>,
+    /// Breaches of the per-node order of a lock's commands (an extension applied after
+    /// the release on a node): reported, not yet failing the run (see `run_share`).
+    pub(super) findings: Vec<String>,
+}
+
+/// The world's network, shared by every fake server.
+#[derive(Clone)]
+pub(super) struct World(pub(super) Arc<Mutex<WorldState>>);
+
+impl World {
+    pub(super) fn new(rng: &mut StdRng, nodes: usize, clients: usize, trace: bool) -> Self {
+        let latency = (0..nodes)
+            .map(|_| Duration::from_micros(rng.random_range(200..3000)))
+            .collect();
+        let loss = if rng.random_bool(0.5) {
+            rng.random_range(0.0..0.05)
+        } else {
+            0.0
+        };
+        let now = Instant::now();
+        Self(Arc::new(Mutex::new(WorldState {
+            rng: StdRng::seed_from_u64(rng.random()),
+            start: now,
+            trace: trace.then(Vec::new),
+            live: false,
+            latency,
+            loss,
+            cuts: HashSet::new(),
+            frozen: vec![now; clients],
+            released: HashSet::new(),
+            violations: Vec::new(),
+            findings: Vec::new(),
+        })))
+    }
+
+    pub(super) fn state(&self) -> std::sync::MutexGuard<'_, WorldState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a line to the trace (if tracing), stamped with the simulated time.
+    pub(super) fn log(&self, line: impl FnOnce() -> String) {
+        self.state().log(line);
+    }
+
+    /// `client` stops (a pause: no request leaves it, no reply reaches it) for `pause`.
+    pub(super) fn freeze(&self, client: usize, pause: Duration) {
+        let mut state = self.state();
+        let until = Instant::now() + pause;
+        if let Some(frozen) = state.frozen.get_mut(client) {
+            *frozen = (*frozen).max(until);
+        }
+        state.log(|| format!("c{client} paused for {} ms", pause.as_millis()));
+    }
+
+    /// Applies `fault` to `servers` now; a fault with a duration ends in a task of its
+    /// own.
+    pub(super) fn apply(&self, fault: &Fault, servers: &[FakeServer]) {
+        self.log(|| format!("fault {fault:?}"));
+        match *fault {
+            Fault::Restart(node) => servers[node].restart(),
+            Fault::Cut {
+                node,
+                client,
+                to_node,
+                for_ms,
+            } => {
+                self.state().cuts.insert((node, client, to_node));
+                let world = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(for_ms)).await;
+                    world.state().cuts.remove(&(node, client, to_node));
+                    world.log(|| format!("cut n{node}/c{client} healed"));
+                });
+            }
+            Fault::Failing { node, for_ms } => {
+                servers[node].set_failing(true);
+                let (server, world) = (servers[node].clone(), self.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(for_ms)).await;
+                    server.set_failing(false);
+                    world.log(|| format!("n{node} answers again"));
+                });
+            }
+            Fault::ClockRate { node, rate } => servers[node].set_clock_rate(rate),
+            Fault::ClockJump { node, ms } => servers[node].jump_clock(Duration::from_millis(ms)),
+        }
+    }
+}
+
+impl WorldState {
+    fn log(&mut self, line: impl FnOnce() -> String) {
+        if self.trace.is_none() && !self.live {
+            return;
+        }
+        let t = Instant::now().duration_since(self.start);
+        let line = format!("{:>9.3} ms  {}", t.as_secs_f64() * 1000.0, line());
+        if self.live {
+            println!("{line}");
+        }
+        if let Some(trace) = &mut self.trace {
+            trace.push(line);
+        }
+    }
+}
+
+impl Network for World {
+    fn fate(&self, node: usize, client: usize, cmds: &[Cmd]) -> Fate {
+        let mut state = self.state();
+        let now = Instant::now();
+        let frozen = state
+            .frozen
+            .get(client)
+            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+        let base = state.latency[node];
+        let loss = state.loss;
+        let rng = &mut state.rng;
+        let mut delay =
+            || base + Duration::from_micros(rng.random_range(0..=base.as_micros() as u64));
+        let (request_delay, reply_delay) = (delay() + frozen, delay());
+        let request_lost = rng.random_bool(loss);
+        let reply_lost = rng.random_bool(loss);
+        let fate = Fate {
+            request_delay,
+            request_lost: request_lost || state.cuts.contains(&(node, client, true)),
+            reply_delay,
+            reply_lost: reply_lost || state.cuts.contains(&(node, client, false)),
+        };
+        state.log(|| {
+            let lost = if fate.request_lost {
+                "  [request lost]"
+            } else if fate.reply_lost {
+                "  [reply will be lost]"
+            } else {
+                ""
+            };
+            format!("c{client} -> n{node}  {}{lost}", describe(cmds))
+        });
+        fate
+    }
+
+    fn applied(
+        &self,
+        node: usize,
+        client: usize,
+        cmds: &[Cmd],
+        replies: &Result<Vec<Value>, RedisError>,
+    ) {
+        let mut state = self.state();
+        // No extension of a lock value on a node after its release there.
+        for cmd in cmds.iter().filter(|_| replies.is_ok()) {
+            let args = args(cmd);
+            let Some(name) = script(&args) else { continue };
+            let n = args
+                .get(2)
+                .and_then(|a| a.parse::<usize>().ok())
+                .unwrap_or(0);
+            let argv = args.get(3 + n..).unwrap_or_default();
+            if name == "release" {
+                if let Some(value) = argv.first() {
+                    state.released.insert((node, value.clone()));
+                }
+            } else if name == "extend" {
+                for lock in argv.chunks(3) {
+                    if let Some(value) = lock.get(1)
+                        && state.released.contains(&(node, value.clone()))
+                    {
+                        let line = format!(
+                            "n{node} extended {value} of c{client} after its release there"
+                        );
+                        state.log(|| format!("FINDING: {line}"));
+                        state.findings.push(line);
+                    }
+                }
+            }
+        }
+        state.log(|| {
+            let answer = match replies {
+                Ok(values) => values
+                    .iter()
+                    .map(short_value)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Err(err) => format!("error: {err}"),
+            };
+            format!("n{node} -> c{client}  {answer}")
+        });
+    }
+}
+
+/// A command's arguments as text.
+fn args(cmd: &Cmd) -> Vec<String> {
+    cmd.args_iter()
+        .filter_map(|a| match a {
+            Arg::Simple(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The name of the script an `EVALSHA` runs.
+fn script(args: &[String]) -> Option<&'static str> {
+    if !args.first()?.eq_ignore_ascii_case("EVALSHA") {
+        return None;
+    }
+    let sha = args.get(1)?;
+    let named = [
+        (&scripts::RELEASE, "release"),
+        (&scripts::EXTEND, "extend"),
+        (&scripts::ACQUIRE_MANY, "acquire"),
+        (&scripts::ACQUIRE_FENCED, "acquire_fenced"),
+        (&scripts::RAISE_FENCE, "raise_fence"),
+        (&scripts::ACQUIRE_QUEUED, "acquire_queued"),
+        (&scripts::JOIN_QUEUE, "join_queue"),
+        (&scripts::REMAINING, "remaining"),
+        (&scripts::SERVER_TIME, "server_time"),
+        (&scripts::MARK, "mark"),
+    ];
+    named
+        .iter()
+        .find(|(s, _)| s.get_hash() == sha)
+        .map(|(_, name)| *name)
+        .or(Some("script?"))
+}
+
+/// One line for the commands of a request: the script's name, keys and arguments, long
+/// random values shortened.
+fn describe(cmds: &[Cmd]) -> String {
+    cmds.iter()
+        .map(|cmd| {
+            let args = args(cmd);
+            let words: Vec<String> = match script(&args) {
+                Some(name) => std::iter::once(name.to_owned())
+                    .chain(args.iter().skip(3).map(|a| short(a)))
+                    .collect(),
+                None => args.iter().map(|a| short(a)).collect(),
+            };
+            words.join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+fn short(text: &str) -> String {
+    match text.split_once('/') {
+        Some((holder, random)) if random.len() > 8 => format!("{holder}/{}", &random[..6]),
+        _ => text.to_owned(),
+    }
+}
+
+fn short_value(value: &Value) -> String {
+    match value {
+        Value::Int(n) => n.to_string(),
+        Value::Okay => "OK".to_owned(),
+        Value::Nil => "nil".to_owned(),
+        Value::BulkString(bytes) => short(&String::from_utf8_lossy(bytes)),
+        Value::Array(values) => {
+            format!(
+                "[{}]",
+                values
+                    .iter()
+                    .map(short_value)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+        Value::ServerError(err) => format!("error: {err:?}"),
+        other => format!("{other:?}"),
+    }
+}
