@@ -9,6 +9,7 @@ mod observer;
 mod world;
 
 use std::cell::RefCell;
+use std::io::Write as _;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -465,7 +466,8 @@ fn run_share(offset: u64, step: u64) {
             .next()
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
-        println!(
+        let _ = writeln!(
+            std::io::stderr(),
             "simulation: {} seeds with an extension applied after the release on a node, first {first}\n  replay: {}",
             findings.len(),
             replay_command(seed, None)
@@ -475,7 +477,10 @@ fn run_share(offset: u64, step: u64) {
             "order breaches: {findings:?}"
         );
     }
-    println!(
+    // Past the harness's capture (it takes `print!`, not writes to the stream), so that
+    // every run's log shows the count and the rate.
+    let _ = writeln!(
+        std::io::stderr(),
         "simulation: {count} seeds, 0 violations, {secs:.1} s, {:.0} seeds/s",
         count as f64 / secs.max(1e-9)
     );
