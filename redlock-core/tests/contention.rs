@@ -122,6 +122,22 @@ async fn waiters_do_not_spin_on_a_bare_majority() {
     lock.release().await.unwrap();
 }
 
+/// Waits until `n` waiters are queued for `resource` on a majority of nodes (a loaded
+/// machine may take longer than any fixed sleep to get a waiter's first attempt out).
+async fn queued_on_a_majority(cluster: &Cluster, resource: &str, n: u64) {
+    let queue = format!("redlock:{{{resource}}}:queue");
+    cluster
+        .settle_each(
+            &format!("{n} waiters queued for {resource}"),
+            redis::cmd("ZCARD").arg(&queue),
+            Duration::from_secs(10),
+            |sizes: &[Option<u64>]| {
+                sizes.iter().filter(|s| s.unwrap_or(0) >= n).count() >= cluster.majority()
+            },
+        )
+        .await;
+}
+
 /// Only a wake-up or a hand-over makes a waiter with this policy quick: its timer says 1 s.
 fn slow_retry() -> RetryPolicy {
     RetryPolicy::deadline(Duration::from_secs(20))
@@ -146,7 +162,8 @@ async fn a_dead_heir_is_skipped() {
             });
         })
         .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The doomed waiter heads the queue (on a majority) before the live one joins it.
+    queued_on_a_majority(&cluster, "heir", 1).await;
     // Its timer says 3 s: far from what a hand-over takes, also on a loaded machine.
     let live = client(
         &cluster,
@@ -159,7 +176,7 @@ async fn a_dead_heir_is_skipped() {
         lock.release().await.unwrap();
         at
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    queued_on_a_majority(&cluster, "heir", 2).await;
     doomed.crash();
     let released = Instant::now();
     lock.release().await.unwrap();
@@ -192,7 +209,7 @@ async fn a_free_resource_can_always_be_try_locked() {
             }
         })
         .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    queued_on_a_majority(&cluster, "stale", 3).await;
     doomed.crash();
     lock.release().await.unwrap();
     let newcomer = client(&cluster, slow_retry());
