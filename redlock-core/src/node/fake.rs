@@ -86,9 +86,10 @@ struct State {
     /// connection's commands).
     arrivals: HashMap<usize, Instant>,
     /// Model knobs for the simulator's negative controls: tokens without the clock
-    /// floor, releases that skip the holder check.
+    /// floor, releases that skip the holder check, the per-node permit counter.
     no_fence_floor: bool,
     unchecked_release: bool,
+    counted_permits: bool,
 }
 
 struct Entry {
@@ -174,6 +175,14 @@ impl FakeServer {
     /// Releases delete the key whoever holds it (a negative control).
     pub(crate) fn set_unchecked_release(&self, on: bool) {
         self.state().unchecked_release = on;
+    }
+
+    /// Answers `COUNTED.GRANT key member permits ttl_ms` and `COUNTED.RELEASE key
+    /// member`: a semaphore counted on each node alone (a sorted set of holders by
+    /// expiry, as one script per node would keep it), for a negative control granting
+    /// a permit on a majority of such counters.
+    pub(crate) fn set_counted_permits(&self, on: bool) {
+        self.state().counted_permits = on;
     }
 
     /// `INFO server` as a new connection reads it (`run_id`, `uptime_in_seconds`), if
@@ -489,6 +498,26 @@ impl State {
         }
     }
 
+    /// A permit counted on this node alone: the holders whose expiry (by this node's
+    /// clock) has passed are dropped (`ZREMRANGEBYSCORE`), and `member` is added, to
+    /// expire `ttl_ms` from now, if fewer than `permits` remain (`ZCARD`, `ZADD`).
+    fn counted_grant(&mut self, key: &[u8], member: &[u8], permits: u64, ttl_ms: u64) -> bool {
+        let now = self.now_ms();
+        let empty = self.zset(key).is_some_and(|z| {
+            z.members.retain(|_, expiry| *expiry > now as f64);
+            z.members.is_empty()
+        });
+        if empty {
+            self.zsets.remove(key);
+        }
+        let count = self.zset(key).map_or(0, |z| z.members.len() as u64);
+        if count >= permits {
+            return false;
+        }
+        self.zadd(key, now.saturating_add(ttl_ms) as f64, member);
+        true
+    }
+
     fn set(&mut self, key: &[u8], value: &[u8], ttl_ms: Option<u64>) {
         let expires = ttl_ms.map(|ms| Instant::now() + self.ttl(ms));
         self.keys.insert(
@@ -543,6 +572,14 @@ impl State {
                 }
             }
             "PING" => Value::SimpleString("PONG".into()),
+            "COUNTED.GRANT" if self.counted_permits => {
+                let (key, member) = (args[1], args[2]);
+                Value::Int(i64::from(self.counted_grant(key, member, num(3), num(4))))
+            }
+            "COUNTED.RELEASE" if self.counted_permits => {
+                self.zrem(args[1], args[2]);
+                Value::Int(1)
+            }
             "EVALSHA" => {
                 let n = usize::try_from(num(2)).unwrap_or(0);
                 let keys: Vec<&[u8]> = args[3..3 + n].to_vec();

@@ -39,14 +39,19 @@ pub(super) enum Control {
     NoFenceFloor,
     /// Releases that delete whatever value the key holds.
     UncheckedRelease,
+    /// A semaphore counted on each node alone and granted on a majority of nodes
+    /// (clients of the simulator's own, not the library's slot-per-permit semaphore),
+    /// three clients, with restarts.
+    MajorityCounter,
 }
 
 impl Control {
-    const ALL: [Control; 4] = [
+    const ALL: [Control; 5] = [
         Control::QuarantineOff,
         Control::NoDriftAllowance,
         Control::NoFenceFloor,
         Control::UncheckedRelease,
+        Control::MajorityCounter,
     ];
 
     fn name(self) -> &'static str {
@@ -55,6 +60,7 @@ impl Control {
             Control::NoDriftAllowance => "no-drift-allowance",
             Control::NoFenceFloor => "no-fence-floor",
             Control::UncheckedRelease => "unchecked-release",
+            Control::MajorityCounter => "majority-counter",
         }
     }
 
@@ -100,8 +106,12 @@ async fn simulate(
 ) -> Outcome {
     let mut rng = StdRng::seed_from_u64(seed);
     let nodes = if rng.random_bool(0.7) { 3 } else { 5 };
-    let clients = rng.random_range(2..=3);
-    let semaphore = rng.random_bool(0.25);
+    let mut clients = rng.random_range(2..=3);
+    if control == Some(Control::MajorityCounter) {
+        // Two clients cannot exceed its 2 permits.
+        clients = 3;
+    }
+    let semaphore = rng.random_bool(0.25) || control == Some(Control::MajorityCounter);
     let fencing = !semaphore && (rng.random_bool(0.5) || control == Some(Control::NoFenceFloor));
     let world = World::new(&mut rng, nodes, clients, trace);
     world.state().live = live;
@@ -116,6 +126,7 @@ async fn simulate(
         server.set_network(i, std::sync::Arc::new(world.clone()));
         server.set_no_fence_floor(control == Some(Control::NoFenceFloor));
         server.set_unchecked_release(control == Some(Control::UncheckedRelease));
+        server.set_counted_permits(control == Some(Control::MajorityCounter));
     }
     let faults = schedule(&mut rng, nodes, clients, control);
     world.log(|| {
@@ -160,6 +171,8 @@ async fn simulate(
             world: world.clone(),
             observer: Rc::clone(&observer),
             redlock,
+            counted: (control == Some(Control::MajorityCounter))
+                .then(|| servers.iter().map(|s| s.for_client(c)).collect()),
         };
         local.spawn_local(client.run(semaphore, more));
     }
@@ -216,7 +229,7 @@ fn schedule(
     }
     // The controls' faults, more often than the rest.
     match control {
-        Some(Control::QuarantineOff | Control::NoFenceFloor) => {
+        Some(Control::QuarantineOff | Control::NoFenceFloor | Control::MajorityCounter) => {
             for _ in 0..rng.random_range(1..=3) {
                 let at = Duration::from_millis(rng.random_range(0..2500));
                 faults.push((at, Fault::Restart(rng.random_range(0..nodes))));
@@ -242,6 +255,9 @@ struct Client {
     world: World,
     observer: Rc<RefCell<Observer>>,
     redlock: Redlock,
+    /// Its own handles on the nodes, for the majority-counter control's permits (which
+    /// then replace the library's semaphore).
+    counted: Option<Vec<FakeServer>>,
 }
 
 impl Client {
@@ -251,7 +267,9 @@ impl Client {
         for _ in 0..rounds {
             let wait = self.rng.random_range(0..200);
             tokio::time::sleep(Duration::from_millis(wait)).await;
-            let crashed = if semaphore {
+            let crashed = if self.counted.is_some() {
+                self.counted_round().await
+            } else if semaphore {
                 self.permit_round().await
             } else {
                 self.lock_round().await
@@ -395,6 +413,68 @@ impl Client {
         false
     }
 
+    /// One permit of a semaphore of 2 permits counted on each node alone and granted on
+    /// a majority of nodes (the majority-counter control: nodes that saw the contenders
+    /// in different orders, missed a grant or forgot it in a restart let a third holder
+    /// in); true if the client crashed. Validity as the library computes it: the TTL
+    /// less the time the grants took and the drift allowance.
+    async fn counted_round(&mut self) -> bool {
+        const PERMITS: u64 = 2;
+        let c = self.id;
+        let nodes = self.counted.clone().unwrap_or_default();
+        let quorum = nodes.len() / 2 + 1;
+        let ttl_ms = TTL.as_millis() as u64;
+        let drift = TTL.mul_f64(DRIFT_FACTOR) + Duration::from_millis(2);
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let held = loop {
+            let member = format!("c{c}/{:08x}", self.rng.random::<u32>());
+            let asked = Instant::now();
+            let grant = redis::cmd("COUNTED.GRANT")
+                .arg("s")
+                .arg(&member)
+                .arg(PERMITS)
+                .arg(ttl_ms)
+                .clone();
+            let granted = ask_all(&nodes, &grant).await;
+            let until = asked + TTL - drift;
+            if granted >= quorum && Instant::now() < until {
+                break Some((member, until));
+            }
+            let release = redis::cmd("COUNTED.RELEASE").arg("s").arg(&member).clone();
+            ask_all(&nodes, &release).await;
+            if Instant::now() >= deadline {
+                break None;
+            }
+            let ms = self.rng.random_range(5..=10);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        };
+        let Some((member, until)) = held else {
+            self.world.log(|| format!("c{c} counted permit: none"));
+            return false;
+        };
+        self.world
+            .log(|| format!("c{c} holds counted permit {member} of s"));
+        let mut holding = Holding {
+            client: c,
+            start: Instant::now(),
+            end: until,
+            token: None,
+        };
+        for _ in 0..self.rng.random_range(1..=3) {
+            self.work().await;
+        }
+        holding.end = holding.end.min(Instant::now());
+        self.observer.borrow_mut().held("s", 2, holding);
+        if self.rng.random_range(0..20) == 0 {
+            self.world
+                .log(|| format!("c{c} crashes holding a counted permit"));
+            return true;
+        }
+        let release = redis::cmd("COUNTED.RELEASE").arg("s").arg(&member).clone();
+        ask_all(&nodes, &release).await;
+        false
+    }
+
     /// A step of work; now and then a pause longer than the TTL, during which the
     /// client neither sends nor hears anything.
     async fn work(&mut self) {
@@ -407,6 +487,25 @@ impl Client {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
     }
+}
+
+/// Sends `cmd` to every node at once, each answer awaited up to the clients' node
+/// timeout; the number of nodes that answered 1.
+async fn ask_all(nodes: &[FakeServer], cmd: &redis::Cmd) -> usize {
+    let asks = nodes.iter().map(|node| {
+        let mut node = node.clone();
+        async move {
+            let answer =
+                tokio::time::timeout(Duration::from_millis(20), cmd.query_async::<i64>(&mut node))
+                    .await;
+            matches!(answer, Ok(Ok(1)))
+        }
+    });
+    futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .filter(|granted| *granted)
+        .count()
 }
 
 /// The seeds to run: `REDLOCK_SIM_SEEDS` (default 10,000) from `REDLOCK_SIM_FIRST`
@@ -532,6 +631,16 @@ fn every_negative_control_is_caught() {
             let outcome = run_seed(seed, Some(control), false, false);
             outcome.violations.first().cloned().map(|v| (seed, v))
         });
+        if let Some((seed, _)) = caught {
+            // The catching seed replays: the same trace twice, the violation again.
+            let first = run_seed(seed, Some(control), true, false);
+            let second = run_seed(seed, Some(control), true, false);
+            assert!(
+                first.trace == second.trace && !first.violations.is_empty(),
+                "control {}: seed {seed} does not replay",
+                control.name()
+            );
+        }
         match caught {
             Some((seed, violation)) => println!(
                 "control {}: caught at seed {seed} ({} seeds): {violation}\n  replay: {}",
