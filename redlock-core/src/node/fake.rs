@@ -79,9 +79,10 @@ struct State {
     /// Uptime before `booted` (a server up since before the test began).
     up_before: Duration,
     /// The node's clock: its rate against true time (above 1: fast, keys expire early)
-    /// and how far it jumped (µs, added to its time; expiries moved earlier by as much).
+    /// and how far it jumped (µs, added to its time, negative for a jump back; expiries
+    /// moved earlier, or later, by as much).
     clock_rate: f64,
-    clock_jump_us: u64,
+    clock_jump_us: i64,
     /// Per client, the last time a request of it reaches this node (the order of one
     /// connection's commands).
     arrivals: HashMap<usize, Instant>,
@@ -151,7 +152,7 @@ impl FakeServer {
         let mut state = self.state();
         state.clock_jump_us = state
             .clock_jump_us
-            .saturating_add(u64::try_from(by.as_micros()).unwrap_or(u64::MAX));
+            .saturating_add(i64::try_from(by.as_micros()).unwrap_or(i64::MAX));
         let now = Instant::now();
         let sooner = |at: &mut Option<Instant>| {
             if let Some(at) = at {
@@ -163,6 +164,26 @@ impl FakeServer {
         }
         for zset in state.zsets.values_mut() {
             sooner(&mut zset.expires);
+        }
+    }
+
+    /// The node's clock jumps back by `by`: its time reads that much earlier, and every
+    /// expiry comes that much later (a server's expiries are times on its own clock).
+    pub(crate) fn jump_clock_back(&self, by: Duration) {
+        let mut state = self.state();
+        state.clock_jump_us = state
+            .clock_jump_us
+            .saturating_sub(i64::try_from(by.as_micros()).unwrap_or(i64::MAX));
+        let later = |at: &mut Option<Instant>| {
+            if let Some(at) = at {
+                *at += by;
+            }
+        };
+        for entry in state.keys.values_mut() {
+            later(&mut entry.expires);
+        }
+        for zset in state.zsets.values_mut() {
+            later(&mut zset.expires);
         }
     }
 
@@ -399,7 +420,7 @@ impl State {
         });
         let elapsed = u64::try_from(self.scaled_elapsed(at).as_micros()).unwrap_or(0);
         wall.saturating_add(elapsed)
-            .saturating_add(self.clock_jump_us)
+            .saturating_add_signed(self.clock_jump_us)
     }
 
     /// A fencing token as the acquire scripts compute it from the counters `fences`:
