@@ -298,14 +298,18 @@ impl Lock {
         if start >= self.valid_until() || self.state.lost.is_cancelled() {
             return Err(self.expired("its validity ran out before the extension"));
         }
+        let barrier = self.state.barrier();
         let fanout = Fanout::start_after(
             &self.shared.cluster,
             &self.target,
             OpKind::Extend { ttl_ms },
             None,
-            self.state.barrier(),
+            barrier.as_ref(),
         );
-        let decision = fanout.drive_holding(Until::Decided, guard).await;
+        // Where the extension waits for the acquisition's commands, a release issued
+        // after it (which waits for them too) must go after it, not race it there.
+        let behind = barrier.map(|b| self.state.queue_behind(&b));
+        let decision = fanout.drive_holding(Until::Decided, (guard, behind)).await;
         let tally = decision.tally;
         let answered_at = Instant::now();
         // The keys live at least `ttl` from `start` wherever the extension was applied.
@@ -382,7 +386,7 @@ impl Lock {
             &target,
             OpKind::Convert,
             None,
-            self.state.barrier(),
+            self.state.barrier().as_ref(),
         );
         let tally = fanout.until_decided().await;
         let failures = fanout.failures();
@@ -444,11 +448,15 @@ impl Lock {
             // Driven by a task of its own: dropping this future half-way cannot leave
             // the release unsent on some nodes.
             let (cluster, target) = (Arc::clone(&self.shared.cluster), Arc::clone(&self.target));
-            let decision = start_release(&self.shared.cluster, &self.target, self.state.barrier())
-                .drive_then(Until::WonOrDone, move |answers| {
-                    follow_hand_overs(cluster, target, answers)
-                })
-                .await;
+            let decision = start_release(
+                &self.shared.cluster,
+                &self.target,
+                self.state.barrier().as_ref(),
+            )
+            .drive_then(Until::WonOrDone, move |answers| {
+                follow_hand_overs(cluster, target, answers)
+            })
+            .await;
             let tally = decision.tally;
             tracing::debug!(released = tally.yes, expired, "released");
             let answered = tally.won() || tally.majority_answered();
@@ -480,7 +488,11 @@ impl Drop for Lock {
             tracing::warn!(resource = %self.resource(), "lock dropped outside a tokio runtime: it will expire at its TTL");
             return;
         };
-        let mut release = start_release(&self.shared.cluster, &self.target, self.state.barrier());
+        let mut release = start_release(
+            &self.shared.cluster,
+            &self.target,
+            self.state.barrier().as_ref(),
+        );
         let (cluster, target) = (Arc::clone(&self.shared.cluster), Arc::clone(&self.target));
         handle.spawn(async move {
             release.until_done().await;
