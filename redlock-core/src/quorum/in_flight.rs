@@ -38,10 +38,9 @@ impl std::fmt::Debug for InFlight {
     }
 }
 
-/// Marks the commands done when dropped: by the task running them as it ends, completed
-/// or dropped (its runtime shut down), or by whoever holds it for commands it drives
-/// itself ([`InFlight::open`]): waiters are never left waiting for work that is gone.
-pub(crate) struct Finish(Arc<Inner>);
+/// Marks the commands done when the task running them ends, completed or dropped (its
+/// runtime shut down): waiters are never left waiting for a task that is gone.
+struct Finish(Arc<Inner>);
 
 impl Drop for Finish {
     fn drop(&mut self) {
@@ -69,22 +68,6 @@ impl InFlight {
             work.await;
         }));
         Self(inner)
-    }
-
-    /// Commands on `nodes` that the caller drives itself: done when the returned
-    /// [`Finish`] is dropped.
-    pub(crate) fn open(nodes: Vec<usize>) -> (Self, Finish) {
-        let inner = Arc::new(Inner {
-            nodes: nodes.into_boxed_slice(),
-            finished: AtomicBool::new(false),
-            done: Notify::new(),
-        });
-        (Self(Arc::clone(&inner)), Finish(inner))
-    }
-
-    /// The nodes they are on.
-    pub(crate) fn nodes(&self) -> Vec<usize> {
-        self.0.nodes.to_vec()
     }
 
     /// Both `a` and `b` (either may be absent).

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use self::fanout::{Answers, Decision, Fanout, Pending, Until};
-pub(crate) use self::in_flight::{Finish, InFlight};
+pub(crate) use self::in_flight::InFlight;
 pub(crate) use self::target::{Mode, OpKind, Target, fence_step_us};
 use crate::node::{Identities, Node};
 

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Instant;
-use crate::quorum::{Finish, InFlight};
+use crate::quorum::InFlight;
 
 /// The validity end and the TTL last set, changed together.
 #[derive(Debug, Clone, Copy)]
@@ -118,15 +118,11 @@ impl LockState {
         barrier.clone()
     }
 
-    /// An extension's commands are about to wait for `after` (the current
-    /// [`barrier`](Self::barrier)) on its nodes: they become the barrier there, so that
-    /// a later command of this lock (the release) cannot overtake them when both are
-    /// let go at once. Drop the returned [`Finish`] once the extension's commands have
-    /// completed on every node (they run after `after`'s, so it is done by then too).
-    pub(crate) fn queue_behind(&self, after: &InFlight) -> Finish {
-        let (in_flight, finish) = InFlight::open(after.nodes());
+    /// An extension's commands not yet in their nodes' connection queues: later
+    /// commands of this lock to those nodes wait for them (they ran after the earlier
+    /// barrier's there, so it is over when they are).
+    pub(crate) fn set_barrier(&self, in_flight: InFlight) {
         *self.barrier.lock().unwrap_or_else(PoisonError::into_inner) = Some(in_flight);
-        finish
     }
 
     /// Waits until no other extension of this lock is under way (the watchdog's rounds
