@@ -241,11 +241,27 @@ struct Space {
     writers: Vec<(String, u64)>,
     /// The fencing clock floor's step (µs).
     step_us: u64,
+    /// Which commands it draws from (see [`FOCUS`]).
+    focus: usize,
 }
+
+/// The kinds of command a sequence draws from (numbered as in `Space::action`, some
+/// more than once): all of them, or those of a lock's wait queue, or those of a
+/// read-write lock. A sequence that keeps to a few kinds makes them meet more often
+/// (a release finding a queue of several waiters, some of whose places lapsed).
+const FOCUS: [&[u8]; 3] = [
+    &[
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+    ],
+    &[
+        0, 3, 3, 4, 4, 6, 6, 7, 7, 8, 8, 9, 10, 11, 13, 13, 13, 14, 5,
+    ],
+    &[15, 15, 16, 17, 17, 18, 19, 19, 20, 20, 21, 9, 10, 11, 12],
+];
 
 impl Space {
     fn new(rng: &mut StdRng, prefix: &str, now_ms: u64) -> Self {
-        let resources = rng.random_range(2..=3);
+        let resources = rng.random_range(1..=3);
         let locks: Vec<String> = (0..resources).map(|i| format!("{prefix}:r{i}")).collect();
         let hex = |rng: &mut StdRng, bytes: usize| -> String {
             (0..bytes)
@@ -281,6 +297,7 @@ impl Space {
             waiters,
             writers,
             step_us: [1, 1000, 1_000_000, 10_000_000][rng.random_range(0..4)],
+            focus: rng.random_range(0..FOCUS.len()),
         }
     }
 
@@ -317,6 +334,12 @@ impl Space {
         picked
     }
 
+    /// How long a waiter's place is kept: as the library keeps it (at least 100 ms),
+    /// or shorter, so that places lapse within a sequence more often.
+    fn keep(rng: &mut StdRng) -> u64 {
+        [15, 30, 100, 130][rng.random_range(0..4)]
+    }
+
     fn ttl(rng: &mut StdRng) -> u64 {
         [15, 25, 40, 60, 100, 300][rng.random_range(0..6)]
     }
@@ -329,10 +352,11 @@ impl Space {
             WaitingWriter {
                 id,
                 since_ms,
-                keep_ms: [0, 100, 150][rng.random_range(0..3)],
+                keep_ms: [0, 30, 60, 100, 150][rng.random_range(0..5)],
             }
         };
-        match rng.random_range(0..22) {
+        let kinds = FOCUS[self.focus];
+        match kinds[rng.random_range(0..kinds.len())] {
             0..=2 => {
                 let picked = self.resources(rng, 2);
                 let fenced = rng.random_bool(0.4);
@@ -362,7 +386,7 @@ impl Space {
                     value,
                     ttl_ms: Self::ttl(rng),
                     waiter: Some(Waiter {
-                        keep_ms: [100, 130][rng.random_range(0..2)],
+                        keep_ms: Self::keep(rng),
                         ..Self::pick(rng, &self.waiters).clone()
                     }),
                     barge: false,
@@ -475,7 +499,7 @@ impl Space {
                     .map(|&i| self.locks[i].clone())
                     .collect(),
                 waiter: Waiter {
-                    keep_ms: [100, 130][rng.random_range(0..2)],
+                    keep_ms: Self::keep(rng),
                     ..Self::pick(rng, &self.waiters).clone()
                 },
             },
