@@ -96,6 +96,8 @@ struct State {
     no_fence_floor: bool,
     unchecked_release: bool,
     counted_permits: bool,
+    /// Where a test stopped true time for this node (see [`FakeServer::set_now`]).
+    stopped: Option<Instant>,
 }
 
 struct Entry {
@@ -135,7 +137,15 @@ impl FakeServer {
     /// The node's wall clock reads `us` (µs since the Unix epoch) now, instead of the
     /// host's clock at first use.
     pub(crate) fn set_wall_clock(&self, us: u64) {
-        self.state().origin = Some((Instant::now(), us));
+        let mut state = self.state();
+        state.origin = Some((state.now(), us));
+    }
+
+    /// Stops the node's sense of true time at `at` (`None`: tokio's clock again): the
+    /// commands that follow run as if at that instant. For a test that compares it with
+    /// a real server, evaluating each command at the instant the real one ran it.
+    pub(crate) fn set_now(&self, at: Option<Instant>) {
+        self.state().stopped = at;
     }
 
     /// The server has been up for `uptime` now.
@@ -307,7 +317,7 @@ impl FakeServer {
         let mut at: Vec<Instant> = state.keys.values().filter_map(|e| e.expires).collect();
         at.extend(state.zsets.values().filter_map(|z| z.expires));
         let now_us = state.now_us();
-        let now = Instant::now();
+        let now = state.now();
         let rate = if state.clock_rate > 0.0 {
             state.clock_rate
         } else {
@@ -431,7 +441,7 @@ impl State {
 
     /// The node's clock's time elapsed since `since` (true time).
     fn scaled_elapsed(&self, since: Instant) -> Duration {
-        let elapsed = Instant::now().duration_since(since);
+        let elapsed = self.now().duration_since(since);
         if self.clock_rate > 0.0 && self.clock_rate != 1.0 {
             elapsed.mul_f64(self.clock_rate)
         } else {
@@ -439,11 +449,18 @@ impl State {
         }
     }
 
+    /// True time: tokio's clock, or where a test stopped it (see
+    /// [`FakeServer::set_now`]).
+    fn now(&self) -> Instant {
+        self.stopped.unwrap_or_else(Instant::now)
+    }
+
     fn live(&mut self, key: &[u8]) -> Option<&Entry> {
+        let now = self.now();
         let expired = self
             .keys
             .get(key)
-            .is_some_and(|e| e.expires.is_some_and(|at| at <= Instant::now()));
+            .is_some_and(|e| e.expires.is_some_and(|at| at <= now));
         if expired {
             self.keys.remove(key);
         }
@@ -458,12 +475,13 @@ impl State {
     /// The server's clock in microseconds since the Unix epoch (`TIME`), advancing with
     /// tokio's clock.
     fn now_us(&mut self) -> u64 {
+        let now = self.now();
         let (at, wall) = *self.origin.get_or_insert_with(|| {
             let wall = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_micros();
-            (Instant::now(), u64::try_from(wall).unwrap_or(0))
+            (now, u64::try_from(wall).unwrap_or(0))
         });
         let elapsed = u64::try_from(self.scaled_elapsed(at).as_micros()).unwrap_or(0);
         wall.saturating_add(elapsed)
@@ -485,10 +503,11 @@ impl State {
     }
 
     fn zset(&mut self, key: &[u8]) -> Option<&mut ZSet> {
+        let now = self.now();
         let expired = self
             .zsets
             .get(key)
-            .is_some_and(|z| z.expires.is_some_and(|at| at <= Instant::now()));
+            .is_some_and(|z| z.expires.is_some_and(|at| at <= now));
         if expired {
             self.zsets.remove(key);
         }
@@ -518,7 +537,7 @@ impl State {
     /// `PTTL`: ms left by the node's clock (more than the true time left on a fast
     /// clock), -1 without expiry, -2 if missing (strings, sorted sets and sets).
     fn pttl(&mut self, key: &[u8]) -> i64 {
-        let now = Instant::now();
+        let now = self.now();
         let rate = self.clock_rate;
         let left = |expires: Option<Instant>| {
             expires.map_or(-1, |at| {
@@ -597,7 +616,7 @@ impl State {
     }
 
     fn pexpire(&mut self, key: &[u8], ms: u64) {
-        let at = Instant::now() + self.ttl(ms);
+        let at = self.now() + self.ttl(ms);
         if let Some(z) = self.zset(key) {
             z.expires = Some(at);
         } else if self.live(key).is_some()
@@ -611,13 +630,14 @@ impl State {
     /// of the `n` lock keys of `keys`, its places kept `keep` ms past now.
     fn take_places(&mut self, keys: &[&[u8]], n: usize, id: &[u8], since: f64, keep: u64) {
         let now = self.now_ms();
+        let instant = self.now();
         for i in 0..n {
             let (Some(queue), Some(deadlines)) = (keys.get(n + i), keys.get(2 * n + i)) else {
                 continue;
             };
             // The waiters' mark on a held key.
             if let Some(entry) = keys.get(i).and_then(|k| self.keys.get_mut(*k))
-                && entry.expires.is_none_or(|at| at > Instant::now())
+                && entry.expires.is_none_or(|at| at > instant)
                 && entry.value.first() != Some(&b'~')
                 && entry.value.last() != Some(&b'+')
             {
@@ -655,7 +675,8 @@ impl State {
 
     /// `SET` (a key of another type is replaced, as on a server).
     fn set(&mut self, key: &[u8], value: &[u8], ttl_ms: Option<u64>) {
-        let expires = ttl_ms.map(|ms| Instant::now() + self.ttl(ms));
+        let now = self.now();
+        let expires = ttl_ms.map(|ms| now + self.ttl(ms));
         self.zsets.remove(key);
         self.sets.remove(key);
         self.keys.insert(
@@ -825,10 +846,10 @@ impl State {
                     .iter()
                     .all(|k| self.live(k).is_some_and(|e| holds(&e.value, value)));
                 if held {
-                    let ttl = self.ttl(ttl);
+                    let at = self.now() + self.ttl(ttl);
                     for key in lock_keys {
                         if let Some(entry) = self.keys.get_mut(*key) {
-                            entry.expires = Some(Instant::now() + ttl);
+                            entry.expires = Some(at);
                         }
                     }
                 }

@@ -4,6 +4,7 @@
 //! without persistence. Fast and deterministic; the same behaviour against real servers
 //! and real faults is tested in `tests/`.
 
+mod fidelity;
 mod queue;
 mod sim;
 
