@@ -75,23 +75,46 @@ pub(super) struct Outcome {
     /// Order breaches on a node (see `WorldState::findings`).
     pub(super) findings: Vec<String>,
     pub(super) trace: Vec<String>,
+    /// How many faults the seed's whole schedule has (the indices
+    /// `REDLOCK_SIM_FAULTS` picks from).
+    pub(super) schedule: usize,
 }
 
 /// Runs seed `seed` (with `control`, if any) on a runtime of its own; its clients take
 /// a round more with a control or `REDLOCK_SIM_MORE=1`.
 pub(super) fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> Outcome {
-    let more = control.is_some() || std::env::var("REDLOCK_SIM_MORE").is_ok_and(|v| v == "1");
-    run_world(seed, control, more, trace, live)
+    run_seed_with(seed, control, None, trace, live)
 }
 
-fn run_world(seed: u64, control: Option<Control>, more: bool, trace: bool, live: bool) -> Outcome {
+/// [`run_seed`] with only the faults of its schedule at the indices `faults` (all of
+/// them if `None`); everything else (latency, losses, the clients' choices) drawn as
+/// for the whole schedule.
+pub(super) fn run_seed_with(
+    seed: u64,
+    control: Option<Control>,
+    faults: Option<&[usize]>,
+    trace: bool,
+    live: bool,
+) -> Outcome {
+    let more = control.is_some() || std::env::var("REDLOCK_SIM_MORE").is_ok_and(|v| v == "1");
+    run_world(seed, control, faults, more, trace, live)
+}
+
+fn run_world(
+    seed: u64,
+    control: Option<Control>,
+    faults: Option<&[usize]>,
+    more: bool,
+    trace: bool,
+    live: bool,
+) -> Outcome {
     crate::value::seed_rng(Some(seed ^ 0x5eed_5eed_5eed_5eed));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
-    let outcome = runtime.block_on(simulate(seed, control, more, trace, live));
+    let outcome = runtime.block_on(simulate(seed, control, faults, more, trace, live));
     crate::value::seed_rng(None);
     crate::clock::set_wall_clock(None);
     outcome
@@ -100,6 +123,7 @@ fn run_world(seed: u64, control: Option<Control>, more: bool, trace: bool, live:
 async fn simulate(
     seed: u64,
     control: Option<Control>,
+    keep: Option<&[usize]>,
     more: bool,
     trace: bool,
     live: bool,
@@ -128,9 +152,21 @@ async fn simulate(
         server.set_unchecked_release(control == Some(Control::UncheckedRelease));
         server.set_counted_permits(control == Some(Control::MajorityCounter));
     }
+    // Drawn whole even when only some of it is kept, so that every later draw is the
+    // same as with the whole schedule.
     let faults = schedule(&mut rng, nodes, clients, control);
+    let schedule_len = faults.len();
+    let faults: Vec<(Duration, Fault)> = match keep {
+        Some(keep) => faults
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| keep.contains(i))
+            .map(|(_, fault)| fault)
+            .collect(),
+        None => faults,
+    };
     world.log(|| {
-        format!("seed {seed}: {nodes} nodes, {clients} clients, semaphore {semaphore}, fencing {fencing}, control {control:?}")
+        format!("seed {seed}: {nodes} nodes, {clients} clients, semaphore {semaphore}, fencing {fencing}, control {control:?}, faults kept {keep:?} of {schedule_len}")
     });
     let origin = Instant::now();
     let observer = Rc::new(RefCell::new(Observer::new(origin)));
@@ -188,6 +224,7 @@ async fn simulate(
         violations,
         findings: std::mem::take(&mut state.findings),
         trace: state.trace.take().unwrap_or_default(),
+        schedule: schedule_len,
     }
 }
 
@@ -521,14 +558,137 @@ fn seeds() -> std::ops::Range<u64> {
     first..first.saturating_add(var("REDLOCK_SIM_SEEDS", 10_000))
 }
 
-/// The command that replays `seed`, with its trace.
-fn replay_command(seed: u64, control: Option<Control>) -> String {
+/// The command that replays `seed`, with its trace (and only the faults at the indices
+/// `faults` of its schedule, if given).
+fn replay_command(seed: u64, control: Option<Control>, faults: Option<&[usize]>) -> String {
     let control = control.map_or(String::new(), |c| {
         format!("REDLOCK_SIM_CONTROL={} ", c.name())
     });
+    let faults = faults.map_or(String::new(), |f| {
+        format!("REDLOCK_SIM_FAULTS={} ", fault_list(f))
+    });
     format!(
-        "{control}REDLOCK_SIM_SEED={seed} REDLOCK_SIM_TRACE=1 cargo test -p redlock-core --lib tests::sim::replay -- --nocapture"
+        "{control}{faults}REDLOCK_SIM_SEED={seed} REDLOCK_SIM_TRACE=1 cargo test -p redlock-core --lib tests::sim::replay -- --nocapture"
     )
+}
+
+/// Fault indices as `REDLOCK_SIM_FAULTS` takes them: `0,3` (`none` for no fault).
+fn fault_list(faults: &[usize]) -> String {
+    if faults.is_empty() {
+        return "none".to_owned();
+    }
+    faults
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `REDLOCK_SIM_FAULTS`: the indices of the schedule's faults to keep (`none`: no
+/// fault); unset, the whole schedule.
+fn faults_from_env() -> Option<Vec<usize>> {
+    let list = std::env::var("REDLOCK_SIM_FAULTS").ok()?;
+    let list = list.trim();
+    if list.is_empty() || list == "none" {
+        return Some(Vec::new());
+    }
+    Some(
+        list.split(',')
+            .map(|i| {
+                i.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("REDLOCK_SIM_FAULTS: not an index: {i:?}"))
+            })
+            .collect(),
+    )
+}
+
+/// How many faults `seed`'s schedule has (with `control`).
+fn schedule_len(seed: u64, control: Option<Control>) -> usize {
+    run_seed_with(seed, control, Some(&[]), false, false).schedule
+}
+
+/// A 1-minimal list of `seed`'s faults that still breaks an invariant (delta debugging,
+/// Zeller's ddmin, over the indices of its schedule): taking any one fault out of it
+/// breaks none. Each try runs the seed again with only those faults; the network's
+/// latency and losses and the clients' choices stay drawn from the seed as before.
+/// `None` if the seed breaks no invariant with its whole schedule.
+pub(super) fn shrink(seed: u64, control: Option<Control>) -> Option<Vec<usize>> {
+    let fails = |faults: &[usize]| {
+        !run_seed_with(seed, control, Some(faults), false, false)
+            .violations
+            .is_empty()
+    };
+    let all: Vec<usize> = (0..schedule_len(seed, control)).collect();
+    if !fails(&all) {
+        return None;
+    }
+    Some(ddmin(all, fails))
+}
+
+/// Delta debugging: a 1-minimal sub-list of `items` on which `fails` holds (it holds on
+/// `items`).
+fn ddmin(items: Vec<usize>, mut fails: impl FnMut(&[usize]) -> bool) -> Vec<usize> {
+    if fails(&[]) {
+        return Vec::new();
+    }
+    let mut list = items;
+    let mut parts = 2;
+    while list.len() >= 2 {
+        let size = list.len().div_ceil(parts);
+        let chunks: Vec<Vec<usize>> = list.chunks(size).map(<[usize]>::to_vec).collect();
+        let mut reduced = false;
+        for chunk in &chunks {
+            if fails(chunk) {
+                list = chunk.clone();
+                parts = 2;
+                reduced = true;
+                break;
+            }
+        }
+        if !reduced && chunks.len() > 2 {
+            for i in 0..chunks.len() {
+                let rest: Vec<usize> = chunks
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .flat_map(|(_, c)| c.iter().copied())
+                    .collect();
+                if fails(&rest) {
+                    list = rest;
+                    parts = (parts - 1).max(2);
+                    reduced = true;
+                    break;
+                }
+            }
+        }
+        if !reduced {
+            if parts >= list.len() {
+                break;
+            }
+            parts = (parts * 2).min(list.len());
+        }
+    }
+    list
+}
+
+/// The failure report of `seed`: its violations, its shrunk fault list and the replay
+/// commands.
+fn failure_report(seed: u64, control: Option<Control>, violations: &[String]) -> String {
+    let mut report = format!(
+        "seed {seed} broke an invariant:\n  {}\nreplay: {}",
+        violations.join("\n  "),
+        replay_command(seed, control, None)
+    );
+    if let Some(minimal) = shrink(seed, control) {
+        report.push_str(&format!(
+            "\nminimal faults [{}] of {}: {}",
+            fault_list(&minimal),
+            schedule_len(seed, control),
+            replay_command(seed, control, Some(&minimal))
+        ));
+    }
+    report
 }
 
 /// Runs every `step`-th seed of [`seeds`] from `offset`: all invariants on every seed,
@@ -548,9 +708,8 @@ fn run_share(offset: u64, step: u64) {
         }
         assert!(
             outcome.violations.is_empty(),
-            "simulation seed {seed} broke an invariant:\n  {}\nreplay: {}",
-            outcome.violations.join("\n  "),
-            replay_command(seed, None)
+            "simulation {}",
+            failure_report(seed, None, &outcome.violations)
         );
     }
     let secs = started.elapsed().as_secs_f64();
@@ -569,7 +728,7 @@ fn run_share(offset: u64, step: u64) {
             std::io::stderr(),
             "simulation: {} seeds with an extension applied after the release on a node, first {first}\n  replay: {}",
             findings.len(),
-            replay_command(seed, None)
+            replay_command(seed, None, None)
         );
         assert!(
             std::env::var("REDLOCK_SIM_STRICT").is_err(),
@@ -631,33 +790,61 @@ fn every_negative_control_is_caught() {
             let outcome = run_seed(seed, Some(control), false, false);
             outcome.violations.first().cloned().map(|v| (seed, v))
         });
-        if let Some((seed, _)) = caught {
-            // The catching seed replays: the same trace twice, the violation again.
-            let first = run_seed(seed, Some(control), true, false);
-            let second = run_seed(seed, Some(control), true, false);
-            assert!(
-                first.trace == second.trace && !first.violations.is_empty(),
-                "control {}: seed {seed} does not replay",
-                control.name()
-            );
-        }
-        match caught {
-            Some((seed, violation)) => println!(
-                "control {}: caught at seed {seed} ({} seeds): {violation}\n  replay: {}",
-                control.name(),
-                seed + 1,
-                replay_command(seed, Some(control))
-            ),
-            None => panic!(
+        let Some((seed, violation)) = caught else {
+            panic!(
                 "control {} not caught within {CONTROL_BUDGET} seeds: the simulator cannot see the guarantee it breaks",
                 control.name()
-            ),
-        }
+            )
+        };
+        // The catching seed replays: the same trace twice, the violation again.
+        let first = run_seed(seed, Some(control), true, false);
+        let second = run_seed(seed, Some(control), true, false);
+        assert!(
+            first.trace == second.trace && !first.violations.is_empty(),
+            "control {}: seed {seed} does not replay",
+            control.name()
+        );
+        // Its faults shrunk to a 1-minimal list, which fails and replays too.
+        let minimal = shrink(seed, Some(control)).unwrap_or_else(|| {
+            panic!("control {}: seed {seed} shrinks to nothing", control.name())
+        });
+        let first = run_seed_with(seed, Some(control), Some(&minimal), true, false);
+        let second = run_seed_with(seed, Some(control), Some(&minimal), true, false);
+        assert!(
+            first.trace == second.trace && !first.violations.is_empty(),
+            "control {}: seed {seed} with faults [{}] does not fail and replay",
+            control.name(),
+            fault_list(&minimal)
+        );
+        println!(
+            "control {}: caught at seed {seed} ({} seeds): {violation}\n  replay: {}\n  minimal faults [{}] of {}: {}\n    {}",
+            control.name(),
+            seed + 1,
+            replay_command(seed, Some(control), None),
+            fault_list(&minimal),
+            first.schedule,
+            replay_command(seed, Some(control), Some(&minimal)),
+            first.violations.first().map_or("", String::as_str),
+        );
     }
 }
 
-/// Replays `REDLOCK_SIM_SEED` (with `REDLOCK_SIM_CONTROL`, if set), printing its trace
-/// with `REDLOCK_SIM_TRACE=1`.
+/// Delta debugging finds the smallest failing list, whatever the order of its parts.
+#[test]
+fn ddmin_finds_a_one_minimal_list() {
+    let mut tries = 0;
+    let minimal = ddmin((0..9).collect(), |list| {
+        tries += 1;
+        list.contains(&2) && list.contains(&7)
+    });
+    assert_eq!(minimal, vec![2, 7]);
+    assert!(tries < 40, "{tries} tries");
+    assert_eq!(ddmin(vec![0, 1, 2], |_| true), Vec::<usize>::new());
+    assert_eq!(ddmin(vec![0, 1, 2], |l| l.contains(&1)), vec![1]);
+}
+
+/// Replays `REDLOCK_SIM_SEED` (with `REDLOCK_SIM_CONTROL`, if set; only the faults
+/// `REDLOCK_SIM_FAULTS` lists, if set), printing its trace with `REDLOCK_SIM_TRACE=1`.
 #[test]
 fn replay() {
     let Some(seed) = std::env::var("REDLOCK_SIM_SEED")
@@ -670,7 +857,8 @@ fn replay() {
         .ok()
         .and_then(|c| Control::parse(&c));
     let trace = std::env::var("REDLOCK_SIM_TRACE").is_ok_and(|v| v == "1");
-    let outcome = run_seed(seed, control, false, trace);
+    let faults = faults_from_env();
+    let outcome = run_seed_with(seed, control, faults.as_deref(), false, trace);
     for violation in &outcome.violations {
         println!("VIOLATION: {violation}");
     }
@@ -689,7 +877,7 @@ fn replay() {
 /// seed finds nothing: turn the assertion around to keep it as a regression test.
 #[test]
 fn open_finding_an_extension_applied_after_the_release_on_a_node() {
-    let outcome = run_world(19676, None, true, false, false);
+    let outcome = run_world(19676, None, None, true, false, false);
     assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
     assert!(
         outcome
