@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::time::Instant;
 
-use self::observer::{Holding, Observer};
+use self::observer::{Call, Holding, Observer, Release};
 use self::world::{Fault, World};
 use crate::node::fake::FakeServer;
 use crate::{Redlock, RetryPolicy};
@@ -43,19 +43,24 @@ pub(super) enum Control {
     /// (clients of the simulator's own, not the library's slot-per-permit semaphore),
     /// three clients, with restarts.
     MajorityCounter,
+    /// Every client but the first polls with `try_lock` (which does not queue, and
+    /// takes a lock a release is handing over to a queued waiter) instead of waiting in
+    /// the queue, in quiet seeds that check the queue's order: the queue is overtaken.
+    TryLockPolling,
     /// Node clocks jumping forward by 50 to 250 ms, far beyond the drift allowance
     /// (15 ms at a TTL of 300 ms): a node forgets the holder's key early.
     ClockJumpBeyondAllowance,
 }
 
 impl Control {
-    const ALL: [Control; 6] = [
+    const ALL: [Control; 7] = [
         Control::QuarantineOff,
         Control::NoDriftAllowance,
         Control::NoFenceFloor,
         Control::UncheckedRelease,
         Control::MajorityCounter,
         Control::ClockJumpBeyondAllowance,
+        Control::TryLockPolling,
     ];
 
     fn name(self) -> &'static str {
@@ -66,6 +71,7 @@ impl Control {
             Control::UncheckedRelease => "unchecked-release",
             Control::MajorityCounter => "majority-counter",
             Control::ClockJumpBeyondAllowance => "clock-jump-beyond-allowance",
+            Control::TryLockPolling => "try-lock-polling",
         }
     }
 
@@ -83,6 +89,8 @@ pub(super) struct Outcome {
     /// How many faults the seed's whole schedule has (the indices
     /// `REDLOCK_SIM_FAULTS` picks from).
     pub(super) schedule: usize,
+    /// Releases after which the queue's order was checked.
+    pub(super) hand_overs_checked: u64,
 }
 
 /// Runs seed `seed` (with `control`, if any) on a runtime of its own; its clients take
@@ -140,7 +148,8 @@ async fn simulate(
         // Two clients cannot exceed its 2 permits.
         clients = 3;
     }
-    let semaphore = rng.random_bool(0.25) || control == Some(Control::MajorityCounter);
+    let semaphore = (rng.random_bool(0.25) || control == Some(Control::MajorityCounter))
+        && control != Some(Control::TryLockPolling);
     let fencing = !semaphore && (rng.random_bool(0.5) || control == Some(Control::NoFenceFloor));
     let world = World::new(&mut rng, nodes, clients, trace);
     world.state().live = live;
@@ -162,6 +171,21 @@ async fn simulate(
     let mut extra = StdRng::seed_from_u64(seed ^ EXTRA_STREAM);
     let faults = schedule(&mut rng, &mut extra, nodes, clients, control);
     let schedule_len = faults.len();
+    // Some lock seeds' clients take several resources at once (`lock_many`) or one of
+    // them, from a small set, instead of the one resource `r`.
+    let multi = !semaphore && control.is_none() && extra.random_bool(0.25);
+    // Some seeds of one lock check the wait queue's order (see
+    // `Observer::check_queue_order`), with wake on release on (which here only makes a
+    // client that waited for the resource lately join the queue with its first attempt:
+    // the simulated nodes publish nothing, so no waiter listens).
+    let polling = control == Some(Control::TryLockPolling);
+    let fair = polling || (!semaphore && control.is_none() && !multi && extra.random_bool(0.3));
+    // Half of them quiet: no fault, no message lost (the schedule drawn all the same), so
+    // that the order is checked over the whole run up to the first client pause.
+    let quiet = polling || (fair && extra.random_bool(0.5));
+    if quiet {
+        world.set_lossless();
+    }
     let faults: Vec<(Duration, Fault)> = match keep {
         Some(keep) => faults
             .into_iter()
@@ -171,6 +195,7 @@ async fn simulate(
             .collect(),
         None => faults,
     };
+    let faults = if quiet { Vec::new() } else { faults };
     world.log(|| {
         format!("seed {seed}: {nodes} nodes, {clients} clients, semaphore {semaphore}, fencing {fencing}, control {control:?}, faults kept {keep:?} of {schedule_len}")
     });
@@ -193,7 +218,7 @@ async fn simulate(
             .fold(Redlock::builder(), |b, s| b.fake(s.for_client(c)))
             .holder(format!("c{c}"))
             .restart_quarantine(control != Some(Control::QuarantineOff))
-            .wake_on_release(false)
+            .wake_on_release(fair)
             .fencing(fencing)
             .ttl(TTL)
             .drift_factor(if control == Some(Control::NoDriftAllowance) {
@@ -216,6 +241,9 @@ async fn simulate(
             redlock,
             counted: (control == Some(Control::MajorityCounter))
                 .then(|| servers.iter().map(|s| s.for_client(c)).collect()),
+            multi: multi.then(|| StdRng::seed_from_u64(extra.random())),
+            fair,
+            polling: polling && c > 0,
         };
         local.spawn_local(client.run(semaphore, more));
     }
@@ -224,10 +252,14 @@ async fn simulate(
         .map(RefCell::into_inner)
         .unwrap_or_default();
     observer.check();
+    if fair && let Some(quiet_until) = world.quiet_until() {
+        observer.check_queue_order(quiet_until);
+    }
     let mut state = world.state();
     let mut violations = std::mem::take(&mut state.violations);
     violations.extend(observer.violations);
     Outcome {
+        hand_overs_checked: observer.hand_overs_checked,
         violations,
         findings: std::mem::take(&mut state.findings),
         trace: state.trace.take().unwrap_or_default(),
@@ -332,7 +364,16 @@ struct Client {
     /// Its own handles on the nodes, for the majority-counter control's permits (which
     /// then replace the library's semaphore).
     counted: Option<Vec<FakeServer>>,
+    /// In a seed of several resources, what picks the resources of each acquisition.
+    multi: Option<StdRng>,
+    /// Tell the observer each `lock` call and each release, for the queue's order.
+    fair: bool,
+    /// Poll with `try_lock` instead of waiting in the queue (a negative control).
+    polling: bool,
 }
+
+/// The resources of a seed of several resources.
+const RESOURCES: [&str; 3] = ["a", "b", "c"];
 
 impl Client {
     /// With `more`, a round more (a control: more chances to meet its fault).
@@ -354,21 +395,57 @@ impl Client {
         }
     }
 
-    /// One acquisition of the lock; true if the client crashed.
+    /// The resources of the next acquisition: `r`, or in a seed of several resources 1
+    /// to 3 of [`RESOURCES`], in a random order.
+    fn pick_resources(&mut self) -> Vec<String> {
+        let Some(rng) = &mut self.multi else {
+            return vec!["r".to_owned()];
+        };
+        let mut all: Vec<String> = RESOURCES.iter().map(|r| (*r).to_owned()).collect();
+        for i in (1..all.len()).rev() {
+            all.swap(i, rng.random_range(0..=i));
+        }
+        all.truncate(rng.random_range(1..=RESOURCES.len()));
+        all
+    }
+
+    /// One acquisition of the lock (of one resource, or of several with `lock_many`);
+    /// true if the client crashed. Its holding counts on each of its resources.
     async fn lock_round(&mut self) -> bool {
         let c = self.id;
-        let result = self.redlock.lock("r").await;
+        let resources = self.pick_resources();
+        let called = Instant::now();
+        let result = match resources.as_slice() {
+            [one] if self.polling => self.poll(one).await,
+            [one] => self.redlock.lock(one.clone()).await,
+            many => self.redlock.lock_many(many.to_vec()).await,
+        };
+        if self.fair {
+            self.observer.borrow_mut().call(Call {
+                client: c,
+                resource: resources.join("+"),
+                start: called,
+                end: Instant::now(),
+                acquired: result.is_ok(),
+                queues: !self.polling,
+            });
+        }
+        let names = resources.join("+");
         let mut lock = match result {
             Ok(lock) => lock,
             Err(err) => {
-                self.world.log(|| format!("c{c} lock: {err}"));
+                self.world.log(|| format!("c{c} lock {names}: {err}"));
                 return false;
             }
         };
         let start = Instant::now();
         let token = lock.fencing_token();
-        self.world
-            .log(|| format!("c{c} holds r (token {token:?}) for {:?}", lock.validity()));
+        self.world.log(|| {
+            format!(
+                "c{c} holds {names} (token {token:?}) for {:?}",
+                lock.validity()
+            )
+        });
         let mut holding = Holding {
             client: c,
             start,
@@ -395,9 +472,10 @@ impl Client {
             if lock.is_held() {
                 holding.end = holding.end.max(lock.valid_until());
                 if let Some(token) = token {
-                    self.observer
-                        .borrow_mut()
-                        .fenced_write("r", c, token, Instant::now());
+                    let mut observer = self.observer.borrow_mut();
+                    for resource in &resources {
+                        observer.fenced_write(resource, c, token, Instant::now());
+                    }
                 }
             }
             if self.rng.random_bool(0.15) && lock.is_held() {
@@ -415,10 +493,14 @@ impl Client {
         watcher.abort();
         let ending = self.rng.random_range(0..20);
         holding.end = holding.end.min(Instant::now());
-        self.observer.borrow_mut().held("r", 1, holding);
+        for resource in &resources {
+            self.observer
+                .borrow_mut()
+                .held(resource, 1, holding.clone());
+        }
         match ending {
             0 => {
-                self.world.log(|| format!("c{c} crashes holding r"));
+                self.world.log(|| format!("c{c} crashes holding {names}"));
                 lock.detach();
                 true
             }
@@ -427,10 +509,32 @@ impl Client {
                 false
             }
             _ => {
+                let (at, valid) = (Instant::now(), lock.is_held());
                 let result = lock.release().await;
                 self.world.log(|| format!("c{c} release: {result:?}"));
+                if self.fair && valid && result.as_ref().is_ok_and(|r| r.was_held()) {
+                    self.observer.borrow_mut().released(Release {
+                        client: c,
+                        resource: names,
+                        at,
+                    });
+                }
                 false
             }
+        }
+    }
+
+    /// `try_lock` every 5 to 10 ms for up to 500 ms (the retry policy's pace): polling,
+    /// which the library says can overtake the queue.
+    async fn poll(&mut self, resource: &str) -> Result<crate::Lock, crate::Error> {
+        let deadline = Instant::now() + Duration::from_millis(500);
+        loop {
+            let result = self.redlock.try_lock(resource.to_owned()).await;
+            if result.is_ok() || Instant::now() >= deadline {
+                return result;
+            }
+            let ms = self.rng.random_range(5..=10);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
         }
     }
 
@@ -733,6 +837,7 @@ fn failure_report(seed: u64, control: Option<Control>, violations: &[String]) ->
 fn run_share(offset: u64, step: u64) {
     let started = std::time::Instant::now();
     let mut count = 0u64;
+    let mut hand_overs = 0u64;
     let mut findings = Vec::new();
     for seed in seeds()
         .skip(usize::try_from(offset).unwrap_or(0))
@@ -740,6 +845,7 @@ fn run_share(offset: u64, step: u64) {
     {
         let outcome = run_seed(seed, None, false, false);
         count += 1;
+        hand_overs += outcome.hand_overs_checked;
         if let Some(finding) = outcome.findings.first() {
             findings.push(format!("seed {seed}: {finding}"));
         }
@@ -776,7 +882,7 @@ fn run_share(offset: u64, step: u64) {
     // every run's log shows the count and the rate.
     let _ = writeln!(
         std::io::stderr(),
-        "simulation: {count} seeds, 0 violations, {secs:.1} s, {:.0} seeds/s",
+        "simulation: {count} seeds, 0 violations ({hand_overs} hand-overs checked for the queue's order), {secs:.1} s, {:.0} seeds/s",
         count as f64 / secs.max(1e-9)
     );
 }

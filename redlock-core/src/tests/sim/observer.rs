@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 /// One holding: from the moment the acquisition returned to the end of the validity the
@@ -15,6 +17,39 @@ pub(super) struct Holding {
     pub(super) token: Option<u64>,
 }
 
+/// One `lock` call of a single resource, in a seed that checks the queue's order: when
+/// it was made and when it returned, with the lock or not.
+#[derive(Clone, Debug)]
+pub(super) struct Call {
+    pub(super) client: usize,
+    pub(super) resource: String,
+    pub(super) start: Instant,
+    pub(super) end: Instant,
+    pub(super) acquired: bool,
+    /// A call that waits in the queue (`lock`; not a poll of `try_lock` calls).
+    pub(super) queues: bool,
+}
+
+/// A release of a lock still valid, which the library reported as held (on a
+/// majority, not expired): one that hands the lock over to the queue's head.
+#[derive(Clone, Debug)]
+pub(super) struct Release {
+    pub(super) client: usize,
+    pub(super) resource: String,
+    pub(super) at: Instant,
+}
+
+/// How long after its `lock` call a waiter has surely joined the queue, when the
+/// network loses nothing: a first attempt (at most the node timeout, 20 ms), the nodes'
+/// time (another) and joining (another), with room to spare.
+const JOINED_AFTER: Duration = Duration::from_millis(80);
+
+/// How much earlier than another a waiter's call must begin for the queue to order them
+/// surely: the queue orders by the nodes' time as each waiter read it (the median of a
+/// majority's clocks, which differ by up to 5 ms, read once a second and counted on
+/// since), and a call joins after its first attempt (up to 20 ms).
+const SURELY_BEFORE: Duration = Duration::from_millis(40);
+
 #[derive(Default)]
 pub(super) struct Observer {
     /// Per lock (or semaphore), its holdings, and the permits it has (1 for a lock).
@@ -23,6 +58,11 @@ pub(super) struct Observer {
     fenced: BTreeMap<String, u64>,
     pub(super) violations: Vec<String>,
     origin: Option<Instant>,
+    /// The `lock` calls and releases of a seed that checks the queue's order.
+    calls: Vec<Call>,
+    releases: Vec<Release>,
+    /// Releases after which the queue's order was checked.
+    pub(super) hand_overs_checked: u64,
 }
 
 impl Observer {
@@ -73,6 +113,97 @@ impl Observer {
             self.ms(until)
         );
         self.violations.push(line);
+    }
+
+    /// A `lock` call of one resource ended.
+    pub(super) fn call(&mut self, call: Call) {
+        self.calls.push(call);
+    }
+
+    /// A holder released a valid lock, which the library reported held.
+    pub(super) fn released(&mut self, release: Release) {
+        self.releases.push(release);
+    }
+
+    /// Hand-over in queue order, as the wait queue promises it (`queue.rs`: "a released
+    /// lock goes to the client that has waited longest"), checked where the promise is
+    /// made without exception:
+    ///
+    /// - a release of a lock still valid, reported held (a lock that expired is not
+    ///   handed over: the waiters' timers race for it);
+    /// - before `quiet_until`: the first fault of the schedule or client pause of the
+    ///   seed (a waiter whose attempts are lost or that pauses loses its place when it
+    ///   lapses; node clocks that jump or drift reorder the queue's times), in a seed
+    ///   whose network loses nothing;
+    /// - the waiters: `lock` calls (not polls with `try_lock`, which do not queue) of the
+    ///   resource under way at the release, begun after
+    ///   the released holding began (so they found it held and joined the queue) and at
+    ///   least [`JOINED_AFTER`] before the release (so they had joined).
+    ///
+    /// Then the next acquisition of the resource after the release goes to the waiter
+    /// whose call began first, unless that waiter had given up by then (its call ended
+    /// first), or the one that took it began less than [`SURELY_BEFORE`] after it (the
+    /// queue's times cannot order them surely). A newcomer (a call begun after the
+    /// release, or without time to join) never takes it: the hand-over reserves it; nor
+    /// does a `lock` call begun before the head's (it would have been the head).
+    pub(super) fn check_queue_order(&mut self, quiet_until: Instant) {
+        let mut found = Vec::new();
+        for release in &self.releases {
+            if release.at >= quiet_until {
+                continue;
+            }
+            let Some(held_from) = self.holdings.get(&release.resource).and_then(|(_, hs)| {
+                hs.iter()
+                    .filter(|h| h.client == release.client && h.start <= release.at)
+                    .map(|h| h.start)
+                    .max()
+            }) else {
+                continue;
+            };
+            let Some(next) = self
+                .calls
+                .iter()
+                .filter(|c| c.resource == release.resource && c.acquired && c.end > release.at)
+                .min_by_key(|c| c.end)
+            else {
+                continue;
+            };
+            if next.end >= quiet_until {
+                continue;
+            }
+            let head = self
+                .calls
+                .iter()
+                .filter(|c| {
+                    c.resource == release.resource
+                        && c.queues
+                        && c.client != release.client
+                        && c.start > held_from
+                        && c.start + JOINED_AFTER <= release.at
+                        && c.end > release.at
+                })
+                .min_by_key(|c| c.start);
+            let Some(head) = head else { continue };
+            self.hand_overs_checked += 1;
+            let overtaken = next.client != head.client
+                && head.end > next.end
+                && next.start >= head.start + SURELY_BEFORE;
+            if overtaken {
+                found.push(format!(
+                    "{}: released by c{} at {:.3} ms, taken at {:.3} ms by c{} (waiting since {:.3} ms) before c{}, waiting since {:.3} ms and until {:.3} ms",
+                    release.resource,
+                    release.client,
+                    self.ms(release.at),
+                    self.ms(next.end),
+                    next.client,
+                    self.ms(next.start),
+                    head.client,
+                    self.ms(head.start),
+                    self.ms(head.end),
+                ));
+            }
+        }
+        self.violations.extend(found);
     }
 
     /// The invariants over every holding: no more holders at once than permits (no

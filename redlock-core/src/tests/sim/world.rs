@@ -72,6 +72,8 @@ pub(super) struct WorldState {
     cuts: HashSet<(usize, usize, bool)>,
     /// Per client: frozen (a pause) until then.
     frozen: Vec<Instant>,
+    /// When the first fault struck or a client first paused, if one did.
+    disturbed: Option<Instant>,
     /// Per node: its process pauses, [from, to).
     pauses: Vec<Vec<(Instant, Instant)>>,
     /// Lock values released, per node.
@@ -108,6 +110,7 @@ impl World {
             cuts: HashSet::new(),
             frozen: vec![now; clients],
             pauses: vec![Vec::new(); nodes],
+            disturbed: None,
             released: HashSet::new(),
             violations: Vec::new(),
             findings: Vec::new(),
@@ -134,10 +137,27 @@ impl World {
         }
     }
 
+    /// Until when nothing disturbed the run: no fault struck, no client paused, and the
+    /// network lost nothing (`None` if it may lose messages).
+    pub(super) fn quiet_until(&self) -> Option<Instant> {
+        let state = self.state();
+        (state.loss == 0.0).then(|| {
+            state
+                .disturbed
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
+        })
+    }
+
+    /// The network loses nothing from now on.
+    pub(super) fn set_lossless(&self) {
+        self.state().loss = 0.0;
+    }
+
     /// `client` stops (a pause: no request leaves it, no reply reaches it) for `pause`.
     pub(super) fn freeze(&self, client: usize, pause: Duration) {
         let mut state = self.state();
         let until = Instant::now() + pause;
+        state.disturbed.get_or_insert(Instant::now());
         if let Some(frozen) = state.frozen.get_mut(client) {
             *frozen = (*frozen).max(until);
         }
@@ -148,6 +168,7 @@ impl World {
     /// own.
     pub(super) fn apply(&self, fault: &Fault, servers: &[FakeServer]) {
         self.log(|| format!("fault {fault:?}"));
+        self.state().disturbed.get_or_insert(Instant::now());
         match *fault {
             Fault::Restart(node) => servers[node].restart(),
             Fault::Cut {
