@@ -1,5 +1,15 @@
 //! The observer: what the holders saw, on simulated time, and the invariants checked on
-//! it, from outside the library (only what its public API reports).
+//! it, from outside the library (only what its public API reports):
+//!
+//! - mutual exclusion per resource: no two holdings of a resource overlap (a `lock_many`
+//!   holding counts on each of its resources), no more semaphore holdings at once than
+//!   permits;
+//! - fencing tokens per resource: a fenced resource never refuses a write of a holder
+//!   within its validity, and tokens rise in the order holdings of a resource begin
+//!   (`lock_many`'s one token is above every earlier token of each of its resources);
+//! - loss notification: `lost()` completes by the end of the validity;
+//! - hand-over in queue order, where the queue promises it (see
+//!   [`Observer::check_queue_order`]).
 
 use std::collections::BTreeMap;
 
