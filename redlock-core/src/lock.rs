@@ -282,7 +282,8 @@ impl Lock {
     /// too many nodes failed, [`Error::Argument`] for an invalid TTL. On error the lock
     /// keeps its previous validity, or ends sooner: a node that did apply a shorter TTL
     /// lets the key expire by it, so the validity ends no later than
-    /// `ttl - drift` from the start of this call.
+    /// `ttl - drift` from the start of this call. The same holds when the call is
+    /// cancelled (dropped before it returns): a shorter TTL may have reached the nodes.
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let span = tracing::debug_span!("redlock.extend", resource = %self.resource(), ttl_ms = ttl.as_millis() as u64);
         self.extend_inner(ttl).instrument(span).await
@@ -298,19 +299,34 @@ impl Lock {
         if start >= self.valid_until() || self.state.lost.is_cancelled() {
             return Err(self.expired("its validity ran out before the extension"));
         }
-        let fanout = Fanout::start_after(
+        // The keys live at least `ttl` from `start` wherever the extension is applied,
+        // and no longer than that where it is applied with a shorter TTL: the validity
+        // ends by then from now on, also if this call is cancelled half-way (a node may
+        // already have applied it).
+        let bound = start + ttl.saturating_sub(self.shared.cluster.drift(ttl));
+        let valid_until = self.valid_until();
+        self.state.not_extended(bound);
+        let mut fanout = Fanout::start_after(
             &self.shared.cluster,
             &self.target,
             OpKind::Extend { ttl_ms },
             None,
-            self.state.barrier(),
+            self.state.barrier().as_ref(),
         );
-        let decision = fanout.drive_holding(Until::Decided, guard).await;
-        let tally = decision.tally;
+        let tally = fanout.until_decided().await;
+        let decision = crate::quorum::Decision {
+            tally,
+            failures: fanout.failures(),
+        };
+        // Where the extension is not yet in a node's connection queue (waiting for the
+        // acquisition's commands there, for a connection, or on a pooled connection), a
+        // later command of this lock, such as the release, waits for it: it must not
+        // reach that node first. The guard is kept until it is over on every node.
+        if let Some(in_flight) = fanout.finish_in_background_holding(guard) {
+            self.state.set_barrier(in_flight);
+        }
         let answered_at = Instant::now();
-        // The keys live at least `ttl` from `start` wherever the extension was applied.
-        let bound = start + ttl.saturating_sub(self.shared.cluster.drift(ttl));
-        if tally.won() && answered_at < self.valid_until() {
+        if tally.won() && answered_at < valid_until {
             self.state.extended(bound, ttl);
             self.shared.watchdog.rescheduled(&self.state, start);
             tracing::debug!(
@@ -382,7 +398,7 @@ impl Lock {
             &target,
             OpKind::Convert,
             None,
-            self.state.barrier(),
+            self.state.barrier().as_ref(),
         );
         let tally = fanout.until_decided().await;
         let failures = fanout.failures();
@@ -444,11 +460,15 @@ impl Lock {
             // Driven by a task of its own: dropping this future half-way cannot leave
             // the release unsent on some nodes.
             let (cluster, target) = (Arc::clone(&self.shared.cluster), Arc::clone(&self.target));
-            let decision = start_release(&self.shared.cluster, &self.target, self.state.barrier())
-                .drive_then(Until::WonOrDone, move |answers| {
-                    follow_hand_overs(cluster, target, answers)
-                })
-                .await;
+            let decision = start_release(
+                &self.shared.cluster,
+                &self.target,
+                self.state.barrier().as_ref(),
+            )
+            .drive_then(Until::WonOrDone, move |answers| {
+                follow_hand_overs(cluster, target, answers)
+            })
+            .await;
             let tally = decision.tally;
             tracing::debug!(released = tally.yes, expired, "released");
             let answered = tally.won() || tally.majority_answered();
@@ -480,7 +500,11 @@ impl Drop for Lock {
             tracing::warn!(resource = %self.resource(), "lock dropped outside a tokio runtime: it will expire at its TTL");
             return;
         };
-        let mut release = start_release(&self.shared.cluster, &self.target, self.state.barrier());
+        let mut release = start_release(
+            &self.shared.cluster,
+            &self.target,
+            self.state.barrier().as_ref(),
+        );
         let (cluster, target) = (Arc::clone(&self.shared.cluster), Arc::clone(&self.target));
         handle.spawn(async move {
             release.until_done().await;

@@ -377,3 +377,76 @@ async fn a_split_vote_with_failed_nodes_is_no_quorum() {
     let err = redlock.try_lock("held").await.unwrap_err();
     assert!(matches!(err, Error::Taken { .. }), "{err}");
 }
+
+/// On every node an extension comes before the release that follows it. Node 2's link
+/// is slow and its connection was just closed, so the acquisition's SET there waits for
+/// a new connection; the extension (issued once a majority granted) and the release
+/// both wait behind that SET there: the release must still go after the extension, or
+/// the extension would find the key gone (and, with a waiter handed the key meanwhile,
+/// act on a lock that is no longer the holder's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_precedes_the_release_on_every_node() {
+    use futures_util::StreamExt as _;
+
+    // An extension's TTL that nothing else sends, to tell its command apart.
+    const EXTEND_TTL: Duration = Duration::from_millis(43_210);
+    let cluster = Cluster::start_proxied(3).await;
+    let redlock = client_for(cluster.urls(), Duration::from_millis(1500));
+    let monitor = cluster.node(2).client().get_async_monitor().await.unwrap();
+    let mut lines = monitor.into_on_message::<String>();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(line) = lines.next().await {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let rounds = 4;
+    let mut checked = 0;
+    for round in 0..rounds {
+        let resource = format!("extend-order-{round}");
+        // Warm the connections, then close node 2's: the next commands reconnect, slowly.
+        cycle(&redlock, "warm").await;
+        cluster.proxy(2).cut();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        cluster.proxy(2).delay(Duration::from_millis(30));
+        let mut lock = redlock.lock(resource.as_str()).await.unwrap();
+        lock.extend(EXTEND_TTL).await.unwrap();
+        lock.release().await.unwrap();
+        // What node 2 runs of this lock, until its release (a majority answered
+        // earlier; the next round's cut must not drop node 2's commands).
+        let tag = format!("{{{resource}}}");
+        let mut order = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && !order.contains(&"release") {
+            let Ok(Some(line)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await
+            else {
+                continue;
+            };
+            if !line.contains("\"EVALSHA\"") || !line.contains(&tag) {
+                continue;
+            }
+            order.push(if line.contains(":queue") {
+                "release"
+            } else if line.contains(&format!("\"{}\"", EXTEND_TTL.as_millis())) {
+                "extend"
+            } else {
+                "other"
+            });
+        }
+        let extend = order.iter().position(|k| *k == "extend");
+        let release = order.iter().position(|k| *k == "release");
+        if let (Some(extend), Some(release)) = (extend, release) {
+            checked += 1;
+            assert!(
+                extend < release,
+                "{resource}: node 2 ran the release before the extension: {order:?}"
+            );
+        }
+    }
+    assert!(
+        checked >= rounds / 2,
+        "node 2 ran both commands in only {checked} of {rounds} rounds"
+    );
+}

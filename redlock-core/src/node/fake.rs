@@ -7,10 +7,12 @@
 //! server: latency, error replies, replies lost after the command took effect, and
 //! restarts without persistence. Keys expire on tokio's clock, so tests run with paused
 //! time. The wait queue is modelled too (its sorted sets, its places' deadlines, and
-//! hand-overs); publishing is not (hand-overs are picked up by the waiters' timed
-//! attempts, as with wake on release off).
+//! hand-overs), and so are the read-write lock's keys (the readers' set, the writers'
+//! queue); publishing is not (hand-overs are picked up by the waiters' timed attempts,
+//! as with wake on release off, and `PUBLISH` reaches nobody). `tests::fidelity` runs
+//! the same commands against a real server and compares every reply.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -65,6 +67,9 @@ struct State {
     keys: HashMap<Vec<u8>, Entry>,
     /// Sorted sets (the wait queues and their deadlines).
     zsets: HashMap<Vec<u8>, ZSet>,
+    /// Sets (a read-write lock's reader keys), ordered so that a script's pick among
+    /// their members is the same on every run.
+    sets: HashMap<Vec<u8>, BTreeSet<Vec<u8>>>,
     /// The server clock's origin: tokio's instant and the wall clock (µs) at first use.
     origin: Option<(Instant, u64)>,
     latency: Duration,
@@ -242,6 +247,7 @@ impl FakeServer {
         let mut state = self.state();
         state.keys.clear();
         state.zsets.clear();
+        state.sets.clear();
         state.run += 1;
         state.booted = Some(Instant::now());
         state.up_before = Duration::ZERO;
@@ -284,6 +290,47 @@ impl FakeServer {
     /// Commands received so far.
     pub(crate) fn commands(&self) -> u64 {
         self.state().commands
+    }
+
+    /// The node's clock now (µs since the Unix epoch), as `TIME` reads it.
+    pub(crate) fn clock_us(&self) -> u64 {
+        self.state().now_us()
+    }
+
+    /// Every instant at which a reply may change with time alone: the expiries of the
+    /// keys (also those passed but not yet looked at), and the moments the node's clock
+    /// reaches each sorted-set score read as a time in ms (a place's deadline). For a
+    /// test comparing this server with a real one: a command sent close to one of them
+    /// may meet it on one side and not on the other.
+    pub(crate) fn changes(&self) -> Vec<Instant> {
+        let mut state = self.state();
+        let mut at: Vec<Instant> = state.keys.values().filter_map(|e| e.expires).collect();
+        at.extend(state.zsets.values().filter_map(|z| z.expires));
+        let now_us = state.now_us();
+        let now = Instant::now();
+        let rate = if state.clock_rate > 0.0 {
+            state.clock_rate
+        } else {
+            1.0
+        };
+        for zset in state.zsets.values() {
+            for score in zset.members.values() {
+                // Clock time to go until the score, then true time.
+                let ahead_us = score * 1000.0 - now_us as f64;
+                if ahead_us.abs() < 3_600_000_000.0 {
+                    let true_us = ahead_us / rate;
+                    let delta = Duration::from_micros(true_us.abs() as u64);
+                    let when = if true_us >= 0.0 {
+                        now.checked_add(delta)
+                    } else {
+                        now.checked_sub(delta)
+                    };
+                    at.extend(when);
+                }
+            }
+        }
+        at.sort();
+        at
     }
 
     /// Takes the commands in at once (so that commands to one server run in the order
@@ -468,18 +515,85 @@ impl State {
         }
     }
 
-    /// `PTTL`: ms left, -1 without expiry, -2 if missing (strings and sorted sets).
+    /// `PTTL`: ms left by the node's clock (more than the true time left on a fast
+    /// clock), -1 without expiry, -2 if missing (strings, sorted sets and sets).
     fn pttl(&mut self, key: &[u8]) -> i64 {
         let now = Instant::now();
+        let rate = self.clock_rate;
         let left = |expires: Option<Instant>| {
             expires.map_or(-1, |at| {
-                i64::try_from(at.saturating_duration_since(now).as_millis()).unwrap_or(i64::MAX)
+                let mut left = at.saturating_duration_since(now);
+                if rate > 0.0 && rate != 1.0 {
+                    left = left.mul_f64(rate);
+                }
+                i64::try_from(left.as_millis()).unwrap_or(i64::MAX)
             })
         };
         if let Some(e) = self.live(key) {
             return left(e.expires);
         }
-        self.zset(key).map_or(-2, |z| left(z.expires))
+        if let Some(z) = self.zset(key) {
+            return left(z.expires);
+        }
+        if self.sets.contains_key(key) {
+            return -1;
+        }
+        -2
+    }
+
+    /// `EXISTS` of one key, of any type.
+    fn exists(&mut self, key: &[u8]) -> bool {
+        self.live(key).is_some() || self.zset(key).is_some() || self.sets.contains_key(key)
+    }
+
+    /// `DEL` of one key, of any type: whether it was there.
+    fn del(&mut self, key: &[u8]) -> bool {
+        let existed = self.exists(key);
+        self.keys.remove(key);
+        self.zsets.remove(key);
+        self.sets.remove(key);
+        existed
+    }
+
+    /// `TYPE`.
+    fn key_type(&mut self, key: &[u8]) -> &'static str {
+        if self.live(key).is_some() {
+            "string"
+        } else if self.zset(key).is_some() {
+            "zset"
+        } else if self.sets.contains_key(key) {
+            "set"
+        } else {
+            "none"
+        }
+    }
+
+    /// `SADD` of one member: whether it is new.
+    fn sadd(&mut self, key: &[u8], member: &[u8]) -> bool {
+        self.sets
+            .entry(key.to_vec())
+            .or_default()
+            .insert(member.to_vec())
+    }
+
+    /// `SREM` of one member: whether it was there; an empty set is deleted, as on a
+    /// server.
+    fn srem(&mut self, key: &[u8], member: &[u8]) -> bool {
+        let Some(set) = self.sets.get_mut(key) else {
+            return false;
+        };
+        let removed = set.remove(member);
+        if set.is_empty() {
+            self.sets.remove(key);
+        }
+        removed
+    }
+
+    /// `SMEMBERS`, in byte order.
+    fn smembers(&self, key: &[u8]) -> Vec<Vec<u8>> {
+        self.sets
+            .get(key)
+            .map_or_else(Vec::new, |set| set.iter().cloned().collect())
     }
 
     fn pexpire(&mut self, key: &[u8], ms: u64) {
@@ -539,8 +653,11 @@ impl State {
         true
     }
 
+    /// `SET` (a key of another type is replaced, as on a server).
     fn set(&mut self, key: &[u8], value: &[u8], ttl_ms: Option<u64>) {
         let expires = ttl_ms.map(|ms| Instant::now() + self.ttl(ms));
+        self.zsets.remove(key);
+        self.sets.remove(key);
         self.keys.insert(
             key.to_vec(),
             Entry {
@@ -593,6 +710,56 @@ impl State {
                 }
             }
             "PING" => Value::SimpleString("PONG".into()),
+            // The plain commands the library sends besides: a read lock's release (`DEL`,
+            // `SREM`, `PUBLISH`), a look at keys (`PTTL`, `GET`, `ZCARD`); and those that
+            // read a key's state, for tests.
+            "GET" => self
+                .live(args[1])
+                .map_or(Value::Nil, |e| Value::BulkString(e.value.clone())),
+            "PTTL" => Value::Int(self.pttl(args[1])),
+            "TYPE" => Value::SimpleString(self.key_type(args[1]).to_owned()),
+            "EXISTS" => Value::Int(args[1..].iter().filter(|k| self.exists(k)).count() as i64),
+            "DEL" => Value::Int(args[1..].iter().filter(|k| self.del(k)).count() as i64),
+            "SADD" => Value::Int(args[2..].iter().filter(|m| self.sadd(args[1], m)).count() as i64),
+            "SREM" => Value::Int(args[2..].iter().filter(|m| self.srem(args[1], m)).count() as i64),
+            "SMEMBERS" => Value::Array(
+                self.smembers(args[1])
+                    .into_iter()
+                    .map(Value::BulkString)
+                    .collect(),
+            ),
+            "SCARD" => Value::Int(self.sets.get(args[1]).map_or(0, |s| s.len() as i64)),
+            // Nobody listens on a fake server.
+            "PUBLISH" => Value::Int(0),
+            "ZCARD" => Value::Int(self.zset(args[1]).map_or(0, |z| z.members.len() as i64)),
+            // `ZRANGE key start stop [WITHSCORES]`, by index.
+            "ZRANGE" => {
+                let index = |i: usize| text(i).parse::<i64>().unwrap_or(0);
+                let (start, stop) = (index(2), index(3));
+                let scores = text(4).eq_ignore_ascii_case("WITHSCORES");
+                let members = self.zset(args[1]).map_or_else(Vec::new, |z| {
+                    z.ordered()
+                        .into_iter()
+                        .map(|m| {
+                            let score = z.members.get(&m).copied().unwrap_or(0.0);
+                            (m, score)
+                        })
+                        .collect()
+                });
+                let len = members.len() as i64;
+                let at = |i: i64| if i < 0 { len + i } else { i };
+                let (start, stop) = (at(start).max(0), at(stop).min(len - 1));
+                let mut reply = Vec::new();
+                if start <= stop {
+                    for (member, score) in &members[start as usize..=stop as usize] {
+                        reply.push(Value::BulkString(member.clone()));
+                        if scores {
+                            reply.push(Value::BulkString(score_text(*score).into_bytes()));
+                        }
+                    }
+                }
+                Value::Array(reply)
+            }
             "COUNTED.GRANT" if self.counted_permits => {
                 let (key, member) = (args[1], args[2]);
                 Value::Int(i64::from(self.counted_grant(key, member, num(3), num(4))))
@@ -704,16 +871,58 @@ impl State {
             let longest = keys[..n].iter().map(|k| self.pttl(k)).max().unwrap_or(0);
             int(u64::try_from(longest).unwrap_or(0))
         } else if sha == scripts::REMAINING.get_hash() {
-            let now = Instant::now();
-            let longest = keys
-                .iter()
-                .filter_map(|k| self.live(k).and_then(|e| e.expires))
-                .map(|at| at.saturating_duration_since(now).as_millis() as u64)
-                .max()
-                .unwrap_or(0);
-            int(longest)
+            let longest = keys.iter().map(|k| self.pttl(k)).max().unwrap_or(0);
+            int(u64::try_from(longest).unwrap_or(0))
         } else if sha == scripts::SERVER_TIME.get_hash() {
             int(self.now_ms())
+        } else if sha == scripts::MARK.get_hash() {
+            let mut held = 0;
+            for key in keys {
+                if self.live(key).is_none() {
+                    continue;
+                }
+                held += 1;
+                if let Some(entry) = self.keys.get_mut(*key)
+                    && entry.value.first() != Some(&b'~')
+                    && entry.value.last() != Some(&b'+')
+                {
+                    // `APPEND`: the TTL stays.
+                    entry.value.push(b'+');
+                }
+            }
+            int(held)
+        } else if sha == scripts::ACQUIRE_READ.get_hash() {
+            int(u64::from(self.acquire_read(keys[0], arg(0), ms(1))))
+        } else if sha == scripts::ACQUIRE_WRITE.get_hash() {
+            int(self.acquire_write(keys, argv))
+        } else if sha == scripts::RELEASE_WRITE.get_hash() {
+            let held = self
+                .live(keys[0])
+                .is_some_and(|e| e.value == arg(0).as_bytes());
+            if held {
+                self.keys.remove(keys[0]);
+            }
+            int(u64::from(held))
+        } else if sha == scripts::DOWNGRADE.get_hash() {
+            let (writer, readers, reader) = (keys[0], keys[1], keys[2]);
+            if self
+                .live(writer)
+                .is_none_or(|e| e.value != arg(0).as_bytes())
+            {
+                return Ok(int(0));
+            }
+            let ttl = self.pttl(writer);
+            if ttl <= 0 {
+                return Ok(int(0));
+            }
+            self.keys.remove(writer);
+            self.set(reader, arg(0).as_bytes(), Some(ttl.unsigned_abs()));
+            self.sadd(readers, reader);
+            int(1)
+        } else if sha == scripts::LEAVE_WRITERS.get_hash() {
+            self.zrem(keys[0], arg(0).as_bytes());
+            self.zrem(keys[1], arg(0).as_bytes());
+            int(1)
         } else {
             return Err(unsupported());
         })
@@ -721,6 +930,124 @@ impl State {
 }
 
 impl State {
+    /// The read lock's script (see `scripts::ACQUIRE_READ`): `writer` is the writer's
+    /// key, the other names are built from it. Whether the reader's key was set.
+    fn acquire_read(&mut self, writer: &[u8], value: &str, ttl_ms: u64) -> bool {
+        if self.exists(writer) {
+            return false;
+        }
+        let deadlines = [writer, b":writer-waiting:until"].concat();
+        if self.zset(&deadlines).is_some() {
+            let now = self.now_ms() as f64;
+            // `ZCOUNT deadlines (now +inf`: a writer waits.
+            if self
+                .zset(&deadlines)
+                .is_some_and(|z| z.members.values().any(|&deadline| deadline > now))
+            {
+                return false;
+            }
+        }
+        let readers = [writer, b":readers"].concat();
+        let reader = [writer, b":reader:", value.as_bytes()].concat();
+        self.set(&reader, value.as_bytes(), Some(ttl_ms));
+        self.sadd(&readers, &reader);
+        // One acquisition in 16 (by its value's last byte) with more than 64 names drops
+        // the dead ones among 32 of them. The script picks them at random
+        // (`SRANDMEMBER`); here the first 32 in byte order, one of its possible picks,
+        // so that a run replays.
+        let last = value.as_bytes().last().copied().unwrap_or(0);
+        if last % 16 == 0 && self.sets.get(&readers).is_some_and(|s| s.len() > 64) {
+            let picked: Vec<Vec<u8>> = self.smembers(&readers).into_iter().take(32).collect();
+            for other in picked {
+                if !self.exists(&other) {
+                    self.srem(&readers, &other);
+                }
+            }
+        }
+        true
+    }
+
+    /// The write lock's script (see `scripts::ACQUIRE_WRITE`). `keys`: the writer's
+    /// key, the readers' set, the writers' queue, its deadlines, (with fencing) the
+    /// counter. `argv`: value, TTL, writer id, since, keep, fence step. The token
+    /// (1 without fencing), or 0 if refused.
+    fn acquire_write(&mut self, keys: &[&[u8]], argv: &[&str]) -> u64 {
+        let arg = |i: usize| argv.get(i).copied().unwrap_or("");
+        let (writer, readers, queue, deadlines) = (keys[0], keys[1], keys[2], keys[3]);
+        let id = arg(2).as_bytes();
+        let queued = self.zset(deadlines).is_some();
+        let mut now = None;
+        if queued {
+            let at = self.now_ms();
+            now = Some(at);
+            // `ZRANGEBYSCORE deadlines -inf now`: the writers whose place expired.
+            let gone: Vec<Vec<u8>> = self.zset(deadlines).map_or_else(Vec::new, |z| {
+                z.members
+                    .iter()
+                    .filter(|(_, deadline)| **deadline <= at as f64)
+                    .map(|(m, _)| m.clone())
+                    .collect()
+            });
+            for member in gone {
+                self.zrem(queue, &member);
+                self.zrem(deadlines, &member);
+            }
+        }
+        let mut free = !self.exists(writer);
+        if free {
+            // Every name is looked at: the dead readers' are dropped, even past a live one.
+            for reader in self.smembers(readers) {
+                if self.exists(&reader) {
+                    free = false;
+                } else {
+                    self.srem(readers, &reader);
+                }
+            }
+        }
+        if free
+            && queued
+            && let Some(head) = self
+                .zset(queue)
+                .and_then(|z| z.ordered().into_iter().next())
+            && head != id
+        {
+            free = false;
+        }
+        if !free {
+            let keep = arg(4).parse::<i64>().unwrap_or(0);
+            if keep <= 0 {
+                return 0;
+            }
+            let now = now.unwrap_or_else(|| self.now_ms());
+            let since = arg(3).parse::<f64>().unwrap_or(0.0);
+            self.zadd(queue, since, id);
+            self.zadd(
+                deadlines,
+                now.saturating_add(keep.unsigned_abs()) as f64,
+                id,
+            );
+            for key in [queue, deadlines] {
+                if self.pttl(key) < keep {
+                    self.pexpire(key, keep.unsigned_abs());
+                }
+            }
+            return 0;
+        }
+        if queued {
+            self.zrem(queue, id);
+            self.zrem(deadlines, id);
+        }
+        let mut token = 1;
+        if let Some(fence) = keys.get(4) {
+            let step = arg(5).parse::<u64>().unwrap_or(0);
+            token = self.next_token(&[fence], step);
+            self.set(fence, token.to_string().as_bytes(), None);
+        }
+        let ttl = arg(1).parse::<u64>().unwrap_or(0);
+        self.set(writer, arg(0).as_bytes(), Some(ttl));
+        token
+    }
+
     /// The release script (see `scripts::RELEASE`): `keys` holds the lock keys, then
     /// their queues (each queue's deadlines are `<queue>:until`).
     fn release(
@@ -825,6 +1152,15 @@ fn hand_over_time(id: &[u8]) -> Option<u64> {
         .flatten()
 }
 
+/// A sorted set's score as a server writes it in a reply: integers without a fraction.
+fn score_text(score: f64) -> String {
+    if score.fract() == 0.0 && score.abs() < 1e17 {
+        format!("{}", score as i64)
+    } else {
+        format!("{score}")
+    }
+}
+
 /// A command the fake does not model.
 fn unsupported() -> RedisError {
     RedisError::from((
@@ -866,5 +1202,123 @@ impl crate::protocol::Send1 for FakeServer {
         cmd: &'a Cmd,
     ) -> impl std::future::Future<Output = Result<Value, RedisError>> + Send + 'a {
         self.req_packed_command(cmd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::FakeServer;
+    use crate::{Error, Redlock, RetryPolicy};
+
+    fn client(servers: &[FakeServer]) -> Redlock {
+        servers
+            .iter()
+            .fold(Redlock::builder(), |b, s| b.fake(s.clone()))
+            .restart_quarantine(false)
+            .wake_on_release(false)
+            .fencing(true)
+            .node_timeout(Duration::from_millis(100))
+            .retry(RetryPolicy::once())
+            .build()
+            .expect("valid configuration")
+    }
+
+    /// Waits (real time, at most 2 s) until `check` holds.
+    async fn eventually(mut check: impl FnMut() -> bool) {
+        for _ in 0..200 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("condition not reached within 2 s");
+    }
+
+    fn taken<T: std::fmt::Debug>(result: Result<T, Error>) -> bool {
+        matches!(result, Err(Error::Taken { .. }))
+    }
+
+    /// A read-write lock through the client, on fake servers: readers share, a writer
+    /// is alone, a downgrade lets readers in but no writer, and a waiting writer keeps
+    /// new readers out until it has had its turn.
+    #[tokio::test]
+    async fn a_read_write_lock_works_on_fake_servers() {
+        let servers: Vec<FakeServer> = (0..3).map(|_| FakeServer::default()).collect();
+        let redlock = client(&servers);
+        let rw = redlock.rw_lock("doc").unwrap();
+        let key = redlock.key_for(&rw.resource());
+
+        // Two readers together; no writer next to them.
+        let first = rw.read().await.expect("a free lock");
+        let second = rw.read().await.expect("readers share");
+        assert!(taken(rw.try_write().await), "a writer next to readers");
+        // A refused last attempt takes no place: readers still come in.
+        let third = rw.try_read().await.expect("no writer waits");
+        for reader in [first, second, third] {
+            assert!(reader.release().await.unwrap().was_held());
+        }
+
+        // A writer alone.
+        let writer = rw.try_write().await.expect("no reader left");
+        let token = writer.fencing_token().expect("fencing on");
+        assert!(taken(rw.try_read().await), "a reader next to the writer");
+        assert!(taken(rw.try_write().await), "a second writer");
+        for server in &servers {
+            assert_eq!(server.get(&key).as_deref(), Some(writer.value()));
+        }
+
+        // Downgraded: the same value now reads, with the writer's key gone; readers
+        // join it, writers stay out.
+        let value = writer.value().to_owned();
+        let reading = writer.downgrade().await.expect("held on every node");
+        for server in &servers {
+            assert_eq!(server.get(&key), None);
+            assert_eq!(
+                server.get(&format!("{key}:reader:{value}")).as_deref(),
+                Some(value.as_str())
+            );
+        }
+        let other = rw.try_read().await.expect("readers join a downgraded lock");
+        assert!(
+            taken(rw.try_write().await),
+            "a writer next to the downgraded lock"
+        );
+        reading.release().await.unwrap();
+        other.release().await.unwrap();
+        let next = rw.try_write().await.expect("all readers left");
+        assert!(next.fencing_token().unwrap() > token);
+        next.release().await.unwrap();
+
+        // A writer that waits for a reader keeps new readers out, and then gets the
+        // lock.
+        let reader = rw.read().await.unwrap();
+        let waiting = rw.clone().retry(
+            RetryPolicy::deadline(Duration::from_secs(3))
+                .with_delay(Duration::from_millis(10), Duration::from_millis(5)),
+        );
+        let writer = tokio::spawn(async move { waiting.write().await });
+        let queue = format!("{key}:writer-waiting");
+        eventually(|| {
+            servers
+                .iter()
+                .filter(|s| s.queue(&queue).len() == 1)
+                .count()
+                >= 2
+        })
+        .await;
+        assert!(taken(rw.try_read().await), "a reader while a writer waits");
+        reader.release().await.unwrap();
+        let writer = writer.await.unwrap().expect("the reader left");
+        assert!(taken(rw.try_read().await));
+        writer.release().await.unwrap();
+        // The writer left the queue: readers come in again.
+        rw.try_read()
+            .await
+            .expect("nobody waits")
+            .release()
+            .await
+            .unwrap();
     }
 }

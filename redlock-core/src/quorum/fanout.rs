@@ -443,7 +443,16 @@ impl Fanout {
     /// Returns what a later command to the same nodes must wait for: the operations
     /// not yet in their node's connection queue (still connecting, waiting for an
     /// earlier command, or pooled), which a later command could otherwise overtake.
-    pub(crate) fn finish_in_background(mut self) -> Option<InFlight> {
+    pub(crate) fn finish_in_background(self) -> Option<InFlight> {
+        self.finish_in_background_holding(())
+    }
+
+    /// [`finish_in_background`](Self::finish_in_background), keeping `guard` until
+    /// every node answered or timed out.
+    pub(crate) fn finish_in_background_holding<G: Send + 'static>(
+        mut self,
+        guard: G,
+    ) -> Option<InFlight> {
         // Answers already in need no task.
         self.take_ready();
         let mut pending = self.take_pending();
@@ -452,13 +461,15 @@ impl Fanout {
         }
         let nodes = self.unqueued();
         let handle = tokio::runtime::Handle::try_current().ok()?;
+        let rest = async move {
+            while pending.next().await.is_some() {}
+            drop(guard);
+        };
         if nodes.is_empty() {
-            handle.spawn(async move { while pending.next().await.is_some() {} });
+            handle.spawn(rest);
             return None;
         }
-        Some(InFlight::spawn(&handle, nodes, async move {
-            while pending.next().await.is_some() {}
-        }))
+        Some(InFlight::spawn(&handle, nodes, rest))
     }
 
     /// Nodes whose command has not answered and is not in the connection queue.
@@ -475,13 +486,7 @@ impl Fanout {
     /// half-way: a command whose future is dropped before the connection sends it is
     /// never sent. Without a runtime, driven in place to the end.
     pub(crate) async fn drive(self, until: Until) -> Decision {
-        self.drive_holding(until, ()).await
-    }
-
-    /// [`drive`](Self::drive), keeping `guard` until every node answered or timed out.
-    pub(crate) async fn drive_holding<G: Send + 'static>(self, until: Until, guard: G) -> Decision {
-        self.drive_then(until, move |_| async move { drop(guard) })
-            .await
+        self.drive_then(until, |_| async {}).await
     }
 
     /// [`drive`](Self::drive), then, once every node answered or timed out, runs `then`
@@ -518,7 +523,6 @@ impl Fanout {
 
     async fn run_until(&mut self, until: Until) -> Tally {
         match until {
-            Until::Decided => self.until_decided().await,
             Until::WonOrDone => self.until_won_or_done().await,
             Until::Done => self.until_done().await,
         }
@@ -575,8 +579,6 @@ where
 /// When [`Fanout::drive`] reports.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Until {
-    /// The majority outcome is known.
-    Decided,
     /// A majority said yes, or every node answered.
     WonOrDone,
     /// Every node answered or timed out.

@@ -242,3 +242,47 @@ async fn a_slow_minority_does_not_delay_the_grant() {
     eventually(|| servers[2].commands() >= 2).await;
     assert_eq!(servers[2].get(&redlock.key_for("r")), None);
 }
+
+/// An extension to a shorter TTL that is cancelled half-way (a caller's timeout) has
+/// reached the nodes already: the holder's validity ends by the shorter TTL all the
+/// same, so that it never holds past the keys (which another client may then take).
+#[tokio::test]
+async fn a_cancelled_extension_to_a_shorter_ttl_still_shortens_the_validity() {
+    let servers = servers(3);
+    let redlock = client(&servers, false);
+    let mut lock = redlock
+        .try_lock("r")
+        .ttl(Duration::from_secs(10))
+        .await
+        .unwrap();
+    // Each node applies a command at once and answers 50 ms later: the caller gives up
+    // after 10 ms, with the shorter TTL applied everywhere.
+    for s in &servers {
+        s.set_latency(Duration::from_millis(50));
+    }
+    let sent = tokio::time::Instant::now();
+    let short = Duration::from_millis(200);
+    let cancelled = tokio::time::timeout(Duration::from_millis(10), lock.extend(short)).await;
+    assert!(
+        cancelled.is_err(),
+        "the extension was meant to be cut short"
+    );
+    assert!(
+        lock.valid_until() <= sent + short,
+        "validity {:?} past the keys' TTL {:?}",
+        lock.valid_until() - sent,
+        short
+    );
+    for s in &servers {
+        s.set_latency(Duration::ZERO);
+    }
+    tokio::time::sleep(short + Duration::from_millis(20)).await;
+    // The keys are gone, and the holder knows it.
+    let other = client(&servers, false);
+    let taken = other.try_lock("r").await.expect("the keys expired");
+    assert!(
+        !lock.is_held(),
+        "two holders: the first still thinks it holds"
+    );
+    taken.release().await.unwrap();
+}

@@ -39,9 +39,10 @@ pub(crate) struct LockState {
     pub(crate) ended: AtomicBool,
     /// Nodes that accepted the last extension.
     pub(crate) last_votes: AtomicUsize,
-    /// The acquisition's commands (and its fence write-back) not yet queued on some
-    /// nodes: every later command of this lock to those nodes waits for them.
-    barrier: Option<InFlight>,
+    /// The commands of this lock not yet queued on some nodes: the acquisition's (and
+    /// its fence write-back), then an extension's that wait for those. Every later
+    /// command of this lock to those nodes waits for them.
+    barrier: Mutex<Option<InFlight>>,
     /// Held by an extension until its commands have completed on every node: the
     /// holder's extension exclusively (it never overlaps another, so the one that set a
     /// TTL last on a node is the one whose validity the holder counts), the watchdog's
@@ -60,7 +61,7 @@ impl LockState {
             lost: CancellationToken::new(),
             ended: AtomicBool::new(false),
             last_votes: AtomicUsize::new(0),
-            barrier,
+            barrier: Mutex::new(barrier),
             extending: Arc::new(tokio::sync::RwLock::new(())),
             watch_id: AtomicU64::new(0),
         }
@@ -109,8 +110,19 @@ impl LockState {
     }
 
     /// The commands a new command of this lock must not overtake, if any are left.
-    pub(crate) fn barrier(&self) -> Option<&InFlight> {
-        self.barrier.as_ref().filter(|b| !b.is_done())
+    pub(crate) fn barrier(&self) -> Option<InFlight> {
+        let mut barrier = self.barrier.lock().unwrap_or_else(PoisonError::into_inner);
+        if barrier.as_ref().is_some_and(InFlight::is_done) {
+            *barrier = None;
+        }
+        barrier.clone()
+    }
+
+    /// An extension's commands not yet in their nodes' connection queues: later
+    /// commands of this lock to those nodes wait for them (they ran after the earlier
+    /// barrier's there, so it is over when they are).
+    pub(crate) fn set_barrier(&self, in_flight: InFlight) {
+        *self.barrier.lock().unwrap_or_else(PoisonError::into_inner) = Some(in_flight);
     }
 
     /// Waits until no other extension of this lock is under way (the watchdog's rounds
