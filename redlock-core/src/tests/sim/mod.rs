@@ -195,6 +195,9 @@ async fn simulate(
     // Half of them quiet: no fault, no message lost (the schedule drawn all the same), so
     // that the order is checked over the whole run up to the first client pause.
     let quiet = polling || (fair && extra.random_bool(0.5));
+    // A quarter of the remaining lock seeds take a read-write lock instead, each
+    // acquisition reading or writing.
+    let rw = !semaphore && control.is_none() && !multi && !fair && extra.random_bool(0.25);
     if quiet {
         world.set_lossless();
     }
@@ -256,6 +259,7 @@ async fn simulate(
             multi: multi.then(|| StdRng::seed_from_u64(extra.random())),
             fair,
             polling: polling && c > 0,
+            rw: rw.then(|| StdRng::seed_from_u64(extra.random())),
         };
         local.spawn_local(client.run(semaphore, more));
     }
@@ -382,6 +386,8 @@ struct Client {
     fair: bool,
     /// Poll with `try_lock` instead of waiting in the queue (a negative control).
     polling: bool,
+    /// In a seed of a read-write lock, what picks each acquisition's side.
+    rw: Option<StdRng>,
 }
 
 /// The resources of a seed of several resources.
@@ -398,6 +404,8 @@ impl Client {
                 self.counted_round().await
             } else if semaphore {
                 self.permit_round().await
+            } else if self.rw.is_some() {
+                self.rw_round().await
             } else {
                 self.lock_round().await
             };
@@ -531,6 +539,126 @@ impl Client {
                         at,
                     });
                 }
+                false
+            }
+        }
+    }
+
+    /// One acquisition of the read-write lock `rw`, reading or writing (a writer
+    /// sometimes downgrades to a read lock half-way); true if the client crashed. A
+    /// write holding ends when the downgrade is asked for, the read holding that follows
+    /// begins when it returns.
+    async fn rw_round(&mut self) -> bool {
+        let c = self.id;
+        let Some(side) = self.rw.as_mut() else {
+            return false;
+        };
+        let write = side.random_bool(0.4);
+        let downgrade = write && side.random_bool(0.3);
+        let rw = self.redlock.rw_lock("rw").expect("a valid name").retry(
+            RetryPolicy::deadline(Duration::from_millis(500))
+                .with_delay(Duration::from_millis(5), Duration::from_millis(10)),
+        );
+        let result = if write {
+            rw.write().await.map(|w| (Some(w), None))
+        } else {
+            rw.read().await.map(|r| (None, Some(r)))
+        };
+        let (mut writer, mut reader) = match result {
+            Ok(guards) => guards,
+            Err(err) => {
+                let side = if write { "write" } else { "read" };
+                self.world.log(|| format!("c{c} {side} rw: {err}"));
+                return false;
+            }
+        };
+        let held = |w: &Option<crate::rwlock::WriteLock>, r: &Option<crate::rwlock::ReadLock>| {
+            w.as_ref()
+                .map(|w| (w.is_held(), w.valid_until()))
+                .or_else(|| r.as_ref().map(|r| (r.is_held(), r.valid_until())))
+                .unwrap_or((false, Instant::now()))
+        };
+        let token = writer.as_ref().and_then(|w| w.fencing_token());
+        self.world.log(|| {
+            let side = if write { "writes" } else { "reads" };
+            format!("c{c} {side} rw (token {token:?})")
+        });
+        let mut holding = Holding {
+            client: c,
+            start: Instant::now(),
+            end: held(&writer, &reader).1,
+            token,
+        };
+        if self.rng.random_bool(0.3) {
+            if let Some(w) = &mut writer {
+                w.auto_extend();
+            } else if let Some(r) = &mut reader {
+                r.auto_extend();
+            }
+        }
+        let steps = self.rng.random_range(1..=4);
+        for step in 0..steps {
+            let (is_held, until) = held(&writer, &reader);
+            if is_held {
+                holding.end = holding.end.max(until);
+                if let (Some(token), Some(_)) = (token, &writer) {
+                    self.observer
+                        .borrow_mut()
+                        .fenced_write("rw", c, token, Instant::now());
+                }
+            }
+            if downgrade && step == steps / 2 && writer.is_some() {
+                let Some(w) = writer.take() else { break };
+                let asked = Instant::now();
+                holding.end = holding.end.min(asked);
+                self.observer
+                    .borrow_mut()
+                    .rw_held(writer_kind(true), holding.clone());
+                let result = w.downgrade().await;
+                self.world
+                    .log(|| format!("c{c} downgrade: {:?}", result.as_ref().map(|_| ())));
+                match result {
+                    Ok(r) => {
+                        holding = Holding {
+                            client: c,
+                            start: Instant::now(),
+                            end: r.valid_until(),
+                            token: None,
+                        };
+                        reader = Some(r);
+                    }
+                    Err(_) => return false,
+                }
+            }
+            self.work().await;
+        }
+        let (is_held, until) = held(&writer, &reader);
+        if is_held {
+            holding.end = holding.end.max(until);
+        }
+        holding.end = holding.end.min(Instant::now());
+        self.observer
+            .borrow_mut()
+            .rw_held(writer_kind(writer.is_some()), holding);
+        let ending = self.rng.random_range(0..20);
+        let lock = match (writer, reader) {
+            (Some(w), _) => w.into_lock(),
+            (None, Some(r)) => r.into_lock(),
+            (None, None) => return false,
+        };
+        match ending {
+            0 => {
+                self.world.log(|| format!("c{c} crashes holding rw"));
+                lock.detach();
+                true
+            }
+            1 => {
+                drop(lock);
+                false
+            }
+            _ => {
+                let result = lock.release().await;
+                self.world.log(|| format!("c{c} release rw: {result:?}"));
                 false
             }
         }
@@ -676,6 +804,15 @@ impl Client {
             let ms = self.rng.random_range(1..150);
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
+    }
+}
+
+/// The side of a read-write lock's holding.
+fn writer_kind(write: bool) -> observer::Side {
+    if write {
+        observer::Side::Write
+    } else {
+        observer::Side::Read
     }
 }
 
@@ -1026,10 +1163,10 @@ fn replay() {
     );
 }
 
-/// The open finding (docs/GUARANTEES.md, "The deterministic simulator"): on this seed,
+/// The finding of docs/GUARANTEES.md ("The deterministic simulator"): on this seed,
 /// with a round more per client and without its node pause, an extension issued before
-/// the release is applied after it on one node. When the release waits for the extension's commands too, this
-/// seed finds nothing: turn the assertion around to keep it as a regression test.
+/// the release was applied after it on one node. The release now waits for the
+/// extension's commands too, so this seed finds nothing: kept as a regression test.
 #[test]
 fn open_finding_an_extension_applied_after_the_release_on_a_node() {
     // Its schedule as it was before node pauses were drawn: the pause that came with
@@ -1037,11 +1174,11 @@ fn open_finding_an_extension_applied_after_the_release_on_a_node() {
     let outcome = run_world(19676, None, Some(&[1, 2, 3]), true, false, false);
     assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
     assert!(
-        outcome
+        !outcome
             .findings
             .iter()
             .any(|f| f.contains("after its release there")),
-        "seed 19676 no longer applies an extension after the release: {:?}",
+        "seed 19676 applies an extension after the release again: {:?}",
         outcome.findings
     );
 }

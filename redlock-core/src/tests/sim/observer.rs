@@ -60,6 +60,13 @@ const JOINED_AFTER: Duration = Duration::from_millis(80);
 /// since), and a call joins after its first attempt (up to 20 ms).
 const SURELY_BEFORE: Duration = Duration::from_millis(40);
 
+/// The side of a read-write lock's holding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Side {
+    Read,
+    Write,
+}
+
 #[derive(Default)]
 pub(super) struct Observer {
     /// Per lock (or semaphore), its holdings, and the permits it has (1 for a lock).
@@ -73,6 +80,8 @@ pub(super) struct Observer {
     releases: Vec<Release>,
     /// Releases after which the queue's order was checked.
     pub(super) hand_overs_checked: u64,
+    /// The read-write lock's holdings, each with its side.
+    rw: Vec<(Side, Holding)>,
 }
 
 impl Observer {
@@ -123,6 +132,62 @@ impl Observer {
             self.ms(until)
         );
         self.violations.push(line);
+    }
+
+    /// A holding of the read-write lock ended.
+    pub(super) fn rw_held(&mut self, side: Side, holding: Holding) {
+        if holding.end > holding.start {
+            self.rw.push((side, holding));
+        }
+    }
+
+    /// The read-write lock's invariants: no writer's holding overlaps a reader's or
+    /// another writer's, and the writers' fencing tokens rise in the order their
+    /// holdings began.
+    fn check_rw(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        let describe = |(side, h): &(Side, Holding)| {
+            format!(
+                "c{} {side:?} [{:.3}, {:.3}) ms token {:?}",
+                h.client,
+                self.ms(h.start),
+                self.ms(h.end),
+                h.token
+            )
+        };
+        for (i, a) in self.rw.iter().enumerate() {
+            for b in &self.rw[i + 1..] {
+                let overlap = a.1.start < b.1.end && b.1.start < a.1.end;
+                if overlap && (a.0 == Side::Write || b.0 == Side::Write) {
+                    found.push(format!(
+                        "rw: a writer beside another holder within their validity: {}; {}",
+                        describe(a),
+                        describe(b)
+                    ));
+                }
+            }
+        }
+        let mut writers: Vec<&Holding> = self
+            .rw
+            .iter()
+            .filter(|(side, h)| *side == Side::Write && h.token.is_some())
+            .map(|(_, h)| h)
+            .collect();
+        writers.sort_by_key(|h| h.start);
+        for pair in writers.windows(2) {
+            if let (Some(a), Some(b)) = (pair[0].token, pair[1].token)
+                && b <= a
+            {
+                found.push(format!(
+                    "rw: writer token {b} of c{} (from {:.3} ms) not above token {a} of c{} (from {:.3} ms)",
+                    pair[1].client,
+                    self.ms(pair[1].start),
+                    pair[0].client,
+                    self.ms(pair[0].start)
+                ));
+            }
+        }
+        found
     }
 
     /// A `lock` call of one resource ended.
@@ -272,6 +337,7 @@ impl Observer {
                 }
             }
         }
+        found.extend(self.check_rw());
         self.violations.extend(found);
     }
 }

@@ -359,6 +359,11 @@ fn script(args: &[String]) -> Option<&'static str> {
         (&scripts::REMAINING, "remaining"),
         (&scripts::SERVER_TIME, "server_time"),
         (&scripts::MARK, "mark"),
+        (&scripts::ACQUIRE_READ, "acquire_read"),
+        (&scripts::ACQUIRE_WRITE, "acquire_write"),
+        (&scripts::RELEASE_WRITE, "release_write"),
+        (&scripts::DOWNGRADE, "downgrade"),
+        (&scripts::LEAVE_WRITERS, "leave_writers"),
     ];
     named
         .iter()
