@@ -1,6 +1,6 @@
 //! A deterministic simulator: the library's own code (acquisition of one resource or
 //! several with `lock_many`, extension, the watchdog, release, the wait queue and its
-//! hand-overs, fencing, the restart quarantine, semaphores) against simulated nodes
+//! hand-overs, fencing, the restart quarantine, semaphores, read-write locks) against simulated nodes
 //! (`node::fake`) on tokio's paused clock, one current-thread runtime per seed, with
 //! faults drawn from the seed (see `world.rs`) and invariants checked by an observer
 //! outside the library (see `observer.rs`). One seed gives one history, bit for bit; a
@@ -12,7 +12,9 @@
 //! Each seed draws its world: 3 or 5 nodes, 2 or 3 clients, one lock `r` (with or
 //! without fencing), or a semaphore of 2 permits, or (a quarter of the lock seeds) 1 to
 //! 3 of three resources per acquisition; a third of the other lock seeds check the wait
-//! queue's order (wake on release on), half of those without faults or lost messages.
+//! queue's order (wake on release on), half of those without faults or lost messages;
+//! a quarter of the rest take a read-write lock, reading or writing (writers sometimes
+//! downgrading).
 //! What was added after the first version (node pauses, clock jumps back, several
 //! resources, the queue's order) is drawn from a stream of its own, so that a seed
 //! drawing none of it keeps its earlier history.
@@ -55,6 +57,9 @@ pub(super) enum Control {
     /// (clients of the simulator's own, not the library's slot-per-permit semaphore),
     /// three clients, with restarts.
     MajorityCounter,
+    /// A read-write lock's clients with the restart quarantine off, nodes restarting
+    /// without persistence: a restarted node forgets readers and writers alike.
+    RwQuarantineOff,
     /// Every client but the first polls with `try_lock` (which does not queue, and
     /// takes a lock a release is handing over to a queued waiter) instead of waiting in
     /// the queue, in quiet seeds that check the queue's order: the queue is overtaken.
@@ -65,7 +70,7 @@ pub(super) enum Control {
 }
 
 impl Control {
-    const ALL: [Control; 7] = [
+    const ALL: [Control; 8] = [
         Control::QuarantineOff,
         Control::NoDriftAllowance,
         Control::NoFenceFloor,
@@ -73,6 +78,7 @@ impl Control {
         Control::MajorityCounter,
         Control::ClockJumpBeyondAllowance,
         Control::TryLockPolling,
+        Control::RwQuarantineOff,
     ];
 
     fn name(self) -> &'static str {
@@ -84,6 +90,7 @@ impl Control {
             Control::MajorityCounter => "majority-counter",
             Control::ClockJumpBeyondAllowance => "clock-jump-beyond-allowance",
             Control::TryLockPolling => "try-lock-polling",
+            Control::RwQuarantineOff => "rw-quarantine-off",
         }
     }
 
@@ -161,7 +168,10 @@ async fn simulate(
         clients = 3;
     }
     let semaphore = (rng.random_bool(0.25) || control == Some(Control::MajorityCounter))
-        && control != Some(Control::TryLockPolling);
+        && !matches!(
+            control,
+            Some(Control::TryLockPolling | Control::RwQuarantineOff)
+        );
     let fencing = !semaphore && (rng.random_bool(0.5) || control == Some(Control::NoFenceFloor));
     let world = World::new(&mut rng, nodes, clients, trace);
     world.state().live = live;
@@ -197,7 +207,8 @@ async fn simulate(
     let quiet = polling || (fair && extra.random_bool(0.5));
     // A quarter of the remaining lock seeds take a read-write lock instead, each
     // acquisition reading or writing.
-    let rw = !semaphore && control.is_none() && !multi && !fair && extra.random_bool(0.25);
+    let rw = control == Some(Control::RwQuarantineOff)
+        || (!semaphore && control.is_none() && !multi && !fair && extra.random_bool(0.25));
     if quiet {
         world.set_lossless();
     }
@@ -232,7 +243,10 @@ async fn simulate(
             .iter()
             .fold(Redlock::builder(), |b, s| b.fake(s.for_client(c)))
             .holder(format!("c{c}"))
-            .restart_quarantine(control != Some(Control::QuarantineOff))
+            .restart_quarantine(!matches!(
+                control,
+                Some(Control::QuarantineOff | Control::RwQuarantineOff)
+            ))
             .wake_on_release(fair)
             .fencing(fencing)
             .ttl(TTL)
@@ -343,7 +357,12 @@ fn schedule(
     }
     // The controls' faults, more often than the rest.
     match control {
-        Some(Control::QuarantineOff | Control::NoFenceFloor | Control::MajorityCounter) => {
+        Some(
+            Control::QuarantineOff
+            | Control::NoFenceFloor
+            | Control::MajorityCounter
+            | Control::RwQuarantineOff,
+        ) => {
             for _ in 0..rng.random_range(1..=3) {
                 let at = Duration::from_millis(rng.random_range(0..2500));
                 faults.push((at, Fault::Restart(rng.random_range(0..nodes))));

@@ -7,6 +7,9 @@
 //! - fencing tokens per resource: a fenced resource never refuses a write of a holder
 //!   within its validity, and tokens rise in the order holdings of a resource begin
 //!   (`lock_many`'s one token is above every earlier token of each of its resources);
+//! - read-write locks: no writer's holding overlaps a reader's or another writer's (a
+//!   downgrading writer's write holding ends when it asks, its read holding begins
+//!   when the downgrade returns), and writers' tokens rise;
 //! - loss notification: `lost()` completes by the end of the validity;
 //! - hand-over in queue order, where the queue promises it (see
 //!   [`Observer::check_queue_order`]).
