@@ -983,18 +983,23 @@ fn ddmin(items: Vec<usize>, mut fails: impl FnMut(&[usize]) -> bool) -> Vec<usiz
 
 /// The failure report of `seed`: its violations, its shrunk fault list and the replay
 /// commands.
-fn failure_report(seed: u64, control: Option<Control>, violations: &[String]) -> String {
+fn failure_report(
+    seed: u64,
+    control: Option<Control>,
+    violations: &[String],
+    minimal: Option<&[usize]>,
+    schedule: usize,
+) -> String {
     let mut report = format!(
-        "seed {seed} broke an invariant:\n  {}\nreplay: {}",
+        "seed {seed} broke an invariant:\n  {}\n  replay: {}",
         violations.join("\n  "),
         replay_command(seed, control, None)
     );
-    if let Some(minimal) = shrink(seed, control) {
+    if let Some(minimal) = minimal {
         report.push_str(&format!(
-            "\nminimal faults [{}] of {}: {}",
-            fault_list(&minimal),
-            schedule_len(seed, control),
-            replay_command(seed, control, Some(&minimal))
+            "\n  minimal faults [{}] of {schedule}: {}",
+            fault_list(minimal),
+            replay_command(seed, control, Some(minimal))
         ));
     }
     report
@@ -1020,7 +1025,13 @@ fn run_share(offset: u64, step: u64) {
         assert!(
             outcome.violations.is_empty(),
             "simulation {}",
-            failure_report(seed, None, &outcome.violations)
+            failure_report(
+                seed,
+                None,
+                &outcome.violations,
+                shrink(seed, None).as_deref(),
+                outcome.schedule
+            )
         );
     }
     let secs = started.elapsed().as_secs_f64();
@@ -1128,13 +1139,16 @@ fn every_negative_control_is_caught() {
             fault_list(&minimal)
         );
         println!(
-            "control {}: caught at seed {seed} ({} seeds): {violation}\n  replay: {}\n  minimal faults [{}] of {}: {}\n    {}",
+            "control {}, caught within {} seeds: {}\n    with the minimal faults: {}",
             control.name(),
             seed + 1,
-            replay_command(seed, Some(control), None),
-            fault_list(&minimal),
-            first.schedule,
-            replay_command(seed, Some(control), Some(&minimal)),
+            failure_report(
+                seed,
+                Some(control),
+                &[violation],
+                Some(&minimal),
+                first.schedule
+            ),
             first.violations.first().map_or("", String::as_str),
         );
     }
