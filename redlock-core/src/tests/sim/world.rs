@@ -1,6 +1,18 @@
 //! The simulated world: the nodes (fake servers), the network between them and the
-//! clients (latency, lost requests and replies, one-way cuts, frozen clients), the fault
-//! schedule drawn from the seed, and the trace of every message on simulated time.
+//! clients (latency, lost requests and replies, one-way cuts, frozen clients), the
+//! faults a schedule drawn from the seed applies (node restarts, nodes answering
+//! errors, node clocks running fast or slow, jumping forward or back, whole-process
+//! pauses of a node), and the trace of every message on simulated time.
+//!
+//! A paused client (`World::freeze`) sends nothing until it resumes: every request of
+//! it, its watchdog's extensions included (they go through the same links), leaves at
+//! the pause's end. Its timers still run meanwhile, and a reply already on its way when
+//! the pause began still reaches it: the pause is of its messages, not of its process.
+//! A paused node (`Fault::Pause`) applies nothing meanwhile: requests that reach it wait
+//! for its resumption (those sent before the pause began too: pauses are known to the
+//! network from the start), and are applied then, in the order they came within tokio's
+//! 1 ms timer granularity (each client's requests strictly in order); its replies leave
+//! when the commands take effect, so none leaves during the pause.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,6 +45,15 @@ pub(super) enum Fault {
     ClockRate { node: usize, rate: f64 },
     /// The node's clock jumps forward by `ms`.
     ClockJump { node: usize, ms: u64 },
+    /// The node's clock jumps back by `ms`: its time reads earlier, its keys expire
+    /// later.
+    ClockJumpBack { node: usize, ms: u64 },
+    /// The node's whole process stops for `for_ms` (`SIGSTOP`, then `SIGCONT`): it
+    /// applies and answers nothing meanwhile; requests that reach it wait and are
+    /// applied, in the order they came, when it resumes; its keys still expire on time.
+    /// Known to the network from the start (see [`World::set_pauses`]), so that a request
+    /// already on its way when the pause begins waits too.
+    Pause { node: usize, for_ms: u64 },
 }
 
 /// The parts of the world the network reads and writes.
@@ -51,6 +72,10 @@ pub(super) struct WorldState {
     cuts: HashSet<(usize, usize, bool)>,
     /// Per client: frozen (a pause) until then.
     frozen: Vec<Instant>,
+    /// When the first fault struck or a client first paused, if one did.
+    disturbed: Option<Instant>,
+    /// Per node: its process pauses, [from, to).
+    pauses: Vec<Vec<(Instant, Instant)>>,
     /// Lock values released, per node.
     released: HashSet<(usize, String)>,
     /// Invariant violations seen on the wire.
@@ -84,6 +109,8 @@ impl World {
             loss,
             cuts: HashSet::new(),
             frozen: vec![now; clients],
+            pauses: vec![Vec::new(); nodes],
+            disturbed: None,
             released: HashSet::new(),
             violations: Vec::new(),
             findings: Vec::new(),
@@ -99,10 +126,38 @@ impl World {
         self.state().log(line);
     }
 
+    /// The nodes' process pauses among `faults` (each at its time after `origin`).
+    pub(super) fn set_pauses(&self, origin: Instant, faults: &[(Duration, Fault)]) {
+        let mut state = self.state();
+        for (at, fault) in faults {
+            if let Fault::Pause { node, for_ms } = *fault {
+                let from = origin + *at;
+                state.pauses[node].push((from, from + Duration::from_millis(for_ms)));
+            }
+        }
+    }
+
+    /// Until when nothing disturbed the run: no fault struck, no client paused, and the
+    /// network lost nothing (`None` if it may lose messages).
+    pub(super) fn quiet_until(&self) -> Option<Instant> {
+        let state = self.state();
+        (state.loss == 0.0).then(|| {
+            state
+                .disturbed
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
+        })
+    }
+
+    /// The network loses nothing from now on.
+    pub(super) fn set_lossless(&self) {
+        self.state().loss = 0.0;
+    }
+
     /// `client` stops (a pause: no request leaves it, no reply reaches it) for `pause`.
     pub(super) fn freeze(&self, client: usize, pause: Duration) {
         let mut state = self.state();
         let until = Instant::now() + pause;
+        state.disturbed.get_or_insert(Instant::now());
         if let Some(frozen) = state.frozen.get_mut(client) {
             *frozen = (*frozen).max(until);
         }
@@ -113,6 +168,7 @@ impl World {
     /// own.
     pub(super) fn apply(&self, fault: &Fault, servers: &[FakeServer]) {
         self.log(|| format!("fault {fault:?}"));
+        self.state().disturbed.get_or_insert(Instant::now());
         match *fault {
             Fault::Restart(node) => servers[node].restart(),
             Fault::Cut {
@@ -140,6 +196,17 @@ impl World {
             }
             Fault::ClockRate { node, rate } => servers[node].set_clock_rate(rate),
             Fault::ClockJump { node, ms } => servers[node].jump_clock(Duration::from_millis(ms)),
+            Fault::ClockJumpBack { node, ms } => {
+                servers[node].jump_clock_back(Duration::from_millis(ms));
+            }
+            // The network holds the node's requests (`fate`); here only the trace.
+            Fault::Pause { node, for_ms } => {
+                let world = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(for_ms)).await;
+                    world.log(|| format!("n{node} resumes"));
+                });
+            }
         }
     }
 }
@@ -173,9 +240,22 @@ impl Network for World {
         let rng = &mut state.rng;
         let mut delay =
             || base + Duration::from_micros(rng.random_range(0..=base.as_micros() as u64));
-        let (request_delay, reply_delay) = (delay() + frozen, delay());
+        let (mut request_delay, reply_delay) = (delay() + frozen, delay());
         let request_lost = rng.random_bool(loss);
         let reply_lost = rng.random_bool(loss);
+        // A request reaching a paused node waits for it to resume; applied then, its
+        // reply leaves then too (the reply's delay counts from the command's effect).
+        let mut arrival = now + request_delay;
+        let mut held = false;
+        while let Some(&(_, to)) = state.pauses[node]
+            .iter()
+            .find(|(from, to)| *from <= arrival && arrival < *to)
+        {
+            arrival = to;
+            held = true;
+        }
+        request_delay = arrival.duration_since(now);
+        let start = state.start;
         let fate = Fate {
             request_delay,
             request_lost: request_lost || state.cuts.contains(&(node, client, true)),
@@ -190,7 +270,15 @@ impl Network for World {
             } else {
                 ""
             };
-            format!("c{client} -> n{node}  {}{lost}", describe(cmds))
+            let at = |t: Instant| t.duration_since(start).as_secs_f64() * 1000.0;
+            let waits = match (frozen > Duration::ZERO, held) {
+                (_, true) => format!("  [n{node} paused: applied at {:.3} ms]", at(arrival)),
+                (true, false) => {
+                    format!("  [c{client} paused: leaves at {:.3} ms]", at(now + frozen))
+                }
+                _ => String::new(),
+            };
+            format!("c{client} -> n{node}  {}{lost}{waits}", describe(cmds))
         });
         fate
     }
@@ -271,6 +359,11 @@ fn script(args: &[String]) -> Option<&'static str> {
         (&scripts::REMAINING, "remaining"),
         (&scripts::SERVER_TIME, "server_time"),
         (&scripts::MARK, "mark"),
+        (&scripts::ACQUIRE_READ, "acquire_read"),
+        (&scripts::ACQUIRE_WRITE, "acquire_write"),
+        (&scripts::RELEASE_WRITE, "release_write"),
+        (&scripts::DOWNGRADE, "downgrade"),
+        (&scripts::LEAVE_WRITERS, "leave_writers"),
     ];
     named
         .iter()
