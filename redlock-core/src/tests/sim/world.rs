@@ -80,9 +80,6 @@ pub(super) struct WorldState {
     released: HashSet<(usize, String)>,
     /// Invariant violations seen on the wire.
     pub(super) violations: Vec<String>,
-    /// Breaches of the per-node order of a lock's commands (an extension applied after
-    /// the release on a node): reported, not yet failing the run (see `run_share`).
-    pub(super) findings: Vec<String>,
 }
 
 /// The world's network, shared by every fake server.
@@ -113,7 +110,6 @@ impl World {
             disturbed: None,
             released: HashSet::new(),
             violations: Vec::new(),
-            findings: Vec::new(),
         })))
     }
 
@@ -300,7 +296,7 @@ impl Network for World {
                 .and_then(|a| a.parse::<usize>().ok())
                 .unwrap_or(0);
             let argv = args.get(3 + n..).unwrap_or_default();
-            if name == "release" {
+            if name == "release" || name == "release_write" {
                 if let Some(value) = argv.first() {
                     state.released.insert((node, value.clone()));
                 }
@@ -312,8 +308,8 @@ impl Network for World {
                         let line = format!(
                             "n{node} extended {value} of c{client} after its release there"
                         );
-                        state.log(|| format!("FINDING: {line}"));
-                        state.findings.push(line);
+                        state.log(|| format!("VIOLATION: {line}"));
+                        state.violations.push(line);
                     }
                 }
             }
