@@ -76,8 +76,8 @@ pub(super) struct WorldState {
     disturbed: Option<Instant>,
     /// Per node: its process pauses, [from, to).
     pauses: Vec<Vec<(Instant, Instant)>>,
-    /// Lock values released, per node.
-    released: HashSet<(usize, String)>,
+    /// Lock keys released, with the value released, per node.
+    released: HashSet<(usize, String, String)>,
     /// Invariant violations seen on the wire.
     pub(super) violations: Vec<String>,
 }
@@ -287,7 +287,9 @@ impl Network for World {
         replies: &Result<Vec<Value>, RedisError>,
     ) {
         let mut state = self.state();
-        // No extension of a lock value on a node after its release there.
+        // No extension of a lock's key on a node after its release there (by key and
+        // value: a downgrade moves a write lock's value to a reader's key, and then
+        // releases the writer's key where it was not moved).
         for cmd in cmds.iter().filter(|_| replies.is_ok()) {
             let args = args(cmd);
             let Some(name) = script(&args) else { continue };
@@ -295,21 +297,28 @@ impl Network for World {
                 .get(2)
                 .and_then(|a| a.parse::<usize>().ok())
                 .unwrap_or(0);
+            let keys = args.get(3..3 + n).unwrap_or_default();
             let argv = args.get(3 + n..).unwrap_or_default();
             if name == "release" || name == "release_write" {
                 if let Some(value) = argv.first() {
-                    state.released.insert((node, value.clone()));
+                    for key in keys {
+                        state.released.insert((node, key.clone(), value.clone()));
+                    }
                 }
             } else if name == "extend" {
+                // Per lock: its number of keys, its value, its TTL; its keys next.
+                let mut keys = keys.iter();
                 for lock in argv.chunks(3) {
-                    if let Some(value) = lock.get(1)
-                        && state.released.contains(&(node, value.clone()))
-                    {
-                        let line = format!(
-                            "n{node} extended {value} of c{client} after its release there"
-                        );
-                        state.log(|| format!("VIOLATION: {line}"));
-                        state.violations.push(line);
+                    let count = lock.first().and_then(|c| c.parse().ok()).unwrap_or(0);
+                    let Some(value) = lock.get(1) else { continue };
+                    for key in keys.by_ref().take(count) {
+                        if state.released.contains(&(node, key.clone(), value.clone())) {
+                            let line = format!(
+                                "n{node} extended {key} = {value} of c{client} after its release there"
+                            );
+                            state.log(|| format!("VIOLATION: {line}"));
+                            state.violations.push(line);
+                        }
                     }
                 }
             }
