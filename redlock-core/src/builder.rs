@@ -49,7 +49,7 @@ enum NodeSpec {
     Url(String),
     Client(Box<redis::Client>),
     Pool(deadpool_redis::Pool),
-    #[cfg(test)]
+    #[cfg(any(test, feature = "sim"))]
     Fake(crate::node::fake::FakeServer),
 }
 
@@ -115,11 +115,13 @@ impl std::fmt::Debug for RedlockBuilder {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "sim"))]
 impl RedlockBuilder {
     /// Adds a node answered by an in-memory server (unit tests of the layers above the
-    /// node layer).
-    pub(crate) fn fake(mut self, server: crate::node::fake::FakeServer) -> Self {
+    /// node layer, and simulations of crates built on this one: feature `sim`; not a
+    /// stable API).
+    #[doc(hidden)]
+    pub fn fake(mut self, server: crate::sim::FakeServer) -> Self {
         self.nodes.push(NodeSpec::Fake(server));
         self
     }
@@ -367,7 +369,7 @@ impl RedlockBuilder {
                     nodes.push(Node::pool(format!("pool#{index}"), pool));
                     continue;
                 }
-                #[cfg(test)]
+                #[cfg(any(test, feature = "sim"))]
                 NodeSpec::Fake(server) => {
                     nodes.push(Node::fake(format!("fake#{index}"), server));
                     continue;

@@ -115,7 +115,7 @@
 // what it does not call).
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 // Under unit tests `clock::Instant` is tokio's own, so its conversions to tokio's are no-ops.
-#![cfg_attr(test, allow(clippy::useless_conversion))]
+#![cfg_attr(any(test, feature = "sim"), allow(clippy::useless_conversion))]
 
 // The `mod` lines are alphabetical (as `cargo fmt` keeps them); docs/ARCHITECTURE.md
 // gives the layers bottom up, each module using only those of its layer or below.
@@ -136,6 +136,9 @@ pub mod rwlock;
 pub mod semaphore;
 mod server_clock;
 mod shared;
+#[cfg(any(test, feature = "sim"))]
+#[doc(hidden)]
+pub mod sim;
 pub mod telemetry;
 mod value;
 mod wake;

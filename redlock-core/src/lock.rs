@@ -174,24 +174,26 @@ impl Lock {
     }
 
     /// When the successful attempt started (monotonic clock).
-    pub fn acquired_at(&self) -> Instant {
-        self.acquired_at
+    pub fn acquired_at(&self) -> crate::clock::ApiInstant {
+        crate::clock::to_api(self.acquired_at)
     }
 
     /// When the validity ends (monotonic clock). Moves forward with every extension,
     /// including the watchdog's.
-    pub fn valid_until(&self) -> Instant {
-        self.state.valid_until()
+    pub fn valid_until(&self) -> crate::clock::ApiInstant {
+        crate::clock::to_api(self.state.valid_until())
     }
 
     /// The validity left; zero once it ran out.
     pub fn validity(&self) -> Duration {
-        self.valid_until().saturating_duration_since(Instant::now())
+        self.state
+            .valid_until()
+            .saturating_duration_since(Instant::now())
     }
 
     /// Whether the validity has not run out yet.
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until()
+        Instant::now() < self.state.valid_until()
     }
 
     /// Whether the lock is still ours: valid, and not declared lost by the watchdog.
@@ -296,7 +298,7 @@ impl Lock {
         // over on every node.
         let guard = self.state.begin_extension().await;
         let start = Instant::now();
-        if start >= self.valid_until() || self.state.lost.is_cancelled() {
+        if start >= self.state.valid_until() || self.state.lost.is_cancelled() {
             return Err(self.expired("its validity ran out before the extension"));
         }
         // The keys live at least `ttl` from `start` wherever the extension is applied,
@@ -304,7 +306,7 @@ impl Lock {
         // ends by then from now on, also if this call is cancelled half-way (a node may
         // already have applied it).
         let bound = start + ttl.saturating_sub(self.shared.cluster.drift(ttl));
-        let valid_until = self.valid_until();
+        let valid_until = self.state.valid_until();
         self.state.not_extended(bound);
         let mut fanout = Fanout::start_after(
             &self.shared.cluster,
@@ -338,7 +340,7 @@ impl Lock {
         }
         // Not extended; but nodes that did apply it let the key expire by it.
         self.state.not_extended(bound);
-        if answered_at >= self.valid_until() {
+        if answered_at >= self.state.valid_until() {
             return Err(if tally.won() {
                 self.expired("a majority extended it only after its validity had run out")
             } else {
@@ -375,10 +377,10 @@ impl Lock {
     /// runs out. For a lock that must outlive its holder's work, such as a claim that
     /// marks a piece of work as done (extend it to the time it should last first).
     /// Returns when it ends, at the latest, on the nodes.
-    pub fn detach(mut self) -> Instant {
+    pub fn detach(mut self) -> crate::clock::ApiInstant {
         self.done = true;
         self.state.ended.store(true, Ordering::Release);
-        self.valid_until()
+        crate::clock::to_api(self.state.valid_until())
     }
 
     /// Moves the lock to `target` (same value, other keys) on each node in one step,
@@ -408,7 +410,11 @@ impl Lock {
             shared: Arc::clone(&self.shared),
             resources: self.resources.clone(),
             target,
-            state: Arc::new(LockState::new(self.valid_until(), self.ttl(), in_flight)),
+            state: Arc::new(LockState::new(
+                self.state.valid_until(),
+                self.ttl(),
+                in_flight,
+            )),
             acquired_at: self.acquired_at,
             attempts: self.attempts,
             token: None,
@@ -542,8 +548,8 @@ impl LockHandle {
     }
 
     /// When the validity ends (see [`Lock::valid_until`]): it moves with every extension.
-    pub fn valid_until(&self) -> Instant {
-        self.state.valid_until()
+    pub fn valid_until(&self) -> crate::clock::ApiInstant {
+        crate::clock::to_api(self.state.valid_until())
     }
 
     /// Whether the lock is still held (see [`Lock::is_held`]).

@@ -88,7 +88,7 @@ async fn read(cluster: &Cluster) -> Option<(Instant, u64)> {
 }
 
 fn wall_clock_ms() -> u64 {
-    #[cfg(test)]
+    #[cfg(any(test, feature = "sim"))]
     if let Some(ms) = crate::clock::simulated_wall_ms() {
         return ms;
     }

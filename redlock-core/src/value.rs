@@ -38,37 +38,37 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// The random source every random choice of core draws from: the thread-local CSPRNG.
-#[cfg(not(test))]
+#[cfg(not(any(test, feature = "sim")))]
 pub(crate) fn rng() -> rand::rngs::ThreadRng {
     rand::rng()
 }
 
-/// The random source every random choice of core draws from: under unit tests, the
-/// generator [`seed_rng`] set on this thread (the simulator's, one history per seed),
+/// The random source every random choice of core draws from: under unit tests (and
+/// feature `sim`), the generator [`seed_rng`] set on this thread (the simulator's, one history per seed),
 /// else the thread-local CSPRNG.
-#[cfg(test)]
+#[cfg(any(test, feature = "sim"))]
 pub(crate) fn rng() -> TestRng {
     TestRng(rand::rng())
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "sim"))]
 thread_local! {
     static SEEDED: std::cell::RefCell<Option<rand::rngs::StdRng>> =
         const { std::cell::RefCell::new(None) };
 }
 
 /// Seeds this thread's [`rng`] (`None`: back to the CSPRNG).
-#[cfg(test)]
+#[cfg(any(test, feature = "sim"))]
 pub(crate) fn seed_rng(seed: Option<u64>) {
     use rand::SeedableRng;
     SEEDED.with_borrow_mut(|rng| *rng = seed.map(rand::rngs::StdRng::seed_from_u64));
 }
 
-/// [`rng`] under unit tests: the seeded generator of this thread if any.
-#[cfg(test)]
+/// [`rng`] under unit tests and feature `sim`: the seeded generator of this thread if any.
+#[cfg(any(test, feature = "sim"))]
 pub(crate) struct TestRng(rand::rngs::ThreadRng);
 
-#[cfg(test)]
+#[cfg(any(test, feature = "sim"))]
 impl rand::TryRng for TestRng {
     type Error = std::convert::Infallible;
 

@@ -22,7 +22,7 @@ pub(super) enum Backend {
     Direct(Box<Direct>),
     Pool(deadpool_redis::Pool),
     /// An in-memory server, for unit tests of the layers above.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "sim"))]
     Fake(super::fake::FakeServer),
 }
 

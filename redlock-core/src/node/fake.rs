@@ -1,5 +1,6 @@
 //! An in-memory server behind the node layer, for fast, deterministic unit tests of the
-//! layers above it (quorum, validity, fencing, cleanup).
+//! layers above it (quorum, validity, fencing, cleanup), and, with feature `sim`, for
+//! simulations of crates built on this one (see [`crate::sim`]).
 //!
 //! It is a `ConnectionLike`: it answers the very commands `protocol::build` makes (`SET
 //! NX PX`, and each script by its `EVALSHA` hash) the way the scripts do on a server, so
@@ -24,7 +25,7 @@ use crate::protocol::scripts;
 
 /// One fake server; clones share it.
 #[derive(Clone, Default)]
-pub(crate) struct FakeServer(Arc<Mutex<State>>, Link);
+pub struct FakeServer(Arc<Mutex<State>>, Link);
 
 /// One client's side of a fake server (see [`FakeServer::for_client`]): which client it
 /// is, and the server's last run it has seen (its "connection").
@@ -36,20 +37,20 @@ struct Link {
 
 /// What happens to one request on its way to a node and back, as a [`Network`] decides.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Fate {
+pub struct Fate {
     /// Time to reach the node (commands of one client to one node still run in order).
-    pub(crate) request_delay: Duration,
+    pub request_delay: Duration,
     /// The request never arrives: no effect, no reply.
-    pub(crate) request_lost: bool,
+    pub request_lost: bool,
     /// Time for the reply to come back.
-    pub(crate) reply_delay: Duration,
+    pub reply_delay: Duration,
     /// The command takes effect but its reply never comes.
-    pub(crate) reply_lost: bool,
+    pub reply_lost: bool,
 }
 
 /// The network between clients and fake servers (the simulator's): decides each
 /// request's fate and hears each command applied, for its trace.
-pub(crate) trait Network: Send + Sync {
+pub trait Network: Send + Sync {
     /// The fate of `cmds`, sent by `client` to node `node`.
     fn fate(&self, node: usize, client: usize, cmds: &[Cmd]) -> Fate;
     /// `cmds` from `client` were applied on `node`, answering `replies`.
@@ -119,7 +120,7 @@ impl FakeServer {
 
     /// A handle on the same server for client `client`: its requests go through the
     /// network as that client's, and it connects afresh after each restart.
-    pub(crate) fn for_client(&self, client: usize) -> Self {
+    pub fn for_client(&self, client: usize) -> Self {
         Self(
             Arc::clone(&self.0),
             Link {
@@ -130,13 +131,13 @@ impl FakeServer {
     }
 
     /// Sends requests through `network`, as its node `node`.
-    pub(crate) fn set_network(&self, node: usize, network: Arc<dyn Network>) {
+    pub fn set_network(&self, node: usize, network: Arc<dyn Network>) {
         self.state().network = Some((node, network));
     }
 
     /// The node's wall clock reads `us` (µs since the Unix epoch) now, instead of the
     /// host's clock at first use.
-    pub(crate) fn set_wall_clock(&self, us: u64) {
+    pub fn set_wall_clock(&self, us: u64) {
         let mut state = self.state();
         state.origin = Some((state.now(), us));
     }
@@ -144,12 +145,13 @@ impl FakeServer {
     /// Stops the node's sense of true time at `at` (`None`: tokio's clock again): the
     /// commands that follow run as if at that instant. For a test that compares it with
     /// a real server, evaluating each command at the instant the real one ran it.
+    #[cfg(test)]
     pub(crate) fn set_now(&self, at: Option<Instant>) {
         self.state().stopped = at;
     }
 
     /// The server has been up for `uptime` now.
-    pub(crate) fn set_uptime(&self, uptime: Duration) {
+    pub fn set_uptime(&self, uptime: Duration) {
         let mut state = self.state();
         state.booted = Some(Instant::now());
         state.up_before = uptime;
@@ -157,13 +159,13 @@ impl FakeServer {
 
     /// The node's clock runs at `rate` against true time (1.1: 10% fast, so its keys
     /// expire after TTL / 1.1).
-    pub(crate) fn set_clock_rate(&self, rate: f64) {
+    pub fn set_clock_rate(&self, rate: f64) {
         self.state().clock_rate = rate;
     }
 
     /// The node's clock jumps forward by `by`: its time moves on, and every expiry comes
     /// that much sooner.
-    pub(crate) fn jump_clock(&self, by: Duration) {
+    pub fn jump_clock(&self, by: Duration) {
         let mut state = self.state();
         state.clock_jump_us = state
             .clock_jump_us
@@ -184,7 +186,7 @@ impl FakeServer {
 
     /// The node's clock jumps back by `by`: its time reads that much earlier, and every
     /// expiry comes that much later (a server's expiries are times on its own clock).
-    pub(crate) fn jump_clock_back(&self, by: Duration) {
+    pub fn jump_clock_back(&self, by: Duration) {
         let mut state = self.state();
         state.clock_jump_us = state
             .clock_jump_us
@@ -204,11 +206,13 @@ impl FakeServer {
 
     /// Fencing tokens count on from the counters alone, without the clock floor (a
     /// negative control: tokens fall back after counters are lost).
+    #[cfg(test)]
     pub(crate) fn set_no_fence_floor(&self, on: bool) {
         self.state().no_fence_floor = on;
     }
 
     /// Releases delete the key whoever holds it (a negative control).
+    #[cfg(test)]
     pub(crate) fn set_unchecked_release(&self, on: bool) {
         self.state().unchecked_release = on;
     }
@@ -217,6 +221,7 @@ impl FakeServer {
     /// member`: a semaphore counted on each node alone (a sorted set of holders by
     /// expiry, as one script per node would keep it), for a negative control granting
     /// a permit on a majority of such counters.
+    #[cfg(test)]
     pub(crate) fn set_counted_permits(&self, on: bool) {
         self.state().counted_permits = on;
     }
@@ -238,22 +243,22 @@ impl FakeServer {
     }
 
     /// Every reply takes this long to come back.
-    pub(crate) fn set_latency(&self, latency: Duration) {
+    pub fn set_latency(&self, latency: Duration) {
         self.state().latency = latency;
     }
 
     /// Answers every command with an error (changing nothing) while on.
-    pub(crate) fn set_failing(&self, on: bool) {
+    pub fn set_failing(&self, on: bool) {
         self.state().failing = on;
     }
 
     /// While on, commands take effect but their replies never come.
-    pub(crate) fn set_losing_replies(&self, on: bool) {
+    pub fn set_losing_replies(&self, on: bool) {
         self.state().losing_replies = on;
     }
 
     /// A restart without persistence: every key is forgotten.
-    pub(crate) fn restart(&self) {
+    pub fn restart(&self) {
         let mut state = self.state();
         state.keys.clear();
         state.zsets.clear();
@@ -265,6 +270,7 @@ impl FakeServer {
 
     /// Puts waiter `id` in the wait queue of lock key `key` as the queue scripts do,
     /// waiting since `since_ms`, its place kept for `keep` (a waiter that then dies).
+    #[cfg(test)]
     pub(crate) fn enqueue(&self, key: &str, id: &str, since_ms: u64, keep: Duration) {
         let queues = crate::protocol::with_queues(&[key.to_owned()]);
         let keys: Vec<&[u8]> = queues.iter().map(String::as_bytes).collect();
@@ -274,6 +280,7 @@ impl FakeServer {
     }
 
     /// The members of the sorted set `key` (a wait queue), lowest score first.
+    #[cfg(test)]
     pub(crate) fn queue(&self, key: &str) -> Vec<String> {
         let mut state = self.state();
         state.zset(key.as_bytes()).map_or_else(Vec::new, |z| {
@@ -285,11 +292,13 @@ impl FakeServer {
     }
 
     /// Sets `key` to `value`, without expiry (a stray value, a counter).
+    #[cfg(test)]
     pub(crate) fn set(&self, key: &str, value: &str) {
         self.state().set(key.as_bytes(), value.as_bytes(), None);
     }
 
     /// The live value of `key`, if any.
+    #[cfg(test)]
     pub(crate) fn get(&self, key: &str) -> Option<String> {
         let mut state = self.state();
         state
@@ -298,11 +307,13 @@ impl FakeServer {
     }
 
     /// Commands received so far.
+    #[cfg(test)]
     pub(crate) fn commands(&self) -> u64 {
         self.state().commands
     }
 
     /// The node's clock now (µs since the Unix epoch), as `TIME` reads it.
+    #[cfg(test)]
     pub(crate) fn clock_us(&self) -> u64 {
         self.state().now_us()
     }
@@ -312,6 +323,7 @@ impl FakeServer {
     /// reaches each sorted-set score read as a time in ms (a place's deadline). For a
     /// test comparing this server with a real one: a command sent close to one of them
     /// may meet it on one side and not on the other.
+    #[cfg(test)]
     pub(crate) fn changes(&self) -> Vec<Instant> {
         let mut state = self.state();
         let mut at: Vec<Instant> = state.keys.values().filter_map(|e| e.expires).collect();

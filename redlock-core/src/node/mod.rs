@@ -48,7 +48,7 @@ impl NodeStatus {
 
 mod checks;
 mod connection;
-#[cfg(test)]
+#[cfg(any(test, feature = "sim"))]
 pub(crate) mod fake;
 mod identity;
 mod quarantine;
@@ -94,7 +94,7 @@ impl Node {
     }
 
     /// A node answered by an in-memory server (unit tests).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn fake(name: String, server: fake::FakeServer) -> Self {
         Self {
             metrics: crate::telemetry::NodeMetrics::new(&name),
@@ -172,7 +172,7 @@ impl Node {
 
     /// A fake server's connection: after a restart, the new connection's `INFO
     /// server` goes through the quarantine, as on a real node.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "sim"))]
     fn fake_connected(&self, server: &fake::FakeServer) {
         if self.quarantine.is_some()
             && let Some(info) = server.reconnected()
@@ -272,7 +272,7 @@ impl Node {
                     self.check_quarantine(votes)?;
                     query_batch(pipe, &mut conn).await.map_err(redis_error)
                 }
-                #[cfg(test)]
+                #[cfg(any(test, feature = "sim"))]
                 Backend::Fake(server) => {
                     self.fake_connected(server);
                     self.check_quarantine(votes)?;
@@ -335,7 +335,7 @@ impl Node {
                     other => other.map_err(|(_, err)| err),
                 },
                 Backend::Pool(pool) => self.pooled(pool, true).await.map(drop),
-                #[cfg(test)]
+                #[cfg(any(test, feature = "sim"))]
                 Backend::Fake(server) => redis::cmd("PING")
                     .query_async::<()>(&mut server.clone())
                     .await
@@ -369,7 +369,7 @@ impl Node {
         match &self.backend {
             Backend::Direct(direct) => Some(direct.client.clone()),
             Backend::Pool(_) => None,
-            #[cfg(test)]
+            #[cfg(any(test, feature = "sim"))]
             Backend::Fake(_) => None,
         }
     }
@@ -430,7 +430,7 @@ impl Node {
             Backend::Direct(direct) => direct,
             // Boxed: the pool's future is large, and the direct path is the hot one.
             Backend::Pool(pool) => return Box::pin(self.run_pooled(pool, command)).await,
-            #[cfg(test)]
+            #[cfg(any(test, feature = "sim"))]
             Backend::Fake(server) => {
                 self.fake_connected(server);
                 self.check_quarantine(command.votes)?;

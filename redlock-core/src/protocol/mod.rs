@@ -10,7 +10,7 @@ mod info;
 mod op;
 pub(crate) mod scripts;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "sim"))]
 pub(crate) use command::Send1;
 pub(crate) use command::{
     Command, Step, breaks_connection, load_scripts, query_batch, redis_error,
