@@ -644,25 +644,3 @@ fn controls_are_caught() {
         );
     }
 }
-
-/// How often each control is caught, over `REDLOCK_SIM_SEEDS` seeds (default 200):
-/// `cargo test -p redlock-idempotency --test sim control_rates -- --ignored --nocapture`.
-#[test]
-#[ignore = "a measurement, not a check"]
-fn control_rates() {
-    let seeds = env_u64("REDLOCK_SIM_SEEDS").unwrap_or(200);
-    for control in Control::ALL {
-        let caught = (0..seeds)
-            .filter(|seed| {
-                !run_seed(*seed, Some(control), false, false)
-                    .violations
-                    .is_empty()
-            })
-            .count();
-        let _ = writeln!(
-            std::io::stderr(),
-            "control {}: caught in {caught} of {seeds} seeds",
-            control.name()
-        );
-    }
-}

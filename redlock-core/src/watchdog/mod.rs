@@ -20,7 +20,7 @@
 //! takes about 2 % of a core and 1 KiB per lock (`BENCH_ONLY=watchdog`, see
 //! docs/BENCHMARKS.md).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -134,13 +134,15 @@ struct Outcome {
     refused: Vec<u32>,
 }
 
-/// The watched locks. If the task holding them is dropped (its runtime shut down), the
-/// locks are no longer extended: each is declared lost at once, not left to look held.
+/// The watched locks, by id: in the order they were watched, so that a round's batch
+/// has one order (a simulation replays it bit for bit). If the task holding them is
+/// dropped (its runtime shut down), the locks are no longer extended: each is declared
+/// lost at once, not left to look held.
 #[derive(Default)]
-struct Entries(HashMap<u64, Entry>);
+struct Entries(BTreeMap<u64, Entry>);
 
 impl std::ops::Deref for Entries {
-    type Target = HashMap<u64, Entry>;
+    type Target = BTreeMap<u64, Entry>;
     fn deref(&self) -> &Self::Target {
         &self.0
     }
@@ -275,7 +277,7 @@ fn deadline_of(cluster: &Cluster, valid_until: Instant, ttl: Duration) -> Instan
         .unwrap_or(valid_until)
 }
 
-fn next_wake(cluster: &Cluster, entries: &HashMap<u64, Entry>) -> Option<Instant> {
+fn next_wake(cluster: &Cluster, entries: &BTreeMap<u64, Entry>) -> Option<Instant> {
     entries
         .values()
         .map(|entry| entry_wake(entry, loss_deadline(cluster, &entry.watched.state)))
@@ -296,7 +298,7 @@ fn entry_wake(entry: &Entry, deadline: Instant) -> Instant {
 /// for those due, and returns it with the next wake-up.
 fn tick(
     cluster: &Arc<Cluster>,
-    entries: &mut HashMap<u64, Entry>,
+    entries: &mut BTreeMap<u64, Entry>,
     busy: &Arc<[AtomicBool]>,
     rounds: &AtomicU64,
 ) -> (Option<BoxFuture<'static, Outcome>>, Option<Instant>) {
@@ -458,7 +460,7 @@ fn extend_batch<G: Send + 'static>(
     }
 }
 
-fn apply(cluster: &Cluster, entries: &mut HashMap<u64, Entry>, outcome: Outcome) {
+fn apply(cluster: &Cluster, entries: &mut BTreeMap<u64, Entry>, outcome: Outcome) {
     let now = Instant::now();
     let quorum = cluster.quorum();
     let answers = outcome.votes.iter().zip(&outcome.refused);

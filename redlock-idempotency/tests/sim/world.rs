@@ -174,7 +174,7 @@ impl Network for Net {
             let words: Vec<String> = cmds
                 .iter()
                 .map(|cmd| {
-                    let mut words: Vec<String> = cmd
+                    let words: Vec<String> = cmd
                         .args_iter()
                         .filter_map(|a| match a {
                             redis::Arg::Simple(bytes) => {
@@ -184,13 +184,6 @@ impl Network for Net {
                         })
                         .map(|w| short(&w))
                         .collect();
-                    // Core's watchdog batches a replica's locks in the order of a
-                    // `HashMap` (`watchdog::Entries`), which differs from run to run:
-                    // the arguments after the command's name are traced sorted, so that
-                    // a batch of the same locks reads the same.
-                    if let Some(rest) = words.get_mut(1..) {
-                        rest.sort();
-                    }
                     words.join(" ")
                 })
                 .collect();
@@ -220,9 +213,7 @@ impl Network for Net {
     ) {
         self.log.log(|| match replies {
             Ok(values) => {
-                // Sorted, as the batch's arguments are (see `fate`).
-                let mut values: Vec<String> = values.iter().map(canonical).collect();
-                values.sort();
+                let values: Vec<String> = values.iter().map(canonical).collect();
                 format!("n{node} -> r{client}  {}", values.join(", "))
             }
             Err(err) => format!("n{node} -> r{client}  error: {err}"),
@@ -230,13 +221,11 @@ impl Network for Net {
     }
 }
 
-/// A reply as traced: arrays (a batch's answers, lock by lock) sorted, as the batch's
-/// arguments are (see [`Net::fate`]).
+/// A reply as traced (a batch's answers, lock by lock, in the batch's order).
 fn canonical(value: &Value) -> String {
     match value {
         Value::Array(values) => {
-            let mut values: Vec<String> = values.iter().map(canonical).collect();
-            values.sort();
+            let values: Vec<String> = values.iter().map(canonical).collect();
             format!("[{}]", values.join(", "))
         }
         other => format!("{other:?}"),
