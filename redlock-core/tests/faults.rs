@@ -386,22 +386,11 @@ async fn a_split_vote_with_failed_nodes_is_no_quorum() {
 /// act on a lock that is no longer the holder's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extension_precedes_the_release_on_every_node() {
-    use futures_util::StreamExt as _;
-
     // An extension's TTL that nothing else sends, to tell its command apart.
     const EXTEND_TTL: Duration = Duration::from_millis(43_210);
     let cluster = Cluster::start_proxied(3).await;
     let redlock = client_for(cluster.urls(), Duration::from_millis(1500));
-    let monitor = cluster.node(2).client().get_async_monitor().await.unwrap();
-    let mut lines = monitor.into_on_message::<String>();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(line) = lines.next().await {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut rx = cluster.node(2).monitor().await;
     let rounds = 4;
     let mut checked = 0;
     for round in 0..rounds {

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use redlock_core::{Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
@@ -205,16 +204,7 @@ fn classify(line: &str) -> Option<&'static str> {
 async fn fence_write_back_precedes_the_release_on_every_node() {
     let cluster = Cluster::start_proxied(3).await;
     let redlock = fenced(cluster.urls(), Duration::from_millis(1500));
-    let monitor = cluster.node(2).client().get_async_monitor().await.unwrap();
-    let mut lines = monitor.into_on_message::<String>();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(line) = lines.next().await {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut rx = cluster.node(2).monitor().await;
     let rounds = 8;
     for round in 0..rounds {
         let resource = format!("fence-order-{round}");

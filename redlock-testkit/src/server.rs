@@ -303,6 +303,32 @@ impl RedisServer {
         redis::Client::open(url).expect("valid URL")
     }
 
+    /// The server's `MONITOR` stream: each command it runs, one line each, in the order
+    /// it ran them, from now on (a task forwards them until the receiver is dropped).
+    ///
+    /// # Panics
+    ///
+    /// If the server does not accept a monitor connection.
+    pub async fn monitor(&self) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+        use futures_util::StreamExt as _;
+
+        let monitor = self
+            .client()
+            .get_async_monitor()
+            .await
+            .expect("a MONITOR connection");
+        let mut lines = monitor.into_on_message::<String>();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(line) = lines.next().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        rx
+    }
+
     /// Every key matching `pattern`; `None` if the server does not answer within 1 s.
     pub async fn keys(&self, pattern: &str) -> Option<Vec<String>> {
         self.query(redis::cmd("KEYS").arg(pattern)).await
