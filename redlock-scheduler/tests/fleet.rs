@@ -227,29 +227,41 @@ async fn runs_spread_over_replica_processes_through_kills_and_stops() {
         .unwrap();
     eprintln!("leader {leader}; killing {killed}, stopping {stopped}");
 
-    // The killed replica dies with runs going (its runs take most of each second).
-    let running_on = |name: &'static str| {
+    // The killed replica dies with a run going: one with at least 250 ms of its work
+    // left when seen (a 50 ms run seen going may well be over by the time the signal
+    // lands on a loaded machine).
+    let running_on = |name: &'static str, left_ms: i64| {
         let history = history.clone();
         async move {
+            let now = Utc::now();
             history
-                .runs_between(SCHEDULER, started, Utc::now())
+                .runs_between(SCHEDULER, started, now)
                 .await
                 .unwrap()
                 .into_iter()
                 .filter(|r| r.instance == name && r.outcome == Outcome::Running)
+                .filter(|r| {
+                    let work = JOBS.iter().find(|j| j.0 == r.job).map_or(0, |j| j.2);
+                    r.started.is_some_and(|at| {
+                        let work = chrono::Duration::milliseconds(i64::try_from(work).unwrap());
+                        (at + work - now).num_milliseconds() >= left_ms
+                    })
+                })
                 .count()
         }
     };
     redlock_testkit::until(
         "a run going on the replica to kill",
-        Duration::from_secs(10),
-        || async { (running_on(killed).await > 0).then_some(()) },
+        Duration::from_secs(30),
+        || async { (running_on(killed, 250).await > 0).then_some(()) },
     )
     .await;
     let index = processes.iter().position(|p| p.name == killed).unwrap();
     let mut victim = processes.remove(index);
     victim.signal("-KILL");
     let _ = victim.child.wait().await;
+    // What the dead replica left running: the leader's sweep must close it.
+    let left_by_the_dead = running_on(killed, i64::MIN).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // Another stops past its locks' TTL, then wakes up.
@@ -369,6 +381,10 @@ async fn runs_spread_over_replica_processes_through_kills_and_stops() {
         .filter(|r| r.outcome == Outcome::Running)
         .collect();
     assert!(left.is_empty(), "runs left running: {left:?}");
+    assert!(
+        left_by_the_dead > 0,
+        "{killed}'s run seen going ended before the kill landed"
+    );
     assert!(
         rows.iter()
             .any(|r| r.instance == killed && r.outcome == Outcome::Abandoned),
