@@ -30,8 +30,6 @@
 mod observer;
 #[path = "sim/store.rs"]
 mod store;
-#[path = "sim/world.rs"]
-mod world;
 
 use std::cell::Cell;
 use std::io::Write as _;
@@ -51,7 +49,7 @@ use tokio::time::Instant;
 
 use self::observer::Observer;
 use self::store::{Broken, SimStore};
-use self::world::{Log, Net, NodeFault};
+use redlock_testkit::sim::{Log, Net, NodeFault};
 
 /// The keys' lock TTL.
 const TTL: Duration = Duration::from_millis(300);

@@ -114,6 +114,9 @@ pub mod refusals;
 pub mod require;
 mod sandbox;
 mod server;
+#[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
+pub mod sim;
 mod wait;
 
 pub use checker::{Hold, Interval, Intervals, SafetyLog, Violation};

@@ -17,7 +17,7 @@ use redlock_core::LockHandle;
 use redlock_idempotency::{Fingerprint, Finished, Record, RecordState, StoredResponse};
 use tokio::time::Instant;
 
-use super::world::{Log, ms};
+use redlock_testkit::sim::{Log, ms};
 
 /// One handler run.
 struct RunObs {

@@ -20,7 +20,7 @@ use redlock_idempotency::{Record, RecordState, Started, Store, StoreError};
 use tokio::time::Instant;
 
 use super::observer::Observer;
-use super::world::Log;
+use redlock_testkit::sim::Log;
 
 struct StoreState {
     records: BTreeMap<String, (Record, Instant)>,

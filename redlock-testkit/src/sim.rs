@@ -1,6 +1,10 @@
-//! The simulated network between the replicas and the lock nodes (latency, lost requests
-//! and replies, paused and crashed replicas), the nodes' faults, and the trace every
-//! part of the simulation writes to, on simulated time.
+//! What deterministic simulations over redlock-core's in-memory lock nodes share
+//! (feature `sim`): the simulated network between the replicas and the lock nodes
+//! (latency, lost requests and replies, paused and crashed replicas), the nodes' faults,
+//! and the trace every part of a simulation writes to, on simulated time.
+//!
+//! A simulation runs on a current-thread tokio runtime with paused time; see
+//! `redlock_core::sim` for the nodes themselves.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -13,18 +17,20 @@ use tokio::time::Instant;
 
 /// The trace: one line per event, stamped with the simulated time since the start.
 /// Lines are kept only while tracing (the determinism and replay tests).
-pub(crate) struct Trace {
+struct Trace {
     origin: Instant,
     lines: Option<Vec<String>>,
     live: bool,
 }
 
-/// The trace, shared by the network, the store, the observer and the clients.
+/// The trace, shared by every part of a simulation (network, stores, observer, clients).
 #[derive(Clone)]
-pub(crate) struct Log(Arc<Mutex<Trace>>);
+pub struct Log(Arc<Mutex<Trace>>);
 
 impl Log {
-    pub(crate) fn new(keep: bool, live: bool) -> Self {
+    /// A trace starting now: its lines kept (`keep`, for comparing two runs of a seed)
+    /// and printed as they come (`live`, for a replay).
+    pub fn new(keep: bool, live: bool) -> Self {
         Self(Arc::new(Mutex::new(Trace {
             origin: Instant::now(),
             lines: keep.then(Vec::new),
@@ -37,7 +43,7 @@ impl Log {
     }
 
     /// Adds a line, stamped with the simulated time.
-    pub(crate) fn log(&self, line: impl FnOnce() -> String) {
+    pub fn log(&self, line: impl FnOnce() -> String) {
         let mut trace = self.lock();
         if trace.lines.is_none() && !trace.live {
             return;
@@ -52,25 +58,35 @@ impl Log {
     }
 
     /// The lines kept.
-    pub(crate) fn take(&self) -> Vec<String> {
+    pub fn take(&self) -> Vec<String> {
         self.lock().lines.take().unwrap_or_default()
     }
 }
 
 /// Milliseconds from `origin` to `at`.
-pub(crate) fn ms(origin: Instant, at: Instant) -> f64 {
+pub fn ms(origin: Instant, at: Instant) -> f64 {
     at.saturating_duration_since(origin).as_secs_f64() * 1000.0
 }
 
 /// A fault of a lock node, at its time.
 #[derive(Clone, Debug)]
-pub(crate) enum NodeFault {
+pub enum NodeFault {
     /// The node restarts without persistence: its locks are gone.
     Restart(usize),
     /// The node answers every command with an error, for `for_ms`.
-    Failing { node: usize, for_ms: u64 },
+    Failing {
+        /// The node.
+        node: usize,
+        /// For how long, in ms.
+        for_ms: u64,
+    },
     /// The node's clock runs at `rate` from now on (keys expire early).
-    ClockRate { node: usize, rate: f64 },
+    ClockRate {
+        /// The node.
+        node: usize,
+        /// Its clock's rate (1.0: true time).
+        rate: f64,
+    },
 }
 
 struct NetState {
@@ -87,13 +103,15 @@ struct NetState {
 
 /// The network between the replicas (the nodes' clients) and the lock nodes.
 #[derive(Clone)]
-pub(crate) struct Net {
+pub struct Net {
     state: Arc<Mutex<NetState>>,
     log: Log,
 }
 
 impl Net {
-    pub(crate) fn new(rng: &mut StdRng, nodes: usize, replicas: usize, log: Log) -> Self {
+    /// A network between `replicas` clients and `nodes` nodes, its latencies and loss
+    /// rate drawn from `rng`.
+    pub fn new(rng: &mut StdRng, nodes: usize, replicas: usize, log: Log) -> Self {
         let latency = (0..nodes)
             .map(|_| Duration::from_micros(rng.random_range(200..2500)))
             .collect();
@@ -121,7 +139,7 @@ impl Net {
 
     /// Replica `replica` pauses for `pause`: no request of it leaves before the pause
     /// ends (its watchdog's extensions included).
-    pub(crate) fn freeze(&self, replica: usize, pause: Duration) {
+    pub fn freeze(&self, replica: usize, pause: Duration) {
         let until = Instant::now() + pause;
         let mut state = self.state();
         state.frozen[replica] = state.frozen[replica].max(until);
@@ -130,14 +148,19 @@ impl Net {
             .log(|| format!("r{replica} pauses for {} ms", pause.as_millis()));
     }
 
+    /// From now on, requests and replies are lost with probability `loss` (0: none).
+    pub fn set_loss(&self, loss: f64) {
+        self.state().loss = loss;
+    }
+
     /// Replica `replica` crashes: from now on its requests and their replies are lost.
-    pub(crate) fn crash(&self, replica: usize) {
+    pub fn crash(&self, replica: usize) {
         self.state().crashed[replica] = true;
         self.log.log(|| format!("r{replica} crashes"));
     }
 
     /// Applies `fault` to `servers` now; one with a duration ends in a task of its own.
-    pub(crate) fn apply(&self, fault: &NodeFault, servers: &[FakeServer]) {
+    pub fn apply(&self, fault: &NodeFault, servers: &[FakeServer]) {
         self.log.log(|| format!("fault {fault:?}"));
         match *fault {
             NodeFault::Restart(node) => servers[node].restart(),
@@ -232,9 +255,10 @@ fn canonical(value: &Value) -> String {
     }
 }
 
-/// A long word (a script's hash, a lock value) shortened for the trace.
+/// A long word (a script's hash, a lock value) shortened for the trace; keys (hash-tagged,
+/// with `{`) are kept whole.
 fn short(word: &str) -> String {
-    if word.len() > 24 {
+    if word.len() > 24 && !word.contains('{') {
         format!("{}…", word.chars().take(12).collect::<String>())
     } else {
         word.to_owned()
