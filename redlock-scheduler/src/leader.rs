@@ -451,18 +451,20 @@ impl Campaign {
                 .fencing(true)
                 .retry(retry);
             let mut lock = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => break,
                 result = acquire => match result {
                     Ok(lock) => lock,
                     Err(LockError::Taken { .. }) => continue,
                     Err(err) => {
                         tracing::warn!(election = %self.resource, error = %err, "campaign failed; retrying");
                         tokio::select! {
-                            () = tokio::time::sleep(self.retry_interval) => continue,
+                            biased;
                             () = self.stop.cancelled() => break,
+                            () = tokio::time::sleep(self.retry_interval) => continue,
                         }
                     }
                 },
-                () = self.stop.cancelled() => break,
             };
             lock.auto_extend_for(self.term.saturating_add(ttl));
             let leadership = Leadership {
@@ -480,10 +482,12 @@ impl Campaign {
 
             let mut term = std::pin::pin!(tokio::time::sleep(self.term));
             let end = loop {
+                // A loss is told as one whatever else came at the same instant.
                 tokio::select! {
+                    biased;
                     () = lock.lost() => break End::Lost,
-                    () = &mut term => break End::Term,
                     () = self.stop.cancelled() => break End::Stop,
+                    () = &mut term => break End::Term,
                     () = self.step_downs.wake.notified() => {
                         if self.step_downs.requested(leadership.epoch) {
                             break End::StepDown;
@@ -517,8 +521,9 @@ impl Campaign {
             if let Some(back_off) = back_off {
                 // Out of the campaign for a while: another replica takes over.
                 tokio::select! {
-                    () = tokio::time::sleep(back_off) => {}
+                    biased;
                     () = self.stop.cancelled() => break,
+                    () = tokio::time::sleep(back_off) => {}
                 }
             }
         }

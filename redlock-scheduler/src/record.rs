@@ -165,8 +165,9 @@ impl Recorder {
                     return;
                 }
                 tokio::select! {
-                    () = self.claims_wake.notified() => {}
+                    biased;
                     () = stop.cancelled() => {}
+                    () = self.claims_wake.notified() => {}
                 }
                 continue;
             }
@@ -283,8 +284,9 @@ impl Recorder {
                     return;
                 }
                 tokio::select! {
-                    () = self.wake.notified() => {}
+                    biased;
                     () = stop.cancelled() => {}
+                    () = self.wake.notified() => {}
                 }
                 continue;
             }
@@ -303,12 +305,13 @@ impl Recorder {
                         }
                     }
                     tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
+                        biased;
                         () = give_up.cancelled() => {
                             let left = self.pending();
                             tracing::error!(left, "shutdown deadline reached: history writes not done");
                             return;
                         }
+                        () = tokio::time::sleep(backoff) => {}
                     }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }

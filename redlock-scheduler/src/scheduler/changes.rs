@@ -282,8 +282,9 @@ impl Changes {
                 }
             }
             tokio::select! {
-                () = tokio::time::sleep(JOB_CHANGE_POLL) => {}
+                biased;
                 () = stop.cancelled() => return,
+                () = tokio::time::sleep(JOB_CHANGE_POLL) => {}
             }
         }
     }

@@ -155,15 +155,17 @@ pub(super) async fn lead(parts: Parts, mut events: tokio::sync::watch::Receiver<
                 ));
             }
             tokio::select! {
-                () = fire_jobs(&parts, &leadership, &firing) => {}
+                biased;
                 () = leadership.ended_token().cancelled() => {}
                 () = parts.ctx.stop_firing.cancelled() => {}
+                () = fire_jobs(&parts, &leadership, &firing) => {}
             }
             firing.cancel();
         }
         tokio::select! {
-            changed = events.changed() => if changed.is_err() { return },
+            biased;
             () = parts.ctx.stop_firing.cancelled() => return,
+            changed = events.changed() => if changed.is_err() { return },
         }
     }
 }
@@ -400,9 +402,10 @@ async fn last_ticks(
             }
         }
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
+            biased;
             () = leadership.ended_token().cancelled() => return None,
             () = parts.ctx.stop_firing.cancelled() => return None,
+            () = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
@@ -455,9 +458,10 @@ async fn fire_loop(
                 // Late runs go one after the other; the next tick waits for them.
                 if state.catching_up.load(Ordering::Acquire) {
                     tokio::select! {
-                        () = state.wait_idle() => {}
+                        biased;
                         () = leadership.ended_token().cancelled() => return,
                         () = parts.ctx.stop_firing.cancelled() => return,
+                        () = state.wait_idle() => {}
                     }
                 }
                 // Removed: nothing more (also for the loop of a replaced definition,
@@ -476,9 +480,10 @@ async fn fire_loop(
                 if late {
                     // Claimed and started before the next one is considered.
                     tokio::select! {
-                        () = parts.ctx.runs.track_future(task) => {}
+                        biased;
                         () = leadership.ended_token().cancelled() => return,
                         () = parts.ctx.stop_firing.cancelled() => return,
+                        () = parts.ctx.runs.track_future(task) => {}
                     }
                 } else {
                     parts.ctx.runs.spawn(task);
@@ -542,7 +547,12 @@ async fn housekeeping(parts: Parts, leadership: Leadership, firing: Cancellation
     replicas.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     rescans.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // The end first; then the chores in this order (each an interval: ready once per
+        // period, so none starves the others).
         tokio::select! {
+            biased;
+            () = firing.cancelled() => return,
+            () = leadership.ended_token().cancelled() => return,
             _ = pauses.tick() => match recorder.history().paused_jobs(&parts.ctx.name).await {
                 Ok(paused) => {
                     recorder.health.read_ok();
@@ -564,8 +574,6 @@ async fn housekeeping(parts: Parts, leadership: Leadership, firing: Cancellation
                     Err(err) => recorder.health.fail(&err),
                 }
             }
-            () = firing.cancelled() => return,
-            () = leadership.ended_token().cancelled() => return,
         }
     }
 }

@@ -139,9 +139,10 @@ impl Handoffs {
                 return Placed::Nowhere;
             }
             tokio::select! {
-                () = tokio::time::sleep(ROOM_WAIT) => {}
+                biased;
                 () = leadership.ended_token().cancelled() => return Placed::Stopped,
                 () = self.ctx.stop_firing.cancelled() => return Placed::Stopped,
+                () = tokio::time::sleep(ROOM_WAIT) => {}
             }
         }
     }
@@ -192,9 +193,10 @@ impl Handoffs {
             }
             tracing::debug!(job = %state.name, %tick, error = %err, "hand-off failed; retrying");
             tokio::select! {
-                () = tokio::time::sleep(backoff) => {}
+                biased;
                 () = leadership.ended_token().cancelled() => return Err(None),
                 () = self.ctx.stop_firing.cancelled() => return Err(None),
+                () = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(1));
         }
@@ -386,6 +388,9 @@ impl Handoffs {
         let mut handlers_said: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
+                biased;
+                () = inner.ctx.stop_firing.cancelled() => break,
+                () = stop.cancelled() => break,
                 _ = beat.tick() => {
                     if let Err(err) = history.beat(&inner.ctx.name, &inner.presence(polled_ms)).await {
                         recorder.health.fail(&err);
@@ -427,8 +432,6 @@ impl Handoffs {
                         });
                     }
                 }
-                () = inner.ctx.stop_firing.cancelled() => break,
-                () = stop.cancelled() => break,
             }
         }
         // Leaving: what was handed here and not started goes back to the leader at once.

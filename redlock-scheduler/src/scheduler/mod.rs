@@ -492,6 +492,7 @@ impl Scheduler {
             give_up.cancel();
         };
         tokio::select! {
+            biased;
             () = inner.background_tasks.wait() => {}
             () = deadline_passed => inner.background_tasks.wait().await,
         }

@@ -253,8 +253,9 @@ pub(super) fn triggered(tick: DateTime<Utc>) -> String {
 pub(super) async fn follow(requests: Arc<Requests>, tenure: Arc<Tenure>, stop: CancellationToken) {
     loop {
         tokio::select! {
-            () = tokio::time::sleep(REQUEST_POLL) => {}
+            biased;
             () = stop.cancelled() => return,
+            () = tokio::time::sleep(REQUEST_POLL) => {}
         }
         // The leader serves them all from its housekeeping.
         if tenure.leadership().is_none() {

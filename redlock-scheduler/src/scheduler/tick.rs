@@ -175,9 +175,10 @@ impl Ticks {
             .ttl(ttl)
             .fencing(false);
             let result = tokio::select! {
-                result = acquire => result,
+                biased;
                 () = ended.cancelled() => return Err(NotTaken::Stopped),
                 () = self.ctx.stop_firing.cancelled() => return Err(NotTaken::Stopped),
+                result = acquire => result,
             };
             let err = match result {
                 Ok(lock) => return Ok(lock),
@@ -191,9 +192,10 @@ impl Ticks {
             }
             tracing::debug!(%resource, error = %err, "lock attempt failed; retrying");
             tokio::select! {
-                () = tokio::time::sleep(backoff) => {}
+                biased;
                 () = ended.cancelled() => return Err(NotTaken::Stopped),
                 () = self.ctx.stop_firing.cancelled() => return Err(NotTaken::Stopped),
+                () = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(RETRY_MAX);
         }
@@ -311,9 +313,10 @@ impl Ticks {
     ) -> bool {
         let ended = leadership.map_or_else(CancellationToken::new, |l| l.ended_token().clone());
         tokio::select! {
-            () = self.ctx.clock.sleep_until(tick) => true,
+            biased;
             () = ended.cancelled() => false,
             () = self.ctx.stop_firing.cancelled() => false,
+            () = self.ctx.clock.sleep_until(tick) => true,
         }
     }
 
@@ -609,7 +612,10 @@ impl Ticks {
                 None => std::future::pending().await,
             }
         };
+        // A run that ended is recorded as it ended, even when a stop came at the same
+        // instant; then a lost lock before a deadline, before an operator's cancel.
         let stopped: (Outcome, &str) = tokio::select! {
+            biased;
             result = &mut work => {
                 *lock(&state.run_lock) = None;
                 let _ = run_lock.release().await;

@@ -162,8 +162,9 @@ pub(crate) async fn watch_redis(
             ready.send_if_modified(|r| std::mem::replace(r, false));
         }
         tokio::select! {
-            () = tokio::time::sleep(PROBE_INTERVAL) => {}
+            biased;
             () = stop.cancelled() => return,
+            () = tokio::time::sleep(PROBE_INTERVAL) => {}
         }
     }
 }
