@@ -1,0 +1,596 @@
+//! A deterministic simulation of the scheduler without a history: per seed, two or three
+//! replicas (each a [`Scheduler`] with its own Redlock client and its own wall clock)
+//! elect a leader, claim ticks and run one or two cron jobs against three or five of
+//! redlock-core's in-memory lock nodes (feature `sim`) on tokio's paused clock, with
+//! faults drawn from the seed. Each run writes its effect to a fenced resource (the
+//! observer's) under its leadership's token. An observer outside the scheduler checks
+//! leadership exclusion, each tick at most once, effects once per tick and only from
+//! runs that succeeded, and, in seeds without any fault, each tick exactly once (see
+//! `sim/observer.rs`).
+//!
+//! Faults: lock nodes that restart without persistence, fail for a while, or run fast
+//! clocks (within the drift allowance); lost requests and replies; a replica paused past
+//! the leadership's TTL (its lock traffic and its running handler frozen; its timers go
+//! on); a replica that crashes (nothing it sends arrives, its running handler never
+//! writes). Runs last from a few ms to longer than the job's interval; some fail, some
+//! time out.
+//!
+//! Not modelled: the history (SQL through sqlx, whose SQLite driver answers from a
+//! thread of its own: a paused clock would jump ahead while a statement runs), so no
+//! hand-offs to other replicas and no run transactions; operators' requests; job
+//! changes at run time; DST (docs/SCHEDULER.md's DST tests cover it with a manual clock).
+//!
+//! Seeds: `REDLOCK_SIM_SEEDS` (default 500) from `REDLOCK_SIM_FIRST` (default 0);
+//! `REDLOCK_SIM_SEED=N REDLOCK_SIM_TRACE=1` replays one seed and prints its trace
+//! (`REDLOCK_SIM_CONTROL=<name>` with a negative control on).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+#[path = "sim/observer.rs"]
+mod observer;
+
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use redlock_core::sim::FakeServer;
+use redlock_core::{BoxError, Redlock};
+use redlock_scheduler::job::Misfire;
+use redlock_scheduler::time::{BoxFuture, Clock};
+use redlock_scheduler::{Job, JobContext, Scheduler};
+use redlock_testkit::sim::{Log, Net, NodeFault};
+use tokio::time::Instant;
+
+use self::observer::{End, Observer};
+
+/// The leadership's TTL, and how often followers retry.
+const LEADER_TTL: Duration = Duration::from_millis(500);
+const RETRY: Duration = Duration::from_millis(100);
+/// The clients' drift factor: the nodes' clocks run up to 4% fast.
+const DRIFT_FACTOR: f64 = 0.05;
+const FASTEST_CLOCK: f64 = 1.04;
+/// How long a seed runs, in simulated time.
+const RUN_FOR: Duration = Duration::from_secs(12);
+/// Faults come within this first stretch.
+const FAULTS_WITHIN: u64 = 9_000;
+
+/// A change that breaks a promise on purpose: the observer must catch it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Control {
+    /// Restart quarantine off, and two nodes restart a few ms apart in every seed.
+    QuarantineOff,
+    /// Drift factor 0 with every node's clock 15% fast.
+    NoDriftAllowance,
+    /// Every node's clock jumps 2 s ahead once (keys expire early), far beyond the drift
+    /// allowance.
+    ClockJump,
+}
+
+impl Control {
+    const ALL: [Control; 3] = [
+        Control::QuarantineOff,
+        Control::NoDriftAllowance,
+        Control::ClockJump,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Control::QuarantineOff => "quarantine-off",
+            Control::NoDriftAllowance => "no-drift-allowance",
+            Control::ClockJump => "clock-jump-beyond-allowance",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
+/// A replica's wall clock: tokio's paused clock from a start, plus a skew of its own.
+#[derive(Clone)]
+struct SimClock {
+    origin: Instant,
+    start_ms: i64,
+}
+
+impl SimClock {
+    fn ms(&self) -> i64 {
+        self.start_ms + i64::try_from(self.origin.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+impl Clock for SimClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc.timestamp_millis_opt(self.ms())
+            .single()
+            .unwrap_or_default()
+    }
+
+    fn sleep_until(&self, deadline: DateTime<Utc>) -> BoxFuture<'_, ()> {
+        let left = u64::try_from(deadline.timestamp_millis() - self.ms()).unwrap_or(0);
+        Box::pin(tokio::time::sleep(Duration::from_millis(left)))
+    }
+}
+
+/// What one seed did.
+struct Outcome {
+    violations: Vec<String>,
+    trace: Vec<String>,
+    counts: std::collections::BTreeMap<&'static str, u64>,
+}
+
+/// What the handlers share.
+struct Shared {
+    seed: u64,
+    observer: Mutex<Observer>,
+    /// Per replica: paused until then.
+    paused: Mutex<Vec<Instant>>,
+    crashed: Vec<AtomicBool>,
+    /// Per job: its interval in ms, and whether its runs may outlast it.
+    jobs: Vec<(i64, bool)>,
+    /// Per replica: its wall clock.
+    clocks: Vec<SimClock>,
+}
+
+impl Shared {
+    fn observer(&self) -> MutexGuard<'_, Observer> {
+        self.observer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits out a pause of `replica`, if any.
+    async fn unpaused(&self, replica: usize) {
+        loop {
+            let until = self.paused.lock().unwrap_or_else(PoisonError::into_inner)[replica];
+            if until <= Instant::now() {
+                return;
+            }
+            tokio::time::sleep_until(until).await;
+        }
+    }
+
+    /// A run of `job`'s `tick`: how long it works and whether it fails, the same on any
+    /// replica.
+    fn draw(&self, job: usize, tick: i64) -> (Duration, bool) {
+        let mut rng = StdRng::seed_from_u64(
+            self.seed ^ (job as u64).wrapping_mul(0x9e37_79b9) ^ tick.unsigned_abs(),
+        );
+        let (interval, long) = self.jobs[job];
+        let most = if long { interval * 3 / 2 } else { interval / 2 };
+        let work = rng.random_range(1..most.max(2));
+        (
+            Duration::from_millis(work.unsigned_abs()),
+            rng.random_bool(0.1),
+        )
+    }
+}
+
+/// The handler of `job` on `replica`.
+async fn handle(
+    shared: Arc<Shared>,
+    replica: usize,
+    job: usize,
+    ctx: JobContext,
+) -> Result<(), BoxError> {
+    if shared.crashed[replica].load(Ordering::SeqCst) {
+        // A crashed process starts nothing (its scheduler's tasks still run here, its
+        // messages lost).
+        std::future::pending::<()>().await;
+    }
+    let tick = ctx.tick().timestamp_millis();
+    let run = shared.observer().started(
+        replica,
+        job,
+        tick,
+        ctx.fencing_token(),
+        shared.clocks[replica].ms(),
+    );
+    let (work, fails) = shared.draw(job, tick);
+    let worked = async {
+        tokio::time::sleep(work).await;
+        shared.unpaused(replica).await;
+    };
+    tokio::select! {
+        biased;
+        () = ctx.cancelled() => {
+            shared.observer().ended(run, End::Cancelled);
+            return Err("cancelled".into());
+        }
+        () = worked => {}
+    }
+    if shared.crashed[replica].load(Ordering::SeqCst) {
+        // A crashed process does nothing more.
+        std::future::pending::<()>().await;
+    }
+    if fails {
+        shared.observer().ended(run, End::Failed);
+        return Err("failed on purpose".into());
+    }
+    let mut observer = shared.observer();
+    if observer.write(run) {
+        observer.ended(run, End::Wrote);
+        Ok(())
+    } else {
+        observer.ended(run, End::Refused);
+        Err("a later leadership wrote first".into())
+    }
+}
+
+/// Runs seed `seed` on a runtime of its own.
+fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> Outcome {
+    redlock_core::sim::seed_rng(Some(seed ^ 0x5c4e_d01e_5c4e_d01e));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    let outcome = runtime.block_on(simulate(seed, control, trace, live));
+    drop(runtime);
+    redlock_core::sim::seed_rng(None);
+    redlock_core::sim::set_wall_clock(None);
+    outcome
+}
+
+async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) -> Outcome {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let nodes = if rng.random_bool(0.7) { 3 } else { 5 };
+    let replicas = rng.random_range(2..=3);
+    let log = Log::new(trace, live);
+    let faultless = control.is_none() && rng.random_bool(0.25);
+    let net = Net::new(&mut rng, nodes, replicas, log.clone());
+    if faultless {
+        net.set_loss(0.0);
+    }
+    let servers: Vec<FakeServer> = (0..nodes).map(|_| FakeServer::default()).collect();
+    // A wall time on a second's boundary, so that the first ticks come at once.
+    let wall_ms: i64 = 1_800_000_000_000 + rng.random_range(0..1_000_000_000) * 1000;
+    redlock_core::sim::set_wall_clock(Some(wall_ms.unsigned_abs()));
+    for (i, server) in servers.iter().enumerate() {
+        server.set_wall_clock(wall_ms.unsigned_abs() * 1000 + rng.random_range(0..5_000));
+        server.set_uptime(Duration::from_secs(3600));
+        server.set_network(i, Arc::new(net.clone()));
+    }
+    let mut faults: Vec<(Duration, NodeFault)> = Vec::new();
+    let mut pauses: Vec<(Duration, usize, Duration)> = Vec::new();
+    let mut crash: Option<(Duration, usize)> = None;
+    if !faultless {
+        for _ in 0..rng.random_range(0..=3) {
+            let at = Duration::from_millis(rng.random_range(0..FAULTS_WITHIN));
+            let node = rng.random_range(0..nodes);
+            let fault = match rng.random_range(0..3) {
+                0 => NodeFault::Restart(node),
+                1 => NodeFault::Failing {
+                    node,
+                    for_ms: rng.random_range(50..800),
+                },
+                _ => NodeFault::ClockRate {
+                    node,
+                    rate: rng.random_range(1.0..FASTEST_CLOCK),
+                },
+            };
+            faults.push((at, fault));
+        }
+        if rng.random_bool(0.4) {
+            pauses.push((
+                Duration::from_millis(rng.random_range(0..FAULTS_WITHIN)),
+                rng.random_range(0..replicas),
+                Duration::from_millis(rng.random_range(200..2_000)),
+            ));
+        }
+        if control.is_none() && rng.random_bool(0.2) {
+            crash = Some((
+                Duration::from_millis(rng.random_range(0..FAULTS_WITHIN)),
+                rng.random_range(0..replicas),
+            ));
+        }
+    }
+    match control {
+        Some(Control::QuarantineOff) => {
+            let at = rng.random_range(500..FAULTS_WITHIN);
+            let first = rng.random_range(0..nodes);
+            let second = (first + rng.random_range(1..nodes)) % nodes;
+            faults.push((Duration::from_millis(at), NodeFault::Restart(first)));
+            faults.push((Duration::from_millis(at + 5), NodeFault::Restart(second)));
+        }
+        Some(Control::NoDriftAllowance) => faults.extend(
+            (0..nodes).map(|node| (Duration::ZERO, NodeFault::ClockRate { node, rate: 1.15 })),
+        ),
+        Some(Control::ClockJump) | None => {}
+    }
+    faults.sort_by_key(|(at, _)| *at);
+    let jump = (control == Some(Control::ClockJump))
+        .then(|| Duration::from_millis(rng.random_range(500..FAULTS_WITHIN)));
+    let jobs: Vec<(i64, bool)> = (0..rng.random_range(1..=2))
+        .map(|_| {
+            let interval = if rng.random_bool(0.7) { 1000 } else { 2000 };
+            (interval, !faultless && rng.random_bool(0.3))
+        })
+        .collect();
+    let misfires: Vec<Misfire> = jobs
+        .iter()
+        .map(|_| match rng.random_range(0..3) {
+            0 => Misfire::Skip,
+            1 => Misfire::RunOnce,
+            _ => Misfire::CatchUp {
+                max: rng.random_range(1..4),
+            },
+        })
+        .collect();
+    let timeouts: Vec<Option<Duration>> = jobs
+        .iter()
+        .map(|(interval, _)| {
+            rng.random_bool(0.2)
+                .then(|| Duration::from_millis(interval.unsigned_abs() * 4 / 5))
+        })
+        .collect();
+    let term = Duration::from_millis(rng.random_range(2_000..6_000));
+    let origin = Instant::now();
+    let clocks: Vec<SimClock> = (0..replicas)
+        .map(|_| SimClock {
+            origin,
+            start_ms: wall_ms + rng.random_range(-300..300),
+        })
+        .collect();
+    log.log(|| {
+        let skews: Vec<i64> = clocks.iter().map(|c| c.start_ms - wall_ms).collect();
+        format!("seed {seed}: wall {wall_ms}, replica clocks {skews:?}, {nodes} nodes, {replicas} replicas, jobs {jobs:?} {misfires:?} timeouts {timeouts:?}, term {term:?}, faults {faults:?}, pauses {pauses:?}, crash {crash:?}, jump {jump:?}, control {control:?}")
+    });
+    let shared = Arc::new(Shared {
+        seed,
+        clocks: clocks.clone(),
+        observer: Mutex::new(Observer::new(log.clone(), faultless, wall_ms)),
+        paused: Mutex::new(vec![origin; replicas]),
+        crashed: (0..replicas).map(|_| AtomicBool::new(false)).collect(),
+        jobs: jobs.clone(),
+    });
+    let schedulers: Vec<Scheduler> = (0..replicas)
+        .map(|i| {
+            let redlock = servers
+                .iter()
+                .fold(Redlock::builder(), |b, s| b.fake(s.for_client(i)))
+                .holder(format!("r{i}"))
+                .wake_on_release(false)
+                .drift_factor(if control == Some(Control::NoDriftAllowance) {
+                    0.0
+                } else {
+                    DRIFT_FACTOR
+                })
+                .restart_quarantine(control != Some(Control::QuarantineOff))
+                .node_timeout(Duration::from_millis(30))
+                .build()
+                .expect("a valid configuration");
+            let mut builder = Scheduler::builder(redlock)
+                .name("sim")
+                .instance(format!("r{i}"))
+                .clock(clocks[i].clone())
+                .leader_ttl(LEADER_TTL)
+                .leadership_term(term)
+                .retry_interval(RETRY);
+            for (j, (interval, _)) in jobs.iter().enumerate() {
+                let expression = if *interval == 1000 {
+                    "* * * * * *"
+                } else {
+                    "*/2 * * * * *"
+                };
+                let handler_shared = Arc::clone(&shared);
+                let mut job = Job::new(format!("job{j}"), expression, move |ctx: JobContext| {
+                    handle(Arc::clone(&handler_shared), i, j, ctx)
+                })
+                .misfire(misfires[j]);
+                if let Some(timeout) = timeouts[j] {
+                    job = job.timeout(timeout);
+                }
+                builder = builder.job(job);
+            }
+            builder.build().expect("a valid scheduler")
+        })
+        .collect();
+    {
+        let (net, servers, log) = (net.clone(), servers.clone(), log.clone());
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let mut events: Vec<(Duration, Event)> = faults
+                .into_iter()
+                .map(|(at, fault)| (at, Event::Node(fault)))
+                .chain(
+                    pauses
+                        .into_iter()
+                        .map(|(at, r, d)| (at, Event::Pause(r, d))),
+                )
+                .chain(crash.map(|(at, r)| (at, Event::Crash(r))))
+                .chain(jump.map(|at| (at, Event::Jump)))
+                .collect();
+            events.sort_by_key(|(at, _)| *at);
+            for (at, event) in events {
+                tokio::time::sleep_until(origin + at).await;
+                match event {
+                    Event::Node(fault) => net.apply(&fault, &servers),
+                    Event::Pause(replica, pause) => {
+                        net.freeze(replica, pause);
+                        let mut paused =
+                            shared.paused.lock().unwrap_or_else(PoisonError::into_inner);
+                        paused[replica] = paused[replica].max(Instant::now() + pause);
+                    }
+                    Event::Crash(replica) => {
+                        net.crash(replica);
+                        shared.crashed[replica].store(true, Ordering::SeqCst);
+                        shared.observer().crashed(replica);
+                    }
+                    Event::Jump => {
+                        log.log(|| "every node's clock jumps 2 s ahead".to_owned());
+                        for server in &servers {
+                            server.jump_clock(Duration::from_secs(2));
+                        }
+                    }
+                }
+            }
+        });
+    }
+    for scheduler in &schedulers {
+        scheduler.start();
+    }
+    let sample_clock = SimClock {
+        origin,
+        start_ms: wall_ms,
+    };
+    while origin.elapsed() < RUN_FOR {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let leading: Vec<(usize, u64)> = schedulers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                s.leadership()
+                    .filter(|l| l.is_current())
+                    .map(|l| (i, l.epoch()))
+            })
+            .collect();
+        shared.observer().leaders(sample_clock.now(), &leading);
+    }
+    let longest = jobs
+        .iter()
+        .map(|(interval, long)| if *long { interval * 3 / 2 } else { *interval })
+        .max()
+        .unwrap_or(0);
+    let end = sample_clock.ms();
+    let ticks: Vec<Vec<i64>> = jobs
+        .iter()
+        .map(|(interval, _)| (wall_ms..end).filter(|t| t % interval == 0).collect())
+        .collect();
+    let mut observer = shared.observer();
+    observer.check(&ticks, end - longest - 1500);
+    Outcome {
+        violations: std::mem::take(&mut observer.violations),
+        trace: log.take(),
+        counts: std::mem::take(&mut observer.counts),
+    }
+}
+
+/// Something that happens to the world at its time.
+#[derive(Debug)]
+enum Event {
+    Node(NodeFault),
+    Pause(usize, Duration),
+    Crash(usize),
+    Jump,
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn replay_command(seed: u64, control: Option<Control>) -> String {
+    let control = control.map_or(String::new(), |c| {
+        format!("REDLOCK_SIM_CONTROL={} ", c.name())
+    });
+    format!(
+        "{control}REDLOCK_SIM_SEED={seed} REDLOCK_SIM_TRACE=1 cargo test -p redlock-scheduler --test sim replay_seed -- --nocapture"
+    )
+}
+
+/// Many seeds (`REDLOCK_SIM_SEEDS`, from `REDLOCK_SIM_FIRST`), every check on each.
+#[test]
+fn seeds_keep_the_promises() {
+    let first = env_u64("REDLOCK_SIM_FIRST").unwrap_or(0);
+    let seeds = env_u64("REDLOCK_SIM_SEEDS").unwrap_or(500);
+    let started = std::time::Instant::now();
+    let mut failed = Vec::new();
+    let mut totals: std::collections::BTreeMap<&'static str, u64> = Default::default();
+    for seed in first..first + seeds {
+        let outcome = run_seed(seed, None, false, false);
+        for (what, n) in outcome.counts {
+            *totals.entry(what).or_default() += n;
+        }
+        if !outcome.violations.is_empty() {
+            failed.push((seed, outcome.violations));
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let _ = writeln!(
+        std::io::stderr(),
+        "scheduler simulation: {seeds} seeds from {first} in {secs:.1} s ({:.1} seeds/s); {totals:?}",
+        seeds as f64 / secs
+    );
+    if let Some((seed, violations)) = failed.first() {
+        panic!(
+            "{} of {seeds} seeds broke a promise; seed {seed}: {violations:#?}\nreplay: {}\nfailing seeds: {:?}",
+            failed.len(),
+            replay_command(*seed, None),
+            failed.iter().map(|(s, _)| s).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// One seed gives one history, bit for bit: seeds run twice, traced.
+#[test]
+fn a_seed_replays_bit_for_bit() {
+    let first = env_u64("REDLOCK_SIM_FIRST").unwrap_or(0);
+    for seed in first..first + 20 {
+        let a = run_seed(seed, None, true, false);
+        let b = run_seed(seed, None, true, false);
+        assert!(a.trace.len() > 10, "seed {seed} traced almost nothing");
+        if a.trace != b.trace {
+            let at = a.trace.iter().zip(&b.trace).position(|(x, y)| x != y);
+            panic!(
+                "seed {seed} ran two histories; first difference at line {at:?}: {:?} against {:?}\nreplay: {}",
+                at.map(|i| &a.trace[i]),
+                at.map(|i| &b.trace[i]),
+                replay_command(seed, None)
+            );
+        }
+    }
+}
+
+/// `REDLOCK_SIM_SEED=N` (with `REDLOCK_SIM_TRACE=1` to print the trace as it happens,
+/// `REDLOCK_SIM_CONTROL=<name>` with a control on): one seed, replayed. Without it, seed
+/// 0.
+#[test]
+fn replay_seed() {
+    let seed = env_u64("REDLOCK_SIM_SEED").unwrap_or(0);
+    let control = std::env::var("REDLOCK_SIM_CONTROL")
+        .ok()
+        .map(|name| Control::parse(&name).unwrap_or_else(|| panic!("no control named {name}")));
+    let live = std::env::var("REDLOCK_SIM_TRACE").is_ok_and(|v| v == "1");
+    let outcome = run_seed(seed, control, true, live);
+    assert!(!outcome.trace.is_empty(), "seed {seed} traced nothing");
+    assert!(
+        outcome.violations.is_empty(),
+        "seed {seed} broke a promise: {:#?}\nreplay: {}",
+        outcome.violations,
+        replay_command(seed, control)
+    );
+}
+
+/// The observer sees a broken promise: each control is caught within its bound of
+/// seeds, and its catching seed replays to the same violations.
+#[test]
+fn controls_are_caught() {
+    for (control, within) in [
+        (Control::QuarantineOff, 100),
+        (Control::NoDriftAllowance, 100),
+        (Control::ClockJump, 100),
+    ] {
+        let caught = (0..within).find_map(|seed| {
+            let outcome = run_seed(seed, Some(control), false, false);
+            (!outcome.violations.is_empty()).then_some((seed, outcome.violations))
+        });
+        let Some((seed, violations)) = caught else {
+            panic!(
+                "control {} not caught within {within} seeds",
+                control.name()
+            );
+        };
+        let again = run_seed(seed, Some(control), false, false);
+        assert_eq!(again.violations, violations, "the catching seed replays");
+        let _ = writeln!(
+            std::io::stderr(),
+            "control {} caught at seed {seed} ({} violations), first: {}\n  replay: {}",
+            control.name(),
+            violations.len(),
+            violations[0],
+            replay_command(seed, Some(control))
+        );
+    }
+}
