@@ -32,7 +32,6 @@ mod observer;
 mod store;
 
 use std::cell::Cell;
-use std::io::Write as _;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -49,7 +48,7 @@ use tokio::time::Instant;
 
 use self::observer::Observer;
 use self::store::{Broken, SimStore};
-use redlock_testkit::sim::{Log, Net, NodeFault};
+use redlock_testkit::sim::{self, Log, Net, NodeFault, Runner, SeedOutcome};
 
 /// The keys' lock TTL.
 const TTL: Duration = Duration::from_millis(300);
@@ -75,8 +74,8 @@ enum Control {
     FinishDropped,
 }
 
-impl Control {
-    const ALL: [Control; 4] = [
+impl sim::Control for Control {
+    const ALL: &'static [Self] = &[
         Control::UnfencedStore,
         Control::NoDriftAllowance,
         Control::StartOverwrites,
@@ -91,17 +90,6 @@ impl Control {
             Control::FinishDropped => "finish-dropped",
         }
     }
-
-    fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.name() == name)
-    }
-}
-
-/// What one seed did.
-struct Outcome {
-    violations: Vec<String>,
-    trace: Vec<String>,
-    counts: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// One replica: its engine, and its crash.
@@ -356,7 +344,7 @@ async fn client(ctx: Rc<Ctx>, n: usize, key: usize, body: Bytes, mut rng: StdRng
 }
 
 /// Runs seed `seed` on a runtime of its own.
-fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> Outcome {
+fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> SeedOutcome {
     redlock_core::sim::seed_rng(Some(seed ^ 0x1de0_1de0_1de0_1de0));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -370,7 +358,7 @@ fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> Out
     outcome
 }
 
-async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) -> Outcome {
+async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) -> SeedOutcome {
     let mut rng = StdRng::seed_from_u64(seed);
     let nodes = if rng.random_bool(0.7) { 3 } else { 5 };
     let replicas = rng.random_range(2..=4);
@@ -517,77 +505,30 @@ async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) 
     drop(ctx);
     let mut observer = observer.lock().unwrap_or_else(PoisonError::into_inner);
     observer.check();
-    Outcome {
+    SeedOutcome {
         violations: std::mem::take(&mut observer.violations),
         trace: log.take(),
         counts: std::mem::take(&mut observer.counts),
     }
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
-fn replay_command(seed: u64, control: Option<Control>) -> String {
-    let control = control.map_or(String::new(), |c| {
-        format!("REDLOCK_SIM_CONTROL={} ", c.name())
-    });
-    format!(
-        "{control}REDLOCK_SIM_SEED={seed} REDLOCK_SIM_TRACE=1 cargo test -p redlock-idempotency --test sim replay_seed -- --nocapture"
-    )
-}
+/// How this crate's seeds are run.
+const RUNNER: Runner<Control> = Runner {
+    what: "idempotency",
+    package: "redlock-idempotency",
+    run: run_seed,
+};
 
 /// Many seeds (`REDLOCK_SIM_SEEDS`, from `REDLOCK_SIM_FIRST`), every check on each.
 #[test]
 fn seeds_keep_the_promises() {
-    let first = env_u64("REDLOCK_SIM_FIRST").unwrap_or(0);
-    let seeds = env_u64("REDLOCK_SIM_SEEDS").unwrap_or(1500);
-    let started = std::time::Instant::now();
-    let mut failed = Vec::new();
-    let mut totals: std::collections::BTreeMap<&'static str, u64> = Default::default();
-    for seed in first..first + seeds {
-        let outcome = run_seed(seed, None, false, false);
-        for (what, n) in outcome.counts {
-            *totals.entry(what).or_default() += n;
-        }
-        if !outcome.violations.is_empty() {
-            failed.push((seed, outcome.violations));
-        }
-    }
-    let secs = started.elapsed().as_secs_f64();
-    let _ = writeln!(
-        std::io::stderr(),
-        "idempotency simulation: {seeds} seeds from {first} in {secs:.1} s ({:.0} seeds/s); {totals:?}",
-        seeds as f64 / secs
-    );
-    if let Some((seed, violations)) = failed.first() {
-        panic!(
-            "{} of {seeds} seeds broke a promise; seed {seed}: {violations:#?}\nreplay: {}\nfailing seeds: {:?}",
-            failed.len(),
-            replay_command(*seed, None),
-            failed.iter().map(|(s, _)| s).collect::<Vec<_>>()
-        );
-    }
+    RUNNER.seeds(1500);
 }
 
-/// One seed gives one history, bit for bit: a few hundred seeds run twice, traced.
+/// One seed gives one history, bit for bit: seeds run twice, traced.
 #[test]
 fn a_seed_replays_bit_for_bit() {
-    let first = env_u64("REDLOCK_SIM_FIRST").unwrap_or(0);
-    for seed in first..first + 200 {
-        let a = run_seed(seed, None, true, false);
-        let b = run_seed(seed, None, true, false);
-        assert!(a.trace.len() > 10, "seed {seed} traced almost nothing");
-        if a.trace != b.trace {
-            let at = a.trace.iter().zip(&b.trace).position(|(x, y)| x != y);
-            panic!(
-                "seed {seed} ran two histories; first difference at line {at:?}: {:?} against {:?}\nreplay: {}",
-                at.map(|i| &a.trace[i]),
-                at.map(|i| &b.trace[i]),
-                replay_command(seed, None)
-            );
-        }
-    }
+    RUNNER.replays_bit_for_bit(200);
 }
 
 /// `REDLOCK_SIM_SEED=N` (with `REDLOCK_SIM_TRACE=1` to print the trace as it happens,
@@ -595,50 +536,17 @@ fn a_seed_replays_bit_for_bit() {
 /// 0.
 #[test]
 fn replay_seed() {
-    let seed = env_u64("REDLOCK_SIM_SEED").unwrap_or(0);
-    let control = std::env::var("REDLOCK_SIM_CONTROL")
-        .ok()
-        .map(|name| Control::parse(&name).unwrap_or_else(|| panic!("no control named {name}")));
-    let live = std::env::var("REDLOCK_SIM_TRACE").is_ok_and(|v| v == "1");
-    let outcome = run_seed(seed, control, true, live);
-    assert!(!outcome.trace.is_empty(), "seed {seed} traced nothing");
-    assert!(
-        outcome.violations.is_empty(),
-        "seed {seed} broke a promise: {:#?}\nreplay: {}",
-        outcome.violations,
-        replay_command(seed, control)
-    );
+    RUNNER.replay_from_env();
 }
 
 /// The observer sees a broken promise: each control is caught within its bound of
 /// seeds, and its catching seed replays to the same violations.
 #[test]
 fn controls_are_caught() {
-    for (control, within) in [
+    RUNNER.controls_caught(&[
         (Control::UnfencedStore, 50),
         (Control::NoDriftAllowance, 200),
         (Control::StartOverwrites, 10),
         (Control::FinishDropped, 10),
-    ] {
-        let caught = (0..within).find_map(|seed| {
-            let outcome = run_seed(seed, Some(control), false, false);
-            (!outcome.violations.is_empty()).then_some((seed, outcome.violations))
-        });
-        let Some((seed, violations)) = caught else {
-            panic!(
-                "control {} not caught within {within} seeds",
-                control.name()
-            );
-        };
-        let again = run_seed(seed, Some(control), false, false);
-        assert_eq!(again.violations, violations, "the catching seed replays");
-        let _ = writeln!(
-            std::io::stderr(),
-            "control {} caught at seed {seed} ({} violations), first: {}\n  replay: {}",
-            control.name(),
-            violations.len(),
-            violations[0],
-            replay_command(seed, Some(control))
-        );
-    }
+    ]);
 }

@@ -29,7 +29,6 @@
 #[path = "sim/observer.rs"]
 mod observer;
 
-use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -42,7 +41,7 @@ use redlock_core::{BoxError, Redlock};
 use redlock_scheduler::job::Misfire;
 use redlock_scheduler::time::{BoxFuture, Clock};
 use redlock_scheduler::{Job, JobContext, Scheduler};
-use redlock_testkit::sim::{Log, Net, NodeFault};
+use redlock_testkit::sim::{self, Log, Net, NodeFault, Runner, SeedOutcome};
 use tokio::time::Instant;
 
 use self::observer::{End, Observer};
@@ -70,8 +69,8 @@ enum Control {
     ClockJump,
 }
 
-impl Control {
-    const ALL: [Control; 3] = [
+impl sim::Control for Control {
+    const ALL: &'static [Self] = &[
         Control::QuarantineOff,
         Control::NoDriftAllowance,
         Control::ClockJump,
@@ -83,10 +82,6 @@ impl Control {
             Control::NoDriftAllowance => "no-drift-allowance",
             Control::ClockJump => "clock-jump-beyond-allowance",
         }
-    }
-
-    fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.name() == name)
     }
 }
 
@@ -114,13 +109,6 @@ impl Clock for SimClock {
         let left = u64::try_from(deadline.timestamp_millis() - self.ms()).unwrap_or(0);
         Box::pin(tokio::time::sleep(Duration::from_millis(left)))
     }
-}
-
-/// What one seed did.
-struct Outcome {
-    violations: Vec<String>,
-    trace: Vec<String>,
-    counts: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// What the handlers share.
@@ -220,7 +208,7 @@ async fn handle(
 }
 
 /// Runs seed `seed` on a runtime of its own.
-fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> Outcome {
+fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> SeedOutcome {
     redlock_core::sim::seed_rng(Some(seed ^ 0x5c4e_d01e_5c4e_d01e));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -234,7 +222,7 @@ fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> Out
     outcome
 }
 
-async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) -> Outcome {
+async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) -> SeedOutcome {
     let mut rng = StdRng::seed_from_u64(seed);
     let nodes = if rng.random_bool(0.7) { 3 } else { 5 };
     let replicas = rng.random_range(2..=3);
@@ -461,7 +449,7 @@ async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) 
         .collect();
     let mut observer = shared.observer();
     observer.check(&ticks, end - longest - 1500);
-    Outcome {
+    SeedOutcome {
         violations: std::mem::take(&mut observer.violations),
         trace: log.take(),
         counts: std::mem::take(&mut observer.counts),
@@ -477,70 +465,23 @@ enum Event {
     Jump,
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
-fn replay_command(seed: u64, control: Option<Control>) -> String {
-    let control = control.map_or(String::new(), |c| {
-        format!("REDLOCK_SIM_CONTROL={} ", c.name())
-    });
-    format!(
-        "{control}REDLOCK_SIM_SEED={seed} REDLOCK_SIM_TRACE=1 cargo test -p redlock-scheduler --test sim replay_seed -- --nocapture"
-    )
-}
+/// How this crate's seeds are run.
+const RUNNER: Runner<Control> = Runner {
+    what: "scheduler",
+    package: "redlock-scheduler",
+    run: run_seed,
+};
 
 /// Many seeds (`REDLOCK_SIM_SEEDS`, from `REDLOCK_SIM_FIRST`), every check on each.
 #[test]
 fn seeds_keep_the_promises() {
-    let first = env_u64("REDLOCK_SIM_FIRST").unwrap_or(0);
-    let seeds = env_u64("REDLOCK_SIM_SEEDS").unwrap_or(500);
-    let started = std::time::Instant::now();
-    let mut failed = Vec::new();
-    let mut totals: std::collections::BTreeMap<&'static str, u64> = Default::default();
-    for seed in first..first + seeds {
-        let outcome = run_seed(seed, None, false, false);
-        for (what, n) in outcome.counts {
-            *totals.entry(what).or_default() += n;
-        }
-        if !outcome.violations.is_empty() {
-            failed.push((seed, outcome.violations));
-        }
-    }
-    let secs = started.elapsed().as_secs_f64();
-    let _ = writeln!(
-        std::io::stderr(),
-        "scheduler simulation: {seeds} seeds from {first} in {secs:.1} s ({:.1} seeds/s); {totals:?}",
-        seeds as f64 / secs
-    );
-    if let Some((seed, violations)) = failed.first() {
-        panic!(
-            "{} of {seeds} seeds broke a promise; seed {seed}: {violations:#?}\nreplay: {}\nfailing seeds: {:?}",
-            failed.len(),
-            replay_command(*seed, None),
-            failed.iter().map(|(s, _)| s).collect::<Vec<_>>()
-        );
-    }
+    RUNNER.seeds(500);
 }
 
 /// One seed gives one history, bit for bit: seeds run twice, traced.
 #[test]
 fn a_seed_replays_bit_for_bit() {
-    let first = env_u64("REDLOCK_SIM_FIRST").unwrap_or(0);
-    for seed in first..first + 20 {
-        let a = run_seed(seed, None, true, false);
-        let b = run_seed(seed, None, true, false);
-        assert!(a.trace.len() > 10, "seed {seed} traced almost nothing");
-        if a.trace != b.trace {
-            let at = a.trace.iter().zip(&b.trace).position(|(x, y)| x != y);
-            panic!(
-                "seed {seed} ran two histories; first difference at line {at:?}: {:?} against {:?}\nreplay: {}",
-                at.map(|i| &a.trace[i]),
-                at.map(|i| &b.trace[i]),
-                replay_command(seed, None)
-            );
-        }
-    }
+    RUNNER.replays_bit_for_bit(20);
 }
 
 /// `REDLOCK_SIM_SEED=N` (with `REDLOCK_SIM_TRACE=1` to print the trace as it happens,
@@ -548,49 +489,16 @@ fn a_seed_replays_bit_for_bit() {
 /// 0.
 #[test]
 fn replay_seed() {
-    let seed = env_u64("REDLOCK_SIM_SEED").unwrap_or(0);
-    let control = std::env::var("REDLOCK_SIM_CONTROL")
-        .ok()
-        .map(|name| Control::parse(&name).unwrap_or_else(|| panic!("no control named {name}")));
-    let live = std::env::var("REDLOCK_SIM_TRACE").is_ok_and(|v| v == "1");
-    let outcome = run_seed(seed, control, true, live);
-    assert!(!outcome.trace.is_empty(), "seed {seed} traced nothing");
-    assert!(
-        outcome.violations.is_empty(),
-        "seed {seed} broke a promise: {:#?}\nreplay: {}",
-        outcome.violations,
-        replay_command(seed, control)
-    );
+    RUNNER.replay_from_env();
 }
 
 /// The observer sees a broken promise: each control is caught within its bound of
 /// seeds, and its catching seed replays to the same violations.
 #[test]
 fn controls_are_caught() {
-    for (control, within) in [
+    RUNNER.controls_caught(&[
         (Control::QuarantineOff, 100),
         (Control::NoDriftAllowance, 100),
         (Control::ClockJump, 100),
-    ] {
-        let caught = (0..within).find_map(|seed| {
-            let outcome = run_seed(seed, Some(control), false, false);
-            (!outcome.violations.is_empty()).then_some((seed, outcome.violations))
-        });
-        let Some((seed, violations)) = caught else {
-            panic!(
-                "control {} not caught within {within} seeds",
-                control.name()
-            );
-        };
-        let again = run_seed(seed, Some(control), false, false);
-        assert_eq!(again.violations, violations, "the catching seed replays");
-        let _ = writeln!(
-            std::io::stderr(),
-            "control {} caught at seed {seed} ({} violations), first: {}\n  replay: {}",
-            control.name(),
-            violations.len(),
-            violations[0],
-            replay_command(seed, Some(control))
-        );
-    }
+    ]);
 }

@@ -264,3 +264,158 @@ fn short(word: &str) -> String {
         word.to_owned()
     }
 }
+
+/// What one seed of a simulation did.
+#[derive(Debug, Default)]
+pub struct SeedOutcome {
+    /// The promises it broke, one line each.
+    pub violations: Vec<String>,
+    /// Its trace (empty unless kept).
+    pub trace: Vec<String>,
+    /// What it counted, by name (summed over the seeds of a run).
+    pub counts: std::collections::BTreeMap<&'static str, u64>,
+}
+
+/// A change that breaks a promise on purpose, which a simulation's checks must catch.
+pub trait Control: Copy + std::fmt::Debug + PartialEq + 'static {
+    /// Every control.
+    const ALL: &'static [Self];
+
+    /// Its name, as `REDLOCK_SIM_CONTROL` gives it.
+    fn name(self) -> &'static str;
+
+    /// The control named `name`.
+    fn parse(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|c| c.name() == name)
+    }
+}
+
+/// Runs a simulation's seeds the same way for every crate: many seeds, a seed twice,
+/// one seed replayed from the environment, the negative controls. Each fails the
+/// calling test with the seed and the one-line command that replays it.
+pub struct Runner<C: Control> {
+    /// What is simulated, for the summary line ("scheduler").
+    pub what: &'static str,
+    /// The package and test target, for the replay command.
+    pub package: &'static str,
+    /// Runs seed `seed` with a control (or none), keeping its trace (`trace`) and
+    /// printing it as it happens (`live`).
+    pub run: fn(seed: u64, control: Option<C>, trace: bool, live: bool) -> SeedOutcome,
+}
+
+/// The number in the environment variable `name`, if set.
+pub fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+impl<C: Control> Runner<C> {
+    /// The one-line command that replays `seed` with its trace.
+    pub fn replay_command(&self, seed: u64, control: Option<C>) -> String {
+        let control = control.map_or(String::new(), |c| {
+            format!("REDLOCK_SIM_CONTROL={} ", c.name())
+        });
+        format!(
+            "{control}REDLOCK_SIM_SEED={seed} REDLOCK_SIM_TRACE=1 cargo test -p {} --test sim replay_seed -- --nocapture",
+            self.package
+        )
+    }
+
+    /// Runs `REDLOCK_SIM_SEEDS` seeds (default `default`) from `REDLOCK_SIM_FIRST`
+    /// (default 0), prints their count, rate and counts, and panics on the first that
+    /// broke a promise, listing every failing seed.
+    pub fn seeds(&self, default: u64) {
+        let first = env_u64("REDLOCK_SIM_FIRST").unwrap_or(0);
+        let seeds = env_u64("REDLOCK_SIM_SEEDS").unwrap_or(default);
+        let started = std::time::Instant::now();
+        let mut failed = Vec::new();
+        let mut totals: std::collections::BTreeMap<&'static str, u64> = Default::default();
+        for seed in first..first.saturating_add(seeds) {
+            let outcome = (self.run)(seed, None, false, false);
+            for (what, n) in outcome.counts {
+                *totals.entry(what).or_default() += n;
+            }
+            if !outcome.violations.is_empty() {
+                failed.push((seed, outcome.violations));
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        eprintln!(
+            "{} simulation: {seeds} seeds from {first} in {secs:.1} s ({:.1} seeds/s); {totals:?}",
+            self.what,
+            seeds as f64 / secs
+        );
+        if let Some((seed, violations)) = failed.first() {
+            let seeds_failed: Vec<u64> = failed.iter().map(|(s, _)| *s).collect();
+            panic!(
+                "{} of {seeds} seeds broke a promise; seed {seed}: {violations:#?}\nreplay: {}\nfailing seeds: {seeds_failed:?}",
+                failed.len(),
+                self.replay_command(*seed, None),
+            );
+        }
+    }
+
+    /// Runs `count` seeds from `REDLOCK_SIM_FIRST` twice each, traced, and panics on the
+    /// first whose two traces differ, showing the first line that does.
+    pub fn replays_bit_for_bit(&self, count: u64) {
+        let first = env_u64("REDLOCK_SIM_FIRST").unwrap_or(0);
+        for seed in first..first.saturating_add(count) {
+            let a = (self.run)(seed, None, true, false);
+            let b = (self.run)(seed, None, true, false);
+            assert!(a.trace.len() > 10, "seed {seed} traced almost nothing");
+            if a.trace != b.trace {
+                let at = a.trace.iter().zip(&b.trace).position(|(x, y)| x != y);
+                panic!(
+                    "seed {seed} ran two histories; first difference at line {at:?}: {:?} against {:?}\nreplay: {}",
+                    at.map(|i| &a.trace[i]),
+                    at.map(|i| &b.trace[i]),
+                    self.replay_command(seed, None)
+                );
+            }
+        }
+    }
+
+    /// Replays `REDLOCK_SIM_SEED` (default 0), printing its trace as it happens with
+    /// `REDLOCK_SIM_TRACE=1`, with the control `REDLOCK_SIM_CONTROL` names; panics if it
+    /// broke a promise.
+    pub fn replay_from_env(&self) {
+        let seed = env_u64("REDLOCK_SIM_SEED").unwrap_or(0);
+        let control = std::env::var("REDLOCK_SIM_CONTROL")
+            .ok()
+            .map(|name| C::parse(&name).unwrap_or_else(|| panic!("no control named {name}")));
+        let live = std::env::var("REDLOCK_SIM_TRACE").is_ok_and(|v| v == "1");
+        let outcome = (self.run)(seed, control, true, live);
+        assert!(!outcome.trace.is_empty(), "seed {seed} traced nothing");
+        assert!(
+            outcome.violations.is_empty(),
+            "seed {seed} broke a promise: {:#?}\nreplay: {}",
+            outcome.violations,
+            self.replay_command(seed, control)
+        );
+    }
+
+    /// Each control must be caught within its bound of seeds (from seed 0), and its
+    /// catching seed must replay to the same violations; prints where each was caught.
+    pub fn controls_caught(&self, bounds: &[(C, u64)]) {
+        for &(control, within) in bounds {
+            let caught = (0..within).find_map(|seed| {
+                let outcome = (self.run)(seed, Some(control), false, false);
+                (!outcome.violations.is_empty()).then_some((seed, outcome.violations))
+            });
+            let Some((seed, violations)) = caught else {
+                panic!(
+                    "control {} not caught within {within} seeds",
+                    control.name()
+                );
+            };
+            let again = (self.run)(seed, Some(control), false, false);
+            assert_eq!(again.violations, violations, "the catching seed replays");
+            eprintln!(
+                "control {} caught at seed {seed} ({} violations), first: {}\n  replay: {}",
+                control.name(),
+                violations.len(),
+                violations[0],
+                self.replay_command(seed, Some(control))
+            );
+        }
+    }
+}
