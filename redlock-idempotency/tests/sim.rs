@@ -40,7 +40,6 @@ use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use redlock_core::Redlock;
-use redlock_core::sim::FakeServer;
 use redlock_idempotency::middleware::{Admit, Decision, RequestHead};
 use redlock_idempotency::{Fingerprint, Idempotency, IdempotencyKey, StoredResponse, record_id};
 use tokio::sync::Notify;
@@ -345,17 +344,10 @@ async fn client(ctx: Rc<Ctx>, n: usize, key: usize, body: Bytes, mut rng: StdRng
 
 /// Runs seed `seed` on a runtime of its own.
 fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> SeedOutcome {
-    redlock_core::sim::seed_rng(Some(seed ^ 0x1de0_1de0_1de0_1de0));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
-    let outcome = runtime.block_on(simulate(seed, control, trace, live));
-    drop(runtime);
-    redlock_core::sim::seed_rng(None);
-    redlock_core::sim::set_wall_clock(None);
-    outcome
+    sim::run_paused(
+        seed ^ 0x1de0_1de0_1de0_1de0,
+        simulate(seed, control, trace, live),
+    )
 }
 
 async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) -> SeedOutcome {
@@ -365,14 +357,9 @@ async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) 
     let keys = rng.random_range(1..=3);
     let log = Log::new(trace, live);
     let net = Net::new(&mut rng, nodes, replicas, log.clone());
-    let servers: Vec<FakeServer> = (0..nodes).map(|_| FakeServer::default()).collect();
     let wall_us: u64 = 1_800_000_000_000_000 + rng.random_range(0..1_000_000_000_000);
     redlock_core::sim::set_wall_clock(Some(wall_us / 1000 + rng.random_range(0..2000)));
-    for (i, server) in servers.iter().enumerate() {
-        server.set_wall_clock(wall_us + rng.random_range(0..5_000));
-        server.set_uptime(Duration::from_secs(3600));
-        server.set_network(i, Arc::new(net.clone()));
-    }
+    let servers = sim::nodes(&mut rng, nodes, wall_us, &net);
     let crash = control.is_none() && rng.random_bool(0.2);
     // The controls that need a stale run pause one in every seed.
     let pause = matches!(
@@ -394,19 +381,7 @@ async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) 
     let mut faults: Vec<(Duration, NodeFault)> = (0..rng.random_range(0..=2))
         .map(|_| {
             let at = Duration::from_millis(rng.random_range(0..1500));
-            let node = rng.random_range(0..nodes);
-            let fault = match rng.random_range(0..3) {
-                0 => NodeFault::Restart(node),
-                1 => NodeFault::Failing {
-                    node,
-                    for_ms: rng.random_range(50..300),
-                },
-                _ => NodeFault::ClockRate {
-                    node,
-                    rate: rng.random_range(1.0..FASTEST_CLOCK),
-                },
-            };
-            (at, fault)
+            (at, NodeFault::draw(&mut rng, nodes, 50..300, FASTEST_CLOCK))
         })
         .collect();
     if control == Some(Control::NoDriftAllowance) {

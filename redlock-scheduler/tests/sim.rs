@@ -36,7 +36,6 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use redlock_core::sim::FakeServer;
 use redlock_core::{BoxError, Redlock};
 use redlock_scheduler::job::Misfire;
 use redlock_scheduler::time::{BoxFuture, Clock};
@@ -209,17 +208,10 @@ async fn handle(
 
 /// Runs seed `seed` on a runtime of its own.
 fn run_seed(seed: u64, control: Option<Control>, trace: bool, live: bool) -> SeedOutcome {
-    redlock_core::sim::seed_rng(Some(seed ^ 0x5c4e_d01e_5c4e_d01e));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
-    let outcome = runtime.block_on(simulate(seed, control, trace, live));
-    drop(runtime);
-    redlock_core::sim::seed_rng(None);
-    redlock_core::sim::set_wall_clock(None);
-    outcome
+    sim::run_paused(
+        seed ^ 0x5c4e_d01e_5c4e_d01e,
+        simulate(seed, control, trace, live),
+    )
 }
 
 async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) -> SeedOutcome {
@@ -232,34 +224,17 @@ async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) 
     if faultless {
         net.set_loss(0.0);
     }
-    let servers: Vec<FakeServer> = (0..nodes).map(|_| FakeServer::default()).collect();
     // A wall time on a second's boundary, so that the first ticks come at once.
     let wall_ms: i64 = 1_800_000_000_000 + rng.random_range(0..1_000_000_000) * 1000;
     redlock_core::sim::set_wall_clock(Some(wall_ms.unsigned_abs()));
-    for (i, server) in servers.iter().enumerate() {
-        server.set_wall_clock(wall_ms.unsigned_abs() * 1000 + rng.random_range(0..5_000));
-        server.set_uptime(Duration::from_secs(3600));
-        server.set_network(i, Arc::new(net.clone()));
-    }
+    let servers = sim::nodes(&mut rng, nodes, wall_ms.unsigned_abs() * 1000, &net);
     let mut faults: Vec<(Duration, NodeFault)> = Vec::new();
     let mut pauses: Vec<(Duration, usize, Duration)> = Vec::new();
     let mut crash: Option<(Duration, usize)> = None;
     if !faultless {
         for _ in 0..rng.random_range(0..=3) {
             let at = Duration::from_millis(rng.random_range(0..FAULTS_WITHIN));
-            let node = rng.random_range(0..nodes);
-            let fault = match rng.random_range(0..3) {
-                0 => NodeFault::Restart(node),
-                1 => NodeFault::Failing {
-                    node,
-                    for_ms: rng.random_range(50..800),
-                },
-                _ => NodeFault::ClockRate {
-                    node,
-                    rate: rng.random_range(1.0..FASTEST_CLOCK),
-                },
-            };
-            faults.push((at, fault));
+            faults.push((at, NodeFault::draw(&mut rng, nodes, 50..800, FASTEST_CLOCK)));
         }
         if rng.random_bool(0.4) {
             pauses.push((

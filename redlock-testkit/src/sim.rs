@@ -89,6 +89,59 @@ pub enum NodeFault {
     },
 }
 
+impl NodeFault {
+    /// A fault of one of `nodes` drawn from `rng`: a restart, failing for a time drawn
+    /// from `failing_ms`, or a clock running up to `fastest` times true time.
+    pub fn draw(
+        rng: &mut StdRng,
+        nodes: usize,
+        failing_ms: std::ops::Range<u64>,
+        fastest: f64,
+    ) -> Self {
+        let node = rng.random_range(0..nodes);
+        match rng.random_range(0..3) {
+            0 => NodeFault::Restart(node),
+            1 => NodeFault::Failing {
+                node,
+                for_ms: rng.random_range(failing_ms),
+            },
+            _ => NodeFault::ClockRate {
+                node,
+                rate: rng.random_range(1.0..fastest),
+            },
+        }
+    }
+}
+
+/// `count` in-memory lock nodes on `net`, up for an hour, their wall clocks at `wall_us`
+/// (µs since the Unix epoch) plus up to 5 ms each, drawn from `rng`.
+pub fn nodes(rng: &mut StdRng, count: usize, wall_us: u64, net: &Net) -> Vec<FakeServer> {
+    let servers: Vec<FakeServer> = (0..count).map(|_| FakeServer::default()).collect();
+    for (i, server) in servers.iter().enumerate() {
+        server.set_wall_clock(wall_us + rng.random_range(0..5_000));
+        server.set_uptime(Duration::from_secs(3600));
+        server.set_network(i, std::sync::Arc::new(net.clone()));
+    }
+    servers
+}
+
+/// Runs `simulation` on a current-thread runtime of its own with tokio's clock paused,
+/// core's random choices seeded from `seed`; the thread's random source and wall clock
+/// are core's defaults again afterwards.
+pub fn run_paused<T>(seed: u64, simulation: impl std::future::Future<Output = T>) -> T {
+    redlock_core::sim::seed_rng(Some(seed));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    let outcome = runtime.block_on(simulation);
+    drop(runtime);
+    redlock_core::sim::seed_rng(None);
+    redlock_core::sim::set_wall_clock(None);
+    outcome
+}
+
 struct NetState {
     rng: StdRng,
     /// Per node: the base one-way latency.
