@@ -188,7 +188,10 @@ async fn mixed_faults_never_double_grant() {
         report.counts
     );
     assert!(log.len() >= target);
-    assert!(report.counts.iter().all(|&n| n > 0), "every fault kind ran");
+    // A shortened run (CI's Valkey phase runs a tenth) may see only some kinds.
+    if full_length() {
+        assert!(report.counts.iter().all(|&n| n > 0), "every fault kind ran");
+    }
     assert_safe(&log, "mixed faults");
 }
 
