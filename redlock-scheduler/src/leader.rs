@@ -42,8 +42,13 @@ use redlock_core::{Error as LockError, Redlock, RetryPolicy};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::{TaskTracker, task_tracker::TaskTrackerToken};
 
 use crate::error::BuildError;
+
+/// How long a leadership that ends of its own accord (term, step-down, shutdown) waits
+/// for its work in hand to be settled before its lock goes to the next leader.
+const SETTLE_BOUND: Duration = Duration::from_secs(1);
 
 type Callback = Arc<dyn Fn(&Leadership) + Send + Sync>;
 
@@ -55,6 +60,9 @@ pub struct Leadership {
     since: DateTime<Utc>,
     lost: CancellationToken,
     ended: CancellationToken,
+    /// Work that must be settled before the lock is handed over (see
+    /// [`Leadership::settling`]).
+    settling: TaskTracker,
 }
 
 impl Leadership {
@@ -89,6 +97,14 @@ impl Leadership {
     /// Still leading.
     pub fn is_current(&self) -> bool {
         !self.ended.is_cancelled()
+    }
+
+    /// Keeps the lock from going to the next leader, once this leadership ended of its
+    /// own accord, until the token is dropped (or [`SETTLE_BOUND`] passed): work that
+    /// must be given back to the next leader (a tick claimed but not started) is given
+    /// back before that leader can look for it.
+    pub(crate) fn settling(&self) -> TaskTrackerToken {
+        self.settling.token()
     }
 }
 
@@ -473,6 +489,7 @@ impl Campaign {
                 since: Utc::now(),
                 lost: CancellationToken::new(),
                 ended: CancellationToken::new(),
+                settling: TaskTracker::new(),
             };
             tracing::info!(election = %self.resource, instance = %self.instance, epoch = leadership.epoch, "elected leader");
             crate::telemetry::leading(true);
@@ -512,6 +529,12 @@ impl Campaign {
             crate::telemetry::leading(false);
             self.events.send_replace(LeaderEvent::Follower);
             self.on_lost.iter().for_each(|f| f(&leadership));
+            leadership.settling.close();
+            if end != End::Lost {
+                // What the leader gives back reaches the nodes before the next leader
+                // can be elected and look for it (a lost lock has gone already).
+                let _ = tokio::time::timeout(SETTLE_BOUND, leadership.settling.wait()).await;
+            }
             // A release hands the lock to the longest waiting replica.
             let _ = lock.release().await;
             let back_off = step_downs.iter().map(|s| s.back_off).max();

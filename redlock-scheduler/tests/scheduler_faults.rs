@@ -526,3 +526,93 @@ async fn a_job_without_timeout_outlives_the_clients_max_hold() {
     assert_eq!(last.outcome, Outcome::Succeeded, "{last:?}");
     scheduler.shutdown(Duration::from_secs(2)).await;
 }
+
+/// Whether `key` is on a majority of the cluster's nodes.
+async fn on_a_majority(cluster: &Cluster, key: &str) -> bool {
+    let mut found = 0;
+    for i in 0..cluster.len() {
+        let Ok(mut conn) = cluster
+            .node(i)
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+        else {
+            continue;
+        };
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or(false);
+        found += usize::from(exists);
+    }
+    found > cluster.len() / 2
+}
+
+/// A leader that claimed a tick and waits for its job's run lock steps down: the claim
+/// goes back with the leadership, and the next leader runs the tick (once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_claimed_before_a_step_down_runs_on_the_next_leader() {
+    let cluster = Cluster::start(3).await;
+    let job = unique("handed-back");
+    let ticks = Arc::new(Ticks::default());
+    // Once a minute, last 3 s ago: missed at the election, so run late (misfire policy
+    // run once), and a late run waits for the job's run lock, held here by someone else.
+    let now = Utc::now().timestamp();
+    let tick_s = now - 3;
+    let tick = tick_s * 1000;
+    let expression = format!("{} * * * * *", tick_s.rem_euclid(60));
+    let claim_key = format!("redlock:{{{SCHEDULER}:job:{job}:{tick}}}");
+    let someone_else = redlock_testkit::builder_for(cluster.urls())
+        .build()
+        .unwrap();
+    let run_lock = someone_else
+        .lock(format!("{SCHEDULER}:job:{job}:run"))
+        .ttl(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let make = || {
+        vec![counting_job(
+            &job,
+            &expression,
+            &ticks,
+            Duration::from_millis(10),
+        )]
+    };
+    let first = Replica::start(&cluster, "a", None, make(), |b| b).await;
+    leader_of(std::slice::from_ref(&first), Duration::from_secs(5)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !on_a_majority(&cluster, &claim_key).await {
+        assert!(Instant::now() < deadline, "the leader never claimed {tick}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = Replica::start(&cluster, "b", None, make(), |b| b).await;
+    let scheduler = first.scheduler.clone();
+    let stepped = first
+        .sandbox
+        .run(async move { scheduler.step_down().await.is_ok() })
+        .await;
+    assert!(stepped, "the leader stepped down");
+    let replicas = [first, second];
+    assert_eq!(leader_of(&replicas, Duration::from_secs(10)).await, 1);
+    // The run lock goes: whoever holds the claim runs the tick now.
+    run_lock.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ticks.snapshot().contains_key(&tick) {
+        assert!(
+            Instant::now() < deadline,
+            "tick {tick} never ran after the step-down: {:?}",
+            ticks.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for replica in &replicas {
+        replica.shutdown().await;
+    }
+    assert_eq!(
+        ticks.snapshot().get(&tick),
+        Some(&vec!["b".to_owned()]),
+        "tick {tick} ran once, on the new leader"
+    );
+}

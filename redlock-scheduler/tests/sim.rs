@@ -453,6 +453,14 @@ fn seeds_keep_the_promises() {
     RUNNER.seeds(500);
 }
 
+/// Seeds that found a gap, kept as its regression tests: a tick claimed in the last
+/// milliseconds of a leadership that ended of its own accord (the end of its term),
+/// before its run started, was neither run nor left to the next leader.
+#[test]
+fn a_tick_claimed_as_leadership_ends_is_not_lost() {
+    RUNNER.regressions(&[1889, 1962, 1977, 2196]);
+}
+
 /// One seed gives one history, bit for bit: seeds run twice, traced.
 #[test]
 fn a_seed_replays_bit_for_bit() {

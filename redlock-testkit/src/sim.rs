@@ -407,6 +407,20 @@ impl<C: Control> Runner<C> {
         }
     }
 
+    /// Runs the seeds that once broke a promise (each a regression test for what it
+    /// found), and panics on the first that breaks one again.
+    pub fn regressions(&self, seeds: &[u64]) {
+        for &seed in seeds {
+            let outcome = (self.run)(seed, None, false, false);
+            assert!(
+                outcome.violations.is_empty(),
+                "seed {seed} broke a promise again: {:#?}\nreplay: {}",
+                outcome.violations,
+                self.replay_command(seed, None)
+            );
+        }
+    }
+
     /// Runs `count` seeds from `REDLOCK_SIM_FIRST` twice each, traced, and panics on the
     /// first whose two traces differ, showing the first line that does.
     pub fn replays_bit_for_bit(&self, count: u64) {

@@ -58,12 +58,8 @@ async fn handle_tick(
     if !handing_over && !parts.ticks.wait_for_tick(tick, Some(leadership)).await {
         return;
     }
-    match parts
-        .ticks
-        .claim(state, tick, deadline, Some(leadership))
-        .await
-    {
-        Ok(()) => {}
+    let claim = match parts.ticks.claim(state, tick, deadline, leadership).await {
+        Ok(claim) => claim,
         Err(NotTaken::Held) => {
             tracing::debug!(job = %state.name, %tick, "tick already claimed elsewhere");
             return;
@@ -80,12 +76,13 @@ async fn handle_tick(
             );
             return;
         }
-    }
+    };
     let late = match action {
         Action::Skip(reason) => {
             parts
                 .ticks
                 .record_skip(state, tick, token, SkipReason::Missed, reason);
+            claim.keep();
             return;
         }
         Action::Run { late } => late,
@@ -95,9 +92,11 @@ async fn handle_tick(
         parts
             .ticks
             .record_skip(state, tick, token, paused, "paused".to_owned());
+        claim.keep();
         return;
     }
     if parts.ticks.dropped(state, tick, token) {
+        claim.keep();
         return;
     }
     if let Some(Placed::There(replica)) = &placed {
@@ -106,6 +105,8 @@ async fn handle_tick(
             .hand_over(state, tick, replica, leadership)
             .await
         {
+            // Leadership ended while the hand-off was retried: one that failed may have
+            // landed all the same (its answer lost), so the claim stays.
             Ok(()) | Err(None) => {}
             Err(Some(reason)) => {
                 parts
@@ -113,6 +114,7 @@ async fn handle_tick(
                     .record_skip(state, tick, token, SkipReason::Untaken, reason);
             }
         }
+        claim.keep();
         return;
     }
     // Here: when this replica has room for it.
@@ -128,14 +130,29 @@ async fn handle_tick(
             parts
                 .ticks
                 .record_skip(state, tick, token, SkipReason::NoRoom, reason.to_owned());
+            claim.keep();
             return;
         }
-        Placed::There(_) | Placed::Stopped => return,
+        Placed::There(_) => {
+            claim.keep();
+            return;
+        }
+        Placed::Stopped => {
+            // Leadership ended first: the tick is the next leader's.
+            claim.give_back().await;
+            return;
+        }
     };
-    parts
+    if parts
         .ticks
         .run_here(index, tick, late, slot, leadership)
-        .await;
+        .await
+    {
+        claim.keep();
+    } else {
+        // Leadership ended before the run started: the tick is the next leader's.
+        claim.give_back().await;
+    }
 }
 
 /// Follows the election: while this replica leads, fires the jobs.
@@ -478,13 +495,10 @@ async fn fire_loop(
                     async move { handle_tick(&parts, index, tick, action, &leadership).await }
                 };
                 if late {
-                    // Claimed and started before the next one is considered.
-                    tokio::select! {
-                        biased;
-                        () = leadership.ended_token().cancelled() => return,
-                        () = parts.ctx.stop_firing.cancelled() => return,
-                        () = parts.ctx.runs.track_future(task) => {}
-                    }
+                    // Claimed and started before the next one is considered. Not cut
+                    // short when leadership ends: the tick stops by itself then, and
+                    // gives its claim back if it did not start.
+                    parts.ctx.runs.track_future(task).await;
                 } else {
                     parts.ctx.runs.spawn(task);
                 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redlock_core::{Error as LockError, Lock, RetryPolicy};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use tracing::Instrument;
 
 use super::context::{CLAIM_MARGIN, Context};
@@ -81,6 +82,49 @@ impl Grant {
     }
 }
 
+/// A tick's claim, taken by the leader. Kept, it is left to expire once its tick has
+/// left the grace window (never released), so that no replica considers the tick again,
+/// whatever happens to it next. Given back (released) when the leadership ended before
+/// the tick was run or recorded, so that the next leader takes the tick; until then
+/// the leadership's lock waits (for a leadership that ends of its own accord).
+pub(super) struct Claim {
+    lock: Option<Lock>,
+    _settling: TaskTrackerToken,
+}
+
+impl Claim {
+    /// The tick ran, or was recorded as not run, or went to another replica.
+    pub(super) fn keep(mut self) {
+        if let Some(lock) = self.lock.take() {
+            let _ = lock.detach();
+        }
+    }
+
+    /// The tick was neither run nor recorded: released for the next leader.
+    pub(super) async fn give_back(mut self) {
+        if let Some(lock) = self.lock.take() {
+            tracing::info!(claim = %lock.resource(), "the tick did not start before leadership ended: its claim goes back to the next leader");
+            give_back(lock).await;
+        }
+    }
+}
+
+impl Drop for Claim {
+    /// Kept unless given back: a tick left in doubt is not run twice.
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            let _ = lock.detach();
+        }
+    }
+}
+
+/// Releases a lock taken for a tick the leader does not go on with.
+async fn give_back(lock: Lock) {
+    if let Err(err) = lock.release().await {
+        tracing::debug!(error = %err, "could not give a lock back; it expires by itself");
+    }
+}
+
 /// How long before its time a tick handed to another replica is claimed (and handed
 /// over): that replica sees it in time and starts it on time.
 pub(super) const AHEAD: Duration = Duration::from_millis(500);
@@ -121,28 +165,33 @@ impl Ticks {
             .min(self.ctx.redlock.max_ttl())
     }
 
-    /// Claims `tick` of `state`: a lock left to expire (never released) once the tick
-    /// has left its grace window, retried on failures until `until`.
+    /// Claims `tick` of `state` for `leadership`, retrying failures until `until`. The
+    /// claim is kept (left to expire once the tick has left its grace window) unless
+    /// given back: see [`Claim`].
     pub(super) async fn claim(
         &self,
         state: &JobState,
         tick: DateTime<Utc>,
         until: DateTime<Utc>,
-        leadership: Option<&Leadership>,
-    ) -> Result<(), NotTaken> {
+        leadership: &Leadership,
+    ) -> Result<Claim, NotTaken> {
+        // Taken before the claim: should the leadership end meanwhile, the claim is
+        // given back before the next leader is elected.
+        let settling = leadership.settling();
         let resource = crate::keys::claim(&self.ctx.name, &state.name, tick.timestamp_millis());
-        let claim = self
+        let lock = self
             .take(
                 &resource,
                 self.claim_ttl(state),
                 Duration::ZERO,
                 until,
-                leadership,
+                Some(leadership),
             )
             .await?;
-        // Left to expire: until then no replica considers the tick again.
-        let _ = claim.detach();
-        Ok(())
+        Ok(Claim {
+            lock: Some(lock),
+            _settling: settling,
+        })
     }
 
     /// The lock a run of the job holds while it goes on, on whichever replica: no run
@@ -152,7 +201,9 @@ impl Ticks {
     }
 
     /// Takes `resource` for `ttl`, waiting up to `wait` while someone holds it, retrying
-    /// failures until `until` (wall clock).
+    /// failures until `until` (wall clock). A single attempt (`wait` zero) is carried to
+    /// its answer, and what it took given back, when leadership ends or shutdown begins
+    /// meanwhile: it is over when this returns.
     pub(super) async fn take(
         &self,
         resource: &str,
@@ -162,23 +213,39 @@ impl Ticks {
         leadership: Option<&Leadership>,
     ) -> Result<Lock, NotTaken> {
         let ended = leadership.map_or_else(CancellationToken::new, |l| l.ended_token().clone());
+        let stopped = || ended.is_cancelled() || self.ctx.stop_firing.is_cancelled();
         let mut backoff = RETRY_FIRST;
         loop {
-            let acquire = if wait.is_zero() {
-                self.ctx.redlock.try_lock(resource)
+            let result = if wait.is_zero() {
+                let result = self
+                    .ctx
+                    .redlock
+                    .try_lock(resource)
+                    .ttl(ttl)
+                    .fencing(false)
+                    .await;
+                if stopped() {
+                    if let Ok(lock) = result {
+                        give_back(lock).await;
+                    }
+                    return Err(NotTaken::Stopped);
+                }
+                result
             } else {
-                self.ctx
+                let acquire = self
+                    .ctx
                     .redlock
                     .lock(resource)
                     .retry(RetryPolicy::deadline(wait))
-            }
-            .ttl(ttl)
-            .fencing(false);
-            let result = tokio::select! {
-                biased;
-                () = ended.cancelled() => return Err(NotTaken::Stopped),
-                () = self.ctx.stop_firing.cancelled() => return Err(NotTaken::Stopped),
-                result = acquire => result,
+                    .ttl(ttl)
+                    .fencing(false);
+                // Dropped half-way, the attempt gives back what it took by itself.
+                tokio::select! {
+                    biased;
+                    () = ended.cancelled() => return Err(NotTaken::Stopped),
+                    () = self.ctx.stop_firing.cancelled() => return Err(NotTaken::Stopped),
+                    result = acquire => result,
+                }
             };
             let err = match result {
                 Ok(lock) => return Ok(lock),
@@ -231,12 +298,12 @@ impl Ticks {
             }
         };
         let now = ctx.clock.now();
-        match self.claim(state, tick, now, Some(&leadership)).await {
-            Ok(()) => {}
+        let claim = match self.claim(state, tick, now, &leadership).await {
+            Ok(claim) => claim,
             Err(NotTaken::Held) => return Err(already_claimed()),
             Err(NotTaken::Stopped) => return Err(RequestError::ShutDown),
             Err(NotTaken::Failed(err)) => return Err(RequestError::Lock(err)),
-        }
+        };
         let run_lock = match self
             .take(
                 &self.run_resource(job),
@@ -248,25 +315,32 @@ impl Ticks {
             .await
         {
             Ok(run_lock) => run_lock,
-            Err(NotTaken::Held) => {
-                return Err(RequestError::AlreadyRunning {
-                    job: job.to_owned(),
+            Err(not_taken) => {
+                // Not run: the tick is no one's.
+                claim.give_back().await;
+                return Err(match not_taken {
+                    NotTaken::Held => RequestError::AlreadyRunning {
+                        job: job.to_owned(),
+                    },
+                    NotTaken::Stopped => RequestError::ShutDown,
+                    NotTaken::Failed(err) => RequestError::Lock(err),
                 });
             }
-            Err(NotTaken::Stopped) => return Err(RequestError::ShutDown),
-            Err(NotTaken::Failed(err)) => return Err(RequestError::Lock(err)),
         };
         if !self.insert_row(state, tick, leadership.epoch(), true).await {
             let _ = run_lock.release().await;
             return Err(already_claimed());
         }
+        claim.keep();
         let grant = Grant::of(&leadership);
         self.start_run(index, tick, run_lock, grant, ctx.slots.take(), false, true);
         Ok(tick)
     }
 
     /// The leader: runs `tick` here, counted by `slot`, once its time comes (a tick
-    /// handed out ahead of time starts at its time).
+    /// handed out ahead of time starts at its time). `false` if the leadership ended or
+    /// shutdown began before the run started: nothing was recorded, and the tick is
+    /// for the next leader.
     pub(super) async fn run_here(
         self: &Arc<Self>,
         index: usize,
@@ -274,34 +348,36 @@ impl Ticks {
         late: bool,
         slot: Slot,
         leadership: &Leadership,
-    ) {
+    ) -> bool {
         let Some(state) = self.ctx.jobs.get(index) else {
-            return;
+            return true;
         };
         let state = &*state;
         let token = leadership.epoch();
         if !self.wait_for_tick(tick, Some(leadership)).await {
-            return;
+            return false;
         }
         if self.dropped(state, tick, token) {
-            return;
+            return true;
         }
         let run_lock = match self
             .take_run_lock(state, tick, late, Some(leadership))
             .await
         {
             Ok(run_lock) => run_lock,
+            Err(RunLockRefused::Stopped) => return false,
             Err(refused) => {
                 self.record_refusal(state, tick, token, refused);
-                return;
+                return true;
             }
         };
         if !self.insert_row(state, tick, token, false).await {
             let _ = run_lock.release().await;
-            return;
+            return true;
         }
         let grant = Grant::of(leadership);
         self.start_run(index, tick, run_lock, grant, slot, late, false);
+        true
     }
 
     /// Sleeps until `tick` (at once if it is due): `false` if the leadership (if
