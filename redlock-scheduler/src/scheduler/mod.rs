@@ -3,10 +3,12 @@
 //! Each replica declares the same jobs. The elected leader wakes at each tick of each
 //! job, **claims** it (a lock on the scheduler's name, the job's name and the tick's
 //! scheduled time, not "now"; then, with a [`History`](crate::History), a row under
-//! `UNIQUE (scheduler, job, tick)`) and only then runs it. The claim is left to expire
-//! once the tick has left its misfire grace window, never released, so a tick claimed once
-//! is never run again: not after a fail-over, not when two replicas briefly both believe
-//! they lead, not under clock skew. While a run goes on it holds the job's *run lock*,
+//! `UNIQUE (scheduler, job, tick)`) and only then runs it. Once its tick started, was
+//! recorded or was handed over, the claim is left to expire after the tick's misfire
+//! grace window, never released, so a tick claimed once is never run again: not after a
+//! fail-over, not when two replicas briefly both believe they lead, not under clock
+//! skew. A claim whose tick had not started when the leadership ended is given back to
+//! the next leader. While a run goes on it holds the job's *run lock*,
 //! so no other run of the job starts anywhere (no overlap, cluster-wide, also across a
 //! hand-over); a job without a timeout keeps it as long as it runs.
 //!

@@ -5,7 +5,7 @@
 //!   leadership (each by its own monotonic clock, which a pause or crash does not stop:
 //!   a paused replica's leadership lasts exactly as long as it says);
 //! - **each tick at most once**: no scheduled tick of a job starts twice, on any
-//!   replicas, whatever failed (its claim is never released);
+//!   replicas, whatever failed (its claim is released only when no run started);
 //! - **no overlap, cluster-wide**: no run of a job starts while another run of it goes
 //!   on, on any replica (a run whose run lock is lost, its replica paused or crashed, is
 //!   told to stop before the lock's validity ends, and the handlers here stop at once);
