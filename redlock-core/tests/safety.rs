@@ -424,8 +424,10 @@ async fn semaphore_under_faults_never_exceeds_its_permits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_majority_counted_semaphore_under_the_same_faults_admits_too_many() {
     const PERMITS: usize = 2;
-    const TTL: Duration = Duration::from_millis(400);
-    const NODE_TIMEOUT: Duration = Duration::from_millis(40);
+    // Bounds a loaded machine keeps (its scripts answered late, not refused): the
+    // control's power comes from the faults, not from answers cut short.
+    const TTL: Duration = Duration::from_secs(1);
+    const NODE_TIMEOUT: Duration = Duration::from_millis(150);
     const ENOUGH: Duration = Duration::from_secs(90);
     let cluster = Arc::new(tokio::sync::Mutex::new(Cluster::start_proxied(5).await));
     let urls = cluster.lock().await.urls();
