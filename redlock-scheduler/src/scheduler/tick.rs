@@ -100,10 +100,11 @@ impl Claim {
         }
     }
 
-    /// The tick was neither run nor recorded: released for the next leader.
+    /// The tick was neither run nor recorded (leadership ended first, or a trigger was
+    /// refused): released, for the next leader.
     pub(super) async fn give_back(mut self) {
         if let Some(lock) = self.lock.take() {
-            tracing::info!(claim = %lock.resource(), "the tick did not start before leadership ended: its claim goes back to the next leader");
+            tracing::info!(claim = %lock.resource(), "the tick did not start: its claim is given back");
             give_back(lock).await;
         }
     }
