@@ -85,6 +85,44 @@ async fn flood(bases: &[String], tenant: &str) -> Vec<reqwest::Response> {
     responses
 }
 
+/// Sends an export to `url` until it runs as the `running`-th at once, and returns the
+/// running request. The flood's permits are given back in the background as its bodies
+/// end (and a permit whose release a node has not seen yet lasts until its TTL), so a
+/// request sent right after it may be refused: it is sent again.
+async fn start_export(
+    client: &reqwest::Client,
+    url: String,
+    gauge: &Gauge,
+    running: usize,
+) -> tokio::task::JoinHandle<StatusCode> {
+    let started = Instant::now();
+    loop {
+        let (client, url) = (client.clone(), url.clone());
+        let request = tokio::spawn(async move { client.post(url).send().await.unwrap().status() });
+        loop {
+            if gauge.now.load(Ordering::SeqCst) >= running {
+                return request;
+            }
+            if request.is_finished() {
+                // Refused, or (on a machine slow enough) run and ended unseen.
+                let status = request.await.unwrap();
+                assert!(
+                    [StatusCode::TOO_MANY_REQUESTS, StatusCode::OK].contains(&status),
+                    "export {running}: {status}"
+                );
+                break;
+            }
+            assert!(
+                // Past the permits' 5 s TTL: any permit left over has expired by then.
+                started.elapsed() < Duration::from_secs(10),
+                "export {running} not started"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fail_fast_admits_at_most_the_limit_across_replicas_and_answers_429() {
     let cluster = Cluster::start(3).await;
@@ -116,23 +154,11 @@ async fn fail_fast_admits_at_most_the_limit_across_replicas_and_answers_429() {
 
     // While three slow exports hold every permit (started one after another, each once
     // the previous one runs), a fourth is refused on any replica.
-    // The flood's permits are released in the background as its bodies end.
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let client = http();
     let mut slow = Vec::new();
     for (i, base) in bases.iter().take(LIMIT as usize).enumerate() {
-        let (client, url) = (client.clone(), format!("{base}/export/a"));
-        slow.push(tokio::spawn(async move {
-            client.post(url).send().await.unwrap().status()
-        }));
-        let started = Instant::now();
-        while gauges.0.now.load(Ordering::SeqCst) <= i {
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "export {i} not started"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        let url = format!("{base}/export/a");
+        slow.push(start_export(&client, url, &gauges.0, i + 1).await);
     }
     let fourth = client
         .post(format!("{}/export/a", bases[3]))
