@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use redlock_scheduler::error::HistoryError;
-use redlock_scheduler::history::Outcome;
+use redlock_scheduler::history::{DEFAULT_TABLE_PREFIX, Outcome};
 use redlock_scheduler::{History, Job, JobContext};
 use redlock_testkit::Cluster;
 
@@ -615,4 +615,115 @@ async fn a_tick_claimed_before_a_step_down_runs_on_the_next_leader() {
         Some(&vec!["b".to_owned()]),
         "tick {tick} ran once, on the new leader"
     );
+}
+
+/// The replica a tick is handed to now (`None` once taken, or dropped).
+async fn handed_to(history: &History, job: &str, tick_ms: i64) -> Option<String> {
+    sqlx::query_scalar::<_, String>(&format!(
+        "SELECT replica FROM {DEFAULT_TABLE_PREFIX}scheduler_dispatch
+         WHERE job = $1 AND tick_ms = $2"
+    ))
+    .bind(job)
+    .bind(tick_ms)
+    .fetch_optional(history.pool())
+    .await
+    .unwrap()
+}
+
+/// A tick handed to a replica that dies before taking it is moved by the leader to its
+/// own replica; the leader steps down before the run starts (the run waits for the
+/// job's run lock, held elsewhere): the tick still runs, once, where it was moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_moved_to_the_leader_runs_after_a_step_down() {
+    let cluster = Cluster::start(3).await;
+    let (_dir, url) = sqlite_url();
+    let history = History::connect(&url).await.unwrap();
+    let job = unique("moved-here");
+    let ticks = Arc::new(Ticks::default());
+    // Two ticks: the first goes to the leader (ties go to it), the second to the other
+    // replica, which has had none.
+    let now = Utc::now().timestamp();
+    let (first_s, second_s) = (now + 6, now + 9);
+    let second_tick = second_s * 1000;
+    let expression = format!(
+        "{},{} * * * * *",
+        first_s.rem_euclid(60),
+        second_s.rem_euclid(60)
+    );
+    let make = || {
+        vec![counting_job(
+            &job,
+            &expression,
+            &ticks,
+            Duration::from_millis(10),
+        )]
+    };
+    // Someone else holds the job's run lock: the first tick is skipped (overlap), and
+    // the second, once moved (so late), waits for it.
+    let someone_else = redlock_testkit::builder_for(cluster.urls())
+        .build()
+        .unwrap();
+    let run_lock = someone_else
+        .lock(format!("{SCHEDULER}:job:{job}:run"))
+        .ttl(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let leader = Replica::start(&cluster, "a", Some(url.clone()), make(), |b| b).await;
+    leader_of(std::slice::from_ref(&leader), Duration::from_secs(5)).await;
+    let mut doomed = Replica::start(&cluster, "g", Some(url.clone()), make(), |b| b).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while handed_to(&history, &job, second_tick).await.as_deref() != Some("g") {
+        assert!(
+            Instant::now() < deadline,
+            "tick {second_tick} never handed to g"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Dies before the tick's time, without taking it.
+    doomed.sandbox.crash();
+    // Once g stops beating, the leader moves the tick to itself.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let to = handed_to(&history, &job, second_tick).await;
+        if to.as_deref() != Some("g") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "tick {second_tick} never moved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let next = Replica::start(&cluster, "b", Some(url.clone()), make(), |b| b).await;
+    let scheduler = leader.scheduler.clone();
+    let stepped = leader
+        .sandbox
+        .run(async move { scheduler.step_down().await.is_ok() })
+        .await;
+    assert!(stepped, "the leader stepped down");
+    let replicas = [leader, next];
+    assert_eq!(leader_of(&replicas, Duration::from_secs(10)).await, 1);
+    run_lock.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ticks.snapshot().contains_key(&second_tick) {
+        assert!(
+            Instant::now() < deadline,
+            "tick {second_tick} never ran after the step-down: {:?}",
+            ticks.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for replica in &replicas {
+        replica.shutdown().await;
+    }
+    assert_eq!(
+        ticks.snapshot().get(&second_tick),
+        Some(&vec!["a".to_owned()]),
+        "tick {second_tick} ran once, where it was moved"
+    );
+    let row = history
+        .runs(SCHEDULER, &job, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.tick.timestamp() == second_s);
+    assert_eq!(row.map(|r| r.outcome), Some(Outcome::Succeeded));
 }

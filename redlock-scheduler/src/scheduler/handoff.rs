@@ -256,7 +256,7 @@ impl Handoffs {
     }
 
     /// The leader: moves the hand-offs declined, or not taken within [`TAKE_WITHIN`]
-    /// of their tick, to another replica (or runs them here); records those whose grace
+    /// of their tick, to another replica (this one included); records those whose grace
     /// window ended as skipped.
     pub(super) async fn rescan(&self, ticks: &Arc<Ticks>, leadership: &Leadership) {
         let Some(recorder) = &self.ctx.recorder else {
@@ -290,7 +290,7 @@ impl Handoffs {
                 }
                 continue;
             }
-            let Ok((index, state)) = self.ctx.job(&handoff.job) else {
+            let Ok((_, state)) = self.ctx.job(&handoff.job) else {
                 // A job this replica does not have (replicas declare different jobs):
                 // nobody here can run it.
                 if let Ok(true) = history
@@ -342,24 +342,18 @@ impl Handoffs {
                     }
                 }
                 Some(Place::Here) => {
-                    let Some(slot) = self.ctx.slots.try_take() else {
-                        continue; // a run started here meanwhile: the next rescan
-                    };
+                    // Handed to this replica, as to any other: its `serve` takes it, and
+                    // runs it whether or not this leadership lasts until the run starts
+                    // (its replica may have died holding the job's run lock: a tick
+                    // handed over after its time waits for it as a late run waits).
+                    // Run by the leader itself, it would be lost if the leadership ended
+                    // first: the hand-off gone, and no claim for the next leader to see.
+                    let instance: &str = &self.ctx.instance;
                     if let Ok(true) = history
-                        .move_handoff(&self.ctx.name, &handoff, None, token, now)
+                        .move_handoff(&self.ctx.name, &handoff, Some(instance), token, now)
                         .await
                     {
-                        tracing::info!(job = %state.name, tick = %handoff.tick, %why, "running a tick handed over here");
-                        // Its replica may have died holding the job's run lock: waited for
-                        // as a late run waits, within the grace window.
-                        let (ticks, leadership) = (Arc::clone(ticks), leadership.clone());
-                        let tick = handoff.tick;
-                        // Past its time, its replica may have died holding the job's
-                        // run lock: waited for as a late run waits.
-                        let late = now > tick;
-                        self.ctx.runs.spawn(async move {
-                            ticks.run_here(index, tick, late, slot, &leadership).await;
-                        });
+                        tracing::info!(job = %state.name, tick = %handoff.tick, %why, "tick handed over here");
                     }
                 }
                 // Every replica is full (or gone): looked at again on the next rescan,
