@@ -150,7 +150,7 @@ impl RunRecord {
 
     /// The longest a commit can take, its read-back included.
     pub(crate) fn commit_bound(&self) -> Duration {
-        self.history.commit_bound()
+        self.history.fences().commit_bound()
     }
 
     fn begin_commit(&self) {
@@ -257,7 +257,7 @@ impl RunTransaction {
         if run.cancel.is_cancelled() || !run.record.run_lock_held() {
             return Err(run.ended(STOPPED));
         }
-        let tx = run.record.history.begin_run().await?;
+        let tx = run.record.history.fences().begin_run().await?;
         Ok(Self { tx, run })
     }
 
@@ -315,7 +315,7 @@ impl RunTransaction {
     /// [`TransactionError::History`].
     pub async fn rollback(self) -> Result<(), TransactionError> {
         let Self { tx, run } = self;
-        Ok(run.record.history.rollback_run(tx).await?)
+        Ok(run.record.history.fences().rollback_run(tx).await?)
     }
 }
 
@@ -339,6 +339,7 @@ async fn commit_to_the_end(
     let held = || record.run_lock_held();
     let committed = record
         .history
+        .fences()
         .commit_run(tx, run, record.clock.now(), held)
         .await;
     let (settled, answer) = match committed {
@@ -366,7 +367,7 @@ async fn commit_to_the_end(
             )),
         ),
         Err(Refused::Failed(err)) => (Settled::NotCommitted, Err(err.into())),
-        Err(Refused::InDoubt(err)) => match record.history.commit_outcome(run).await {
+        Err(Refused::InDoubt(err)) => match record.history.fences().commit_outcome(run).await {
             Ok(true) => {
                 tracing::warn!(job = &*ctx.job, tick = %ctx.tick, error = %err, "the commit failed, yet the run's row, read back, says it committed");
                 (Settled::Committed, Ok(()))

@@ -135,6 +135,7 @@ impl SchedulerAdmin {
         limit: u32,
     ) -> Result<Vec<JobChange>, HistoryError> {
         self.history
+            .changes()
             .job_changes(&self.scheduler, job, limit.min(MAX_CHANGES))
             .await
     }
@@ -143,6 +144,7 @@ impl SchedulerAdmin {
     async fn current(&self, job: &str, base: &Base) -> Result<Option<JobSpec>, HistoryError> {
         let latest = self
             .history
+            .changes()
             .job_changes(&self.scheduler, Some(job), 1)
             .await?;
         if let Some(change) = latest.into_iter().next() {
@@ -151,7 +153,11 @@ impl SchedulerAdmin {
         if let Base::Local(Some(spec)) = base {
             return Ok(Some(spec.clone()));
         }
-        let published = self.history.job_definition(&self.scheduler, job).await?;
+        let published = self
+            .history
+            .definitions()
+            .job_definition(&self.scheduler, job)
+            .await?;
         Ok(published.map(spec_of_published))
     }
 
@@ -167,6 +173,7 @@ impl SchedulerAdmin {
         let since = at - chrono::Duration::from_std(HANDLER_SEEN).unwrap_or_default();
         let outdated = self
             .history
+            .dispatch()
             .replicas_without_changes(&self.scheduler, since)
             .await?;
         if !outdated.is_empty() {
@@ -175,7 +182,11 @@ impl SchedulerAdmin {
             });
         }
         for _ in 0..CHANGE_ATTEMPTS {
-            let last = self.history.last_job_change(&self.scheduler).await?;
+            let last = self
+                .history
+                .changes()
+                .last_job_change(&self.scheduler)
+                .await?;
             let previous = self.current(job, &base).await?;
             let (action, definition) = decide(previous.clone())?;
             let change = NewChange {
@@ -189,6 +200,7 @@ impl SchedulerAdmin {
             };
             if self
                 .history
+                .changes()
                 .insert_job_change(&self.scheduler, &change)
                 .await?
             {
@@ -214,6 +226,7 @@ impl SchedulerAdmin {
         let since = Utc::now() - chrono::Duration::from_std(HANDLER_SEEN).unwrap_or_default();
         let place = match self
             .history
+            .dispatch()
             .handler_registered(&self.scheduler, spec.handler_name(), since)
             .await?
         {

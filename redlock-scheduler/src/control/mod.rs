@@ -213,9 +213,14 @@ impl SchedulerAdmin {
     ///
     /// [`HistoryError`].
     pub async fn jobs(&self) -> Result<Vec<JobInfo>, HistoryError> {
-        let definitions = self.history.job_definitions(&self.scheduler).await?;
+        let definitions = self
+            .history
+            .definitions()
+            .job_definitions(&self.scheduler)
+            .await?;
         let paused: HashSet<String> = self
             .history
+            .control()
             .paused_jobs(&self.scheduler)
             .await?
             .into_iter()
@@ -334,6 +339,7 @@ impl SchedulerAdmin {
     pub async fn last_leader(&self) -> Result<Option<LeaderInfo>, HistoryError> {
         Ok(self
             .history
+            .control()
             .leader_record(&self.scheduler)
             .await?
             .map(|record| LeaderInfo {
@@ -363,7 +369,11 @@ impl SchedulerAdmin {
     /// [`RequestError::UnknownJob`] if no replica published it; [`RequestError::History`] (nothing changed then).
     pub async fn pause(&self, job: &str) -> Result<(), RequestError> {
         self.known(job).await?;
-        Ok(self.history.set_paused(&self.scheduler, job, true).await?)
+        Ok(self
+            .history
+            .control()
+            .set_paused(&self.scheduler, job, true)
+            .await?)
     }
 
     /// Fires `job` again after [`pause`](Self::pause).
@@ -373,7 +383,11 @@ impl SchedulerAdmin {
     /// As [`pause`](Self::pause).
     pub async fn resume(&self, job: &str) -> Result<(), RequestError> {
         self.known(job).await?;
-        Ok(self.history.set_paused(&self.scheduler, job, false).await?)
+        Ok(self
+            .history
+            .control()
+            .set_paused(&self.scheduler, job, false)
+            .await?)
     }
 
     /// Asks the leader to run `job` once now (through the claim path, recorded as a
@@ -431,6 +445,7 @@ impl SchedulerAdmin {
     /// [`RequestError::History`].
     pub async fn request(&self, id: &str) -> Result<Request, RequestError> {
         self.history
+            .requests()
             .request(&self.scheduler, id)
             .await?
             .ok_or_else(|| RequestError::UnknownRequest { id: id.to_owned() })
@@ -486,6 +501,7 @@ impl SchedulerAdmin {
     ) -> Result<Dispatched, RequestError> {
         let id = crate::history::new_request_id();
         self.history
+            .requests()
             .insert_request(
                 &id,
                 &self.scheduler,
@@ -500,7 +516,12 @@ impl SchedulerAdmin {
 
     /// Fails with [`RequestError::UnknownJob`] unless a replica published `job`.
     async fn known(&self, job: &str) -> Result<(), RequestError> {
-        match self.history.job_definition(&self.scheduler, job).await? {
+        match self
+            .history
+            .definitions()
+            .job_definition(&self.scheduler, job)
+            .await?
+        {
             Some(_) => Ok(()),
             None => Err(RequestError::UnknownJob {
                 name: job.to_owned(),

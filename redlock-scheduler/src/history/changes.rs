@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 use sqlx::any::AnyRow;
 
-use super::{Db, Error, History, from_ms, ms};
+use super::{Db, Error, Shared, from_ms, ms};
 use crate::changes::{JobChange, JobChangeAction};
 use crate::spec::JobSpec;
 
@@ -79,11 +79,17 @@ pub(crate) struct NewChange<'a> {
     pub(crate) at: DateTime<Utc>,
 }
 
-impl History {
+/// The job changes table.
+#[derive(Clone, Copy)]
+pub(crate) struct Changes<'a> {
+    pub(super) shared: &'a Shared,
+}
+
+impl Changes<'_> {
     /// The changes of `scheduler`'s jobs numbered after `after`, in order, each read or
     /// not (a later version's).
     pub(crate) async fn job_changes_after(
-        &self,
+        self,
         scheduler: &str,
         after: u64,
     ) -> Result<Vec<Result<JobChange, UnreadChange>>, Error> {
@@ -92,6 +98,7 @@ impl History {
             self.shared.tables.changes
         );
         let rows = self
+            .shared
             .bounded(
                 "read the job changes",
                 sqlx::query(&sql)
@@ -106,7 +113,7 @@ impl History {
     /// The latest changes of `scheduler`'s jobs (of `job` only, if given), newest
     /// first, at most `limit`.
     pub(crate) async fn job_changes(
-        &self,
+        self,
         scheduler: &str,
         job: Option<&str>,
         limit: u32,
@@ -127,18 +134,20 @@ impl History {
             query = query.bind(job);
         }
         let rows = self
+            .shared
             .bounded("read the job changes", query.fetch_all(&self.shared.pool))
             .await?;
         changes_from_rows(&rows)
     }
 
     /// The number of `scheduler`'s latest change (0 if none).
-    pub(crate) async fn last_job_change(&self, scheduler: &str) -> Result<u64, Error> {
+    pub(crate) async fn last_job_change(self, scheduler: &str) -> Result<u64, Error> {
         let sql = format!(
             "SELECT MAX(seq) FROM {} WHERE scheduler = $1",
             self.shared.tables.changes
         );
         let last: Option<i64> = self
+            .shared
             .bounded(
                 "read the job changes",
                 sqlx::query_scalar(&sql)
@@ -151,7 +160,7 @@ impl History {
 
     /// Writes `change` under its number: `false` if another change took the number.
     pub(crate) async fn insert_job_change(
-        &self,
+        self,
         scheduler: &str,
         change: &NewChange<'_>,
     ) -> Result<bool, Error> {
@@ -161,6 +170,7 @@ impl History {
             self.shared.tables.changes
         );
         let done = self
+            .shared
             .bounded(
                 "record a job change",
                 sqlx::query(&sql)

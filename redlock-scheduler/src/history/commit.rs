@@ -9,7 +9,7 @@ use sqlx::{Any, Transaction};
 
 use super::HistoryError as Error;
 use super::schema::fence;
-use super::{History, ms, token};
+use super::{Shared, ms, token};
 
 /// The run a transaction commits for.
 #[derive(Debug, Clone, Copy)]
@@ -62,10 +62,17 @@ pub(crate) fn fence_resource(scheduler: &str, job: &str) -> String {
     crate::keys::fence(scheduler, job)
 }
 
-impl History {
+/// The fences table, and the runs' own transactions checked against it.
+#[derive(Clone, Copy)]
+pub(crate) struct Fences<'a> {
+    pub(super) shared: &'a Shared,
+}
+
+impl Fences<'_> {
     /// Opens a transaction for a run's writes.
-    pub(crate) async fn begin_run(&self) -> Result<Transaction<'static, Any>, Error> {
-        self.bounded("begin a run's transaction", self.shared.pool.begin())
+    pub(crate) async fn begin_run(self) -> Result<Transaction<'static, Any>, Error> {
+        self.shared
+            .bounded("begin a run's transaction", self.shared.pool.begin())
             .await
     }
 
@@ -75,7 +82,7 @@ impl History {
     /// to the token), marks the row succeeded (inserting it if its insert still waits
     /// in the writer's queue), and commits, all or nothing. Refused, it is rolled back.
     pub(crate) async fn commit_run(
-        &self,
+        self,
         mut tx: Transaction<'static, Any>,
         run: RunKey<'_>,
         at: DateTime<Utc>,
@@ -90,6 +97,7 @@ impl History {
             // database sends can come after the commit (a session terminated while it
             // waits for a synchronous standby has committed locally).
             Ok(()) => self
+                .shared
                 .bounded("commit a run's transaction", tx.commit())
                 .await
                 .map_err(Refused::InDoubt),
@@ -106,7 +114,7 @@ impl History {
     /// takes it first and keeps it to its end), so that a commit still under way is
     /// waited for, not taken for one that failed. Retried a few times, each within the
     /// statement timeout.
-    pub(crate) async fn commit_outcome(&self, run: RunKey<'_>) -> Result<bool, Error> {
+    pub(crate) async fn commit_outcome(self, run: RunKey<'_>) -> Result<bool, Error> {
         let mut pause = READ_BACK_PAUSE;
         let mut attempt = 1;
         loop {
@@ -123,7 +131,7 @@ impl History {
         }
     }
 
-    async fn read_back(&self, run: RunKey<'_>) -> Result<bool, Error> {
+    async fn read_back(self, run: RunKey<'_>) -> Result<bool, Error> {
         let fence = fence(&self.shared.tables.fences);
         let resource = fence_resource(run.scheduler, run.job);
         let sql = format!(
@@ -133,6 +141,7 @@ impl History {
         );
         let pool = &self.shared.pool;
         let read = self
+            .shared
             .bounded("read a run's row back", async {
                 let mut tx = pool.begin().await?;
                 // Token 0 raises nothing: the statement only waits for the fence's row
@@ -162,7 +171,7 @@ impl History {
 
     /// The longest a run's commit can take: its three statements and the read-back of
     /// an outcome in doubt, each within the statement timeout, and the pauses between.
-    pub(crate) fn commit_bound(&self) -> Duration {
+    pub(crate) fn commit_bound(self) -> Duration {
         let statements = 3 + READ_BACK_ATTEMPTS;
         let pauses = READ_BACK_PAUSE.saturating_mul((1 << (READ_BACK_ATTEMPTS - 1)) - 1);
         self.shared
@@ -172,13 +181,14 @@ impl History {
     }
 
     /// Rolls a run's transaction back, within the statement timeout.
-    pub(crate) async fn rollback_run(&self, tx: Transaction<'static, Any>) -> Result<(), Error> {
-        self.bounded("roll back a run's transaction", tx.rollback())
+    pub(crate) async fn rollback_run(self, tx: Transaction<'static, Any>) -> Result<(), Error> {
+        self.shared
+            .bounded("roll back a run's transaction", tx.rollback())
             .await
     }
 
     async fn commit_steps(
-        &self,
+        self,
         tx: &mut Transaction<'static, Any>,
         run: RunKey<'_>,
         at: DateTime<Utc>,
@@ -186,6 +196,7 @@ impl History {
         let fence = fence(&self.shared.tables.fences);
         let resource = fence_resource(run.scheduler, run.job);
         let checked = self
+            .shared
             .bounded("check the run's fence", async {
                 Ok::<_, sqlx::Error>(fence.check(&mut **tx, &resource, run.token).await)
             })
@@ -207,6 +218,7 @@ impl History {
              WHERE {bare}.instance = excluded.instance AND {bare}.outcome = 'running'"
         );
         let done = self
+            .shared
             .bounded(
                 "record the run in its transaction",
                 sqlx::query(&sql)
@@ -232,7 +244,7 @@ impl History {
     /// earlier leadership (a replica paused past its term) can no longer commit. A fence
     /// already higher (a later leadership raised it) stays.
     pub(crate) async fn raise_fences(
-        &self,
+        self,
         scheduler: &str,
         jobs: impl Iterator<Item = &str>,
         token: u64,
@@ -241,6 +253,7 @@ impl History {
         let resources: Vec<String> = jobs.map(|job| fence_resource(scheduler, job)).collect();
         let pool = &self.shared.pool;
         let raised = self
+            .shared
             .bounded("raise the jobs' fences", async {
                 let mut tx = pool.begin().await?;
                 for resource in &resources {

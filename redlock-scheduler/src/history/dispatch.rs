@@ -11,7 +11,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 
-use super::{Db, Error, History, Outcome, RUN_COLUMNS, from_ms, ms, token};
+use super::{Db, Error, Outcome, RUN_COLUMNS, Shared, from_ms, ms, token};
 
 /// A replica as it last said it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +58,15 @@ fn handoff_from_row(row: &sqlx::any::AnyRow) -> Result<Handoff, Error> {
     })
 }
 
-impl History {
+/// The replicas and hand-offs tables.
+#[derive(Clone, Copy)]
+pub(crate) struct Dispatch<'a> {
+    pub(super) shared: &'a Shared,
+}
+
+impl Dispatch<'_> {
     /// Says that `presence.instance` of `scheduler` is alive, as `presence` says.
-    pub(crate) async fn beat(&self, scheduler: &str, presence: &Presence) -> Result<(), Error> {
+    pub(crate) async fn beat(self, scheduler: &str, presence: &Presence) -> Result<(), Error> {
         let sql = format!(
             "INSERT INTO {} (scheduler, instance, capacity, running, polled_ms, jobs_digest,
                              seen_ms, handlers)
@@ -71,19 +77,20 @@ impl History {
                  seen_ms = excluded.seen_ms",
             self.shared.tables.replicas
         );
-        self.bounded(
-            "say the replica is alive",
-            sqlx::query(&sql)
-                .bind(scheduler)
-                .bind(presence.instance.as_str())
-                .bind(presence.capacity.map(i64::from))
-                .bind(i64::from(presence.running))
-                .bind(presence.polled_ms)
-                .bind(presence.jobs_digest.as_str())
-                .bind(ms(presence.seen))
-                .execute(&self.shared.pool),
-        )
-        .await?;
+        self.shared
+            .bounded(
+                "say the replica is alive",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(presence.instance.as_str())
+                    .bind(presence.capacity.map(i64::from))
+                    .bind(i64::from(presence.running))
+                    .bind(presence.polled_ms)
+                    .bind(presence.jobs_digest.as_str())
+                    .bind(ms(presence.seen))
+                    .execute(&self.shared.pool),
+            )
+            .await?;
         Ok(())
     }
 
@@ -91,7 +98,7 @@ impl History {
     /// its beat: a beat writes an empty list for a replica new to the table (its
     /// handlers unknown yet), and leaves them as they are otherwise.
     pub(crate) async fn say_handlers(
-        &self,
+        self,
         scheduler: &str,
         instance: &str,
         handlers: &str,
@@ -100,22 +107,23 @@ impl History {
             "UPDATE {} SET handlers = $3 WHERE scheduler = $1 AND instance = $2",
             self.shared.tables.replicas
         );
-        self.bounded(
-            "say the replica's handlers",
-            sqlx::query(&sql)
-                .bind(scheduler)
-                .bind(instance)
-                .bind(handlers)
-                .execute(&self.shared.pool),
-        )
-        .await?;
+        self.shared
+            .bounded(
+                "say the replica's handlers",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(instance)
+                    .bind(handlers)
+                    .execute(&self.shared.pool),
+            )
+            .await?;
         Ok(())
     }
 
     /// The replicas of `scheduler` seen at `since` or later whose beats name no
     /// handlers: a version that does not apply job changes.
     pub(crate) async fn replicas_without_changes(
-        &self,
+        self,
         scheduler: &str,
         since: DateTime<Utc>,
     ) -> Result<Vec<String>, Error> {
@@ -124,20 +132,21 @@ impl History {
              ORDER BY instance",
             self.shared.tables.replicas
         );
-        self.bounded(
-            "read the replicas",
-            sqlx::query_scalar(&sql)
-                .bind(scheduler)
-                .bind(ms(since))
-                .fetch_all(&self.shared.pool),
-        )
-        .await
+        self.shared
+            .bounded(
+                "read the replicas",
+                sqlx::query_scalar(&sql)
+                    .bind(scheduler)
+                    .bind(ms(since))
+                    .fetch_all(&self.shared.pool),
+            )
+            .await
     }
 
     /// Whether a replica of `scheduler` seen at `since` or later registered the handler
     /// `handler`: `None` if no replica was seen then.
     pub(crate) async fn handler_registered(
-        &self,
+        self,
         scheduler: &str,
         handler: &str,
         since: DateTime<Utc>,
@@ -147,6 +156,7 @@ impl History {
             self.shared.tables.replicas
         );
         let lists: Vec<Option<String>> = self
+            .shared
             .bounded(
                 "read the replicas' handlers",
                 sqlx::query_scalar(&sql)
@@ -165,26 +175,27 @@ impl History {
     }
 
     /// Takes `instance` out of the replicas that runs are handed to (it stops).
-    pub(crate) async fn leave(&self, scheduler: &str, instance: &str) -> Result<(), Error> {
+    pub(crate) async fn leave(self, scheduler: &str, instance: &str) -> Result<(), Error> {
         let sql = format!(
             "DELETE FROM {} WHERE scheduler = $1 AND instance = $2",
             self.shared.tables.replicas
         );
-        self.bounded(
-            "take the replica out",
-            sqlx::query(&sql)
-                .bind(scheduler)
-                .bind(instance)
-                .execute(&self.shared.pool),
-        )
-        .await?;
+        self.shared
+            .bounded(
+                "take the replica out",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .bind(instance)
+                    .execute(&self.shared.pool),
+            )
+            .await?;
         Ok(())
     }
 
     /// The replicas of `scheduler` that said they were alive at `since` or later; those
     /// silent since before `forget` are deleted.
     pub(crate) async fn replicas(
-        &self,
+        self,
         scheduler: &str,
         since: DateTime<Utc>,
         forget: DateTime<Utc>,
@@ -197,6 +208,7 @@ impl History {
         );
         let pool = &self.shared.pool;
         let rows = self
+            .shared
             .bounded("read the replicas", async {
                 sqlx::query(&forget_sql)
                     .bind(scheduler)
@@ -230,7 +242,7 @@ impl History {
     /// Hands `tick` of `job` to `replica`: `false` if it was handed to someone already.
     #[allow(clippy::too_many_arguments)] // one row's columns
     pub(crate) async fn hand_off(
-        &self,
+        self,
         scheduler: &str,
         job: &str,
         tick: DateTime<Utc>,
@@ -245,6 +257,7 @@ impl History {
             self.shared.tables.dispatch
         );
         let done = self
+            .shared
             .bounded(
                 "hand a tick over",
                 sqlx::query(&sql)
@@ -262,7 +275,7 @@ impl History {
 
     /// The ticks handed to `replica` that it has neither taken nor declined.
     pub(crate) async fn handed_to(
-        &self,
+        self,
         scheduler: &str,
         replica: &str,
     ) -> Result<Vec<Handoff>, Error> {
@@ -272,6 +285,7 @@ impl History {
             self.shared.tables.dispatch
         );
         let rows = self
+            .shared
             .bounded(
                 "read the ticks handed over",
                 sqlx::query(&sql)
@@ -289,7 +303,7 @@ impl History {
     /// `note`). `true` if both were done (then only this caller acts on the tick); a
     /// replica that dies before the commit leaves the hand-off for the leader to move.
     pub(crate) async fn take_handoff(
-        &self,
+        self,
         scheduler: &str,
         handoff: &Handoff,
         outcome: Outcome,
@@ -311,42 +325,43 @@ impl History {
             _ => (None, Some(ms(at))),
         };
         let pool = &self.shared.pool;
-        self.bounded("take a tick handed over", async {
-            let mut tx = pool.begin().await?;
-            let taken = sqlx::query(&take)
-                .bind(scheduler)
-                .bind(handoff.job.as_str())
-                .bind(ms(handoff.tick))
-                .bind(handoff.replica.as_str())
-                .bind(handoff.dispatched_ms)
-                .execute(&mut *tx)
-                .await?;
-            if taken.rows_affected() != 1 {
-                tx.rollback().await?;
-                return Ok(false);
-            }
-            let recorded = sqlx::query(&record)
-                .bind(scheduler)
-                .bind(handoff.job.as_str())
-                .bind(ms(handoff.tick))
-                .bind(handoff.replica.as_str())
-                .bind(token(handoff.token))
-                .bind(started)
-                .bind(finished)
-                .bind(outcome.as_str())
-                .bind(note)
-                .execute(&mut *tx)
-                .await?;
-            // A row already there: the tick is someone else's (the hand-off goes).
-            tx.commit().await?;
-            Ok::<_, sqlx::Error>(recorded.rows_affected() == 1)
-        })
-        .await
+        self.shared
+            .bounded("take a tick handed over", async {
+                let mut tx = pool.begin().await?;
+                let taken = sqlx::query(&take)
+                    .bind(scheduler)
+                    .bind(handoff.job.as_str())
+                    .bind(ms(handoff.tick))
+                    .bind(handoff.replica.as_str())
+                    .bind(handoff.dispatched_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                if taken.rows_affected() != 1 {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                let recorded = sqlx::query(&record)
+                    .bind(scheduler)
+                    .bind(handoff.job.as_str())
+                    .bind(ms(handoff.tick))
+                    .bind(handoff.replica.as_str())
+                    .bind(token(handoff.token))
+                    .bind(started)
+                    .bind(finished)
+                    .bind(outcome.as_str())
+                    .bind(note)
+                    .execute(&mut *tx)
+                    .await?;
+                // A row already there: the tick is someone else's (the hand-off goes).
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(recorded.rows_affected() == 1)
+            })
+            .await
     }
 
     /// Gives `handoff` back to the leader: the replica it names will not run it.
     pub(crate) async fn decline_handoff(
-        &self,
+        self,
         scheduler: &str,
         handoff: &Handoff,
     ) -> Result<bool, Error> {
@@ -356,6 +371,7 @@ impl History {
             self.shared.tables.dispatch
         );
         let done = self
+            .shared
             .bounded(
                 "decline a tick handed over",
                 sqlx::query(&sql)
@@ -373,7 +389,7 @@ impl History {
     /// The hand-offs of `scheduler` the leader must look at again: declined, or handed
     /// over (and due) before `before` and still not taken.
     pub(crate) async fn stale_handoffs(
-        &self,
+        self,
         scheduler: &str,
         before: DateTime<Utc>,
     ) -> Result<Vec<Handoff>, Error> {
@@ -384,6 +400,7 @@ impl History {
             self.shared.tables.dispatch
         );
         let rows = self
+            .shared
             .bounded(
                 "read the ticks not taken",
                 sqlx::query(&sql)
@@ -399,7 +416,7 @@ impl History {
     /// takes it away, for the leader to run or skip), if it is still as it was read:
     /// `true` if moved.
     pub(crate) async fn move_handoff(
-        &self,
+        self,
         scheduler: &str,
         handoff: &Handoff,
         replica: Option<&str>,
@@ -430,6 +447,7 @@ impl History {
                 .bind(token(run_token));
         }
         let done = self
+            .shared
             .bounded("move a tick handed over", query.execute(&self.shared.pool))
             .await?;
         Ok(done.rows_affected() == 1)

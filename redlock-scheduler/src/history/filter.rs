@@ -4,7 +4,9 @@ use chrono::{DateTime, Utc};
 
 use super::HistoryError as Error;
 use super::run::run_from_row;
-use super::{History, Outcome, RUN_COLUMNS, Run, ms};
+use super::{Outcome, RUN_COLUMNS, Run, Shared, ms};
+#[cfg(doc)]
+use crate::History;
 
 /// How many runs [`History::query_runs`] returns unless told otherwise.
 pub const DEFAULT_RUN_LIMIT: u32 = 50;
@@ -111,17 +113,13 @@ impl RunFilter {
     }
 }
 
-impl History {
-    /// The runs of `scheduler` that `filter` selects, newest tick first (then by job).
-    /// Bounded by the statement timeout like every other read.
-    ///
-    /// # Errors
-    ///
-    /// [`HistoryError::Database`](Error::Database) or [`HistoryError::Timeout`](Error::Timeout).
-    pub async fn query_runs(&self, scheduler: &str, filter: &RunFilter) -> Result<Vec<Run>, Error> {
+impl RunFilter {
+    /// The runs of `scheduler` this filter selects, newest tick first (then by job).
+    pub(super) async fn query(&self, shared: &Shared, scheduler: &str) -> Result<Vec<Run>, Error> {
+        let filter = self;
         let mut sql = format!(
             "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1",
-            self.shared.tables.runs
+            shared.tables.runs
         );
         let mut placeholders = 1;
         let mut condition = |sql: &mut String, column: &str, op: &str| {
@@ -163,8 +161,8 @@ impl History {
             query = query.bind(ms(until));
         }
         query = query.bind(i64::from(filter.limit_or_default()));
-        let rows = self
-            .bounded("read runs", query.fetch_all(&self.shared.pool))
+        let rows = shared
+            .bounded("read runs", query.fetch_all(&shared.pool))
             .await?;
         rows.iter().map(run_from_row).collect()
     }

@@ -62,6 +62,7 @@ mod commit;
 mod control;
 mod dispatch;
 mod filter;
+mod jobs;
 mod requests;
 mod run;
 mod schema;
@@ -79,11 +80,13 @@ pub use self::builder::{
     MAX_TIMEOUT,
 };
 use self::builder::{Source, bounded};
-pub(crate) use self::changes::NewChange;
-pub(crate) use self::commit::{Refused, RunKey};
-pub(crate) use self::dispatch::{Handoff, Presence};
+pub(crate) use self::changes::{Changes, NewChange};
+pub(crate) use self::commit::{Fences, Refused, RunKey};
+pub(crate) use self::control::Control;
+pub(crate) use self::dispatch::{Dispatch, Handoff, Presence};
 pub use self::filter::{DEFAULT_RUN_LIMIT, MAX_RUN_LIMIT, RunFilter};
-pub(crate) use self::requests::{JobDefinition, new_request_id};
+pub(crate) use self::jobs::{Definitions, JobDefinition};
+pub(crate) use self::requests::{Requests, new_request_id};
 use self::run::run_from_row;
 pub(crate) use self::run::{Change, NewRun, RunEnd};
 pub use self::run::{Outcome, Run};
@@ -101,6 +104,17 @@ pub(super) struct Shared {
     pub(super) statement_timeout: Duration,
     pub(super) keep_for: Option<Duration>,
     pub(super) keep_runs: Option<u32>,
+}
+
+impl Shared {
+    /// `fut`, one statement (or a few in a row), within the statement timeout.
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        fut: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, Error> {
+        bounded(self.statement_timeout, operation, fut).await
+    }
 }
 
 /// The run history: a sqlx pool on SQLite or PostgreSQL. Cheap to clone.
@@ -170,12 +184,46 @@ impl History {
         self.shared.statement_timeout
     }
 
-    async fn bounded<T>(
-        &self,
-        operation: &'static str,
-        fut: impl Future<Output = Result<T, sqlx::Error>>,
-    ) -> Result<T, Error> {
-        bounded(self.shared.statement_timeout, operation, fut).await
+    /// The leaders and pauses tables.
+    pub(crate) fn control(&self) -> Control<'_> {
+        Control {
+            shared: &self.shared,
+        }
+    }
+
+    /// The fences table, and the runs' own transactions.
+    pub(crate) fn fences(&self) -> Fences<'_> {
+        Fences {
+            shared: &self.shared,
+        }
+    }
+
+    /// The replicas and hand-offs tables.
+    pub(crate) fn dispatch(&self) -> Dispatch<'_> {
+        Dispatch {
+            shared: &self.shared,
+        }
+    }
+
+    /// The job changes table.
+    pub(crate) fn changes(&self) -> Changes<'_> {
+        Changes {
+            shared: &self.shared,
+        }
+    }
+
+    /// The job definitions table.
+    pub(crate) fn definitions(&self) -> Definitions<'_> {
+        Definitions {
+            shared: &self.shared,
+        }
+    }
+
+    /// The operators' requests table.
+    pub(crate) fn requests(&self) -> Requests<'_> {
+        Requests {
+            shared: &self.shared,
+        }
     }
 
     /// Applies `changes` in one transaction (one commit, so one disk flush on SQLite and
@@ -199,52 +247,53 @@ impl History {
         );
         let finish_unless_succeeded = format!("{finish} AND outcome <> 'succeeded'");
         let pool = &self.shared.pool;
-        self.bounded("write", async {
-            let mut tx = pool.begin().await?;
-            let mut applied = Vec::with_capacity(changes.len());
-            for change in changes {
-                let query = match change {
-                    Change::Claim(run) => {
-                        let at = ms(run.at);
-                        let (started, finished) = match run.outcome {
-                            Outcome::Running => (Some(at), None),
-                            _ => (None, Some(at)),
-                        };
-                        sqlx::query(&claim)
-                            .bind(run.scheduler)
-                            .bind(run.job)
-                            .bind(ms(run.tick))
-                            .bind(run.instance)
-                            .bind(token(run.token))
-                            .bind(started)
-                            .bind(finished)
-                            .bind(run.outcome.as_str())
-                            .bind(run.note)
-                            .bind(i32::from(run.manual))
-                    }
-                    Change::Finish(end) => {
-                        let sql = if end.outcome == Outcome::Succeeded {
-                            &finish
-                        } else {
-                            &finish_unless_succeeded
-                        };
-                        sqlx::query(sql)
-                            .bind(ms(end.at))
-                            .bind(end.outcome.as_str())
-                            .bind(end.error)
-                            .bind(end.scheduler)
-                            .bind(end.job)
-                            .bind(ms(end.tick))
-                            .bind(end.instance)
-                    }
-                };
-                let done = query.execute(&mut *tx).await?;
-                applied.push(done.rows_affected() == 1);
-            }
-            tx.commit().await?;
-            Ok(applied)
-        })
-        .await
+        self.shared
+            .bounded("write", async {
+                let mut tx = pool.begin().await?;
+                let mut applied = Vec::with_capacity(changes.len());
+                for change in changes {
+                    let query = match change {
+                        Change::Claim(run) => {
+                            let at = ms(run.at);
+                            let (started, finished) = match run.outcome {
+                                Outcome::Running => (Some(at), None),
+                                _ => (None, Some(at)),
+                            };
+                            sqlx::query(&claim)
+                                .bind(run.scheduler)
+                                .bind(run.job)
+                                .bind(ms(run.tick))
+                                .bind(run.instance)
+                                .bind(token(run.token))
+                                .bind(started)
+                                .bind(finished)
+                                .bind(run.outcome.as_str())
+                                .bind(run.note)
+                                .bind(i32::from(run.manual))
+                        }
+                        Change::Finish(end) => {
+                            let sql = if end.outcome == Outcome::Succeeded {
+                                &finish
+                            } else {
+                                &finish_unless_succeeded
+                            };
+                            sqlx::query(sql)
+                                .bind(ms(end.at))
+                                .bind(end.outcome.as_str())
+                                .bind(end.error)
+                                .bind(end.scheduler)
+                                .bind(end.job)
+                                .bind(ms(end.tick))
+                                .bind(end.instance)
+                        }
+                    };
+                    let done = query.execute(&mut *tx).await?;
+                    applied.push(done.rows_affected() == 1);
+                }
+                tx.commit().await?;
+                Ok(applied)
+            })
+            .await
     }
 
     /// The latest scheduled tick recorded for `job` of `scheduler` (run or skipped;
@@ -263,6 +312,7 @@ impl History {
             self.shared.tables.runs
         );
         let last: Option<i64> = self
+            .shared
             .bounded(
                 "last tick",
                 sqlx::query_scalar(&sql)
@@ -286,6 +336,7 @@ impl History {
             self.shared.tables.runs
         );
         let rows: Vec<(String, i64)> = self
+            .shared
             .bounded(
                 "last ticks",
                 sqlx::query_as(&sql)
@@ -311,6 +362,7 @@ impl History {
             self.shared.tables.runs
         );
         let rows = self
+            .shared
             .bounded(
                 "read runs",
                 sqlx::query(&sql)
@@ -340,6 +392,7 @@ impl History {
             self.shared.tables.runs
         );
         let rows = self
+            .shared
             .bounded(
                 "read runs",
                 sqlx::query(&sql)
@@ -360,6 +413,7 @@ impl History {
             self.shared.tables.runs
         );
         let rows = self
+            .shared
             .bounded(
                 "read running runs",
                 sqlx::query(&sql)
@@ -382,6 +436,7 @@ impl History {
             self.shared.tables.runs
         );
         let row = self
+            .shared
             .bounded(
                 "read a run",
                 sqlx::query(&sql)
@@ -407,6 +462,7 @@ impl History {
             self.shared.tables.runs
         );
         let row: Option<(String, Option<i64>)> = self
+            .shared
             .bounded(
                 "read a tick's claimant",
                 sqlx::query_as(&sql)
@@ -435,6 +491,7 @@ impl History {
             self.shared.tables.runs
         );
         let done = self
+            .shared
             .bounded(
                 "abandon",
                 sqlx::query(&sql)
@@ -449,6 +506,36 @@ impl History {
             )
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// The runs of `scheduler` that `filter` selects, newest tick first (then by job).
+    /// Bounded by the statement timeout like every other read.
+    ///
+    /// # Errors
+    ///
+    /// [`HistoryError::Database`](Error::Database) or [`HistoryError::Timeout`](Error::Timeout).
+    pub async fn query_runs(&self, scheduler: &str, filter: &RunFilter) -> Result<Vec<Run>, Error> {
+        filter.query(&self.shared, scheduler).await
+    }
+
+    /// The latest row of each job of `scheduler` (manual runs included).
+    pub(crate) async fn last_runs(&self, scheduler: &str) -> Result<Vec<Run>, Error> {
+        let runs = &self.shared.tables.runs;
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM {runs} AS r WHERE r.scheduler = $1
+               AND r.tick_ms = (SELECT MAX(l.tick_ms) FROM {runs} AS l
+                                WHERE l.scheduler = r.scheduler AND l.job = r.job)"
+        );
+        let rows = self
+            .shared
+            .bounded(
+                "read the last runs",
+                sqlx::query(&sql)
+                    .bind(scheduler)
+                    .fetch_all(&self.shared.pool),
+            )
+            .await?;
+        rows.iter().map(run_from_row).collect()
     }
 
     /// Deletes finished rows of `scheduler` beyond the retention. Whatever the age and
@@ -479,6 +566,7 @@ impl History {
                    AND {not_last_scheduled}"
             );
             deleted += self
+                .shared
                 .bounded(
                     "prune",
                     sqlx::query(&sql)
@@ -488,7 +576,7 @@ impl History {
                 )
                 .await?
                 .rows_affected();
-            self.prune_requests(scheduler, cutoff).await?;
+            self.requests().prune_requests(scheduler, cutoff).await?;
         }
         if let Some(keep) = self.shared.keep_runs {
             let sql = format!(
@@ -499,6 +587,7 @@ impl History {
                    AND {not_last_scheduled}"
             );
             deleted += self
+                .shared
                 .bounded(
                     "prune",
                     sqlx::query(&sql)

@@ -95,6 +95,7 @@ impl Changes {
             let mut applied = self.applied.lock().await;
             let changes = match recorder
                 .history()
+                .changes()
                 .job_changes_after(&self.ctx.name, *applied)
                 .await
             {
@@ -183,10 +184,16 @@ impl Changes {
                 Some((_, state)) if !state.is_removed() => {
                     let definition = self.definition(&state);
                     history
+                        .definitions()
                         .publish_jobs(&self.ctx.name, &self.ctx.instance, &[definition])
                         .await
                 }
-                _ => history.unpublish_job(&self.ctx.name, &job).await,
+                _ => {
+                    history
+                        .definitions()
+                        .unpublish_job(&self.ctx.name, &job)
+                        .await
+                }
             };
             if let Err(err) = result {
                 recorder.health.fail(&err);
@@ -266,6 +273,7 @@ impl Changes {
                     .collect();
                 match recorder
                     .history()
+                    .definitions()
                     .publish_jobs(&inner.ctx.name, &inner.ctx.instance, &definitions)
                     .await
                 {

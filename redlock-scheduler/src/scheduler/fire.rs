@@ -541,6 +541,7 @@ async fn housekeeping(parts: Parts, leadership: Leadership, firing: Cancellation
     let jobs = live.iter().map(|state| &*state.name);
     if let Err(err) = recorder
         .history()
+        .fences()
         .raise_fences(&parts.ctx.name, jobs, leadership.epoch())
         .await
     {
@@ -567,7 +568,7 @@ async fn housekeeping(parts: Parts, leadership: Leadership, firing: Cancellation
             biased;
             () = firing.cancelled() => return,
             () = leadership.ended_token().cancelled() => return,
-            _ = pauses.tick() => match recorder.history().paused_jobs(&parts.ctx.name).await {
+            _ = pauses.tick() => match recorder.history().control().paused_jobs(&parts.ctx.name).await {
                 Ok(paused) => {
                     recorder.health.read_ok();
                     for state in parts.ctx.jobs.live() {

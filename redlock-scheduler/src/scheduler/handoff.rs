@@ -167,6 +167,7 @@ impl Handoffs {
             let now = self.ctx.clock.now();
             let handed = recorder
                 .history()
+                .dispatch()
                 .hand_off(
                     &self.ctx.name,
                     &state.name,
@@ -240,6 +241,7 @@ impl Handoffs {
         let now = self.ctx.clock.now();
         let replicas = recorder
             .history()
+            .dispatch()
             .replicas(&self.ctx.name, earlier(now, ALIVE), earlier(now, FORGET))
             .await;
         match replicas {
@@ -265,6 +267,7 @@ impl Handoffs {
         let history = recorder.history();
         let now = self.ctx.clock.now();
         let stale = match history
+            .dispatch()
             .stale_handoffs(&self.ctx.name, earlier(now, TAKE_WITHIN))
             .await
         {
@@ -283,6 +286,7 @@ impl Handoffs {
                 && (state.is_removed() || state.superseded(handoff.tick))
             {
                 if let Ok(true) = history
+                    .dispatch()
                     .move_handoff(&self.ctx.name, &handoff, None, token, now)
                     .await
                 {
@@ -294,6 +298,7 @@ impl Handoffs {
                 // A job this replica does not have (replicas declare different jobs):
                 // nobody here can run it.
                 if let Ok(true) = history
+                    .dispatch()
                     .move_handoff(&self.ctx.name, &handoff, None, token, now)
                     .await
                 {
@@ -318,6 +323,7 @@ impl Handoffs {
             };
             if now > self.ctx.deadline(state, handoff.tick) {
                 if let Ok(true) = history
+                    .dispatch()
                     .move_handoff(&self.ctx.name, &handoff, None, token, now)
                     .await
                 {
@@ -335,6 +341,7 @@ impl Handoffs {
             match self.choose(&exclude, now) {
                 Some(Place::There(replica)) => {
                     if let Ok(true) = history
+                        .dispatch()
                         .move_handoff(&self.ctx.name, &handoff, Some(&replica), token, now)
                         .await
                     {
@@ -350,6 +357,7 @@ impl Handoffs {
                     // first: the hand-off gone, and no claim for the next leader to see.
                     let instance: &str = &self.ctx.instance;
                     if let Ok(true) = history
+                        .dispatch()
                         .move_handoff(&self.ctx.name, &handoff, Some(instance), token, now)
                         .await
                     {
@@ -386,7 +394,7 @@ impl Handoffs {
                 () = inner.ctx.stop_firing.cancelled() => break,
                 () = stop.cancelled() => break,
                 _ = beat.tick() => {
-                    if let Err(err) = history.beat(&inner.ctx.name, &inner.presence(polled_ms)).await {
+                    if let Err(err) = history.dispatch().beat(&inner.ctx.name, &inner.presence(polled_ms)).await {
                         recorder.health.fail(&err);
                         continue;
                     }
@@ -394,7 +402,7 @@ impl Handoffs {
                     // and then (the list does not change; a row written anew gets it back).
                     if handlers_said.is_none_or(|at| at.elapsed() >= HANDLERS_EVERY) {
                         match history
-                            .say_handlers(&inner.ctx.name, &inner.ctx.instance, &inner.handler_names)
+                            .dispatch().say_handlers(&inner.ctx.name, &inner.ctx.instance, &inner.handler_names)
                             .await
                         {
                             Ok(()) => handlers_said = Some(tokio::time::Instant::now()),
@@ -403,7 +411,7 @@ impl Handoffs {
                     }
                 }
                 _ = poll.tick() => {
-                    let handed = match history.handed_to(&inner.ctx.name, &inner.ctx.instance).await {
+                    let handed = match history.dispatch().handed_to(&inner.ctx.name, &inner.ctx.instance).await {
                         Ok(handed) => handed,
                         Err(err) => {
                             recorder.health.fail(&err);
@@ -430,6 +438,7 @@ impl Handoffs {
         }
         // Leaving: what was handed here and not started goes back to the leader at once.
         if let Ok(handed) = history
+            .dispatch()
             .handed_to(&inner.ctx.name, &inner.ctx.instance)
             .await
         {
@@ -440,11 +449,18 @@ impl Handoffs {
                     handoff.dispatched_ms,
                 );
                 if !lock(&taking).contains(&key) {
-                    let _ = history.decline_handoff(&inner.ctx.name, &handoff).await;
+                    let _ = history
+                        .dispatch()
+                        .decline_handoff(&inner.ctx.name, &handoff)
+                        .await;
                 }
             }
         }
-        if let Err(err) = history.leave(&inner.ctx.name, &inner.ctx.instance).await {
+        if let Err(err) = history
+            .dispatch()
+            .leave(&inner.ctx.name, &inner.ctx.instance)
+            .await
+        {
             tracing::debug!(error = %err, "could not take this replica out of the history's replicas");
         }
     }
@@ -459,7 +475,11 @@ impl Handoffs {
         let handoff = &handoff;
         let decline = |why: &'static str| async move {
             tracing::debug!(job = %handoff.job, tick = %handoff.tick, why, "declining a tick handed over");
-            if let Err(err) = history.decline_handoff(&self.ctx.name, handoff).await {
+            if let Err(err) = history
+                .dispatch()
+                .decline_handoff(&self.ctx.name, handoff)
+                .await
+            {
                 recorder.health.fail(&err);
             }
         };
@@ -499,6 +519,7 @@ impl Handoffs {
             Err(RunLockRefused::Overlap(reason)) => {
                 // The tick is this replica's to record only once it took it.
                 let taken = history
+                    .dispatch()
                     .take_handoff(
                         &self.ctx.name,
                         handoff,
@@ -522,6 +543,7 @@ impl Handoffs {
             }
         };
         let taken = history
+            .dispatch()
             .take_handoff(
                 &self.ctx.name,
                 handoff,

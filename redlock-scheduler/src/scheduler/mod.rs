@@ -387,7 +387,10 @@ impl Scheduler {
         let parts = &self.inner.parts;
         let (_, state) = parts.ctx.job(job)?;
         if let Some(history) = parts.ctx.history() {
-            history.set_paused(&parts.ctx.name, job, paused).await?;
+            history
+                .control()
+                .set_paused(&parts.ctx.name, job, paused)
+                .await?;
         }
         state.paused.store(paused, Ordering::Release);
         Ok(())
@@ -402,7 +405,7 @@ impl Scheduler {
         let now = parts.ctx.clock.now();
         let leading = self.leadership();
         let paused_in_history = match parts.ctx.history() {
-            Some(history) => history.paused_jobs(&parts.ctx.name).await.ok(),
+            Some(history) => history.control().paused_jobs(&parts.ctx.name).await.ok(),
             None => None,
         };
         let live = parts.ctx.jobs.live();

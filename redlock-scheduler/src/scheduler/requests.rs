@@ -166,7 +166,12 @@ impl Requests {
 
     async fn pending_requests(&self) -> Option<Vec<Request>> {
         let recorder = self.ctx.recorder.as_ref()?;
-        match recorder.history().pending_requests(&self.ctx.name).await {
+        match recorder
+            .history()
+            .requests()
+            .pending_requests(&self.ctx.name)
+            .await
+        {
             Ok(pending) => {
                 recorder.health.read_ok();
                 Some(pending)
@@ -185,6 +190,7 @@ impl Requests {
         };
         match recorder
             .history()
+            .requests()
             .claim_request(&request.id, &self.ctx.instance, Utc::now(), result)
             .await
         {
@@ -202,7 +208,12 @@ impl Requests {
             return;
         };
         for attempt in 1..=RESULT_ATTEMPTS {
-            match recorder.history().finish_request(&request.id, result).await {
+            match recorder
+                .history()
+                .requests()
+                .finish_request(&request.id, result)
+                .await
+            {
                 Ok(()) => return,
                 Err(err) => {
                     recorder.health.fail(&err);

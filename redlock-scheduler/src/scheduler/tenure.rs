@@ -99,7 +99,13 @@ impl Tenure {
     /// known then, rather than this replica.
     pub(super) async fn recorded_leader(&self) -> Option<String> {
         let ctx = &self.ctx;
-        let leader = ctx.history()?.leader(&ctx.name).await.ok().flatten()?;
+        let leader = ctx
+            .history()?
+            .control()
+            .leader(&ctx.name)
+            .await
+            .ok()
+            .flatten()?;
         (*leader != *ctx.instance).then_some(leader)
     }
 
@@ -135,7 +141,7 @@ impl Tenure {
                 _ = renewals.tick() => {
                     let written = recorder
                         .history()
-                        .record_leader(
+                        .control().record_leader(
                             &ctx.name,
                             &ctx.instance,
                             leadership.epoch(),
@@ -162,6 +168,7 @@ impl Tenure {
         };
         if let Err(err) = recorder
             .history()
+            .control()
             .end_leadership(&ctx.name, epoch, Utc::now())
             .await
         {
