@@ -94,10 +94,9 @@ pub(super) struct Claim {
 
 impl Claim {
     /// The tick ran, or was recorded as not run, or went to another replica.
-    pub(super) fn keep(mut self) {
-        if let Some(lock) = self.lock.take() {
-            let _ = lock.detach();
-        }
+    pub(super) fn keep(self) {
+        // Dropped: kept (see `Drop`), said here where the tick's fate is known.
+        drop(self);
     }
 
     /// The tick was neither run nor recorded (leadership ended first, or a trigger was
