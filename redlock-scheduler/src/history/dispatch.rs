@@ -413,7 +413,7 @@ impl Dispatch<'_> {
     }
 
     /// Moves `handoff` to `replica`, with the leadership token `run_token` (`None`:
-    /// takes it away, for the leader to run or skip), if it is still as it was read:
+    /// deletes it, for the leader to record as not run), if it is still as it was read:
     /// `true` if moved.
     pub(crate) async fn move_handoff(
         self,

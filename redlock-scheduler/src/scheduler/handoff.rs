@@ -333,8 +333,18 @@ impl Handoffs {
                 continue;
             }
             // Not the replica that declined it, nor the one that did not take it (unless
-            // that is this one: its history was away).
-            let mut exclude: Vec<&str> = handoff.declined_by.iter().map(String::as_str).collect();
+            // that is this one: its history was away). This replica, when it declined
+            // a job it can run, did so for want of room (a run started here between the
+            // choice and the take) or of a quorum for the run lock: it stays a
+            // candidate, `choose` checking its room again.
+            let declined_here =
+                handoff.declined_by.as_deref() == Some(&*self.ctx.instance) && state.def().runnable;
+            let mut exclude: Vec<&str> = handoff
+                .declined_by
+                .iter()
+                .map(String::as_str)
+                .filter(|_| !declined_here)
+                .collect();
             if handoff.replica != *self.ctx.instance {
                 exclude.push(&handoff.replica);
             }
