@@ -63,6 +63,8 @@ mod control;
 mod dispatch;
 mod filter;
 mod jobs;
+#[cfg(test)]
+mod memory;
 mod requests;
 mod run;
 mod schema;

@@ -1,0 +1,62 @@
+//! The history's tables in memory: the same rows, and the same answers to the same
+//! statements, as the SQL store, without a database.
+//!
+//! The scheduler's deterministic simulation needs a history that answers on the
+//! simulation's own thread: sqlx's SQLite driver answers from a thread of its own (so a
+//! paused clock would run ahead while a statement runs), and a run's open transaction
+//! would hold SQLite's one writer against the single runtime thread. These tables are
+//! that store's rows, one owner per group of tables, each statement a method that does
+//! what its SQL does (its compare-and-set conditions, its `ON CONFLICT`, its order and
+//! limit, its integer conversions), checked against SQLite by a differential test
+//! (`tests.rs`: seeded sequences of statements through both, every answer and every row
+//! compared). They hold the run rows, the replicas and the hand-offs so far.
+
+mod dispatch;
+mod runs;
+
+#[cfg(test)]
+mod tests;
+
+use chrono::{DateTime, Utc};
+
+pub(super) use self::dispatch::{Handoffs, Replicas};
+pub(super) use self::runs::RunRows;
+use super::{Handoff, NewRun, Outcome};
+
+/// Every table, for the statements that span two.
+#[derive(Debug, Default)]
+pub(super) struct Tables {
+    pub(super) runs: RunRows,
+    pub(super) replicas: Replicas,
+    pub(super) handoffs: Handoffs,
+}
+
+impl Tables {
+    /// [`Dispatch::take_handoff`](super::Dispatch::take_handoff): deletes `handoff` where
+    /// it still names its replica, unmoved and not declined, and inserts its tick's row
+    /// unless the tick has one, as one transaction. `true` if both were done.
+    pub(super) fn take_handoff(
+        &mut self,
+        scheduler: &str,
+        handoff: &Handoff,
+        outcome: Outcome,
+        note: Option<&str>,
+        at: DateTime<Utc>,
+    ) -> bool {
+        if !self.handoffs.take(scheduler, handoff) {
+            return false;
+        }
+        let run = NewRun {
+            scheduler,
+            job: &handoff.job,
+            tick: handoff.tick,
+            instance: &handoff.replica,
+            token: handoff.token,
+            outcome,
+            note,
+            manual: false,
+            at,
+        };
+        self.runs.claim(&run)
+    }
+}

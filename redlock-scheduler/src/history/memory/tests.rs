@@ -1,0 +1,270 @@
+//! The memory tables against SQLite: seeded sequences of statements through both, every
+//! answer compared, then every row. A difference names the seed, the step and the
+//! statement; `REDLOCK_HISTORY_FIDELITY_SEED=N` runs that sequence alone.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use chrono::{DateTime, TimeZone, Utc};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use super::Tables;
+use crate::history::{Change, Handoff, History, NewRun, Outcome, Presence, RunEnd};
+
+const SEQUENCES: u64 = 40;
+const STEPS: usize = 80;
+const SCHEDULERS: [&str; 2] = ["s", "t"];
+const JOBS: [&str; 3] = ["a", "b", "c"];
+const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
+const HANDLERS: [&str; 3] = ["a", "b", "h"];
+/// Ticks: whole seconds from the base.
+const TICKS: i64 = 6;
+
+fn base() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap()
+}
+
+/// A time within 8 s of the base, sometimes with sub-millisecond digits (the tables
+/// keep milliseconds).
+fn time(rng: &mut StdRng) -> DateTime<Utc> {
+    let ms = rng.random_range(0..8_000);
+    let nanos = if rng.random_bool(0.3) {
+        rng.random_range(0..1_000_000)
+    } else {
+        0
+    };
+    base() + chrono::Duration::milliseconds(ms) + chrono::Duration::nanoseconds(nanos)
+}
+
+fn tick(rng: &mut StdRng) -> DateTime<Utc> {
+    base() + chrono::Duration::seconds(rng.random_range(0..TICKS))
+}
+
+fn token(rng: &mut StdRng) -> u64 {
+    match rng.random_range(0..4) {
+        0 => u64::MAX, // beyond i64: stored as i64::MAX
+        1 => 0,
+        _ => rng.random_range(1..5),
+    }
+}
+
+fn pick<'a>(rng: &mut StdRng, from: &[&'a str]) -> &'a str {
+    from[rng.random_range(0..from.len())]
+}
+
+fn outcome(rng: &mut StdRng) -> Outcome {
+    [
+        Outcome::Running,
+        Outcome::Succeeded,
+        Outcome::Failed,
+        Outcome::Skipped,
+        Outcome::Cancelled,
+    ][rng.random_range(0..5)]
+}
+
+fn note(rng: &mut StdRng) -> Option<&'static str> {
+    rng.random_bool(0.5).then_some("why")
+}
+
+fn sorted(mut handoffs: Vec<Handoff>) -> Vec<Handoff> {
+    handoffs.sort_by(|a, b| a.tick.cmp(&b.tick).then_with(|| a.job.cmp(&b.job)));
+    handoffs
+}
+
+/// One sequence: every statement's answer from SQLite and from the memory tables.
+async fn sequence(seed: u64) {
+    let history = History::connect("sqlite::memory:").await.unwrap();
+    let dispatch = history.dispatch();
+    let mut memory = Tables::default();
+    let mut rng = StdRng::seed_from_u64(seed);
+    // Hand-offs as read (some since moved, taken or declined), for the statements that
+    // act on a hand-off read earlier.
+    let mut read: Vec<Handoff> = Vec::new();
+    for step in 0..STEPS {
+        let scheduler = pick(&mut rng, &SCHEDULERS);
+        let at = format!("seed {seed} step {step}");
+        match rng.random_range(0..14) {
+            0 | 1 => {
+                let presence = Presence {
+                    instance: pick(&mut rng, &REPLICAS).to_owned(),
+                    capacity: match rng.random_range(0..3) {
+                        0 => None,
+                        1 => Some(u32::MAX),
+                        _ => Some(rng.random_range(0..4)),
+                    },
+                    running: rng.random_range(0..4),
+                    polled_ms: rng.random_range(0..9_000),
+                    jobs_digest: pick(&mut rng, &["d1", "d2"]).to_owned(),
+                    seen: time(&mut rng),
+                };
+                dispatch.beat(scheduler, &presence).await.unwrap();
+                memory.replicas.beat(scheduler, &presence);
+            }
+            2 => {
+                let instance = pick(&mut rng, &REPLICAS);
+                let names: Vec<&str> = HANDLERS
+                    .iter()
+                    .copied()
+                    .filter(|_| rng.random_bool(0.5))
+                    .collect();
+                let list = serde_json::to_string(&names).unwrap();
+                dispatch
+                    .say_handlers(scheduler, instance, &list)
+                    .await
+                    .unwrap();
+                memory.replicas.say_handlers(scheduler, instance, &list);
+            }
+            3 => {
+                let (handler, since) = (pick(&mut rng, &HANDLERS), time(&mut rng));
+                let sql = dispatch
+                    .handler_registered(scheduler, handler, since)
+                    .await
+                    .unwrap();
+                let mem = memory
+                    .replicas
+                    .handler_registered(scheduler, handler, since);
+                assert_eq!(sql, mem, "{at}: handler_registered({handler}, {since})");
+                let sql = dispatch
+                    .replicas_without_changes(scheduler, since)
+                    .await
+                    .unwrap();
+                let mem = memory.replicas.replicas_without_changes(scheduler, since);
+                assert_eq!(sql, mem, "{at}: replicas_without_changes({since})");
+            }
+            4 => {
+                let instance = pick(&mut rng, &REPLICAS);
+                dispatch.leave(scheduler, instance).await.unwrap();
+                memory.replicas.leave(scheduler, instance);
+            }
+            5 => {
+                let (since, forget) = (time(&mut rng), time(&mut rng));
+                let sql = dispatch.replicas(scheduler, since, forget).await.unwrap();
+                let mem = memory.replicas.replicas(scheduler, since, forget);
+                assert_eq!(sql, mem, "{at}: replicas({since}, {forget})");
+            }
+            6 | 7 => {
+                let (job, tick) = (pick(&mut rng, &JOBS), tick(&mut rng));
+                let replica = pick(&mut rng, &REPLICAS);
+                let (run_token, now) = (token(&mut rng), time(&mut rng));
+                let sql = dispatch
+                    .hand_off(scheduler, job, tick, replica, run_token, now)
+                    .await
+                    .unwrap();
+                let mem = memory
+                    .handoffs
+                    .hand_off(scheduler, job, tick, replica, run_token, now);
+                assert_eq!(sql, mem, "{at}: hand_off({job}, {tick}, {replica})");
+            }
+            8 => {
+                let replica = pick(&mut rng, &REPLICAS);
+                let sql = sorted(dispatch.handed_to(scheduler, replica).await.unwrap());
+                let mem = memory.handoffs.handed_to(scheduler, replica);
+                assert_eq!(sql, mem, "{at}: handed_to({replica})");
+                read.extend(sql);
+            }
+            9 => {
+                let before = time(&mut rng);
+                let sql = sorted(dispatch.stale_handoffs(scheduler, before).await.unwrap());
+                let mem = memory.handoffs.stale(scheduler, before);
+                assert_eq!(sql, mem, "{at}: stale_handoffs({before})");
+                read.extend(sql);
+            }
+            10 if !read.is_empty() => {
+                let handoff = read[rng.random_range(0..read.len())].clone();
+                let (outcome, note, when) = (outcome(&mut rng), note(&mut rng), time(&mut rng));
+                let sql = dispatch
+                    .take_handoff(scheduler, &handoff, outcome, note, when)
+                    .await
+                    .unwrap();
+                let mem = memory.take_handoff(scheduler, &handoff, outcome, note, when);
+                assert_eq!(sql, mem, "{at}: take_handoff({handoff:?})");
+            }
+            11 if !read.is_empty() => {
+                let handoff = read[rng.random_range(0..read.len())].clone();
+                if rng.random_bool(0.5) {
+                    let sql = dispatch.decline_handoff(scheduler, &handoff).await.unwrap();
+                    let mem = memory.handoffs.decline(scheduler, &handoff);
+                    assert_eq!(sql, mem, "{at}: decline_handoff({handoff:?})");
+                } else {
+                    let replica = rng.random_bool(0.7).then(|| pick(&mut rng, &REPLICAS));
+                    let (run_token, now) = (token(&mut rng), time(&mut rng));
+                    let sql = dispatch
+                        .move_handoff(scheduler, &handoff, replica, run_token, now)
+                        .await
+                        .unwrap();
+                    let mem = memory
+                        .handoffs
+                        .move_to(scheduler, &handoff, replica, run_token, now);
+                    assert_eq!(sql, mem, "{at}: move_handoff({handoff:?}, {replica:?})");
+                }
+            }
+            _ => {
+                let changes: Vec<Change<'_>> = (0..rng.random_range(1..4))
+                    .map(|_| {
+                        let (job, tick) = (pick(&mut rng, &JOBS), tick(&mut rng));
+                        let instance = pick(&mut rng, &REPLICAS);
+                        if rng.random_bool(0.5) {
+                            Change::Claim(NewRun {
+                                scheduler,
+                                job,
+                                tick,
+                                instance,
+                                token: token(&mut rng),
+                                outcome: outcome(&mut rng),
+                                note: note(&mut rng),
+                                manual: rng.random_bool(0.2),
+                                at: time(&mut rng),
+                            })
+                        } else {
+                            Change::Finish(RunEnd {
+                                scheduler,
+                                job,
+                                tick,
+                                instance,
+                                outcome: outcome(&mut rng),
+                                error: note(&mut rng),
+                                at: time(&mut rng),
+                            })
+                        }
+                    })
+                    .collect();
+                let sql = history.apply(&changes).await.unwrap();
+                let mem = memory.runs.apply(&changes);
+                assert_eq!(sql, mem, "{at}: apply({changes:?})");
+            }
+        }
+    }
+    // Every row.
+    let end = format!("seed {seed}, at the end");
+    let (first, last) = (base(), base() + chrono::Duration::days(1));
+    for scheduler in SCHEDULERS {
+        for job in JOBS {
+            for s in 0..TICKS {
+                let tick = base() + chrono::Duration::seconds(s);
+                let sql = history.run_at(scheduler, job, tick).await.unwrap();
+                let mem = memory.runs.run_at(scheduler, job, tick);
+                assert_eq!(sql, mem, "{end}: the run of {scheduler}/{job} at {tick}");
+            }
+        }
+        let sql = sorted(dispatch.stale_handoffs(scheduler, last).await.unwrap());
+        let mem = memory.handoffs.stale(scheduler, last);
+        assert_eq!(sql, mem, "{end}: the hand-offs of {scheduler}");
+        let sql = dispatch.replicas(scheduler, first, first).await.unwrap();
+        let mem = memory.replicas.replicas(scheduler, first, first);
+        assert_eq!(sql, mem, "{end}: the replicas of {scheduler}");
+    }
+}
+
+#[tokio::test]
+async fn the_memory_tables_answer_as_sqlite_does() {
+    let seeds = match std::env::var("REDLOCK_HISTORY_FIDELITY_SEED") {
+        Ok(seed) => {
+            let seed = seed.parse().expect("a seed is a number");
+            seed..seed + 1
+        }
+        Err(_) => 0..SEQUENCES,
+    };
+    for seed in seeds {
+        sequence(seed).await;
+    }
+}
