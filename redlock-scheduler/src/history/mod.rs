@@ -85,6 +85,8 @@ use self::builder::{Source, bounded};
 pub(crate) use self::changes::{Changes, NewChange};
 pub(crate) use self::commit::{Fences, Refused, RunKey};
 pub(crate) use self::control::Control;
+#[cfg(test)]
+use self::control::LeaderRecord;
 pub(crate) use self::dispatch::{Dispatch, Handoff, Presence};
 pub use self::filter::{DEFAULT_RUN_LIMIT, MAX_RUN_LIMIT, RunFilter};
 pub(crate) use self::jobs::{Definitions, JobDefinition};

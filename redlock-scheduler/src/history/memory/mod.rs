@@ -9,8 +9,11 @@
 //! what its SQL does (its compare-and-set conditions, its `ON CONFLICT`, its order and
 //! limit, its integer conversions), checked against SQLite by a differential test
 //! (`tests.rs`: seeded sequences of statements through both, every answer and every row
-//! compared). They hold the run rows, the replicas and the hand-offs so far.
+//! compared). Only rows this version writes are modelled (an earlier version's, such
+//! as a leader's record without a lease, are not). They hold the run rows, the replicas, the hand-offs, the leader's record and the
+//! pauses so far.
 
+mod control;
 mod dispatch;
 mod runs;
 
@@ -19,6 +22,7 @@ mod tests;
 
 use chrono::{DateTime, Utc};
 
+pub(super) use self::control::{Leaders, Pauses};
 pub(super) use self::dispatch::{Handoffs, Replicas};
 pub(super) use self::runs::RunRows;
 use super::{Handoff, NewRun, Outcome};
@@ -29,6 +33,8 @@ pub(super) struct Tables {
     pub(super) runs: RunRows,
     pub(super) replicas: Replicas,
     pub(super) handoffs: Handoffs,
+    pub(super) leaders: Leaders,
+    pub(super) pauses: Pauses,
 }
 
 impl Tables {

@@ -12,7 +12,7 @@ use super::Tables;
 use crate::history::{Change, Handoff, History, NewRun, Outcome, Presence, RunEnd};
 
 const SEQUENCES: u64 = 40;
-const STEPS: usize = 80;
+const STEPS: usize = 100;
 const SCHEDULERS: [&str; 2] = ["s", "t"];
 const JOBS: [&str; 3] = ["a", "b", "c"];
 const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
@@ -74,7 +74,7 @@ fn sorted(mut handoffs: Vec<Handoff>) -> Vec<Handoff> {
 /// One sequence: every statement's answer from SQLite and from the memory tables.
 async fn sequence(seed: u64) {
     let history = History::connect("sqlite::memory:").await.unwrap();
-    let dispatch = history.dispatch();
+    let (dispatch, control) = (history.dispatch(), history.control());
     let mut memory = Tables::default();
     let mut rng = StdRng::seed_from_u64(seed);
     // Hand-offs as read (some since moved, taken or declined), for the statements that
@@ -83,7 +83,7 @@ async fn sequence(seed: u64) {
     for step in 0..STEPS {
         let scheduler = pick(&mut rng, &SCHEDULERS);
         let at = format!("seed {seed} step {step}");
-        match rng.random_range(0..14) {
+        match rng.random_range(0..18) {
             0 | 1 => {
                 let presence = Presence {
                     instance: pick(&mut rng, &REPLICAS).to_owned(),
@@ -198,6 +198,43 @@ async fn sequence(seed: u64) {
                     assert_eq!(sql, mem, "{at}: move_handoff({handoff:?}, {replica:?})");
                 }
             }
+            14 | 15 => {
+                let instance = pick(&mut rng, &REPLICAS);
+                let (epoch, since, expires) = (token(&mut rng), time(&mut rng), time(&mut rng));
+                control
+                    .record_leader(scheduler, instance, epoch, since, expires)
+                    .await
+                    .unwrap();
+                memory
+                    .leaders
+                    .record(scheduler, instance, epoch, since, expires);
+            }
+            16 => {
+                let (epoch, when) = (token(&mut rng), time(&mut rng));
+                control
+                    .end_leadership(scheduler, epoch, when)
+                    .await
+                    .unwrap();
+                memory.leaders.end(scheduler, epoch, when);
+                let sql = control.leader_record(scheduler).await.unwrap();
+                let mem = memory.leaders.record_of(scheduler);
+                assert_eq!(
+                    sql, mem,
+                    "{at}: leader_record after end_leadership({epoch})"
+                );
+            }
+            17 => {
+                let (job, paused) = (pick(&mut rng, &JOBS), rng.random_bool(0.6));
+                control.set_paused(scheduler, job, paused).await.unwrap();
+                memory.pauses.set(scheduler, job, paused);
+                let mut sql = control.paused_jobs(scheduler).await.unwrap();
+                sql.sort();
+                let mem = memory.pauses.paused(scheduler);
+                assert_eq!(
+                    sql, mem,
+                    "{at}: paused_jobs after set_paused({job}, {paused})"
+                );
+            }
             _ => {
                 let changes: Vec<Change<'_>> = (0..rng.random_range(1..4))
                     .map(|_| {
@@ -249,6 +286,13 @@ async fn sequence(seed: u64) {
         let sql = sorted(dispatch.stale_handoffs(scheduler, last).await.unwrap());
         let mem = memory.handoffs.stale(scheduler, last);
         assert_eq!(sql, mem, "{end}: the hand-offs of {scheduler}");
+        let sql = control.leader_record(scheduler).await.unwrap();
+        let mem = memory.leaders.record_of(scheduler);
+        assert_eq!(sql, mem, "{end}: the leader of {scheduler}");
+        let mut sql = control.paused_jobs(scheduler).await.unwrap();
+        sql.sort();
+        let mem = memory.pauses.paused(scheduler);
+        assert_eq!(sql, mem, "{end}: the pauses of {scheduler}");
         let sql = dispatch.replicas(scheduler, first, first).await.unwrap();
         let mem = memory.replicas.replicas(scheduler, first, first);
         assert_eq!(sql, mem, "{end}: the replicas of {scheduler}");
