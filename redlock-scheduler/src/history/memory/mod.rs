@@ -10,11 +10,12 @@
 //! limit, its integer conversions), checked against SQLite by a differential test
 //! (`tests.rs`: seeded sequences of statements through both, every answer and every row
 //! compared). Only rows this version writes are modelled (an earlier version's, such
-//! as a leader's record without a lease, are not). They hold the run rows, the replicas, the hand-offs, the leader's record and the
-//! pauses so far.
+//! as a leader's record without a lease, are not). They hold the run rows, the replicas, the hand-offs, the leader's record, the
+//! pauses and the operators' requests so far.
 
 mod control;
 mod dispatch;
+mod requests;
 mod runs;
 
 #[cfg(test)]
@@ -24,6 +25,7 @@ use chrono::{DateTime, Utc};
 
 pub(super) use self::control::{Leaders, Pauses};
 pub(super) use self::dispatch::{Handoffs, Replicas};
+pub(super) use self::requests::OperatorRequests;
 pub(super) use self::runs::RunRows;
 use super::{Handoff, NewRun, Outcome};
 
@@ -35,6 +37,7 @@ pub(super) struct Tables {
     pub(super) handoffs: Handoffs,
     pub(super) leaders: Leaders,
     pub(super) pauses: Pauses,
+    pub(super) requests: OperatorRequests,
 }
 
 impl Tables {

@@ -10,13 +10,16 @@ use rand::{RngExt, SeedableRng};
 
 use super::Tables;
 use crate::history::{Change, Handoff, History, NewRun, Outcome, Presence, RunEnd};
+use crate::request::RequestAction;
 
 const SEQUENCES: u64 = 40;
-const STEPS: usize = 100;
+const STEPS: usize = 120;
 const SCHEDULERS: [&str; 2] = ["s", "t"];
 const JOBS: [&str; 3] = ["a", "b", "c"];
 const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
 const HANDLERS: [&str; 3] = ["a", "b", "h"];
+const IDS: [&str; 4] = ["q0", "q1", "q2", "q3"];
+const RESULTS: [&str; 3] = ["ok", "ok: tick 1", "expired: no replica took it"];
 /// Ticks: whole seconds from the base.
 const TICKS: i64 = 6;
 
@@ -75,6 +78,7 @@ fn sorted(mut handoffs: Vec<Handoff>) -> Vec<Handoff> {
 async fn sequence(seed: u64) {
     let history = History::connect("sqlite::memory:").await.unwrap();
     let (dispatch, control) = (history.dispatch(), history.control());
+    let requests = history.requests();
     let mut memory = Tables::default();
     let mut rng = StdRng::seed_from_u64(seed);
     // Hand-offs as read (some since moved, taken or declined), for the statements that
@@ -83,7 +87,7 @@ async fn sequence(seed: u64) {
     for step in 0..STEPS {
         let scheduler = pick(&mut rng, &SCHEDULERS);
         let at = format!("seed {seed} step {step}");
-        match rng.random_range(0..18) {
+        match rng.random_range(0..21) {
             0 | 1 => {
                 let presence = Presence {
                     instance: pick(&mut rng, &REPLICAS).to_owned(),
@@ -235,6 +239,47 @@ async fn sequence(seed: u64) {
                     "{at}: paused_jobs after set_paused({job}, {paused})"
                 );
             }
+            18 => {
+                let id = pick(&mut rng, &IDS);
+                let job = rng.random_bool(0.7).then(|| pick(&mut rng, &JOBS));
+                let action = [
+                    RequestAction::Trigger,
+                    RequestAction::Cancel,
+                    RequestAction::StepDown,
+                ][rng.random_range(0..3)];
+                let (by, when) = (pick(&mut rng, &REPLICAS), time(&mut rng));
+                let sql = requests
+                    .insert_request(id, scheduler, job, action, by, when)
+                    .await;
+                let mem = memory.requests.insert(id, scheduler, job, action, by, when);
+                assert_eq!(sql.is_ok(), mem, "{at}: insert_request({id}): {sql:?}");
+            }
+            19 => {
+                let id = pick(&mut rng, &IDS);
+                if rng.random_bool(0.6) {
+                    let (by, when) = (pick(&mut rng, &REPLICAS), time(&mut rng));
+                    let result = rng.random_bool(0.5).then(|| pick(&mut rng, &RESULTS));
+                    let sql = requests.claim_request(id, by, when, result).await.unwrap();
+                    let mem = memory.requests.claim(id, by, when, result);
+                    assert_eq!(sql, mem, "{at}: claim_request({id}, {result:?})");
+                } else {
+                    let result = pick(&mut rng, &RESULTS);
+                    requests.finish_request(id, result).await.unwrap();
+                    memory.requests.finish(id, result);
+                }
+                let sql = requests.request(scheduler, id).await.unwrap();
+                let mem = memory.requests.request(scheduler, id);
+                assert_eq!(sql, mem, "{at}: request({id})");
+                let sql = requests.pending_requests(scheduler).await.unwrap();
+                let mem = memory.requests.pending(scheduler);
+                assert_eq!(sql, mem, "{at}: pending_requests");
+            }
+            20 => {
+                let cutoff = time(&mut rng);
+                let sql = requests.prune_requests(scheduler, cutoff).await.unwrap();
+                let mem = memory.requests.prune(scheduler, cutoff);
+                assert_eq!(sql, mem, "{at}: prune_requests({cutoff})");
+            }
             _ => {
                 let changes: Vec<Change<'_>> = (0..rng.random_range(1..4))
                     .map(|_| {
@@ -289,6 +334,11 @@ async fn sequence(seed: u64) {
         let sql = control.leader_record(scheduler).await.unwrap();
         let mem = memory.leaders.record_of(scheduler);
         assert_eq!(sql, mem, "{end}: the leader of {scheduler}");
+        for id in IDS {
+            let sql = requests.request(scheduler, id).await.unwrap();
+            let mem = memory.requests.request(scheduler, id);
+            assert_eq!(sql, mem, "{end}: the request {id} of {scheduler}");
+        }
         let mut sql = control.paused_jobs(scheduler).await.unwrap();
         sql.sort();
         let mem = memory.pauses.paused(scheduler);
