@@ -11,10 +11,11 @@
 //! (`tests.rs`: seeded sequences of statements through both, every answer and every row
 //! compared). Only rows this version writes are modelled (an earlier version's, such
 //! as a leader's record without a lease, are not). They hold the run rows, the replicas, the hand-offs, the leader's record, the
-//! pauses and the operators' requests so far.
+//! pauses, the operators' requests and the published job definitions so far.
 
 mod control;
 mod dispatch;
+mod jobs;
 mod requests;
 mod runs;
 
@@ -25,6 +26,7 @@ use chrono::{DateTime, Utc};
 
 pub(super) use self::control::{Leaders, Pauses};
 pub(super) use self::dispatch::{Handoffs, Replicas};
+pub(super) use self::jobs::PublishedJobs;
 pub(super) use self::requests::OperatorRequests;
 pub(super) use self::runs::RunRows;
 use super::{Handoff, NewRun, Outcome};
@@ -38,6 +40,7 @@ pub(super) struct Tables {
     pub(super) leaders: Leaders,
     pub(super) pauses: Pauses,
     pub(super) requests: OperatorRequests,
+    pub(super) jobs: PublishedJobs,
 }
 
 impl Tables {

@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use super::Tables;
-use crate::history::{Change, Handoff, History, NewRun, Outcome, Presence, RunEnd};
+use crate::history::{Change, Handoff, History, JobDefinition, NewRun, Outcome, Presence, RunEnd};
 use crate::request::RequestAction;
 
 const SEQUENCES: u64 = 40;
@@ -69,6 +69,25 @@ fn note(rng: &mut StdRng) -> Option<&'static str> {
     rng.random_bool(0.5).then_some("why")
 }
 
+/// A definition of one of the jobs, its optional fields drawn.
+fn definition(rng: &mut StdRng) -> JobDefinition {
+    JobDefinition {
+        job: pick(rng, &JOBS).to_owned(),
+        schedule: pick(rng, &["* * * * * *", "0 * * * * *"]).to_owned(),
+        time_zone: pick(rng, &["UTC", "Europe/Paris"]).to_owned(),
+        misfire: pick(rng, &["run_once", "skip"]).to_owned(),
+        dst: rng.random_bool(0.5).then(|| "skip/twice".to_owned()),
+        timeout_ms: rng.random_bool(0.5).then(|| rng.random_range(1..5_000)),
+        handler: rng
+            .random_bool(0.5)
+            .then(|| pick(rng, &HANDLERS).to_owned()),
+        grace_ms: rng.random_bool(0.5).then(|| rng.random_range(1..60_000)),
+        on_leader: rng.random_bool(0.7).then(|| rng.random_bool(0.5)),
+        updated: time(rng),
+        updated_by: pick(rng, &REPLICAS).to_owned(),
+    }
+}
+
 fn sorted(mut handoffs: Vec<Handoff>) -> Vec<Handoff> {
     handoffs.sort_by(|a, b| a.tick.cmp(&b.tick).then_with(|| a.job.cmp(&b.job)));
     handoffs
@@ -78,7 +97,7 @@ fn sorted(mut handoffs: Vec<Handoff>) -> Vec<Handoff> {
 async fn sequence(seed: u64) {
     let history = History::connect("sqlite::memory:").await.unwrap();
     let (dispatch, control) = (history.dispatch(), history.control());
-    let requests = history.requests();
+    let (requests, definitions) = (history.requests(), history.definitions());
     let mut memory = Tables::default();
     let mut rng = StdRng::seed_from_u64(seed);
     // Hand-offs as read (some since moved, taken or declined), for the statements that
@@ -87,7 +106,7 @@ async fn sequence(seed: u64) {
     for step in 0..STEPS {
         let scheduler = pick(&mut rng, &SCHEDULERS);
         let at = format!("seed {seed} step {step}");
-        match rng.random_range(0..21) {
+        match rng.random_range(0..23) {
             0 | 1 => {
                 let presence = Presence {
                     instance: pick(&mut rng, &REPLICAS).to_owned(),
@@ -280,6 +299,30 @@ async fn sequence(seed: u64) {
                 let mem = memory.requests.prune(scheduler, cutoff);
                 assert_eq!(sql, mem, "{at}: prune_requests({cutoff})");
             }
+            21 => {
+                let instance = pick(&mut rng, &REPLICAS);
+                let published: Vec<JobDefinition> = (0..rng.random_range(0..3))
+                    .map(|_| definition(&mut rng))
+                    .collect();
+                definitions
+                    .publish_jobs(scheduler, instance, &published)
+                    .await
+                    .unwrap();
+                memory.jobs.publish(scheduler, instance, &published);
+                let sql = definitions.job_definitions(scheduler).await.unwrap();
+                let mem = memory.jobs.all(scheduler);
+                assert_eq!(sql, mem, "{at}: job_definitions after publish_jobs");
+            }
+            22 => {
+                let job = pick(&mut rng, &JOBS);
+                if rng.random_bool(0.4) {
+                    definitions.unpublish_job(scheduler, job).await.unwrap();
+                    memory.jobs.unpublish(scheduler, job);
+                }
+                let sql = definitions.job_definition(scheduler, job).await.unwrap();
+                let mem = memory.jobs.one(scheduler, job);
+                assert_eq!(sql, mem, "{at}: job_definition({job})");
+            }
             _ => {
                 let changes: Vec<Change<'_>> = (0..rng.random_range(1..4))
                     .map(|_| {
@@ -334,6 +377,9 @@ async fn sequence(seed: u64) {
         let sql = control.leader_record(scheduler).await.unwrap();
         let mem = memory.leaders.record_of(scheduler);
         assert_eq!(sql, mem, "{end}: the leader of {scheduler}");
+        let sql = definitions.job_definitions(scheduler).await.unwrap();
+        let mem = memory.jobs.all(scheduler);
+        assert_eq!(sql, mem, "{end}: the job definitions of {scheduler}");
         for id in IDS {
             let sql = requests.request(scheduler, id).await.unwrap();
             let mem = memory.requests.request(scheduler, id);
