@@ -21,50 +21,87 @@ pub(crate) struct UnreadChange {
     pub(crate) error: String,
 }
 
-/// A change row: the change, or why it cannot be read (its number and job always can).
-fn change_from_row(row: &AnyRow) -> Result<Result<JobChange, UnreadChange>, Error> {
-    let seq = u64::try_from(row.try_get::<i64, _>("seq").db()?).unwrap_or(0);
-    let job: String = row.try_get("job").db()?;
-    let action: String = row.try_get("action").db()?;
-    let definition: Option<String> = row.try_get("definition").db()?;
-    let previous: Option<String> = row.try_get("previous").db()?;
-    let changed_by: String = row.try_get("changed_by").db()?;
-    let changed = from_ms(row.try_get("changed_ms").db()?);
-    let read = || -> Result<JobChange, String> {
+/// A change row's columns as the table stores them.
+#[derive(Debug, Clone)]
+pub(super) struct ChangeColumns {
+    pub(super) seq: i64,
+    pub(super) job: String,
+    pub(super) action: String,
+    pub(super) definition: Option<String>,
+    pub(super) previous: Option<String>,
+    pub(super) changed_by: String,
+    pub(super) changed_ms: i64,
+}
+
+impl ChangeColumns {
+    /// The change, or why it cannot be read (its number and job always can).
+    pub(super) fn read(self) -> Result<JobChange, UnreadChange> {
+        let seq = u64::try_from(self.seq).unwrap_or(0);
+        let job = self.job;
         let spec =
             |text: Option<&String>| text.map(|text| JobSpec::from_text(&job, text)).transpose();
-        Ok(JobChange {
+        let read = || -> Result<JobChange, String> {
+            Ok(JobChange {
+                seq,
+                action: JobChangeAction::from_text(&self.action)
+                    .ok_or_else(|| format!("unknown job change `{}`", self.action))?,
+                definition: spec(self.definition.as_ref())?,
+                previous: spec(self.previous.as_ref())?,
+                changed_by: self.changed_by.clone(),
+                changed: from_ms(self.changed_ms),
+                job: job.clone(),
+            })
+        };
+        read().map_err(|error| UnreadChange {
             seq,
-            action: JobChangeAction::from_text(&action)
-                .ok_or_else(|| format!("unknown job change `{action}`"))?,
-            definition: spec(definition.as_ref())?,
-            previous: spec(previous.as_ref())?,
-            changed_by: changed_by.clone(),
-            changed,
             job: job.clone(),
+            error,
         })
+    }
+
+    /// The columns `change` is written as.
+    pub(super) fn of(change: &NewChange<'_>) -> Self {
+        Self {
+            seq: i64::try_from(change.seq).unwrap_or(i64::MAX),
+            job: change.job.to_owned(),
+            action: change.action.as_str().to_owned(),
+            definition: change.definition.map(JobSpec::to_text),
+            previous: change.previous.map(JobSpec::to_text),
+            changed_by: change.by.to_owned(),
+            changed_ms: ms(change.at),
+        }
+    }
+}
+
+/// A change row: the change, or why it cannot be read (its number and job always can).
+fn change_from_row(row: &AnyRow) -> Result<Result<JobChange, UnreadChange>, Error> {
+    let columns = ChangeColumns {
+        seq: row.try_get("seq").db()?,
+        job: row.try_get("job").db()?,
+        action: row.try_get("action").db()?,
+        definition: row.try_get("definition").db()?,
+        previous: row.try_get("previous").db()?,
+        changed_by: row.try_get("changed_by").db()?,
+        changed_ms: row.try_get("changed_ms").db()?,
     };
-    Ok(read().map_err(|error| UnreadChange {
-        seq,
-        job: job.clone(),
-        error,
-    }))
+    Ok(columns.read())
+}
+
+/// A change this version cannot read, as the reads that need every change report it.
+pub(super) fn unread_error(unread: &UnreadChange) -> Error {
+    Error::database(sqlx::Error::Decode(
+        format!(
+            "job change {} of `{}`: {}",
+            unread.seq, unread.job, unread.error
+        )
+        .into(),
+    ))
 }
 
 /// The changes of `rows`, those this version cannot read reported as errors.
 fn changes_from_rows(rows: &[AnyRow]) -> Result<Vec<JobChange>, Error> {
     rows.iter()
-        .map(|row| {
-            change_from_row(row)?.map_err(|unread| {
-                Error::database(sqlx::Error::Decode(
-                    format!(
-                        "job change {} of `{}`: {}",
-                        unread.seq, unread.job, unread.error
-                    )
-                    .into(),
-                ))
-            })
-        })
+        .map(|row| change_from_row(row)?.map_err(|unread| unread_error(&unread)))
         .collect()
 }
 
@@ -169,19 +206,20 @@ impl Changes<'_> {
              ON CONFLICT (scheduler, seq) DO NOTHING",
             self.shared.tables.changes
         );
+        let columns = ChangeColumns::of(change);
         let done = self
             .shared
             .bounded(
                 "record a job change",
                 sqlx::query(&sql)
                     .bind(scheduler)
-                    .bind(i64::try_from(change.seq).unwrap_or(i64::MAX))
-                    .bind(change.job)
-                    .bind(change.action.as_str())
-                    .bind(change.definition.map(JobSpec::to_text))
-                    .bind(change.previous.map(JobSpec::to_text))
-                    .bind(change.by)
-                    .bind(ms(change.at))
+                    .bind(columns.seq)
+                    .bind(columns.job)
+                    .bind(columns.action)
+                    .bind(columns.definition)
+                    .bind(columns.previous)
+                    .bind(columns.changed_by)
+                    .bind(columns.changed_ms)
                     .execute(&self.shared.pool),
             )
             .await?;

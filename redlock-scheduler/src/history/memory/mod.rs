@@ -11,8 +11,10 @@
 //! (`tests.rs`: seeded sequences of statements through both, every answer and every row
 //! compared). Only rows this version writes are modelled (an earlier version's, such
 //! as a leader's record without a lease, are not). They hold the run rows, the replicas, the hand-offs, the leader's record, the
-//! pauses, the operators' requests and the published job definitions so far.
+//! pauses, the operators' requests, the published job definitions and the job change log:
+//! every table but the fences (and a run's own transaction).
 
+mod changes;
 mod control;
 mod dispatch;
 mod jobs;
@@ -24,6 +26,7 @@ mod tests;
 
 use chrono::{DateTime, Utc};
 
+pub(super) use self::changes::ChangeLog;
 pub(super) use self::control::{Leaders, Pauses};
 pub(super) use self::dispatch::{Handoffs, Replicas};
 pub(super) use self::jobs::PublishedJobs;
@@ -41,6 +44,7 @@ pub(super) struct Tables {
     pub(super) pauses: Pauses,
     pub(super) requests: OperatorRequests,
     pub(super) jobs: PublishedJobs,
+    pub(super) changes: ChangeLog,
 }
 
 impl Tables {

@@ -9,11 +9,14 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use super::Tables;
+use crate::changes::JobChangeAction;
+use crate::history::NewChange;
 use crate::history::{Change, Handoff, History, JobDefinition, NewRun, Outcome, Presence, RunEnd};
 use crate::request::RequestAction;
+use crate::spec::JobSpec;
 
 const SEQUENCES: u64 = 40;
-const STEPS: usize = 120;
+const STEPS: usize = 150;
 const SCHEDULERS: [&str; 2] = ["s", "t"];
 const JOBS: [&str; 3] = ["a", "b", "c"];
 const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
@@ -88,6 +91,19 @@ fn definition(rng: &mut StdRng) -> JobDefinition {
     }
 }
 
+/// A definition of `job`, or none.
+fn spec(rng: &mut StdRng, job: &str) -> Option<JobSpec> {
+    rng.random_bool(0.7).then(|| {
+        JobSpec::new(job, pick(rng, &["* * * * * *", "0 */5 * * * *"]))
+            .time_zone(pick(rng, &["UTC", "Asia/Tokyo"]))
+            .timeout(
+                rng.random_bool(0.5)
+                    .then(|| std::time::Duration::from_millis(rng.random_range(1..9_000))),
+            )
+            .run_on_leader(rng.random_bool(0.3))
+    })
+}
+
 fn sorted(mut handoffs: Vec<Handoff>) -> Vec<Handoff> {
     handoffs.sort_by(|a, b| a.tick.cmp(&b.tick).then_with(|| a.job.cmp(&b.job)));
     handoffs
@@ -98,6 +114,7 @@ async fn sequence(seed: u64) {
     let history = History::connect("sqlite::memory:").await.unwrap();
     let (dispatch, control) = (history.dispatch(), history.control());
     let (requests, definitions) = (history.requests(), history.definitions());
+    let changes = history.changes();
     let mut memory = Tables::default();
     let mut rng = StdRng::seed_from_u64(seed);
     // Hand-offs as read (some since moved, taken or declined), for the statements that
@@ -106,7 +123,7 @@ async fn sequence(seed: u64) {
     for step in 0..STEPS {
         let scheduler = pick(&mut rng, &SCHEDULERS);
         let at = format!("seed {seed} step {step}");
-        match rng.random_range(0..23) {
+        match rng.random_range(0..26) {
             0 | 1 => {
                 let presence = Presence {
                     instance: pick(&mut rng, &REPLICAS).to_owned(),
@@ -323,6 +340,40 @@ async fn sequence(seed: u64) {
                 let mem = memory.jobs.one(scheduler, job);
                 assert_eq!(sql, mem, "{at}: job_definition({job})");
             }
+            23 | 24 => {
+                let job = pick(&mut rng, &JOBS);
+                let (definition, previous) = (spec(&mut rng, job), spec(&mut rng, job));
+                let change = NewChange {
+                    seq: rng.random_range(1..6),
+                    job,
+                    action: [
+                        JobChangeAction::Add,
+                        JobChangeAction::Reschedule,
+                        JobChangeAction::Remove,
+                    ][rng.random_range(0..3)],
+                    definition: definition.as_ref(),
+                    previous: previous.as_ref(),
+                    by: pick(&mut rng, &REPLICAS),
+                    at: time(&mut rng),
+                };
+                let sql = changes.insert_job_change(scheduler, &change).await.unwrap();
+                let mem = memory.changes.insert(scheduler, &change);
+                assert_eq!(sql, mem, "{at}: insert_job_change({})", change.seq);
+            }
+            25 => {
+                let after = rng.random_range(0..6);
+                let sql = changes.job_changes_after(scheduler, after).await.unwrap();
+                let mem = memory.changes.after(scheduler, after);
+                assert_eq!(sql, mem, "{at}: job_changes_after({after})");
+                let job = rng.random_bool(0.5).then(|| pick(&mut rng, &JOBS));
+                let limit = rng.random_range(0..4);
+                let sql = changes.job_changes(scheduler, job, limit).await.unwrap();
+                let mem = memory.changes.latest(scheduler, job, limit).unwrap();
+                assert_eq!(sql, mem, "{at}: job_changes({job:?}, {limit})");
+                let sql = changes.last_job_change(scheduler).await.unwrap();
+                let mem = memory.changes.last(scheduler);
+                assert_eq!(sql, mem, "{at}: last_job_change");
+            }
             _ => {
                 let changes: Vec<Change<'_>> = (0..rng.random_range(1..4))
                     .map(|_| {
@@ -380,6 +431,9 @@ async fn sequence(seed: u64) {
         let sql = definitions.job_definitions(scheduler).await.unwrap();
         let mem = memory.jobs.all(scheduler);
         assert_eq!(sql, mem, "{end}: the job definitions of {scheduler}");
+        let sql = changes.job_changes_after(scheduler, 0).await.unwrap();
+        let mem = memory.changes.after(scheduler, 0);
+        assert_eq!(sql, mem, "{end}: the job changes of {scheduler}");
         for id in IDS {
             let sql = requests.request(scheduler, id).await.unwrap();
             let mem = memory.requests.request(scheduler, id);
