@@ -115,6 +115,17 @@ impl RunFilter {
 
 impl RunFilter {
     /// The runs of `scheduler` this filter selects, newest tick first (then by job).
+    /// Whether `run` (of the scheduler asked) meets every condition set.
+    #[cfg(test)]
+    pub(super) fn selects(&self, run: &Run) -> bool {
+        let tick = ms(run.tick);
+        self.job.as_ref().is_none_or(|job| *job == run.job)
+            && self.outcome.is_none_or(|outcome| outcome == run.outcome)
+            && self.since.is_none_or(|since| tick >= ms(since))
+            && self.until.is_none_or(|until| tick <= ms(until))
+            && self.manual.is_none_or(|manual| manual == run.manual)
+    }
+
     pub(super) async fn query(&self, shared: &Shared, scheduler: &str) -> Result<Vec<Run>, Error> {
         let filter = self;
         let mut sql = format!(

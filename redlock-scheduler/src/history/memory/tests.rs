@@ -16,13 +16,16 @@ use crate::request::RequestAction;
 use crate::spec::JobSpec;
 
 const SEQUENCES: u64 = 40;
-const STEPS: usize = 150;
+const STEPS: usize = 200;
 const SCHEDULERS: [&str; 2] = ["s", "t"];
 const JOBS: [&str; 3] = ["a", "b", "c"];
 const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
 const HANDLERS: [&str; 3] = ["a", "b", "h"];
 const IDS: [&str; 4] = ["q0", "q1", "q2", "q3"];
 const RESULTS: [&str; 3] = ["ok", "ok: tick 1", "expired: no replica took it"];
+/// The retention of the history under test.
+const KEEP_FOR: std::time::Duration = std::time::Duration::from_secs(3);
+const KEEP_RUNS: u32 = 2;
 /// Ticks: whole seconds from the base.
 const TICKS: i64 = 6;
 
@@ -111,7 +114,12 @@ fn sorted(mut handoffs: Vec<Handoff>) -> Vec<Handoff> {
 
 /// One sequence: every statement's answer from SQLite and from the memory tables.
 async fn sequence(seed: u64) {
-    let history = History::connect("sqlite::memory:").await.unwrap();
+    let history = History::builder("sqlite::memory:")
+        .keep_for(KEEP_FOR)
+        .keep_runs(KEEP_RUNS)
+        .connect()
+        .await
+        .unwrap();
     let (dispatch, control) = (history.dispatch(), history.control());
     let (requests, definitions) = (history.requests(), history.definitions());
     let changes = history.changes();
@@ -123,7 +131,7 @@ async fn sequence(seed: u64) {
     for step in 0..STEPS {
         let scheduler = pick(&mut rng, &SCHEDULERS);
         let at = format!("seed {seed} step {step}");
-        match rng.random_range(0..26) {
+        match rng.random_range(0..31) {
             0 | 1 => {
                 let presence = Presence {
                     instance: pick(&mut rng, &REPLICAS).to_owned(),
@@ -373,6 +381,87 @@ async fn sequence(seed: u64) {
                 let sql = changes.last_job_change(scheduler).await.unwrap();
                 let mem = memory.changes.last(scheduler);
                 assert_eq!(sql, mem, "{at}: last_job_change");
+            }
+            26 => {
+                let job = pick(&mut rng, &JOBS);
+                let sql = history.last_tick(scheduler, job).await.unwrap();
+                let mem = memory.runs.last_tick(scheduler, job);
+                assert_eq!(sql, mem, "{at}: last_tick({job})");
+                let sql = history.last_ticks(scheduler).await.unwrap();
+                let mem = memory.runs.last_ticks(scheduler);
+                assert_eq!(sql, mem, "{at}: last_ticks");
+                let limit = rng.random_range(0..4);
+                let sql = history.runs(scheduler, job, limit).await.unwrap();
+                let mem = memory.runs.runs(scheduler, job, limit);
+                assert_eq!(sql, mem, "{at}: runs({job}, {limit})");
+                let mut sql = history.last_runs(scheduler).await.unwrap();
+                sql.sort_by(|a, b| a.job.cmp(&b.job));
+                let mem = memory.runs.last_runs(scheduler);
+                assert_eq!(sql, mem, "{at}: last_runs");
+            }
+            27 => {
+                let (from, to) = (tick(&mut rng), tick(&mut rng));
+                let sql = history.runs_between(scheduler, from, to).await.unwrap();
+                let mem = memory.runs.between(scheduler, from, to);
+                assert_eq!(sql, mem, "{at}: runs_between({from}, {to})");
+                // By tick only: ties in any order.
+                let mut sql = history.running(scheduler).await.unwrap();
+                sql.sort_by(|a, b| a.tick.cmp(&b.tick).then_with(|| a.job.cmp(&b.job)));
+                let mem = memory.runs.running(scheduler);
+                assert_eq!(sql, mem, "{at}: running");
+                let (job, tick) = (pick(&mut rng, &JOBS), tick(&mut rng));
+                let sql = history.claimant(scheduler, job, tick).await.unwrap();
+                let mem = memory.runs.claimant(scheduler, job, tick);
+                assert_eq!(sql, mem, "{at}: claimant({job}, {tick})");
+            }
+            28 => {
+                let mut filter = crate::history::RunFilter::new();
+                if rng.random_bool(0.5) {
+                    filter = filter.job(pick(&mut rng, &JOBS));
+                }
+                if rng.random_bool(0.3) {
+                    filter = filter.outcome(outcome(&mut rng));
+                }
+                if rng.random_bool(0.3) {
+                    filter = filter.since(tick(&mut rng));
+                }
+                if rng.random_bool(0.3) {
+                    filter = filter.until(tick(&mut rng));
+                }
+                match rng.random_range(0..3) {
+                    0 => filter = filter.manual_only(),
+                    1 => filter = filter.scheduled_only(),
+                    _ => {}
+                }
+                if rng.random_bool(0.5) {
+                    filter = filter.limit(rng.random_range(0..4));
+                }
+                let sql = history.query_runs(scheduler, &filter).await.unwrap();
+                let mem = memory.runs.query(scheduler, &filter);
+                assert_eq!(sql, mem, "{at}: query_runs({filter:?})");
+            }
+            29 => {
+                let (job, tick) = (pick(&mut rng, &JOBS), tick(&mut rng));
+                if let Some(run) = history.run_at(scheduler, job, tick).await.unwrap() {
+                    let mut run = run;
+                    if rng.random_bool(0.5) {
+                        // As another replica saw it: not its row to close.
+                        let other = REPLICAS.iter().find(|r| **r != run.instance);
+                        run.instance = other.copied().unwrap_or_default().to_owned();
+                    }
+                    let (by, when) = (pick(&mut rng, &REPLICAS), time(&mut rng));
+                    let sql = history.abandon(&run, by, "gone", when).await.unwrap();
+                    let mem = memory.runs.abandon(&run, by, "gone", when);
+                    assert_eq!(sql, mem, "{at}: abandon({run:?})");
+                }
+            }
+            30 => {
+                let now = time(&mut rng);
+                let sql = history.prune(scheduler, now).await.unwrap();
+                let cutoff = crate::time::earlier(now, KEEP_FOR);
+                let mem = memory.runs.prune(scheduler, Some(cutoff), Some(KEEP_RUNS));
+                memory.requests.prune(scheduler, cutoff);
+                assert_eq!(sql, mem, "{at}: prune({now})");
             }
             _ => {
                 let changes: Vec<Change<'_>> = (0..rng.random_range(1..4))
