@@ -587,15 +587,28 @@ async fn a_tick_claimed_before_a_step_down_runs_on_the_next_leader() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let second = Replica::start(&cluster, "b", None, make(), |b| b).await;
-    let scheduler = first.scheduler.clone();
-    let stepped = first
+    let ran = step_down_then_run(first, second, run_lock, &ticks, tick).await;
+    assert_eq!(ran, ["b"], "tick {tick} ran once, on the new leader");
+}
+
+/// `leader` steps down and `next` takes over; then the job's run lock, held elsewhere,
+/// goes, so that whoever has `tick` runs it now. The replicas that ran it, once it ran
+/// (both replicas shut down).
+async fn step_down_then_run(
+    leader: Replica,
+    next: Replica,
+    run_lock: redlock_core::Lock,
+    ticks: &Ticks,
+    tick: i64,
+) -> Vec<String> {
+    let scheduler = leader.scheduler.clone();
+    let stepped = leader
         .sandbox
         .run(async move { scheduler.step_down().await.is_ok() })
         .await;
     assert!(stepped, "the leader stepped down");
-    let replicas = [first, second];
+    let replicas = [leader, next];
     assert_eq!(leader_of(&replicas, Duration::from_secs(10)).await, 1);
-    // The run lock goes: whoever holds the claim runs the tick now.
     run_lock.release().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !ticks.snapshot().contains_key(&tick) {
@@ -610,11 +623,7 @@ async fn a_tick_claimed_before_a_step_down_runs_on_the_next_leader() {
     for replica in &replicas {
         replica.shutdown().await;
     }
-    assert_eq!(
-        ticks.snapshot().get(&tick),
-        Some(&vec!["b".to_owned()]),
-        "tick {tick} ran once, on the new leader"
-    );
+    ticks.snapshot().remove(&tick).unwrap_or_default()
 }
 
 /// The replica a tick is handed to now (`None` once taken, or dropped).
@@ -692,31 +701,10 @@ async fn a_tick_moved_to_the_leader_runs_after_a_step_down() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let next = Replica::start(&cluster, "b", Some(url.clone()), make(), |b| b).await;
-    let scheduler = leader.scheduler.clone();
-    let stepped = leader
-        .sandbox
-        .run(async move { scheduler.step_down().await.is_ok() })
-        .await;
-    assert!(stepped, "the leader stepped down");
-    let replicas = [leader, next];
-    assert_eq!(leader_of(&replicas, Duration::from_secs(10)).await, 1);
-    run_lock.release().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ticks.snapshot().contains_key(&second_tick) {
-        assert!(
-            Instant::now() < deadline,
-            "tick {second_tick} never ran after the step-down: {:?}",
-            ticks.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for replica in &replicas {
-        replica.shutdown().await;
-    }
+    let ran = step_down_then_run(leader, next, run_lock, &ticks, second_tick).await;
     assert_eq!(
-        ticks.snapshot().get(&second_tick),
-        Some(&vec!["a".to_owned()]),
+        ran,
+        ["a"],
         "tick {second_tick} ran once, where it was moved"
     );
     let row = history

@@ -226,9 +226,9 @@ mod tests {
     #[tokio::test]
     async fn requests_are_taken_once() {
         let history = History::connect("sqlite::memory:").await.unwrap();
+        let requests = history.requests();
         let id = new_request_id();
-        history
-            .requests()
+        requests
             .insert_request(
                 &id,
                 "s",
@@ -239,60 +239,33 @@ mod tests {
             )
             .await
             .unwrap();
-        let pending = history.requests().pending_requests("s").await.unwrap();
+        let pending = requests.pending_requests("s").await.unwrap();
         assert_eq!(pending.len(), 1);
         assert_eq!(pending[0].state, RequestState::Pending);
+        assert!(requests.pending_requests("other").await.unwrap().is_empty());
         assert!(
-            history
-                .requests()
-                .pending_requests("other")
-                .await
-                .unwrap()
-                .is_empty()
-        );
-        assert!(
-            history
-                .requests()
+            requests
                 .claim_request(&id, "r1", Utc::now(), None)
                 .await
                 .unwrap()
         );
         assert!(
-            !history
-                .requests()
+            !requests
                 .claim_request(&id, "r2", Utc::now(), None)
                 .await
                 .unwrap()
         );
-        let taken = history.requests().request("s", &id).await.unwrap().unwrap();
+        let taken = requests.request("s", &id).await.unwrap().unwrap();
         assert_eq!(
             (taken.state, taken.done_by.as_deref()),
             (RequestState::Executing, Some("r1"))
         );
-        history
-            .requests()
-            .finish_request(&id, "ok: tick x")
-            .await
-            .unwrap();
-        let done = history.requests().request("s", &id).await.unwrap().unwrap();
+        requests.finish_request(&id, "ok: tick x").await.unwrap();
+        let done = requests.request("s", &id).await.unwrap().unwrap();
         assert!(done.is_done());
         assert_eq!(done.state, RequestState::Succeeded);
-        assert!(
-            history
-                .requests()
-                .pending_requests("s")
-                .await
-                .unwrap()
-                .is_empty()
-        );
-        assert!(
-            history
-                .requests()
-                .request("other", &id)
-                .await
-                .unwrap()
-                .is_none()
-        );
+        assert!(requests.pending_requests("s").await.unwrap().is_empty());
+        assert!(requests.request("other", &id).await.unwrap().is_none());
     }
 
     #[tokio::test]
@@ -302,6 +275,7 @@ mod tests {
             .connect()
             .await
             .unwrap();
+        let requests = history.requests();
         let long_ago = Utc::now() - chrono::Duration::hours(2);
         let (done, pending, recent) = (new_request_id(), new_request_id(), new_request_id());
         for (id, at) in [
@@ -309,45 +283,22 @@ mod tests {
             (&pending, long_ago),
             (&recent, Utc::now()),
         ] {
-            history
-                .requests()
+            requests
                 .insert_request(id, "s", None, RequestAction::StepDown, "ops", at)
                 .await
                 .unwrap();
         }
         for id in [&done, &recent] {
             assert!(
-                history
-                    .requests()
+                requests
                     .claim_request(id, "r1", Utc::now(), Some("ok"))
                     .await
                     .unwrap()
             );
         }
         history.prune("s", Utc::now()).await.unwrap();
-        assert!(
-            history
-                .requests()
-                .request("s", &done)
-                .await
-                .unwrap()
-                .is_none()
-        );
-        assert!(
-            history
-                .requests()
-                .request("s", &pending)
-                .await
-                .unwrap()
-                .is_some()
-        );
-        assert!(
-            history
-                .requests()
-                .request("s", &recent)
-                .await
-                .unwrap()
-                .is_some()
-        );
+        assert!(requests.request("s", &done).await.unwrap().is_none());
+        assert!(requests.request("s", &pending).await.unwrap().is_some());
+        assert!(requests.request("s", &recent).await.unwrap().is_some());
     }
 }
