@@ -563,14 +563,7 @@ async fn a_tick_claimed_before_a_step_down_runs_on_the_next_leader() {
     let tick = tick_s * 1000;
     let expression = format!("{} * * * * *", tick_s.rem_euclid(60));
     let claim_key = format!("redlock:{{{SCHEDULER}:job:{job}:{tick}}}");
-    let someone_else = redlock_testkit::builder_for(cluster.urls())
-        .build()
-        .unwrap();
-    let run_lock = someone_else
-        .lock(format!("{SCHEDULER}:job:{job}:run"))
-        .ttl(Duration::from_secs(60))
-        .await
-        .unwrap();
+    let run_lock = hold_run_lock(&cluster, &job).await;
     let make = || {
         vec![counting_job(
             &job,
@@ -589,6 +582,18 @@ async fn a_tick_claimed_before_a_step_down_runs_on_the_next_leader() {
     let second = Replica::start(&cluster, "b", None, make(), |b| b).await;
     let ran = step_down_then_run(first, second, run_lock, &ticks, tick).await;
     assert_eq!(ran, ["b"], "tick {tick} ran once, on the new leader");
+}
+
+/// `job`'s run lock, taken by a client other than the replicas.
+async fn hold_run_lock(cluster: &Cluster, job: &str) -> redlock_core::Lock {
+    let someone_else = redlock_testkit::builder_for(cluster.urls())
+        .build()
+        .unwrap();
+    someone_else
+        .lock(format!("{SCHEDULER}:job:{job}:run"))
+        .ttl(Duration::from_secs(60))
+        .await
+        .unwrap()
 }
 
 /// `leader` steps down and `next` takes over; then the job's run lock, held elsewhere,
@@ -669,14 +674,7 @@ async fn a_tick_moved_to_the_leader_runs_after_a_step_down() {
     };
     // Someone else holds the job's run lock: the first tick is skipped (overlap), and
     // the second, once moved (so late), waits for it.
-    let someone_else = redlock_testkit::builder_for(cluster.urls())
-        .build()
-        .unwrap();
-    let run_lock = someone_else
-        .lock(format!("{SCHEDULER}:job:{job}:run"))
-        .ttl(Duration::from_secs(60))
-        .await
-        .unwrap();
+    let run_lock = hold_run_lock(&cluster, &job).await;
     let leader = Replica::start(&cluster, "a", Some(url.clone()), make(), |b| b).await;
     leader_of(std::slice::from_ref(&leader), Duration::from_secs(5)).await;
     let mut doomed = Replica::start(&cluster, "g", Some(url.clone()), make(), |b| b).await;
