@@ -10,13 +10,13 @@
 //! limit, its integer conversions), checked against SQLite by a differential test
 //! (`tests.rs`: seeded sequences of statements through both, every answer and every row
 //! compared). Only rows this version writes are modelled (an earlier version's, such
-//! as a leader's record without a lease, are not). They hold the run rows, the replicas, the hand-offs, the leader's record, the
-//! pauses, the operators' requests, the published job definitions and the job change log:
-//! every table but the fences (and a run's own transaction).
+//! as a leader's record without a lease, are not). They hold every table, a run's
+//! commit against its job's fence included, the jobs' own writes kept as a list.
 
 mod changes;
 mod control;
 mod dispatch;
+mod fences;
 mod jobs;
 mod requests;
 mod runs;
@@ -29,10 +29,12 @@ use chrono::{DateTime, Utc};
 pub(super) use self::changes::ChangeLog;
 pub(super) use self::control::{Leaders, Pauses};
 pub(super) use self::dispatch::{Handoffs, Replicas};
+pub(super) use self::fences::{FenceCheck, FenceRows};
 pub(super) use self::jobs::PublishedJobs;
 pub(super) use self::requests::OperatorRequests;
 pub(super) use self::runs::RunRows;
-use super::{Handoff, NewRun, Outcome};
+use super::commit::fence_resource;
+use super::{Handoff, NewRun, Outcome, RunKey, ms, token};
 
 /// Every table, for the statements that span two.
 #[derive(Debug, Default)]
@@ -45,6 +47,23 @@ pub(super) struct Tables {
     pub(super) requests: OperatorRequests,
     pub(super) jobs: PublishedJobs,
     pub(super) changes: ChangeLog,
+    pub(super) fences: FenceRows,
+    /// The jobs' own writes, as each committed run left them (the SQL store's are the
+    /// jobs' tables): (scheduler, job, tick ms, what).
+    pub(super) effects: Vec<(String, String, i64, String)>,
+}
+
+/// Why a run's transaction was not committed (nothing of it is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CommitRefused {
+    /// A later leadership's token was seen.
+    Stale { highest: u64 },
+    /// The run's row is not this run's `running` row any more.
+    RowClosed,
+    /// The run no longer holds its job's run lock.
+    LockLost,
+    /// A token the fences table cannot hold.
+    OutOfRange,
 }
 
 impl Tables {
@@ -74,5 +93,72 @@ impl Tables {
             at,
         };
         self.runs.claim(&run)
+    }
+
+    /// [`Fences::raise_fences`](super::Fences::raise_fences): each job's fence to at
+    /// least `token`, in one transaction (none raised if the token does not fit).
+    pub(super) fn raise_fences<'a>(
+        &mut self,
+        scheduler: &str,
+        jobs: impl Iterator<Item = &'a str>,
+        token: u64,
+    ) -> Result<(), CommitRefused> {
+        let mut fences = self.fences.clone();
+        for job in jobs {
+            if fences.check(&fence_resource(scheduler, job), token) == FenceCheck::OutOfRange {
+                return Err(CommitRefused::OutOfRange);
+            }
+        }
+        self.fences = fences;
+        Ok(())
+    }
+
+    /// [`Fences::commit_run`](super::Fences::commit_run) of a run that wrote `effects`:
+    /// checks the job's fence (raising it to the run's token), marks the run's row
+    /// succeeded where it is still its own `running` row (inserting it if missing), and
+    /// asks `held` last; all of it and the effects are kept, or none.
+    pub(super) fn commit_run(
+        &mut self,
+        run: RunKey<'_>,
+        at: chrono::DateTime<chrono::Utc>,
+        held: impl Fn() -> bool,
+        effects: &[String],
+    ) -> Result<(), CommitRefused> {
+        let mut fences = self.fences.clone();
+        match fences.check(&fence_resource(run.scheduler, run.job), run.token) {
+            FenceCheck::Admitted => {}
+            FenceCheck::Stale { highest } => return Err(CommitRefused::Stale { highest }),
+            FenceCheck::OutOfRange => return Err(CommitRefused::OutOfRange),
+        }
+        if !self.runs.succeed(run, at, true) {
+            return Err(CommitRefused::RowClosed);
+        }
+        if !held() {
+            return Err(CommitRefused::LockLost);
+        }
+        self.runs.succeed(run, at, false);
+        self.fences = fences;
+        let tick = ms(run.tick);
+        self.effects.extend(effects.iter().map(|what| {
+            (
+                run.scheduler.to_owned(),
+                run.job.to_owned(),
+                tick,
+                what.clone(),
+            )
+        }));
+        Ok(())
+    }
+
+    /// [`Fences::commit_outcome`](super::Fences::commit_outcome): whether the run's row
+    /// says its transaction committed.
+    pub(super) fn committed(&self, run: RunKey<'_>) -> bool {
+        self.runs
+            .run_at(run.scheduler, run.job, run.tick)
+            .is_some_and(|row| {
+                row.instance == run.instance
+                    && row.fencing_token == u64::try_from(token(run.token)).ok()
+                    && row.outcome == Outcome::Succeeded
+            })
     }
 }

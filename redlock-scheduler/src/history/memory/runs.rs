@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 
-use super::super::{Change, NewRun, Outcome, Run, RunEnd, RunFilter, from_ms, ms, token};
+use super::super::{Change, NewRun, Outcome, Run, RunEnd, RunFilter, RunKey, from_ms, ms, token};
 
 /// A run row's key: scheduler, job, tick (Unix ms).
 type Key = (String, String, i64);
@@ -79,6 +79,47 @@ impl RunRows {
         row.error = end.error.map(str::to_owned);
         row.closed_by = None;
         true
+    }
+
+    /// A run's commit marks its row succeeded: where it is still that instance's
+    /// `running` row, or inserted if missing. `dry`: only whether it would.
+    pub(in super::super) fn succeed(
+        &mut self,
+        run: RunKey<'_>,
+        at: DateTime<Utc>,
+        dry: bool,
+    ) -> bool {
+        let key = (run.scheduler.to_owned(), run.job.to_owned(), ms(run.tick));
+        match self.rows.get_mut(&key) {
+            Some(row) if row.instance == run.instance && row.outcome == Outcome::Running => {
+                if !dry {
+                    row.outcome = Outcome::Succeeded;
+                    row.finished = Some(stored(at));
+                    row.error = None;
+                }
+                true
+            }
+            Some(_) => false,
+            None => {
+                if !dry {
+                    let row = Run {
+                        scheduler: run.scheduler.to_owned(),
+                        job: run.job.to_owned(),
+                        tick: stored(run.tick),
+                        instance: run.instance.to_owned(),
+                        fencing_token: u64::try_from(token(run.token)).ok(),
+                        started: Some(stored(run.started)),
+                        finished: Some(stored(at)),
+                        outcome: Outcome::Succeeded,
+                        error: None,
+                        manual: run.manual,
+                        closed_by: None,
+                    };
+                    self.rows.insert(key, row);
+                }
+                true
+            }
+        }
     }
 
     /// [`History::run_at`](super::super::History::run_at).

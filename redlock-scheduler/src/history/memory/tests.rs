@@ -8,15 +8,17 @@ use chrono::{DateTime, TimeZone, Utc};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use super::Tables;
+use redlock_fence::FenceError;
+
+use super::{CommitRefused, Tables};
 use crate::changes::JobChangeAction;
-use crate::history::NewChange;
 use crate::history::{Change, Handoff, History, JobDefinition, NewRun, Outcome, Presence, RunEnd};
+use crate::history::{HistoryError, NewChange, Refused, RunKey};
 use crate::request::RequestAction;
 use crate::spec::JobSpec;
 
 const SEQUENCES: u64 = 40;
-const STEPS: usize = 200;
+const STEPS: usize = 250;
 const SCHEDULERS: [&str; 2] = ["s", "t"];
 const JOBS: [&str; 3] = ["a", "b", "c"];
 const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
@@ -122,7 +124,11 @@ async fn sequence(seed: u64) {
         .unwrap();
     let (dispatch, control) = (history.dispatch(), history.control());
     let (requests, definitions) = (history.requests(), history.definitions());
-    let changes = history.changes();
+    let (changes, fences) = (history.changes(), history.fences());
+    sqlx::query("CREATE TABLE effects (scheduler TEXT, job TEXT, tick_ms BIGINT, what TEXT)")
+        .execute(history.pool())
+        .await
+        .unwrap();
     let mut memory = Tables::default();
     let mut rng = StdRng::seed_from_u64(seed);
     // Hand-offs as read (some since moved, taken or declined), for the statements that
@@ -131,7 +137,7 @@ async fn sequence(seed: u64) {
     for step in 0..STEPS {
         let scheduler = pick(&mut rng, &SCHEDULERS);
         let at = format!("seed {seed} step {step}");
-        match rng.random_range(0..31) {
+        match rng.random_range(0..35) {
             0 | 1 => {
                 let presence = Presence {
                     instance: pick(&mut rng, &REPLICAS).to_owned(),
@@ -463,6 +469,61 @@ async fn sequence(seed: u64) {
                 memory.requests.prune(scheduler, cutoff);
                 assert_eq!(sql, mem, "{at}: prune({now})");
             }
+            31 => {
+                let jobs: Vec<&str> = JOBS
+                    .iter()
+                    .copied()
+                    .filter(|_| rng.random_bool(0.6))
+                    .collect();
+                let epoch = token(&mut rng);
+                let sql = fences
+                    .raise_fences(scheduler, jobs.iter().copied(), epoch)
+                    .await;
+                let mem = memory.raise_fences(scheduler, jobs.iter().copied(), epoch);
+                assert_eq!(
+                    sql.is_ok(),
+                    mem.is_ok(),
+                    "{at}: raise_fences({jobs:?}, {epoch}): {sql:?}"
+                );
+            }
+            32..=34 => {
+                let run = RunKey {
+                    scheduler,
+                    job: pick(&mut rng, &JOBS),
+                    tick: tick(&mut rng),
+                    instance: pick(&mut rng, &REPLICAS),
+                    token: token(&mut rng),
+                    manual: rng.random_bool(0.2),
+                    started: time(&mut rng),
+                };
+                let (held, when, what) = (rng.random_bool(0.8), time(&mut rng), format!("e{step}"));
+                let mut tx = fences.begin_run().await.unwrap();
+                sqlx::query(
+                    "INSERT INTO effects (scheduler, job, tick_ms, what) VALUES ($1, $2, $3, $4)",
+                )
+                .bind(run.scheduler)
+                .bind(run.job)
+                .bind(run.tick.timestamp_millis())
+                .bind(&what)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+                let sql = match fences.commit_run(tx, run, when, || held).await {
+                    Ok(()) => Ok(()),
+                    Err(Refused::Stale { highest }) => Err(CommitRefused::Stale { highest }),
+                    Err(Refused::RowClosed) => Err(CommitRefused::RowClosed),
+                    Err(Refused::LockLost) => Err(CommitRefused::LockLost),
+                    Err(Refused::Failed(HistoryError::Fence(FenceError::TokenOutOfRange {
+                        ..
+                    }))) => Err(CommitRefused::OutOfRange),
+                    Err(other) => panic!("{at}: commit_run({run:?}): {other:?}"),
+                };
+                let mem = memory.commit_run(run, when, || held, &[what]);
+                assert_eq!(sql, mem, "{at}: commit_run({run:?}, held: {held})");
+                let sql = fences.commit_outcome(run).await.unwrap();
+                let mem = memory.committed(run);
+                assert_eq!(sql, mem, "{at}: commit_outcome({run:?})");
+            }
             _ => {
                 let changes: Vec<Change<'_>> = (0..rng.random_range(1..4))
                     .map(|_| {
@@ -501,6 +562,15 @@ async fn sequence(seed: u64) {
     }
     // Every row.
     let end = format!("seed {seed}, at the end");
+    let sql: Vec<(String, String, i64, String)> =
+        sqlx::query_as("SELECT scheduler, job, tick_ms, what FROM effects")
+            .fetch_all(history.pool())
+            .await
+            .unwrap();
+    let (mut sql, mut mem) = (sql, memory.effects.clone());
+    sql.sort();
+    mem.sort();
+    assert_eq!(sql, mem, "{end}: the jobs' writes");
     let (first, last) = (base(), base() + chrono::Duration::days(1));
     for scheduler in SCHEDULERS {
         for job in JOBS {
