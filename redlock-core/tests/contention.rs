@@ -165,11 +165,19 @@ async fn a_dead_heir_is_skipped() {
     // The doomed waiter heads the queue (on a majority) before the live one joins it.
     queued_on_a_majority(&cluster, "heir", 1).await;
     // Its timer says 3 s: far from what a hand-over takes, also on a loaded machine.
-    let live = client(
-        &cluster,
-        RetryPolicy::deadline(Duration::from_secs(20))
-            .with_delay(Duration::from_secs(3), Duration::ZERO),
-    );
+    // It listens for wake-ups if a node's subscriber answers within the node timeout:
+    // 1 s here, since a waiter that cannot listen (a subscriber slower than 100 ms on a
+    // loaded machine) is, by design, handed the lock only at its timed attempt.
+    let live = redlock_testkit::builder_for(cluster.urls())
+        .ttl(Duration::from_secs(30))
+        .fencing(true)
+        .node_timeout(Duration::from_secs(1))
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(20))
+                .with_delay(Duration::from_secs(3), Duration::ZERO),
+        )
+        .build()
+        .unwrap();
     let waiting = tokio::spawn(async move {
         let lock = live.lock("heir").await.unwrap();
         let at = Instant::now();
