@@ -20,7 +20,9 @@ use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redlock_core::RetryPolicy;
 use redlock_fence::{FenceError, RedisFence, SqlFence};
-use redlock_testkit::{Cluster, FaultKind, Persistence, RedisServer, require, run_faults};
+use redlock_testkit::{
+    Cluster, FaultKind, Persistence, RedisServer, require, run_faults, unique_name,
+};
 use tokio::task::JoinHandle;
 
 const RESOURCE: &str = "ledger";
@@ -32,14 +34,6 @@ const UNFENCED_RUN: Duration = Duration::from_secs(4);
 const DATA_KEY: &str = "ledger:data";
 /// Echoed to the data Redis once the holders are done: the end of the `MONITOR` log.
 const END_OF_LOG: &str = "end-of-the-schedule";
-
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}_{}_{}", std::process::id(), nanos % 1_000_000_000)
-}
 
 /// xorshift64*: enough randomness for stalls, reproducible per holder.
 struct Rng(u64);
@@ -104,9 +98,9 @@ macro_rules! sql_write {
 impl Store {
     async fn postgres(url: &str) -> Self {
         let pool = sqlx::PgPool::connect(url).await.unwrap();
-        let fence = SqlFence::with_table(unique("fences")).unwrap();
+        let fence = SqlFence::with_table(unique_name("fences")).unwrap();
         fence.migrate(&pool).await.unwrap();
-        let log = unique("log");
+        let log = unique_name("log");
         sqlx::query(&format!(
             "CREATE TABLE {log} (id BIGSERIAL PRIMARY KEY, token BIGINT NOT NULL, writer BIGINT NOT NULL, seq BIGINT NOT NULL)"
         ))

@@ -10,16 +10,8 @@ use std::time::Duration;
 use redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN;
 use redlock_core::{ArgumentError, RetryPolicy};
 use redlock_fence::{FenceError, SqlFence};
-use redlock_testkit::{Cluster, require};
+use redlock_testkit::{Cluster, require, unique_name};
 use sqlx::Executor;
-
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}_{}_{}", std::process::id(), nanos % 1_000_000_000)
-}
 
 /// Applies a fenced (or, `fenced == false`, an unfenced) write of `value` to row `key`
 /// of `data` under `token`; whether it was committed.
@@ -95,10 +87,10 @@ async fn postgres() -> Option<sqlx::PgPool> {
 macro_rules! tokens_only_go_up {
     ($pool:expr) => {{
         let pool = $pool;
-        let fence = SqlFence::with_table(unique("fences")).unwrap();
+        let fence = SqlFence::with_table(unique_name("fences")).unwrap();
         fence.migrate(&pool).await.unwrap();
         fence.migrate(&pool).await.unwrap(); // again: nothing happens
-        let data = unique("data");
+        let data = unique_name("data");
         sqlx::query(&format!(
             "CREATE TABLE {data} (id BIGINT PRIMARY KEY, value BIGINT)"
         ))
@@ -188,7 +180,7 @@ fn incompressible(len: usize) -> String {
 macro_rules! resource_names_are_bounded {
     ($pool:expr) => {{
         let pool = $pool;
-        let fence = SqlFence::with_table(unique("fences")).unwrap();
+        let fence = SqlFence::with_table(unique_name("fences")).unwrap();
         fence.migrate(&pool).await.unwrap();
         let mut conn = pool.acquire().await.unwrap();
         let long = incompressible(10 * 1024);
@@ -258,7 +250,7 @@ async fn postgres_a_stale_check_waits_for_the_newer_commit() {
     let Some(pool) = postgres().await else {
         return;
     };
-    let fence = SqlFence::with_table(unique("fences")).unwrap();
+    let fence = SqlFence::with_table(unique_name("fences")).unwrap();
     fence.migrate(&pool).await.unwrap();
     fence.check(&pool, "r", 5).await.unwrap();
     let mut newer = pool.begin().await.unwrap();

@@ -12,15 +12,7 @@ use redlock_idempotency::{
     Begin, Fingerprint, Finished, Idempotency, IdempotencyKey, Record, RecordState, RefusalKind,
     Started, Store, StoreError, StoredResponse,
 };
-use redlock_testkit::{Cluster, require};
-
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}_{}_{}", std::process::id(), nanos % 1_000_000_000)
-}
+use redlock_testkit::{Cluster, require, unique_name};
 
 fn fp(body: &str) -> Fingerprint {
     Fingerprint::builder("POST", "/refunds")
@@ -56,7 +48,7 @@ const DAY: Duration = Duration::from_secs(86_400);
 
 /// The rules every store keeps.
 async fn store_rules(store: &dyn Store) {
-    let id = unique("t%3A1:k");
+    let id = unique_name("t%3A1:k");
     assert_eq!(store.load(&id).await.unwrap(), None);
 
     // First start writes; the same request's start under a higher token (its run died)
@@ -102,7 +94,7 @@ async fn store_rules(store: &dyn Store) {
         other => panic!("{other:?}"),
     }
     // An abandoned record (a 5xx) is taken over by the next run, even another request's.
-    let abandoned_id = unique("abandoned");
+    let abandoned_id = unique_name("abandoned");
     let abandoned = Record {
         state: RecordState::Abandoned,
         status: Some(503),
@@ -122,7 +114,7 @@ async fn store_rules(store: &dyn Store) {
     );
 
     // Expiry: a record is gone after its TTL, and its id can start again.
-    let short = unique("short");
+    let short = unique_name("short");
     store
         .start(&short, &in_flight(9, "a"), Duration::from_millis(300))
         .await
@@ -140,7 +132,7 @@ async fn store_rules(store: &dyn Store) {
     );
 
     // Listing by prefix, in id order, without other prefixes.
-    let prefix = unique("list");
+    let prefix = unique_name("list");
     for n in [3, 1, 2] {
         let id = format!("{prefix}:{n}");
         store.start(&id, &in_flight(n, "a"), DAY).await.unwrap();
@@ -203,7 +195,7 @@ async fn postgres_store_rules() {
     let store = SqlStore::connect(&url)
         .await
         .unwrap()
-        .table(unique("idem"))
+        .table(unique_name("idem"))
         .unwrap();
     store.migrate().await.unwrap();
     store_rules(&store).await;
@@ -239,7 +231,7 @@ async fn decisions(store: Arc<dyn Store>) {
     let cluster = Cluster::start(3).await;
     let redlock = redlock_testkit::builder(&cluster).build().unwrap();
     let idempotency = Idempotency::with_store(redlock, store).max_body(8);
-    let k = key(&unique("k"));
+    let k = key(&unique_name("k"));
     let scope = Some("tenant-1");
 
     // First: runs, holds the lock, the record says in flight; a concurrent request with
@@ -290,7 +282,7 @@ async fn decisions(store: Arc<dyn Store>) {
     assert!(token > 0);
 
     // A 5xx is not stored: the next request runs again.
-    let k5 = key(&unique("k5"));
+    let k5 = key(&unique_name("k5"));
     let Begin::Run(run) = idempotency.begin(scope, &k5, fp("a")).await.unwrap() else {
         panic!()
     };
@@ -304,7 +296,7 @@ async fn decisions(store: Arc<dyn Store>) {
     ));
 
     // A body over max_body (8) is not stored: retries are refused, never truncated.
-    let big = key(&unique("big"));
+    let big = key(&unique_name("big"));
     let Begin::Run(run) = idempotency.begin(scope, &big, fp("a")).await.unwrap() else {
         panic!()
     };
@@ -321,7 +313,7 @@ async fn decisions(store: Arc<dyn Store>) {
 
     // A run dropped without finishing (cancelled) leaves its record in flight and
     // releases its lock: the retry runs, under a higher token.
-    let dropped = key(&unique("dropped"));
+    let dropped = key(&unique_name("dropped"));
     let Begin::Run(run) = idempotency.begin(scope, &dropped, fp("a")).await.unwrap() else {
         panic!()
     };
@@ -364,7 +356,7 @@ async fn decisions_with_postgres() {
     let store = SqlStore::connect(&url)
         .await
         .unwrap()
-        .table(unique("idem_decisions"))
+        .table(unique_name("idem_decisions"))
         .unwrap();
     store.migrate().await.unwrap();
     decisions(Arc::new(store)).await;
@@ -415,7 +407,7 @@ async fn a_burst_of_first_requests_runs_exactly_one() {
         })
         .collect();
     for round in 0..10 {
-        let k = key(&format!("burst-{round}-{}", unique("k")));
+        let k = key(&format!("burst-{round}-{}", unique_name("k")));
         let attempts = (0..100).map(|i| {
             let idempotency = replicas[i % 4].clone();
             let k = k.clone();

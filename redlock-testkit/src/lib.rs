@@ -106,6 +106,7 @@ pub mod faults;
 pub mod logs;
 pub mod measure;
 pub mod metrics;
+mod names;
 mod proxy;
 mod reaper;
 #[cfg(feature = "redlock-core")]
@@ -123,6 +124,7 @@ pub use checker::{Hold, Interval, Intervals, SafetyLog, Violation};
 #[cfg(feature = "redlock-core")]
 pub use client::{builder, builder_for, client, client_for, cycle};
 pub use faults::{FaultKind, FaultReport, run_faults};
+pub use names::unique_name;
 pub use proxy::{LinkState, Proxy};
 pub use sandbox::Sandbox;
 pub use server::{Persistence, RedisServer, ServerOptions};
