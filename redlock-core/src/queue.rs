@@ -144,16 +144,18 @@ pub(crate) async fn follow_hand_overs(
         // The reservation is counted from the node's script; this waits from its answer.
         tokio::time::sleep(wait.saturating_add(Duration::from_millis(1))).await;
         // One node first: in the usual case (the heir took the lock) it says so, and
-        // that is all the follow-up costs. If it passed the lock on (or did not answer),
-        // a majority of nodes: the next heir takes the others, where the reservation has
-        // run out, as free keys.
+        // that is all the follow-up costs. If it found the key gone (the heir did not
+        // take it: passed on there, or, with nobody queued on that node, freed, while
+        // the next waiter may be queued on the others), or did not answer, a majority of
+        // nodes: the next heir takes the others, where the reservation has run out, as
+        // free keys.
         let nodes: Vec<usize> = pending.iter().map(|(node, _)| *node).collect();
         let (first, rest) = nodes.split_at(1.min(nodes.len()));
         let mut answers = follow_up(&cluster, &target, first).await;
         let settled = answers
             .iter()
             .flatten()
-            .all(|answer| matches!(answer, Ok(n) if release_answer(*n).1.is_zero()));
+            .all(|answer| matches!(answer, Ok(n) if release_answer(*n) == (0, Duration::ZERO)));
         if !settled || answers.iter().all(Option::is_none) {
             let more = cluster.quorum().saturating_sub(first.len());
             let others: Vec<usize> = rest.iter().copied().take(more).collect();

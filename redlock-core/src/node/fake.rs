@@ -279,6 +279,17 @@ impl FakeServer {
             .take_places(&keys, 1, id.as_bytes(), since_ms as f64, keep);
     }
 
+    /// Takes waiter `id` out of the wait queue of lock key `key` (its join never reached
+    /// this node).
+    #[cfg(test)]
+    pub(crate) fn dequeue(&self, key: &str, id: &str) {
+        let queues = crate::protocol::with_queues(&[key.to_owned()]);
+        let mut state = self.state();
+        for queue in &queues[1..] {
+            state.zrem(queue.as_bytes(), id.as_bytes());
+        }
+    }
+
     /// The members of the sorted set `key` (a wait queue), lowest score first.
     #[cfg(test)]
     pub(crate) fn queue(&self, key: &str) -> Vec<String> {
@@ -1108,7 +1119,10 @@ impl State {
             let mut free = false;
             if mode == "2" {
                 match &current {
-                    None => free = true,
+                    None => {
+                        released += 1;
+                        free = true;
+                    }
                     Some(v) if v.first() == Some(&b'~') => {
                         pending = pending.max(u64::try_from(self.pttl(key)).unwrap_or(0));
                     }

@@ -40,8 +40,9 @@ use redis::Script;
 ///
 /// With `ARGV[4]` given and not empty, first removes that waiter from the queues (a
 /// waiter leaving: with `ARGV[1] = '~' .. ARGV[4]` it also passes on a hand-over it did
-/// not take). Returns how many keys it released, plus 65536 times the longest hand-over
-/// it left pending (ms: one it made, or, in follow-up mode, one it found).
+/// not take). Returns how many keys it released (in follow-up mode, how many it found
+/// gone: their heir did not take them), plus 65536 times the longest hand-over it left
+/// pending (ms: one it made, or, in follow-up mode, one it found).
 ///
 /// A lock's release, the common case, passes the value alone: every argument and every
 /// key costs the node time, and the deadlines are needed only when there is a queue.
@@ -81,6 +82,7 @@ for i = 1, n do
   local free = false
   if mode == '2' then
     if not current then
+      released = released + 1
       free = true
     elseif string.sub(current, 1, 1) == '~' then
       local left = redis.call('PTTL', key)

@@ -173,6 +173,43 @@ async fn a_dead_heirs_turn_passes_to_the_next_waiter() {
     assert_eq!(*order.lock().unwrap(), ["live", "newcomer"]);
 }
 
+/// The live waiter's join never reached the first node (an acquisition returns at a
+/// majority): there, the dead heir's key is freed with nobody to hand it to. The
+/// follow-up does not stop at that node: it hands the key over to the live waiter on
+/// another, long before its next timed attempt (a hand-over publishes the waiter's
+/// wake-up; it then takes that key and the free ones).
+#[tokio::test]
+async fn a_dead_heirs_turn_passes_on_where_the_next_waiter_queued() {
+    let servers = servers(3);
+    let redlock = client(&servers, false);
+    let key = redlock.key_for("r");
+    let holder = redlock.try_lock("r").await.unwrap();
+    for s in &servers {
+        s.enqueue(&key, "dead.0:60", 1, Duration::from_secs(30));
+    }
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let slow = Duration::from_secs(3);
+    let live = waiter_every(&redlock, "live", &order, Duration::ZERO, slow);
+    eventually(|| queue_of(&servers, &key).iter().all(|q| q.len() == 2)).await;
+    let queue = format!("{key}:queue");
+    let id = servers[0]
+        .queue(&queue)
+        .into_iter()
+        .find(|member| member != "dead.0:60")
+        .unwrap();
+    servers[0].dequeue(&key, &id);
+    holder.release().await.unwrap();
+    let handed = format!("~{id}");
+    eventually(|| {
+        servers
+            .iter()
+            .any(|s| s.get(&key).as_deref() == Some(handed.as_str()))
+    })
+    .await;
+    live.await.unwrap().unwrap();
+    assert_eq!(*order.lock().unwrap(), ["live"]);
+}
+
 #[tokio::test]
 async fn a_restart_forgets_one_queue_and_the_waiter_keeps_its_turn() {
     let servers = servers(3);
