@@ -98,8 +98,26 @@ impl JobContext {
     /// when the run was already told to stop; [`TransactionError::History`] when the
     /// database fails.
     pub async fn transaction(&self) -> Result<RunTransaction, TransactionError> {
+        RunTransaction::begin(self.run_scope()?).await
+    }
+
+    /// [`transaction`](Self::transaction) on a memory history (a simulation's, feature
+    /// `sim`): the job's writes are strings kept with the run's row.
+    ///
+    /// # Errors
+    ///
+    /// As [`transaction`](Self::transaction); [`TransactionError::History`] on a
+    /// history kept in a database.
+    #[cfg(feature = "sim")]
+    pub async fn memory_transaction(
+        &self,
+    ) -> Result<crate::transaction::MemoryTransaction, TransactionError> {
+        crate::transaction::MemoryTransaction::begin(self.run_scope()?).await
+    }
+
+    fn run_scope(&self) -> Result<RunScope, TransactionError> {
         let record = self.record.clone().ok_or(TransactionError::NoHistory)?;
-        RunTransaction::begin(RunScope {
+        Ok(RunScope {
             job: Arc::clone(&self.job),
             tick: self.tick,
             fencing_token: self.fencing_token,
@@ -108,7 +126,6 @@ impl JobContext {
             cancel: self.cancel.clone(),
             record,
         })
-        .await
     }
 }
 

@@ -45,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{TaskTracker, task_tracker::TaskTrackerToken};
 
 use crate::error::BuildError;
+use crate::time::{Clock, SystemClock};
 
 /// How long a leadership that ends of its own accord (term, step-down, shutdown) waits
 /// for its work in hand to be settled before its lock goes to the next leader.
@@ -129,6 +130,7 @@ pub struct LeaderElectorBuilder {
     retry_interval: Duration,
     on_elected: Vec<Callback>,
     on_lost: Vec<Callback>,
+    clock: Arc<dyn Clock>,
 }
 
 impl fmt::Debug for LeaderElectorBuilder {
@@ -241,6 +243,17 @@ impl LeaderElectorBuilder {
         Ok(self.spawn())
     }
 
+    /// The wall clock a leadership's [`since`](Leadership::since) is read from
+    /// (default: the system's). Lock timing never uses it.
+    pub fn clock(self, clock: impl Clock) -> Self {
+        self.shared_clock(Arc::new(clock))
+    }
+
+    pub(crate) fn shared_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// Starts campaigning with options checked already.
     pub(crate) fn spawn(self) -> LeaderElector {
         let instance: Arc<str> = self.instance.unwrap_or_else(random_instance).into();
@@ -257,6 +270,7 @@ impl LeaderElectorBuilder {
             retry_interval: self.retry_interval,
             on_elected: self.on_elected,
             on_lost: self.on_lost,
+            clock: self.clock,
             events: Arc::clone(&events),
             stop: stop.clone(),
             step_downs: Arc::clone(&step_downs),
@@ -294,6 +308,7 @@ impl LeaderElector {
             retry_interval: DEFAULT_RETRY_INTERVAL,
             on_elected: Vec::new(),
             on_lost: Vec::new(),
+            clock: Arc::new(SystemClock),
         }
     }
 
@@ -439,6 +454,7 @@ struct Campaign {
     retry_interval: Duration,
     on_elected: Vec<Callback>,
     on_lost: Vec<Callback>,
+    clock: Arc<dyn Clock>,
     events: Arc<watch::Sender<LeaderEvent>>,
     stop: CancellationToken,
     step_downs: Arc<StepDowns>,
@@ -486,7 +502,7 @@ impl Campaign {
             let leadership = Leadership {
                 instance: Arc::clone(&self.instance),
                 epoch: lock.fencing_token().unwrap_or(0),
-                since: Utc::now(),
+                since: self.clock.now(),
                 lost: CancellationToken::new(),
                 ended: CancellationToken::new(),
                 settling: TaskTracker::new(),

@@ -21,6 +21,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::history::{Change, History, HistoryError, NewRun, Outcome, RunEnd};
 use crate::status::{HealthCell, LastRun};
+use crate::time::Clock;
 
 /// At most this many writes wait; beyond, the oldest are dropped (and counted).
 const MAX_PENDING: usize = 10_000;
@@ -90,6 +91,8 @@ pub(crate) struct Recorder {
     /// Rows of ticks about to run, waiting for the next group commit.
     claims: Mutex<Vec<(Row, oneshot::Sender<Inserted>)>>,
     claims_wake: Notify,
+    /// The wall clock a run's end is stamped with.
+    clock: Arc<dyn Clock>,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -99,8 +102,14 @@ fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Recorder {
-    pub(crate) fn new(history: History, scheduler: String, instance: Arc<str>) -> Self {
+    pub(crate) fn new(
+        history: History,
+        scheduler: String,
+        instance: Arc<str>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Self {
+            clock,
             history,
             scheduler,
             instance,
@@ -224,7 +233,7 @@ impl Recorder {
             tick,
             outcome,
             error,
-            at: Utc::now(),
+            at: self.clock.now(),
             last,
         });
     }

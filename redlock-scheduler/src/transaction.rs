@@ -61,8 +61,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::error::history::HistoryError;
 use crate::error::transaction::TransactionError;
-use crate::history::{History, Refused, RunKey};
+use crate::history::{History, Refused, RunKey, RunWrites};
 use crate::time::Clock;
 
 /// Where the commits of a run's transactions stand.
@@ -257,8 +258,15 @@ impl RunTransaction {
         if run.cancel.is_cancelled() || !run.record.run_lock_held() {
             return Err(run.ended(STOPPED));
         }
-        let tx = run.record.history.fences().begin_run().await?;
-        Ok(Self { tx, run })
+        match run.record.history.fences().begin_run().await? {
+            RunWrites::Sql(tx) => Ok(Self { tx, run }),
+            writes @ RunWrites::Memory(_) => {
+                let _ = run.record.history.fences().rollback_run(writes).await;
+                Err(TransactionError::History(HistoryError::NoDatabase {
+                    operation: "a run's transaction on the database",
+                }))
+            }
+        }
     }
 
     /// The leadership's fencing token the commit is checked against.
@@ -288,24 +296,7 @@ impl RunTransaction {
     /// database answers).
     pub async fn commit(self) -> Result<(), TransactionError> {
         let Self { tx, run } = self;
-        if run.cancel.is_cancelled() {
-            drop(tx);
-            return Err(run.ended(STOPPED));
-        }
-        run.record.begin_commit();
-        let in_flight = InFlight {
-            record: Arc::clone(&run.record),
-            settled: Settled::InDoubt,
-        };
-        let task = tokio::spawn(
-            commit_to_the_end(tx, run.clone(), in_flight).instrument(tracing::Span::current()),
-        );
-        match task.await {
-            Ok(answer) => answer,
-            Err(err) => {
-                Err(run.unknown(format!("the commit's task ended without an answer ({err})")))
-            }
-        }
+        commit(RunWrites::Sql(tx), run).await
     }
 
     /// Rolls the transaction back (as dropping it does, but waiting for it).
@@ -315,14 +306,102 @@ impl RunTransaction {
     /// [`TransactionError::History`].
     pub async fn rollback(self) -> Result<(), TransactionError> {
         let Self { tx, run } = self;
-        Ok(run.record.history.fences().rollback_run(tx).await?)
+        Ok(run
+            .record
+            .history
+            .fences()
+            .rollback_run(RunWrites::Sql(tx))
+            .await?)
+    }
+}
+
+/// A run's transaction on a memory history (a simulation's, feature `sim`): the job
+/// describes each write as a string, and the commit keeps them with the run's
+/// `succeeded` row, or not at all, checked as [`RunTransaction::commit`] checks (the
+/// same code: fence, row, run lock, an outcome in doubt read back).
+/// [`History::memory_effects`](crate::History::memory_effects) lists what committed.
+#[cfg(feature = "sim")]
+pub struct MemoryTransaction {
+    writes: Vec<String>,
+    run: RunScope,
+}
+
+#[cfg(feature = "sim")]
+impl fmt::Debug for MemoryTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryTransaction")
+            .field("job", &self.run.job)
+            .field("tick", &self.run.tick)
+            .field("writes", &self.writes)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "sim")]
+impl MemoryTransaction {
+    /// Opens a memory transaction for `run` (see
+    /// [`JobContext::memory_transaction`](crate::JobContext::memory_transaction)).
+    pub(crate) async fn begin(run: RunScope) -> Result<Self, TransactionError> {
+        if run.cancel.is_cancelled() || !run.record.run_lock_held() {
+            return Err(run.ended(STOPPED));
+        }
+        match run.record.history.fences().begin_run().await? {
+            RunWrites::Memory(writes) => Ok(Self { writes, run }),
+            writes @ RunWrites::Sql(_) => {
+                let _ = run.record.history.fences().rollback_run(writes).await;
+                Err(TransactionError::History(HistoryError::NoDatabase {
+                    operation: "a memory transaction on a database history",
+                }))
+            }
+        }
+    }
+
+    /// Records a write of the job, kept if the transaction commits.
+    pub fn write(&mut self, what: impl Into<String>) {
+        self.writes.push(what.into());
+    }
+
+    /// The leadership's fencing token the commit is checked against.
+    pub fn fencing_token(&self) -> u64 {
+        self.run.fencing_token
+    }
+
+    /// As [`RunTransaction::commit`].
+    ///
+    /// # Errors
+    ///
+    /// As [`RunTransaction::commit`].
+    pub async fn commit(self) -> Result<(), TransactionError> {
+        let Self { writes, run } = self;
+        commit(RunWrites::Memory(writes), run).await
+    }
+}
+
+/// Commits `writes` for `run` in a task of its own and returns its answer (see
+/// [`RunTransaction::commit`]).
+async fn commit(writes: RunWrites, run: RunScope) -> Result<(), TransactionError> {
+    if run.cancel.is_cancelled() {
+        drop(writes);
+        return Err(run.ended(STOPPED));
+    }
+    run.record.begin_commit();
+    let in_flight = InFlight {
+        record: Arc::clone(&run.record),
+        settled: Settled::InDoubt,
+    };
+    let task = tokio::spawn(
+        commit_to_the_end(writes, run.clone(), in_flight).instrument(tracing::Span::current()),
+    );
+    match task.await {
+        Ok(answer) => answer,
+        Err(err) => Err(run.unknown(format!("the commit's task ended without an answer ({err})"))),
     }
 }
 
 /// Commits a run's transaction and settles its outcome in `in_flight`: committed, not,
 /// or in doubt when the commit failed and the run's row could not be read back.
 async fn commit_to_the_end(
-    tx: Transaction<'static, Any>,
+    writes: RunWrites,
     ctx: RunScope,
     mut in_flight: InFlight,
 ) -> Result<(), TransactionError> {
@@ -340,7 +419,7 @@ async fn commit_to_the_end(
     let committed = record
         .history
         .fences()
-        .commit_run(tx, run, record.clock.now(), held)
+        .commit_run(writes, run, record.clock.now(), held)
         .await;
     let (settled, answer) = match committed {
         Ok(()) => (Settled::Committed, Ok(())),

@@ -57,7 +57,7 @@ impl SchedulerAdmin {
         self.change(
             spec.name(),
             Base::Published,
-            Utc::now(),
+            self.clock.now(),
             |current| match current {
                 Some(_) => Err(RequestError::JobExists {
                     name: spec.name().to_owned(),
@@ -85,7 +85,7 @@ impl SchedulerAdmin {
         self.change(
             spec.name(),
             Base::Published,
-            Utc::now(),
+            self.clock.now(),
             |current| match current {
                 Some(_) => Ok((JobChangeAction::Reschedule, Some(spec.clone()))),
                 None => Err(RequestError::UnknownJob {
@@ -104,12 +104,17 @@ impl SchedulerAdmin {
     ///
     /// [`RequestError::UnknownJob`]; [`RequestError::ChangeConflict`]; [`RequestError::History`].
     pub async fn remove_job(&self, job: &str) -> Result<JobChange, RequestError> {
-        self.change(job, Base::Published, Utc::now(), |current| match current {
-            Some(_) => Ok((JobChangeAction::Remove, None)),
-            None => Err(RequestError::UnknownJob {
-                name: job.to_owned(),
-            }),
-        })
+        self.change(
+            job,
+            Base::Published,
+            self.clock.now(),
+            |current| match current {
+                Some(_) => Ok((JobChangeAction::Remove, None)),
+                None => Err(RequestError::UnknownJob {
+                    name: job.to_owned(),
+                }),
+            },
+        )
         .await
     }
 
@@ -223,7 +228,7 @@ impl SchedulerAdmin {
 
     /// Refuses a handler no replica alive in the last minute registered.
     async fn check_handler(&self, spec: &JobSpec) -> Result<(), RequestError> {
-        let since = Utc::now() - chrono::Duration::from_std(HANDLER_SEEN).unwrap_or_default();
+        let since = self.clock.now() - chrono::Duration::from_std(HANDLER_SEEN).unwrap_or_default();
         let place = match self
             .history
             .dispatch()

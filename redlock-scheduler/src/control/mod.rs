@@ -48,6 +48,7 @@ mod changes;
 pub(crate) use self::changes::Base;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -57,7 +58,7 @@ use crate::history::{History, JobDefinition, Run, RunFilter};
 use crate::request::{Dispatched, Request, RequestAction};
 use crate::spec::Misfire;
 use crate::status::LastRun;
-use crate::time::{DstPolicy, Schedule};
+use crate::time::{Clock, DstPolicy, Schedule, SystemClock};
 
 /// How many next ticks [`SchedulerAdmin::jobs`] lists per job unless told otherwise.
 pub const DEFAULT_NEXT_TICKS: usize = 5;
@@ -72,13 +73,26 @@ const WAIT_POLL: Duration = Duration::from_millis(100);
 /// without job definitions or Redis: for admin services and command lines. A running
 /// [`Scheduler`](crate::Scheduler) offers one over its own history
 /// ([`Scheduler::admin`](crate::Scheduler::admin)). Cheap to clone.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SchedulerAdmin {
     history: History,
     scheduler: String,
     operator: String,
     next_ticks: usize,
     max_resource_len: usize,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for SchedulerAdmin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerAdmin")
+            .field("history", &self.history)
+            .field("scheduler", &self.scheduler)
+            .field("operator", &self.operator)
+            .field("next_ticks", &self.next_ticks)
+            .field("max_resource_len", &self.max_resource_len)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A job as its replicas published it, with what the history says about it.
@@ -158,7 +172,21 @@ impl SchedulerAdmin {
             operator: "admin".to_owned(),
             next_ticks: DEFAULT_NEXT_TICKS,
             max_resource_len: redlock_core::builder::DEFAULT_MAX_RESOURCE_LEN,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The wall clock requests, changes and the leader's lease are read against
+    /// (default: the system's; a scheduler's own admin uses the scheduler's).
+    #[must_use]
+    pub fn clock(self, clock: impl Clock) -> Self {
+        self.shared_clock(Arc::new(clock))
+    }
+
+    #[must_use]
+    pub(crate) fn shared_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The longest resource name the replicas' `Redlock` takes (default
@@ -234,7 +262,7 @@ impl SchedulerAdmin {
             // The latest tick's replica, if rows of several ticks say running.
             running.insert(run.job, run.instance);
         }
-        let now = Utc::now();
+        let now = self.clock.now();
         Ok(definitions
             .into_iter()
             .map(|definition| {
@@ -323,7 +351,7 @@ impl SchedulerAdmin {
     ///
     /// [`HistoryError`].
     pub async fn leader(&self) -> Result<Option<LeaderInfo>, HistoryError> {
-        let now = Utc::now();
+        let now = self.clock.now();
         Ok(self
             .last_leader()
             .await?
@@ -508,7 +536,7 @@ impl SchedulerAdmin {
                 job,
                 action,
                 &self.operator,
-                Utc::now(),
+                self.clock.now(),
             )
             .await?;
         Ok(Dispatched::Requested { id })

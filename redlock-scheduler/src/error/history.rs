@@ -67,6 +67,17 @@ pub enum HistoryError {
         source: DatabaseError,
     },
 
+    /// The operation needs a database, and this history is kept in memory (a
+    /// simulation's: `History::memory()`, feature `sim`). A run's transaction on it is
+    /// `JobContext::memory_transaction`.
+    #[error(
+        "run history: {operation} needs a database, and this history is kept in memory; use a history on SQLite or PostgreSQL (or, in a simulation, a memory transaction)"
+    )]
+    NoDatabase {
+        /// What was being done.
+        operation: &'static str,
+    },
+
     /// A fence check could not be made (a token beyond the fence table's range).
     #[error("run history: {0}; the run's transaction was not committed")]
     Fence(redlock_fence::FenceError),

@@ -30,6 +30,12 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 pub(super) enum Source {
     Url(String),
     Pool(AnyPool),
+    /// The tables in this process's memory (a simulation's).
+    #[cfg(feature = "sim")]
+    Memory {
+        faults: Option<Arc<dyn super::MemoryFaults>>,
+        unfenced: bool,
+    },
 }
 
 /// Builds a [`History`]: where, how long to wait, which tables, what to keep.
@@ -51,6 +57,8 @@ impl std::fmt::Debug for HistoryBuilder {
         let source = match &self.source {
             Source::Url(url) => target::redact(url),
             Source::Pool(_) => "an existing pool".to_owned(),
+            #[cfg(feature = "sim")]
+            Source::Memory { .. } => "memory".to_owned(),
         };
         f.debug_struct("HistoryBuilder")
             .field("source", &source)
@@ -140,6 +148,27 @@ impl HistoryBuilder {
         self
     }
 
+    /// A memory history's statements answer as `faults` decide (a simulation's, drawn
+    /// from its seed). Ignored by a history on a database.
+    #[cfg(feature = "sim")]
+    pub fn memory_faults(mut self, faults: Arc<dyn super::MemoryFaults>) -> Self {
+        if let Source::Memory { faults: slot, .. } = &mut self.source {
+            *slot = Some(faults);
+        }
+        self
+    }
+
+    /// A negative control for simulations: a memory history's run commits skip the
+    /// fence check, so that a stale leader's run can commit. Never for anything else.
+    /// Ignored by a history on a database.
+    #[cfg(feature = "sim")]
+    pub fn unfenced_commits(mut self) -> Self {
+        if let Source::Memory { unfenced, .. } = &mut self.source {
+            *unfenced = true;
+        }
+        self
+    }
+
     fn check(&self) -> Result<(), Error> {
         let invalid = |what: &str, reason: &str| {
             Error::Config(BuildError::InvalidOption {
@@ -201,6 +230,10 @@ impl HistoryBuilder {
         DRIVERS.call_once(sqlx::any::install_default_drivers);
         self.check()?;
         let (pool, backend, place) = match &self.source {
+            #[cfg(feature = "sim")]
+            Source::Memory { faults, unfenced } => {
+                return self.memory(faults.clone(), *unfenced);
+            }
             Source::Url(url) => self.open(url).await?,
             Source::Pool(pool) => {
                 let mut conn = bounded(self.connect_timeout, "connect", pool.acquire()).await?;
@@ -228,7 +261,7 @@ impl HistoryBuilder {
         let history = History {
             shared: Arc::new(Shared {
                 pool,
-
+                memory: None,
                 place,
                 tables,
                 statement_timeout: self.statement_timeout,
@@ -252,6 +285,34 @@ impl HistoryBuilder {
                 after: limit,
             })??;
         Ok(history)
+    }
+
+    /// A memory history: the tables in this process, a pool that is never used (on a
+    /// private in-memory SQLite database, opened lazily, so never).
+    #[cfg(feature = "sim")]
+    fn memory(
+        &self,
+        faults: Option<Arc<dyn super::MemoryFaults>>,
+        unfenced: bool,
+    ) -> Result<History, Error> {
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect_lazy("sqlite::memory:")
+            .map_err(|err| Error::Connect {
+                place: "memory".to_owned(),
+                cause: err.to_string(),
+            })?;
+        Ok(History {
+            shared: Arc::new(Shared {
+                pool,
+                memory: Some(super::memory::Store::new(faults, unfenced)),
+                place: "memory".to_owned(),
+                tables: Tables::new(&self.prefix, None),
+                statement_timeout: self.statement_timeout,
+                keep_for: self.keep_for,
+                keep_runs: self.keep_runs,
+            }),
+        })
     }
 
     async fn open(&self, url: &str) -> Result<(AnyPool, Backend, String), Error> {

@@ -130,6 +130,15 @@ impl Changes<'_> {
         scheduler: &str,
         after: u64,
     ) -> Result<Vec<Result<JobChange, UnreadChange>>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the job changes", |t| {
+                t.changes.after(scheduler, after)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {CHANGE_COLUMNS} FROM {} WHERE scheduler = $1 AND seq > $2 ORDER BY seq",
             self.shared.tables.changes
@@ -155,6 +164,15 @@ impl Changes<'_> {
         job: Option<&str>,
         limit: u32,
     ) -> Result<Vec<JobChange>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the job changes", |t| {
+                t.changes.latest(scheduler, job, limit)
+            })
+            .await
+        {
+            return answer?.map_err(|unread| unread_error(&unread));
+        }
         let table = &self.shared.tables.changes;
         let sql = match job {
             Some(_) => format!(
@@ -179,6 +197,13 @@ impl Changes<'_> {
 
     /// The number of `scheduler`'s latest change (0 if none).
     pub(crate) async fn last_job_change(self, scheduler: &str) -> Result<u64, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the job changes", |t| t.changes.last(scheduler))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT MAX(seq) FROM {} WHERE scheduler = $1",
             self.shared.tables.changes
@@ -201,6 +226,15 @@ impl Changes<'_> {
         scheduler: &str,
         change: &NewChange<'_>,
     ) -> Result<bool, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("record a job change", |t| {
+                t.changes.insert(scheduler, change)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "INSERT INTO {} (scheduler, {CHANGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (scheduler, seq) DO NOTHING",

@@ -8,8 +8,18 @@ use redlock_fence::FenceError;
 use sqlx::{Any, Transaction};
 
 use super::HistoryError as Error;
+use super::memory::CommitRefused;
 use super::schema::fence;
 use super::{Shared, ms, token};
+
+/// A run's writes until its commit.
+#[derive(Debug)]
+pub(crate) enum RunWrites {
+    /// A transaction on the history's database, holding the job's writes.
+    Sql(Transaction<'static, Any>),
+    /// A memory history: the job's writes, as it described them.
+    Memory(Vec<String>),
+}
 
 /// The run a transaction commits for.
 #[derive(Debug, Clone, Copy)]
@@ -69,19 +79,39 @@ pub(crate) struct Fences<'a> {
 }
 
 impl Fences<'_> {
-    /// Opens a transaction for a run's writes.
-    pub(crate) async fn begin_run(self) -> Result<Transaction<'static, Any>, Error> {
-        self.shared
-            .bounded("begin a run's transaction", self.shared.pool.begin())
-            .await
+    /// Opens a run's writes: a transaction on the database, or on a memory history a
+    /// list of the job's writes.
+    pub(crate) async fn begin_run(self) -> Result<RunWrites, Error> {
+        const BEGIN: &str = "begin a run's transaction";
+        if let Some(store) = self.shared.memory.as_ref() {
+            let timeout = self.shared.statement_timeout;
+            return store
+                .call(BEGIN, timeout, |_| RunWrites::Memory(Vec::new()))
+                .await;
+        }
+        let tx = self.shared.bounded(BEGIN, self.shared.pool.begin()).await?;
+        Ok(RunWrites::Sql(tx))
     }
 
-    /// Commits a run's transaction if its token is still the highest seen for the job,
-    /// its row is still its own `running` row and the run still holds its job's run
-    /// lock (`held`, asked last, right before the commit): checks the fence (raising it
-    /// to the token), marks the row succeeded (inserting it if its insert still waits
-    /// in the writer's queue), and commits, all or nothing. Refused, it is rolled back.
+    /// Commits a run's writes if its token is still the highest seen for the job, its
+    /// row is still its own `running` row and the run still holds its job's run lock
+    /// (`held`, asked last, right before the commit): checks the fence (raising it to
+    /// the token), marks the row succeeded (inserting it if its insert still waits in
+    /// the writer's queue), and commits, all or nothing. Refused, it is rolled back.
     pub(crate) async fn commit_run(
+        self,
+        writes: RunWrites,
+        run: RunKey<'_>,
+        at: DateTime<Utc>,
+        held: impl Fn() -> bool,
+    ) -> Result<(), Refused> {
+        match writes {
+            RunWrites::Sql(tx) => self.commit_sql(tx, run, at, held).await,
+            RunWrites::Memory(effects) => self.commit_memory(&effects, run, at, held).await,
+        }
+    }
+
+    async fn commit_sql(
         self,
         mut tx: Transaction<'static, Any>,
         run: RunKey<'_>,
@@ -103,10 +133,45 @@ impl Fences<'_> {
                 .map_err(Refused::InDoubt),
             Err(refused) => {
                 // Dropping the transaction rolls it back too; this says so at once.
-                let _ = self.rollback_run(tx).await;
+                let _ = self.rollback_run(RunWrites::Sql(tx)).await;
                 Err(refused)
             }
         }
+    }
+
+    /// The memory history's commit: one statement, whose failure leaves it in doubt
+    /// (a fault may come after it took effect).
+    async fn commit_memory(
+        self,
+        effects: &[String],
+        run: RunKey<'_>,
+        at: DateTime<Utc>,
+        held: impl Fn() -> bool,
+    ) -> Result<(), Refused> {
+        let Some(store) = self.shared.memory.as_ref() else {
+            return Err(Refused::Failed(Error::NoDatabase {
+                operation: "commit a run's transaction",
+            }));
+        };
+        let unfenced = store.unfenced;
+        let committed = store
+            .call(
+                "commit a run's transaction",
+                self.shared.statement_timeout,
+                |tables| tables.commit_run(run, at, held, effects, unfenced),
+            )
+            .await
+            .map_err(Refused::InDoubt)?;
+        committed.map_err(|refused| match refused {
+            CommitRefused::Stale { highest } => Refused::Stale { highest },
+            CommitRefused::RowClosed => Refused::RowClosed,
+            CommitRefused::LockLost => Refused::LockLost,
+            CommitRefused::OutOfRange => {
+                Refused::Failed(Error::Fence(FenceError::TokenOutOfRange {
+                    token: run.token,
+                }))
+            }
+        })
     }
 
     /// Whether a run's transaction committed, for a commit that failed: reads the run's
@@ -132,6 +197,14 @@ impl Fences<'_> {
     }
 
     async fn read_back(self, run: RunKey<'_>) -> Result<bool, Error> {
+        if let Some(store) = self.shared.memory.as_ref() {
+            let timeout = self.shared.statement_timeout;
+            return store
+                .call("read a run's row back", timeout, |tables| {
+                    tables.committed(run)
+                })
+                .await;
+        }
         let fence = fence(&self.shared.tables.fences);
         let resource = fence_resource(run.scheduler, run.job);
         let sql = format!(
@@ -180,11 +253,17 @@ impl Fences<'_> {
             .saturating_add(pauses)
     }
 
-    /// Rolls a run's transaction back, within the statement timeout.
-    pub(crate) async fn rollback_run(self, tx: Transaction<'static, Any>) -> Result<(), Error> {
-        self.shared
-            .bounded("roll back a run's transaction", tx.rollback())
-            .await
+    /// Rolls a run's writes back, within the statement timeout (a memory history's
+    /// are dropped).
+    pub(crate) async fn rollback_run(self, writes: RunWrites) -> Result<(), Error> {
+        match writes {
+            RunWrites::Sql(tx) => {
+                self.shared
+                    .bounded("roll back a run's transaction", tx.rollback())
+                    .await
+            }
+            RunWrites::Memory(_) => Ok(()),
+        }
     }
 
     async fn commit_steps(
@@ -249,6 +328,15 @@ impl Fences<'_> {
         jobs: impl Iterator<Item = &str>,
         token: u64,
     ) -> Result<(), Error> {
+        if let Some(store) = self.shared.memory.as_ref() {
+            let timeout = self.shared.statement_timeout;
+            let raised = store
+                .call("raise the jobs' fences", timeout, |tables| {
+                    tables.raise_fences(scheduler, jobs, token)
+                })
+                .await?;
+            return raised.map_err(|_| Error::Fence(FenceError::TokenOutOfRange { token }));
+        }
         let fence = fence(&self.shared.tables.fences);
         let resources: Vec<String> = jobs.map(|job| fence_resource(scheduler, job)).collect();
         let pool = &self.shared.pool;

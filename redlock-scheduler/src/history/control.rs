@@ -46,6 +46,15 @@ impl Control<'_> {
         since: DateTime<Utc>,
         expires: DateTime<Utc>,
     ) -> Result<(), Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("record the leader", |t| {
+                t.leaders.record(scheduler, instance, epoch, since, expires)
+            })
+            .await
+        {
+            return answer;
+        }
         let leaders = &self.shared.tables.leaders;
         let bare = leaders.rsplit('.').next().unwrap_or_default();
         let sql = format!(
@@ -84,6 +93,15 @@ impl Control<'_> {
         epoch: u64,
         at: DateTime<Utc>,
     ) -> Result<(), Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("record the end of a leadership", |t| {
+                t.leaders.end(scheduler, epoch, at)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "UPDATE {} SET ended_ms = $1
              WHERE scheduler = $2 AND epoch = $3 AND lease_epoch = $4 AND ended_ms IS NULL",
@@ -103,10 +121,13 @@ impl Control<'_> {
         Ok(())
     }
 
-    /// The replica recorded as leading `scheduler` now: `None` if none ever did, its
-    /// leadership ended, or its record's lease ran out (it stopped renewing it).
-    pub(crate) async fn leader(self, scheduler: &str) -> Result<Option<String>, Error> {
-        let now = Utc::now();
+    /// The replica recorded as leading `scheduler` at `now`: `None` if none ever did,
+    /// its leadership ended, or its record's lease ran out (it stopped renewing it).
+    pub(crate) async fn leader(
+        self,
+        scheduler: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<String>, Error> {
         Ok(self
             .leader_record(scheduler)
             .await?
@@ -121,6 +142,13 @@ impl Control<'_> {
         job: &str,
         paused: bool,
     ) -> Result<(), Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("pause", |t| t.pauses.set(scheduler, job, paused))
+            .await
+        {
+            return answer;
+        }
         let pauses = &self.shared.tables.pauses;
         let sql = if paused {
             format!(
@@ -144,6 +172,13 @@ impl Control<'_> {
 
     /// The jobs of `scheduler` paused for every replica.
     pub(crate) async fn paused_jobs(self, scheduler: &str) -> Result<Vec<String>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read pauses", |t| t.pauses.paused(scheduler))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT job FROM {} WHERE scheduler = $1",
             self.shared.tables.pauses
@@ -164,6 +199,13 @@ impl Control<'_> {
         self,
         scheduler: &str,
     ) -> Result<Option<LeaderRecord>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the leader", |t| t.leaders.record_of(scheduler))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT instance, epoch, since_ms, lease_epoch, expires_ms, ended_ms
              FROM {} WHERE scheduler = $1",

@@ -67,6 +67,15 @@ pub(crate) struct Dispatch<'a> {
 impl Dispatch<'_> {
     /// Says that `presence.instance` of `scheduler` is alive, as `presence` says.
     pub(crate) async fn beat(self, scheduler: &str, presence: &Presence) -> Result<(), Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("say the replica is alive", |t| {
+                t.replicas.beat(scheduler, presence)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "INSERT INTO {} (scheduler, instance, capacity, running, polled_ms, jobs_digest,
                              seen_ms, handlers)
@@ -103,6 +112,15 @@ impl Dispatch<'_> {
         instance: &str,
         handlers: &str,
     ) -> Result<(), Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("say the replica's handlers", |t| {
+                t.replicas.say_handlers(scheduler, instance, handlers)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "UPDATE {} SET handlers = $3 WHERE scheduler = $1 AND instance = $2",
             self.shared.tables.replicas
@@ -127,6 +145,15 @@ impl Dispatch<'_> {
         scheduler: &str,
         since: DateTime<Utc>,
     ) -> Result<Vec<String>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the replicas without changes", |t| {
+                t.replicas.replicas_without_changes(scheduler, since)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT instance FROM {} WHERE scheduler = $1 AND seen_ms >= $2 AND handlers IS NULL
              ORDER BY instance",
@@ -151,6 +178,15 @@ impl Dispatch<'_> {
         handler: &str,
         since: DateTime<Utc>,
     ) -> Result<Option<bool>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the replicas' handlers", |t| {
+                t.replicas.handler_registered(scheduler, handler, since)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT handlers FROM {} WHERE scheduler = $1 AND seen_ms >= $2",
             self.shared.tables.replicas
@@ -176,6 +212,15 @@ impl Dispatch<'_> {
 
     /// Takes `instance` out of the replicas that runs are handed to (it stops).
     pub(crate) async fn leave(self, scheduler: &str, instance: &str) -> Result<(), Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("take the replica out", |t| {
+                t.replicas.leave(scheduler, instance)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "DELETE FROM {} WHERE scheduler = $1 AND instance = $2",
             self.shared.tables.replicas
@@ -200,6 +245,15 @@ impl Dispatch<'_> {
         since: DateTime<Utc>,
         forget: DateTime<Utc>,
     ) -> Result<Vec<Presence>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the replicas", |t| {
+                t.replicas.replicas(scheduler, since, forget)
+            })
+            .await
+        {
+            return answer;
+        }
         let table = &self.shared.tables.replicas;
         let forget_sql = format!("DELETE FROM {table} WHERE scheduler = $1 AND seen_ms < $2");
         let sql = format!(
@@ -250,6 +304,16 @@ impl Dispatch<'_> {
         run_token: u64,
         now: DateTime<Utc>,
     ) -> Result<bool, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("hand a tick over", |t| {
+                t.handoffs
+                    .hand_off(scheduler, job, tick, replica, run_token, now)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "INSERT INTO {} (scheduler, {HANDOFF_COLUMNS})
              VALUES ($1, $2, $3, $4, $5, $6, NULL)
@@ -279,6 +343,15 @@ impl Dispatch<'_> {
         scheduler: &str,
         replica: &str,
     ) -> Result<Vec<Handoff>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the ticks handed over", |t| {
+                t.handoffs.handed_to(scheduler, replica)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {HANDOFF_COLUMNS} FROM {} WHERE scheduler = $1 AND replica = $2
              AND declined_by IS NULL ORDER BY tick_ms LIMIT 1000",
@@ -310,6 +383,15 @@ impl Dispatch<'_> {
         note: Option<&str>,
         at: DateTime<Utc>,
     ) -> Result<bool, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("take a tick handed over", |t| {
+                t.take_handoff(scheduler, handoff, outcome, note, at)
+            })
+            .await
+        {
+            return answer;
+        }
         let take = format!(
             "DELETE FROM {} WHERE scheduler = $1 AND job = $2 AND tick_ms = $3
              AND replica = $4 AND dispatched_ms = $5 AND declined_by IS NULL",
@@ -365,6 +447,15 @@ impl Dispatch<'_> {
         scheduler: &str,
         handoff: &Handoff,
     ) -> Result<bool, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("decline a tick handed over", |t| {
+                t.handoffs.decline(scheduler, handoff)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "UPDATE {} SET declined_by = $1 WHERE scheduler = $2 AND job = $3
              AND tick_ms = $4 AND replica = $1 AND dispatched_ms = $5 AND declined_by IS NULL",
@@ -393,6 +484,15 @@ impl Dispatch<'_> {
         scheduler: &str,
         before: DateTime<Utc>,
     ) -> Result<Vec<Handoff>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the stale hand-offs", |t| {
+                t.handoffs.stale(scheduler, before)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {HANDOFF_COLUMNS} FROM {} WHERE scheduler = $1
              AND (declined_by IS NOT NULL OR (tick_ms < $2 AND dispatched_ms < $2))
@@ -423,6 +523,16 @@ impl Dispatch<'_> {
         run_token: u64,
         now: DateTime<Utc>,
     ) -> Result<bool, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("move a tick handed over", |t| {
+                t.handoffs
+                    .move_to(scheduler, handoff, replica, run_token, now)
+            })
+            .await
+        {
+            return answer;
+        }
         let table = &self.shared.tables.dispatch;
         let guard = "scheduler = $1 AND job = $2 AND tick_ms = $3 AND replica = $4 \
                      AND dispatched_ms = $5";

@@ -114,9 +114,7 @@ impl RunFilter {
 }
 
 impl RunFilter {
-    /// The runs of `scheduler` this filter selects, newest tick first (then by job).
     /// Whether `run` (of the scheduler asked) meets every condition set.
-    #[cfg(test)]
     pub(super) fn selects(&self, run: &Run) -> bool {
         let tick = ms(run.tick);
         self.job.as_ref().is_none_or(|job| *job == run.job)
@@ -126,6 +124,7 @@ impl RunFilter {
             && self.manual.is_none_or(|manual| manual == run.manual)
     }
 
+    /// The runs of `scheduler` this filter selects, newest tick first (then by job).
     pub(super) async fn query(&self, shared: &Shared, scheduler: &str) -> Result<Vec<Run>, Error> {
         let filter = self;
         let mut sql = format!(

@@ -68,6 +68,15 @@ impl Definitions<'_> {
         instance: &str,
         definitions: &[JobDefinition],
     ) -> Result<(), Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("publish the jobs", |t| {
+                t.jobs.publish(scheduler, instance, definitions)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "INSERT INTO {} (scheduler, {DEFINITION_COLUMNS})
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
@@ -107,6 +116,13 @@ impl Definitions<'_> {
 
     /// Takes `job`'s published definition away (the job was removed at run time).
     pub(crate) async fn unpublish_job(self, scheduler: &str, job: &str) -> Result<(), Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("unpublish a job", |t| t.jobs.unpublish(scheduler, job))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "DELETE FROM {} WHERE scheduler = $1 AND job = $2",
             self.shared.tables.jobs
@@ -128,6 +144,13 @@ impl Definitions<'_> {
         self,
         scheduler: &str,
     ) -> Result<Vec<JobDefinition>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the job definitions", |t| t.jobs.all(scheduler))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {DEFINITION_COLUMNS} FROM {} WHERE scheduler = $1 ORDER BY job",
             self.shared.tables.jobs
@@ -150,6 +173,13 @@ impl Definitions<'_> {
         scheduler: &str,
         job: &str,
     ) -> Result<Option<JobDefinition>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read a job definition", |t| t.jobs.one(scheduler, job))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {DEFINITION_COLUMNS} FROM {} WHERE scheduler = $1 AND job = $2",
             self.shared.tables.jobs

@@ -63,7 +63,6 @@ mod control;
 mod dispatch;
 mod filter;
 mod jobs;
-#[cfg(test)]
 mod memory;
 mod requests;
 mod run;
@@ -83,13 +82,14 @@ pub use self::builder::{
 };
 use self::builder::{Source, bounded};
 pub(crate) use self::changes::{Changes, NewChange};
-pub(crate) use self::commit::{Fences, Refused, RunKey};
+pub(crate) use self::commit::{Fences, Refused, RunKey, RunWrites};
 pub(crate) use self::control::Control;
-#[cfg(test)]
 use self::control::LeaderRecord;
 pub(crate) use self::dispatch::{Dispatch, Handoff, Presence};
 pub use self::filter::{DEFAULT_RUN_LIMIT, MAX_RUN_LIMIT, RunFilter};
 pub(crate) use self::jobs::{Definitions, JobDefinition};
+#[cfg(feature = "sim")]
+pub use self::memory::{MemoryFaults, StatementFault};
 pub(crate) use self::requests::{Requests, new_request_id};
 use self::run::run_from_row;
 pub(crate) use self::run::{Change, NewRun, RunEnd};
@@ -103,6 +103,8 @@ type Error = HistoryError;
 
 pub(super) struct Shared {
     pub(super) pool: AnyPool,
+    /// The tables in memory, for a memory history (then `pool` is never used).
+    pub(super) memory: Option<memory::Store>,
     pub(super) place: String,
     pub(super) tables: Tables,
     pub(super) statement_timeout: Duration,
@@ -118,6 +120,21 @@ impl Shared {
         fut: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, Error> {
         bounded(self.statement_timeout, operation, fut).await
+    }
+
+    /// On a memory history, `statement` on its tables as `operation` (`None` on a
+    /// database).
+    async fn in_memory<T>(
+        &self,
+        operation: &'static str,
+        statement: impl FnOnce(&mut memory::Tables) -> T,
+    ) -> Option<Result<T, Error>> {
+        let store = self.memory.as_ref()?;
+        Some(
+            store
+                .call(operation, self.statement_timeout, statement)
+                .await,
+        )
     }
 }
 
@@ -168,6 +185,38 @@ impl History {
     /// A history at `url`, with options.
     pub fn builder(url: impl Into<String>) -> HistoryBuilder {
         HistoryBuilder::new(Source::Url(url.into()))
+    }
+
+    /// A history kept in this process's memory, for deterministic simulations: its
+    /// tables answer each statement as the database's do (a differential test holds
+    /// them to SQLite's answers), on the caller's thread and on tokio's clock, and
+    /// [`HistoryBuilder::memory_faults`] slows down or fails the statements a
+    /// simulation chooses. Clones share it; nothing else does (other processes, tools).
+    /// A run's transaction on it is
+    /// [`JobContext::memory_transaction`](crate::JobContext::memory_transaction);
+    /// [`pool`](Self::pool) is a private, empty, never-opened database.
+    #[cfg(feature = "sim")]
+    pub fn memory() -> HistoryBuilder {
+        HistoryBuilder::new(Source::Memory {
+            faults: None,
+            unfenced: false,
+        })
+    }
+
+    /// The writes that runs committed on a memory history, as
+    /// [`MemoryTransaction::write`](crate::transaction::MemoryTransaction::write) gave
+    /// them, in commit order: (job, tick, what). Empty on a database.
+    #[cfg(feature = "sim")]
+    pub fn memory_effects(&self, scheduler: &str) -> Vec<(String, DateTime<Utc>, String)> {
+        self.shared.memory.as_ref().map_or_else(Vec::new, |store| {
+            store
+                .tables()
+                .effects
+                .iter()
+                .filter(|(s, ..)| s == scheduler)
+                .map(|(_, job, tick, what)| (job.clone(), from_ms(*tick), what.clone()))
+                .collect()
+        })
     }
 
     /// A history on a pool of your own (SQLite or PostgreSQL, through sqlx's `Any`
@@ -239,6 +288,13 @@ impl History {
     /// for a transaction still holding the row, so it sees that commit. Either all
     /// changes are applied or, on an error, none.
     pub(crate) async fn apply(&self, changes: &[Change<'_>]) -> Result<Vec<bool>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("write", |t| t.runs.apply(changes))
+            .await
+        {
+            return answer;
+        }
         let claim = format!(
             "INSERT INTO {} ({RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL)
              ON CONFLICT (scheduler, job, tick_ms) DO NOTHING",
@@ -311,6 +367,13 @@ impl History {
         scheduler: &str,
         job: &str,
     ) -> Result<Option<DateTime<Utc>>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("last tick", |t| t.runs.last_tick(scheduler, job))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT MAX(tick_ms) FROM {} WHERE scheduler = $1 AND job = $2 AND manual = 0",
             self.shared.tables.runs
@@ -334,6 +397,13 @@ impl History {
         &self,
         scheduler: &str,
     ) -> Result<std::collections::HashMap<String, DateTime<Utc>>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("last ticks", |t| t.runs.last_ticks(scheduler))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT job, MAX(tick_ms) AS last FROM {} WHERE scheduler = $1 AND manual = 0
              GROUP BY job",
@@ -360,6 +430,13 @@ impl History {
     ///
     /// [`HistoryError::Database`] or [`HistoryError::Timeout`].
     pub async fn runs(&self, scheduler: &str, job: &str, limit: u32) -> Result<Vec<Run>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read runs", |t| t.runs.runs(scheduler, job, limit))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1 AND job = $2
              ORDER BY tick_ms DESC LIMIT $3",
@@ -390,6 +467,13 @@ impl History {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<Vec<Run>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read runs", |t| t.runs.between(scheduler, from, to))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1 AND tick_ms >= $2 AND tick_ms <= $3
              ORDER BY tick_ms, job",
@@ -411,6 +495,13 @@ impl History {
 
     /// The rows of `scheduler` still marked running.
     pub(crate) async fn running(&self, scheduler: &str) -> Result<Vec<Run>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read running runs", |t| t.runs.running(scheduler))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1 AND outcome = 'running'
              ORDER BY tick_ms LIMIT 1000",
@@ -435,6 +526,13 @@ impl History {
         job: &str,
         tick: DateTime<Utc>,
     ) -> Result<Option<Run>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read a run", |t| t.runs.run_at(scheduler, job, tick))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM {} WHERE scheduler = $1 AND job = $2 AND tick_ms = $3",
             self.shared.tables.runs
@@ -461,6 +559,15 @@ impl History {
         job: &str,
         tick: DateTime<Utc>,
     ) -> Result<Option<(String, Option<u64>)>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read a tick's claimant", |t| {
+                t.runs.claimant(scheduler, job, tick)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT instance, fencing_token FROM {} WHERE scheduler = $1 AND job = $2 AND tick_ms = $3",
             self.shared.tables.runs
@@ -488,6 +595,13 @@ impl History {
         reason: &str,
         at: DateTime<Utc>,
     ) -> Result<bool, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("abandon", |t| t.runs.abandon(run, closed_by, reason, at))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "UPDATE {} SET outcome = 'abandoned', finished_ms = $1, error = $2, closed_by = $3
              WHERE scheduler = $4 AND job = $5 AND tick_ms = $6 AND instance = $7
@@ -519,11 +633,25 @@ impl History {
     ///
     /// [`HistoryError::Database`](Error::Database) or [`HistoryError::Timeout`](Error::Timeout).
     pub async fn query_runs(&self, scheduler: &str, filter: &RunFilter) -> Result<Vec<Run>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("query runs", |t| t.runs.query(scheduler, filter))
+            .await
+        {
+            return answer;
+        }
         filter.query(&self.shared, scheduler).await
     }
 
     /// The latest row of each job of `scheduler` (manual runs included).
     pub(crate) async fn last_runs(&self, scheduler: &str) -> Result<Vec<Run>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the last runs", |t| t.runs.last_runs(scheduler))
+            .await
+        {
+            return answer;
+        }
         let runs = &self.shared.tables.runs;
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM {runs} AS r WHERE r.scheduler = $1
@@ -552,6 +680,24 @@ impl History {
     ///
     /// [`HistoryError::Database`] or [`HistoryError::Timeout`].
     pub async fn prune(&self, scheduler: &str, now: DateTime<Utc>) -> Result<u64, Error> {
+        let cutoff = self
+            .shared
+            .keep_for
+            .map(|age| crate::time::earlier(now, age));
+        let keep = self.shared.keep_runs;
+        if let Some(answer) = self
+            .shared
+            .in_memory("prune", |t| {
+                let deleted = t.runs.prune(scheduler, cutoff, keep);
+                if let Some(cutoff) = cutoff {
+                    t.requests.prune(scheduler, cutoff);
+                }
+                deleted
+            })
+            .await
+        {
+            return answer;
+        }
         let runs = &self.shared.tables.runs;
         // A manual row, or a scheduled row with a later scheduled row of its job.
         let not_last_scheduled = format!(

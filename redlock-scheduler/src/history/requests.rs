@@ -58,6 +58,21 @@ impl Requests<'_> {
         requested_by: &str,
         at: DateTime<Utc>,
     ) -> Result<(), Error> {
+        const RECORD: &str = "record a request";
+        if let Some(answer) = self
+            .shared
+            .in_memory(RECORD, |t| {
+                t.requests
+                    .insert(id, scheduler, job, action, requested_by, at)
+            })
+            .await
+        {
+            // The id is the key: the SQL store refuses a second request under it.
+            return match answer? {
+                true => Ok(()),
+                false => Err(super::memory::failed(RECORD, "a request has this id")),
+            };
+        }
         let sql = format!(
             "INSERT INTO {} (id, scheduler, job, action, requested_ms, requested_by)
              VALUES ($1, $2, $3, $4, $5, $6)",
@@ -81,6 +96,13 @@ impl Requests<'_> {
 
     /// The request `id` of `scheduler`.
     pub(crate) async fn request(self, scheduler: &str, id: &str) -> Result<Option<Request>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read a request", |t| t.requests.request(scheduler, id))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {REQUEST_COLUMNS} FROM {} WHERE id = $1 AND scheduler = $2",
             self.shared.tables.requests
@@ -100,6 +122,15 @@ impl Requests<'_> {
 
     /// The requests of `scheduler` no replica took yet, oldest first (at most 100).
     pub(crate) async fn pending_requests(self, scheduler: &str) -> Result<Vec<Request>, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("read the pending requests", |t| {
+                t.requests.pending(scheduler)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "SELECT {REQUEST_COLUMNS} FROM {} WHERE scheduler = $1 AND done_ms IS NULL
              ORDER BY requested_ms, id LIMIT 100",
@@ -126,6 +157,13 @@ impl Requests<'_> {
         at: DateTime<Utc>,
         result: Option<&str>,
     ) -> Result<bool, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("claim a request", |t| t.requests.claim(id, by, at, result))
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "UPDATE {} SET done_ms = $1, done_by = $2, result = $3
              WHERE id = $4 AND done_ms IS NULL",
@@ -148,6 +186,15 @@ impl Requests<'_> {
 
     /// Records the result of a request taken by [`claim_request`](Self::claim_request).
     pub(crate) async fn finish_request(self, id: &str, result: &str) -> Result<(), Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("record a request's result", |t| {
+                t.requests.finish(id, result)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "UPDATE {} SET result = $1 WHERE id = $2",
             self.shared.tables.requests
@@ -170,6 +217,15 @@ impl Requests<'_> {
         scheduler: &str,
         cutoff: DateTime<Utc>,
     ) -> Result<u64, Error> {
+        if let Some(answer) = self
+            .shared
+            .in_memory("prune the requests", |t| {
+                t.requests.prune(scheduler, cutoff)
+            })
+            .await
+        {
+            return answer;
+        }
         let sql = format!(
             "DELETE FROM {} WHERE scheduler = $1 AND done_ms IS NOT NULL AND requested_ms < $2",
             self.shared.tables.requests

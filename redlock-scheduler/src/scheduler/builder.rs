@@ -254,9 +254,14 @@ impl SchedulerBuilder {
             .instance
             .unwrap_or_else(crate::leader::random_instance)
             .into();
-        let recorder = self
-            .history
-            .map(|h| Arc::new(Recorder::new(h, self.name.clone(), Arc::clone(&instance))));
+        let recorder = self.history.map(|h| {
+            Arc::new(Recorder::new(
+                h,
+                self.name.clone(),
+                Arc::clone(&instance),
+                Arc::clone(&self.clock),
+            ))
+        });
         let handler_names = {
             let mut names: Vec<&String> = handlers.keys().collect();
             names.sort_unstable();

@@ -239,7 +239,7 @@ impl Changes {
             handler: Some(spec.handler_name().to_owned()),
             grace_ms: Some(ms(spec.grace())),
             on_leader: Some(spec.on_leader()),
-            updated: Utc::now(),
+            updated: self.ctx.clock.now(),
             updated_by: self.ctx.instance.to_string(),
         }
     }

@@ -360,6 +360,7 @@ impl Scheduler {
             SchedulerAdmin::new(history.clone(), parts.ctx.name.clone())
                 .operator(parts.ctx.instance.to_string())
                 .max_resource_len(parts.ctx.max_resource_len)
+                .shared_clock(Arc::clone(&parts.ctx.clock))
         })
     }
 

@@ -45,7 +45,7 @@ impl Requests {
         let Some(pending) = self.pending_requests().await else {
             return;
         };
-        let now = Utc::now();
+        let now = self.ctx.clock.now();
         for request in pending {
             if !leadership.is_current() || self.ctx.stop_firing.is_cancelled() {
                 return;
@@ -191,7 +191,12 @@ impl Requests {
         match recorder
             .history()
             .requests()
-            .claim_request(&request.id, &self.ctx.instance, Utc::now(), result)
+            .claim_request(
+                &request.id,
+                &self.ctx.instance,
+                self.ctx.clock.now(),
+                result,
+            )
             .await
         {
             Ok(taken) => taken,

@@ -7,7 +7,6 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use chrono::Utc;
 use tokio::sync::watch;
 
 use super::context::Context;
@@ -57,7 +56,8 @@ impl Tenure {
                 LeaderElector::builder(ctx.redlock.clone(), crate::keys::leader(&ctx.name))
                     .instance(ctx.instance.to_string())
                     .term(self.term)
-                    .retry_interval(self.retry_interval);
+                    .retry_interval(self.retry_interval)
+                    .shared_clock(Arc::clone(&ctx.clock));
             if let Some(ttl) = self.leader_ttl {
                 builder = builder.ttl(ttl);
             }
@@ -102,7 +102,7 @@ impl Tenure {
         let leader = ctx
             .history()?
             .control()
-            .leader(&ctx.name)
+            .leader(&ctx.name, ctx.clock.now())
             .await
             .ok()
             .flatten()?;
@@ -146,7 +146,7 @@ impl Tenure {
                             &ctx.instance,
                             leadership.epoch(),
                             leadership.since(),
-                            Utc::now() + lease,
+                            ctx.clock.now() + lease,
                         )
                         .await;
                     match written {
@@ -169,7 +169,7 @@ impl Tenure {
         if let Err(err) = recorder
             .history()
             .control()
-            .end_leadership(&ctx.name, epoch, Utc::now())
+            .end_leadership(&ctx.name, epoch, ctx.clock.now())
             .await
         {
             tracing::warn!(error = %err, epoch, "could not record the end of this replica's leadership: admin tools name it leader until its record runs out");

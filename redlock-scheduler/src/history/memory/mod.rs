@@ -12,6 +12,14 @@
 //! compared). Only rows this version writes are modelled (an earlier version's, such
 //! as a leader's record without a lease, are not). They hold every table, a run's
 //! commit against its job's fence included, the jobs' own writes kept as a list.
+//!
+//! A [`History`](super::History) built by `History::memory()` (feature `sim`) answers
+//! from them ([`Store`]), each statement slowed down or failed as the simulation's
+//! [`MemoryFaults`] decide.
+
+// Without the feature nothing builds a memory history: the tables are there for the
+// differential test and for builds with it.
+#![cfg_attr(not(any(test, feature = "sim")), allow(dead_code, unreachable_pub))]
 
 mod changes;
 mod control;
@@ -20,6 +28,7 @@ mod fences;
 mod jobs;
 mod requests;
 mod runs;
+mod store;
 
 #[cfg(test)]
 mod tests;
@@ -33,6 +42,9 @@ pub(super) use self::fences::{FenceCheck, FenceRows};
 pub(super) use self::jobs::PublishedJobs;
 pub(super) use self::requests::OperatorRequests;
 pub(super) use self::runs::RunRows;
+#[cfg(feature = "sim")]
+pub use self::store::{MemoryFaults, StatementFault};
+pub(super) use self::store::{Store, failed};
 use super::commit::fence_resource;
 use super::{Handoff, NewRun, Outcome, RunKey, ms, token};
 
@@ -116,17 +128,20 @@ impl Tables {
     /// [`Fences::commit_run`](super::Fences::commit_run) of a run that wrote `effects`:
     /// checks the job's fence (raising it to the run's token), marks the run's row
     /// succeeded where it is still its own `running` row (inserting it if missing), and
-    /// asks `held` last; all of it and the effects are kept, or none.
+    /// asks `held` last; all of it and the effects are kept, or none. `unfenced` (a
+    /// negative control) skips the fence check.
     pub(super) fn commit_run(
         &mut self,
         run: RunKey<'_>,
         at: chrono::DateTime<chrono::Utc>,
         held: impl Fn() -> bool,
         effects: &[String],
+        unfenced: bool,
     ) -> Result<(), CommitRefused> {
         let mut fences = self.fences.clone();
         match fences.check(&fence_resource(run.scheduler, run.job), run.token) {
             FenceCheck::Admitted => {}
+            FenceCheck::Stale { .. } if unfenced => {}
             FenceCheck::Stale { highest } => return Err(CommitRefused::Stale { highest }),
             FenceCheck::OutOfRange => return Err(CommitRefused::OutOfRange),
         }

@@ -13,7 +13,7 @@ use redlock_fence::FenceError;
 use super::{CommitRefused, Tables};
 use crate::changes::JobChangeAction;
 use crate::history::{Change, Handoff, History, JobDefinition, NewRun, Outcome, Presence, RunEnd};
-use crate::history::{HistoryError, NewChange, Refused, RunKey};
+use crate::history::{HistoryError, NewChange, Refused, RunKey, RunWrites};
 use crate::request::RequestAction;
 use crate::spec::JobSpec;
 
@@ -497,7 +497,9 @@ async fn sequence(seed: u64) {
                     started: time(&mut rng),
                 };
                 let (held, when, what) = (rng.random_bool(0.8), time(&mut rng), format!("e{step}"));
-                let mut tx = fences.begin_run().await.unwrap();
+                let RunWrites::Sql(mut tx) = fences.begin_run().await.unwrap() else {
+                    panic!("{at}: a database history's run writes are a transaction");
+                };
                 sqlx::query(
                     "INSERT INTO effects (scheduler, job, tick_ms, what) VALUES ($1, $2, $3, $4)",
                 )
@@ -508,7 +510,10 @@ async fn sequence(seed: u64) {
                 .execute(&mut *tx)
                 .await
                 .unwrap();
-                let sql = match fences.commit_run(tx, run, when, || held).await {
+                let sql = match fences
+                    .commit_run(RunWrites::Sql(tx), run, when, || held)
+                    .await
+                {
                     Ok(()) => Ok(()),
                     Err(Refused::Stale { highest }) => Err(CommitRefused::Stale { highest }),
                     Err(Refused::RowClosed) => Err(CommitRefused::RowClosed),
@@ -518,7 +523,7 @@ async fn sequence(seed: u64) {
                     }))) => Err(CommitRefused::OutOfRange),
                     Err(other) => panic!("{at}: commit_run({run:?}): {other:?}"),
                 };
-                let mem = memory.commit_run(run, when, || held, &[what]);
+                let mem = memory.commit_run(run, when, || held, &[what], false);
                 assert_eq!(sql, mem, "{at}: commit_run({run:?}, held: {held})");
                 let sql = fences.commit_outcome(run).await.unwrap();
                 let mem = memory.committed(run);
