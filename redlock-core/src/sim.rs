@@ -20,6 +20,14 @@ pub fn seed_rng(seed: Option<u64>) {
     crate::value::seed_rng(seed);
 }
 
+/// A number from the random source core draws from on this thread (seeded by
+/// [`seed_rng`]): for the random choices of a crate built on this one (ids, say), so
+/// that a simulation replays them too.
+pub fn random_u128() -> u128 {
+    use rand::RngExt;
+    crate::value::rng().random()
+}
+
 /// Makes this thread's wall clock read `ms` (ms since the Unix epoch) now and move on
 /// with tokio's clock; core reads it only when no node tells its time. `None`: the
 /// host's clock again.

@@ -12,7 +12,7 @@
 //! | leadership | `S:leader` | 7 bytes |
 //! | a tick's claim | `S:job:J:<tick in Unix ms>` | 5 + 1 + [`TICK_MS_WIDTH`] (20) bytes |
 //! | a run going on | `S:job:J:run` | 5 + 4 bytes |
-//! | a run's transaction (the history's fence) | `<len of S>:S/J` | up to 3 + 2 bytes |
+//! | a run's transaction (the history's fence) | `run:<len of S>:S/J` | up to 4 + 3 + 2 bytes |
 //!
 //! The tick is reckoned at its widest (any `i64` of milliseconds, sign included), so a
 //! name that fits today fits for every tick a schedule can give. So:
@@ -21,7 +21,7 @@
 //!   `max_resource_len - len(S) - 26` with the default limit (the claim is the longest
 //!   key); the fence's names are held to [`DEFAULT_MAX_RESOURCE_LEN`] whatever the
 //!   client's limit, so a client limit raised above it gains only up to
-//!   `512 - len(S) - 2 - digits(len(S))`;
+//!   `512 - len(S) - 6 - digits(len(S))`;
 //! - a **scheduler name** may be at most [`max_scheduler_name_len`]`(max_resource_len)`
 //!   bytes (485 by default): what leaves room for a job name of one byte.
 //!
@@ -51,7 +51,7 @@ use crate::error::build::{BuildError, NameTooLong};
 pub const TICK_MS_WIDTH: usize = 20;
 
 /// The longest name the history's fence takes (a run's transaction is fenced under
-/// `<len of S>:S/J`), whatever the client's limit.
+/// `run:<len of S>:S/J`), whatever the client's limit.
 pub const FENCE_MAX_RESOURCE_LEN: usize = DEFAULT_MAX_RESOURCE_LEN;
 
 /// How many bytes of a refused name its error keeps (then `…`).
@@ -72,11 +72,17 @@ pub(crate) fn run(scheduler: &str, job: &str) -> String {
     format!("{scheduler}:job:{job}:run")
 }
 
-/// `<len of S>:S/J`: the history's fence for the job `J` (the scheduler's name is
-/// length-prefixed: no two pairs of names give the same resource).
+/// `run:<len of S>:S/J`: the history's fence for the runs of the job `J`, which holds
+/// the highest run lock token that committed (the scheduler's name is length-prefixed:
+/// no two pairs of names give the same resource). Earlier versions fenced leadership
+/// tokens under `<len of S>:S/J`: the prefix keeps those rows, whose tokens are not
+/// comparable with run tokens, out of the way.
 pub(crate) fn fence(scheduler: &str, job: &str) -> String {
-    format!("{}:{scheduler}/{job}", scheduler.len())
+    format!("{FENCE_PREFIX}{}:{scheduler}/{job}", scheduler.len())
 }
+
+/// What starts the fence's resource of a run.
+const FENCE_PREFIX: &str = "run:";
 
 /// The decimal digits of `n`.
 fn digits(mut n: usize) -> usize {
@@ -96,8 +102,8 @@ pub fn max_job_name_len(scheduler: &str, max_resource_len: usize) -> usize {
     // The claim `S:job:J:<tick>` and the run lock `S:job:J:run`.
     let claim = max_resource_len.saturating_sub(s + ":job:".len() + 1 + TICK_MS_WIDTH);
     let run = max_resource_len.saturating_sub(s + ":job:".len() + ":run".len());
-    // The fence `<len of S>:S/J`.
-    let fence = FENCE_MAX_RESOURCE_LEN.saturating_sub(digits(s) + 1 + s + 1);
+    // The fence `run:<len of S>:S/J`.
+    let fence = FENCE_MAX_RESOURCE_LEN.saturating_sub(FENCE_PREFIX.len() + digits(s) + 1 + s + 1);
     claim.min(run).min(fence)
 }
 
@@ -108,9 +114,9 @@ pub fn max_scheduler_name_len(max_resource_len: usize) -> usize {
     // `S:leader` and the job's keys with `J` of one byte.
     let leader = max_resource_len.saturating_sub(":leader".len());
     let jobs = max_resource_len.saturating_sub(":job:".len() + 1 + 1 + TICK_MS_WIDTH);
-    // The fence `<len of S>:S/J`, with J of one byte: the longest S with
+    // The fence `run:<len of S>:S/J`, with J of one byte: the longest S with
     // digits(S) + S <= room (at most 20 digits to try).
-    let room = FENCE_MAX_RESOURCE_LEN.saturating_sub(1 + 1 + 1);
+    let room = FENCE_MAX_RESOURCE_LEN.saturating_sub(FENCE_PREFIX.len() + 1 + 1 + 1);
     let fence = (1..=TICK_MS_WIDTH)
         .filter_map(|d| room.checked_sub(d).filter(|&s| digits(s) <= d))
         .max()

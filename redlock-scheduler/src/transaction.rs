@@ -130,6 +130,11 @@ impl RunRecord {
         let _ = self.run_lock.set(run_lock);
     }
 
+    /// The fencing token of the run's lock on its job, which fences its transactions.
+    fn run_token(&self) -> Option<u64> {
+        self.run_lock.get().and_then(LockHandle::fencing_token)
+    }
+
     /// Whether the run still holds its job's run lock (by its validity on this
     /// process's monotonic clock, which goes on while the process is stopped).
     fn run_lock_held(&self) -> bool {
@@ -196,6 +201,23 @@ pub(crate) struct RunScope {
 }
 
 impl RunScope {
+    /// Whether a transaction may open for the run: not told to stop, holding its run
+    /// lock, with a token.
+    fn open(&self) -> Result<(), TransactionError> {
+        if self.cancel.is_cancelled() || !self.record.run_lock_held() {
+            return Err(self.ended(STOPPED));
+        }
+        if self.record.run_token().is_none() {
+            return Err(self.ended(NO_RUN_TOKEN));
+        }
+        Ok(())
+    }
+
+    /// The token the run's commits are checked against.
+    fn run_token(&self) -> u64 {
+        self.record.run_token().unwrap_or_default()
+    }
+
     fn unknown(&self, cause: String) -> TransactionError {
         TransactionError::CommitUnknown {
             job: self.job.to_string(),
@@ -250,14 +272,13 @@ impl DerefMut for RunTransaction {
 }
 
 const STOPPED: &str = "the run was told to stop (leadership or its run lock lost, timeout, shutdown, or an operator's cancel)";
+const NO_RUN_TOKEN: &str = "it holds no run lock with a fencing token";
 
 impl RunTransaction {
     /// Opens a transaction for `run` (see
     /// [`JobContext::transaction`](crate::JobContext::transaction)).
     pub(crate) async fn begin(run: RunScope) -> Result<Self, TransactionError> {
-        if run.cancel.is_cancelled() || !run.record.run_lock_held() {
-            return Err(run.ended(STOPPED));
-        }
+        run.open()?;
         match run.record.history.fences().begin_run().await? {
             RunWrites::Sql(tx) => Ok(Self { tx, run }),
             writes @ RunWrites::Memory(_) => {
@@ -269,9 +290,11 @@ impl RunTransaction {
         }
     }
 
-    /// The leadership's fencing token the commit is checked against.
+    /// The token the commit is checked against: the fencing token of the run's lock on
+    /// its job, higher for each run of the job (not
+    /// [`JobContext::fencing_token`](crate::JobContext::fencing_token), the leadership's).
     pub fn fencing_token(&self) -> u64 {
-        self.run.fencing_token
+        self.run.run_token()
     }
 
     /// Commits the job's writes together with the run's `succeeded` row, if this run's
@@ -342,9 +365,7 @@ impl MemoryTransaction {
     /// Opens a memory transaction for `run` (see
     /// [`JobContext::memory_transaction`](crate::JobContext::memory_transaction)).
     pub(crate) async fn begin(run: RunScope) -> Result<Self, TransactionError> {
-        if run.cancel.is_cancelled() || !run.record.run_lock_held() {
-            return Err(run.ended(STOPPED));
-        }
+        run.open()?;
         match run.record.history.fences().begin_run().await? {
             RunWrites::Memory(writes) => Ok(Self { writes, run }),
             writes @ RunWrites::Sql(_) => {
@@ -361,9 +382,11 @@ impl MemoryTransaction {
         self.writes.push(what.into());
     }
 
-    /// The leadership's fencing token the commit is checked against.
+    /// The token the commit is checked against: the fencing token of the run's lock on
+    /// its job, higher for each run of the job (not
+    /// [`JobContext::fencing_token`](crate::JobContext::fencing_token), the leadership's).
     pub fn fencing_token(&self) -> u64 {
-        self.run.fencing_token
+        self.run.run_token()
     }
 
     /// As [`RunTransaction::commit`].
@@ -406,12 +429,17 @@ async fn commit_to_the_end(
     mut in_flight: InFlight,
 ) -> Result<(), TransactionError> {
     let record = Arc::clone(&in_flight.record);
+    let Some(fence) = record.run_token() else {
+        in_flight.settled = Settled::NotCommitted;
+        return Err(ctx.ended(NO_RUN_TOKEN));
+    };
     let run = RunKey {
         scheduler: &record.scheduler,
         job: &ctx.job,
         tick: ctx.tick,
         instance: &ctx.instance,
         token: ctx.fencing_token,
+        fence,
         manual: ctx.manual,
         started: record.started,
     };
@@ -424,11 +452,11 @@ async fn commit_to_the_end(
     let (settled, answer) = match committed {
         Ok(()) => (Settled::Committed, Ok(())),
         Err(Refused::Stale { highest }) => {
-            tracing::warn!(job = &*ctx.job, tick = %ctx.tick, token = ctx.fencing_token, highest, "a later leadership took over: the run's transaction was rolled back");
+            tracing::warn!(job = &*ctx.job, tick = %ctx.tick, token = fence, highest, "a later run of the job committed: the run's transaction was rolled back");
             let stale = TransactionError::StaleRun {
                 job: ctx.job.to_string(),
                 tick: ctx.tick.to_rfc3339(),
-                token: ctx.fencing_token,
+                token: fence,
                 highest,
             };
             (Settled::NotCommitted, Err(stale))

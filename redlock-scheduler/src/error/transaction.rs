@@ -15,22 +15,21 @@ pub enum TransactionError {
     )]
     NoHistory,
 
-    /// A later leadership wrote through a run's transaction (or took over) since this
-    /// run's leadership began: this replica no longer leads (it was paused, or cut off,
-    /// past its term), or the leader that handed this run over was replaced while it
-    /// ran. The transaction was rolled back; nothing it wrote is kept. Do not retry: the
-    /// leader decides what runs.
+    /// A later run of the job committed its transaction since this run took its job's
+    /// run lock: this run lost the lock while it went on (its replica was paused, or cut
+    /// off, past the lock's TTL) and another took it. The transaction was rolled back;
+    /// nothing it wrote is kept. Do not retry: the later run's effects stand.
     #[error(
-        "job `{job}`, tick {tick}: leadership token {token} is stale (token {highest} took over since); the run's transaction was rolled back: do not retry, the current leader decides what runs"
+        "job `{job}`, tick {tick}: run token {token} is stale (a later run of the job committed with token {highest}); the run's transaction was rolled back: do not retry, the later run's effects stand"
     )]
     StaleRun {
         /// The job.
         job: String,
         /// The tick (RFC 3339).
         tick: String,
-        /// The run's leadership token.
+        /// The run's token: the fencing token of its lock on the job.
         token: u64,
-        /// The highest token seen for the job.
+        /// The highest run token that committed for the job.
         highest: u64,
     },
 

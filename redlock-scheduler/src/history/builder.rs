@@ -34,7 +34,6 @@ pub(super) enum Source {
     #[cfg(feature = "sim")]
     Memory {
         faults: Option<Arc<dyn super::MemoryFaults>>,
-        unfenced: bool,
     },
 }
 
@@ -152,19 +151,8 @@ impl HistoryBuilder {
     /// from its seed). Ignored by a history on a database.
     #[cfg(feature = "sim")]
     pub fn memory_faults(mut self, faults: Arc<dyn super::MemoryFaults>) -> Self {
-        if let Source::Memory { faults: slot, .. } = &mut self.source {
+        if let Source::Memory { faults: slot } = &mut self.source {
             *slot = Some(faults);
-        }
-        self
-    }
-
-    /// A negative control for simulations: a memory history's run commits skip the
-    /// fence check, so that a stale leader's run can commit. Never for anything else.
-    /// Ignored by a history on a database.
-    #[cfg(feature = "sim")]
-    pub fn unfenced_commits(mut self) -> Self {
-        if let Source::Memory { unfenced, .. } = &mut self.source {
-            *unfenced = true;
         }
         self
     }
@@ -231,8 +219,8 @@ impl HistoryBuilder {
         self.check()?;
         let (pool, backend, place) = match &self.source {
             #[cfg(feature = "sim")]
-            Source::Memory { faults, unfenced } => {
-                return self.memory(faults.clone(), *unfenced);
+            Source::Memory { faults } => {
+                return self.memory(faults.clone());
             }
             Source::Url(url) => self.open(url).await?,
             Source::Pool(pool) => {
@@ -290,13 +278,14 @@ impl HistoryBuilder {
     /// A memory history: the tables in this process, a pool that is never used (on a
     /// private in-memory SQLite database, opened lazily, so never).
     #[cfg(feature = "sim")]
-    fn memory(
-        &self,
-        faults: Option<Arc<dyn super::MemoryFaults>>,
-        unfenced: bool,
-    ) -> Result<History, Error> {
+    fn memory(&self, faults: Option<Arc<dyn super::MemoryFaults>>) -> Result<History, Error> {
+        // No maintenance task either (no idle timeout, no lifetime, no minimum): a
+        // simulation's runtime runs nothing of sqlx's.
         let pool = AnyPoolOptions::new()
             .max_connections(1)
+            .min_connections(0)
+            .idle_timeout(None)
+            .max_lifetime(None)
             .connect_lazy("sqlite::memory:")
             .map_err(|err| Error::Connect {
                 place: "memory".to_owned(),
@@ -305,7 +294,7 @@ impl HistoryBuilder {
         Ok(History {
             shared: Arc::new(Shared {
                 pool,
-                memory: Some(super::memory::Store::new(faults, unfenced)),
+                memory: Some(super::memory::Store::new(faults)),
                 place: "memory".to_owned(),
                 tables: Tables::new(&self.prefix, None),
                 statement_timeout: self.statement_timeout,

@@ -1,5 +1,5 @@
-//! A run's own transaction: the job's writes and the run's row commit together, under
-//! the leadership's fencing token.
+//! A run's own transaction: the job's writes and the run's row commit together, fenced
+//! by the token of the run's lock on its job.
 
 use std::time::Duration;
 
@@ -28,7 +28,10 @@ pub(crate) struct RunKey<'a> {
     pub(crate) job: &'a str,
     pub(crate) tick: DateTime<Utc>,
     pub(crate) instance: &'a str,
+    /// The leadership's token, which the run's row carries.
     pub(crate) token: u64,
+    /// The run lock's token, checked against the job's fence.
+    pub(crate) fence: u64,
     pub(crate) manual: bool,
     pub(crate) started: DateTime<Utc>,
 }
@@ -36,7 +39,7 @@ pub(crate) struct RunKey<'a> {
 /// Why a run's transaction was not committed (it was rolled back).
 #[derive(Debug)]
 pub(crate) enum Refused {
-    /// A later leadership's token was seen: this replica no longer leads.
+    /// A later run of the job committed (a higher run token was seen).
     Stale { highest: u64 },
     /// The run's row is not this run's `running` row any more: closed (abandoned,
     /// cancelled) by another replica, or claimed by one.
@@ -93,7 +96,7 @@ impl Fences<'_> {
         Ok(RunWrites::Sql(tx))
     }
 
-    /// Commits a run's writes if its token is still the highest seen for the job, its
+    /// Commits a run's writes if its run token is still the highest seen for the job, its
     /// row is still its own `running` row and the run still holds its job's run lock
     /// (`held`, asked last, right before the commit): checks the fence (raising it to
     /// the token), marks the row succeeded (inserting it if its insert still waits in
@@ -153,12 +156,11 @@ impl Fences<'_> {
                 operation: "commit a run's transaction",
             }));
         };
-        let unfenced = store.unfenced;
         let committed = store
             .call(
                 "commit a run's transaction",
                 self.shared.statement_timeout,
-                |tables| tables.commit_run(run, at, held, effects, unfenced),
+                |tables| tables.commit_run(run, at, held, effects),
             )
             .await
             .map_err(Refused::InDoubt)?;
@@ -277,7 +279,7 @@ impl Fences<'_> {
         let checked = self
             .shared
             .bounded("check the run's fence", async {
-                Ok::<_, sqlx::Error>(fence.check(&mut **tx, &resource, run.token).await)
+                Ok::<_, sqlx::Error>(fence.check(&mut **tx, &resource, run.fence).await)
             })
             .await?;
         match checked {
@@ -317,45 +319,5 @@ impl Fences<'_> {
         } else {
             Err(Refused::RowClosed)
         }
-    }
-
-    /// Raises the fences of `jobs` to a new leadership's `token`, so that a run of an
-    /// earlier leadership (a replica paused past its term) can no longer commit. A fence
-    /// already higher (a later leadership raised it) stays.
-    pub(crate) async fn raise_fences(
-        self,
-        scheduler: &str,
-        jobs: impl Iterator<Item = &str>,
-        token: u64,
-    ) -> Result<(), Error> {
-        if let Some(store) = self.shared.memory.as_ref() {
-            let timeout = self.shared.statement_timeout;
-            let raised = store
-                .call("raise the jobs' fences", timeout, |tables| {
-                    tables.raise_fences(scheduler, jobs, token)
-                })
-                .await?;
-            return raised.map_err(|_| Error::Fence(FenceError::TokenOutOfRange { token }));
-        }
-        let fence = fence(&self.shared.tables.fences);
-        let resources: Vec<String> = jobs.map(|job| fence_resource(scheduler, job)).collect();
-        let pool = &self.shared.pool;
-        let raised = self
-            .shared
-            .bounded("raise the jobs' fences", async {
-                let mut tx = pool.begin().await?;
-                for resource in &resources {
-                    match fence.check(&mut *tx, resource, token).await {
-                        Ok(()) | Err(FenceError::Stale { .. }) => {}
-                        Err(other) => return Ok(Err(other)),
-                    }
-                }
-                tx.commit().await.map(Ok)
-            })
-            .await?;
-        raised.map_err(|err| match err {
-            FenceError::Database(err) => Error::database(err),
-            other => Error::Fence(other),
-        })
     }
 }

@@ -197,9 +197,26 @@ impl History {
     /// [`pool`](Self::pool) is a private, empty, never-opened database.
     #[cfg(feature = "sim")]
     pub fn memory() -> HistoryBuilder {
-        HistoryBuilder::new(Source::Memory {
-            faults: None,
-            unfenced: false,
+        HistoryBuilder::new(Source::Memory { faults: None })
+    }
+
+    /// Another handle on the same memory history whose statements answer as `faults`
+    /// decide (a replica's own link to the database: slow, cut, or paused with it).
+    /// `None` on a database.
+    #[cfg(feature = "sim")]
+    #[must_use]
+    pub fn memory_view(&self, faults: Arc<dyn MemoryFaults>) -> Option<History> {
+        let store = self.shared.memory.as_ref()?;
+        Some(History {
+            shared: Arc::new(Shared {
+                pool: self.shared.pool.clone(),
+                memory: Some(store.view(faults)),
+                place: self.shared.place.clone(),
+                tables: self.shared.tables.clone(),
+                statement_timeout: self.shared.statement_timeout,
+                keep_for: self.shared.keep_for,
+                keep_runs: self.shared.keep_runs,
+            }),
         })
     }
 

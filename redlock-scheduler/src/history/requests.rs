@@ -37,8 +37,20 @@ fn request_from_row(row: &AnyRow) -> Result<Request, Error> {
 
 /// A new request id: 128 random bits, in hex.
 pub(crate) fn new_request_id() -> String {
+    format!("{:032x}", random_u128())
+}
+
+/// 128 random bits from the thread's CSPRNG.
+#[cfg(not(feature = "sim"))]
+fn random_u128() -> u128 {
     use rand::RngExt;
-    format!("{:032x}", rand::rng().random::<u128>())
+    rand::rng().random()
+}
+
+/// 128 random bits from core's random source, which a simulation seeds.
+#[cfg(feature = "sim")]
+fn random_u128() -> u128 {
+    redlock_core::sim::random_u128()
 }
 
 /// The requests table.

@@ -534,20 +534,6 @@ async fn housekeeping(parts: Parts, leadership: Leadership, firing: Cancellation
     // The leader's record for admin tools: renewed while parts, ended with it.
     let (tenure, elected) = (Arc::clone(&parts.tenure), leadership.clone());
     tokio::spawn(async move { tenure.keep_record(elected).await });
-    // Runs of earlier leaderships can no longer commit their transactions (a replica
-    // paused past its term); the fences are also raised by this leadership's first
-    // commit of each job, should this fail.
-    let live = parts.ctx.jobs.live();
-    let jobs = live.iter().map(|state| &*state.name);
-    if let Err(err) = recorder
-        .history()
-        .fences()
-        .raise_fences(&parts.ctx.name, jobs, leadership.epoch())
-        .await
-    {
-        tracing::warn!(error = %err, "could not raise the jobs' fences for this leadership");
-        recorder.health.fail(&err);
-    }
     let mut pauses = tokio::time::interval(PAUSE_REFRESH);
     let mut requests = tokio::time::interval(REQUEST_POLL);
     // A slow round (a trigger waiting on Redis) is not made up for with a burst.

@@ -186,6 +186,7 @@ impl Ticks {
                 Duration::ZERO,
                 until,
                 Some(leadership),
+                false,
             )
             .await?;
         Ok(Claim {
@@ -201,9 +202,10 @@ impl Ticks {
     }
 
     /// Takes `resource` for `ttl`, waiting up to `wait` while someone holds it, retrying
-    /// failures until `until` (wall clock). A single attempt (`wait` zero) is carried to
-    /// its answer, and what it took given back, when leadership ends or shutdown begins
-    /// meanwhile: it is over when this returns.
+    /// failures until `until` (wall clock); with a fencing token if `fencing` (a run's
+    /// lock: its token fences the run's transaction). A single attempt (`wait` zero) is
+    /// carried to its answer, and what it took given back, when leadership ends or
+    /// shutdown begins meanwhile: it is over when this returns.
     pub(super) async fn take(
         &self,
         resource: &str,
@@ -211,6 +213,7 @@ impl Ticks {
         wait: Duration,
         until: DateTime<Utc>,
         leadership: Option<&Leadership>,
+        fencing: bool,
     ) -> Result<Lock, NotTaken> {
         let ended = leadership.map_or_else(CancellationToken::new, |l| l.ended_token().clone());
         let stopped = || ended.is_cancelled() || self.ctx.stop_firing.is_cancelled();
@@ -222,7 +225,7 @@ impl Ticks {
                     .redlock
                     .try_lock(resource)
                     .ttl(ttl)
-                    .fencing(false)
+                    .fencing(fencing)
                     .await;
                 if stopped() {
                     if let Ok(lock) = result {
@@ -238,7 +241,7 @@ impl Ticks {
                     .lock(resource)
                     .retry(RetryPolicy::deadline(wait))
                     .ttl(ttl)
-                    .fencing(false);
+                    .fencing(fencing);
                 // Dropped half-way, the attempt gives back what it took by itself.
                 tokio::select! {
                     biased;
@@ -311,6 +314,7 @@ impl Ticks {
                 Duration::ZERO,
                 now,
                 Some(&leadership),
+                true,
             )
             .await
         {
@@ -420,6 +424,7 @@ impl Ticks {
                 wait,
                 deadline,
                 leadership,
+                true,
             )
             .await;
         taken.map_err(|not_taken| match not_taken {
@@ -788,6 +793,7 @@ impl Ticks {
                 Duration::ZERO,
                 self.ctx.clock.now(),
                 Some(leadership),
+                false,
             )
             .await
         else {

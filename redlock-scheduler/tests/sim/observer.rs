@@ -12,6 +12,11 @@
 //! - **effects once**: the fenced resource the handlers write to holds at most one
 //!   effect per tick, every run that returned `Ok` has its effect there, and none came
 //!   from a run that failed;
+//! - **with a history** (`sim/history.rs`), the effects are the run transactions'
+//!   writes that committed, and further: a tick's effect is in the history if and only
+//!   if its row says `succeeded` (the row naming the replica that wrote it), every run
+//!   that started has its tick's row once the database answers again (but those of a
+//!   crashed replica), and every trigger an operator saw succeed ran its tick;
 //! - **each tick exactly once without faults**: in a seed with no fault at all, every
 //!   tick of every job from the first election (plus a second) to the end (less the
 //!   longest run and a second) starts once and succeeds, unless it came due while a run
@@ -38,6 +43,8 @@ pub(crate) enum End {
     Failed,
     /// Its cancellation token fired first.
     Cancelled,
+    /// Its commit's outcome was not known (with a history): either way.
+    Unknown,
     /// Its replica crashed while it ran.
     Crashed,
 }
@@ -102,6 +109,11 @@ impl Observer {
     /// True wall time now, in ms.
     fn now_ms(&self) -> i64 {
         self.wall_ms + i64::try_from(self.origin.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// A line in the trace.
+    pub(crate) fn note(&self, line: impl FnOnce() -> String) {
+        self.log.log(line);
     }
 
     fn count(&mut self, what: &'static str) {
@@ -206,6 +218,109 @@ impl Observer {
             .log(|| format!("r{replica} job{job} tick {tick} ends: {end:?}"));
         self.runs[run].end = Some(end);
         self.runs[run].to = Some(self.now_ms());
+    }
+
+    /// The effects a memory history kept, each naming the run that wrote it: (job,
+    /// tick, run number).
+    pub(crate) fn history_effects(&mut self, effects: &[(String, DateTime<Utc>, String)]) {
+        for (job, tick, what) in effects {
+            let Some(run) = what
+                .parse::<usize>()
+                .ok()
+                .filter(|&run| run < self.runs.len())
+            else {
+                self.violation(format!(
+                    "an effect of {job} tick {tick} names no run: {what}"
+                ));
+                continue;
+            };
+            let (run_job, run_tick) = (self.runs[run].job, self.runs[run].tick);
+            if *job != format!("job{run_job}") || tick.timestamp_millis() != run_tick {
+                self.violation(format!(
+                    "run {run} (job{run_job} tick {run_tick}) committed as {job} tick {tick}"
+                ));
+            }
+            self.effects.push(Effect {
+                run,
+                job: run_job,
+                tick: run_tick,
+            });
+        }
+    }
+
+    /// The history's rows against the runs seen: `succeeded` where and only where a
+    /// tick's effect is, by the replica that wrote it; a row for every run started
+    /// before `until` on a replica that did not crash. `rows`: (job, tick, instance,
+    /// succeeded).
+    pub(crate) fn check_rows(
+        &mut self,
+        rows: &[(usize, i64, String, bool)],
+        crashed: &[bool],
+        until: i64,
+    ) {
+        let mut found = Vec::new();
+        for effect in &self.effects {
+            let writer = format!("r{}", self.runs[effect.run].replica);
+            let row = rows
+                .iter()
+                .find(|(job, tick, ..)| *job == effect.job && *tick == effect.tick);
+            match row {
+                Some((.., instance, true)) if *instance == writer => {}
+                other => found.push(format!(
+                    "job{} tick {} has an effect by {writer}, but its row is {other:?}",
+                    effect.job, effect.tick
+                )),
+            }
+        }
+        for (job, tick, instance, succeeded) in rows {
+            let effect = self
+                .effects
+                .iter()
+                .any(|effect| effect.job == *job && effect.tick == *tick);
+            if *succeeded && !effect {
+                found.push(format!(
+                    "job{job} tick {tick} is recorded as succeeded on {instance} without its effect"
+                ));
+            }
+        }
+        for run in &self.runs {
+            let counted = !crashed[run.replica] && run.from < until;
+            if counted
+                && !rows
+                    .iter()
+                    .any(|(job, tick, ..)| *job == run.job && *tick == run.tick)
+            {
+                found.push(format!(
+                    "job{} tick {} ran on r{} and has no row",
+                    run.job, run.tick, run.replica
+                ));
+            }
+        }
+        self.count_by("history rows", rows.len());
+        for what in found {
+            self.violation(what);
+        }
+    }
+
+    /// Triggers an operator saw succeed: (job, tick run). Each must have started once,
+    /// unless a replica crashed (the run may have been its).
+    pub(crate) fn check_triggers(&mut self, triggered: &[(usize, i64)], any_crashed: bool) {
+        for &(job, tick) in triggered {
+            self.count("triggers that succeeded");
+            let started = self
+                .runs
+                .iter()
+                .any(|run| run.job == job && run.tick == tick);
+            if !started && !any_crashed {
+                self.violation(format!(
+                    "job{job}: a trigger succeeded with tick {tick}, which never ran"
+                ));
+            }
+        }
+    }
+
+    fn count_by(&mut self, what: &'static str, n: usize) {
+        *self.counts.entry(what).or_default() += u64::try_from(n).unwrap_or(u64::MAX);
     }
 
     /// `replica` crashes: its runs end now.

@@ -68,7 +68,7 @@ pub(super) struct Tables {
 /// Why a run's transaction was not committed (nothing of it is kept).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum CommitRefused {
-    /// A later leadership's token was seen.
+    /// A later run's token was seen.
     Stale { highest: u64 },
     /// The run's row is not this run's `running` row any more.
     RowClosed,
@@ -107,41 +107,20 @@ impl Tables {
         self.runs.claim(&run)
     }
 
-    /// [`Fences::raise_fences`](super::Fences::raise_fences): each job's fence to at
-    /// least `token`, in one transaction (none raised if the token does not fit).
-    pub(super) fn raise_fences<'a>(
-        &mut self,
-        scheduler: &str,
-        jobs: impl Iterator<Item = &'a str>,
-        token: u64,
-    ) -> Result<(), CommitRefused> {
-        let mut fences = self.fences.clone();
-        for job in jobs {
-            if fences.check(&fence_resource(scheduler, job), token) == FenceCheck::OutOfRange {
-                return Err(CommitRefused::OutOfRange);
-            }
-        }
-        self.fences = fences;
-        Ok(())
-    }
-
     /// [`Fences::commit_run`](super::Fences::commit_run) of a run that wrote `effects`:
     /// checks the job's fence (raising it to the run's token), marks the run's row
     /// succeeded where it is still its own `running` row (inserting it if missing), and
-    /// asks `held` last; all of it and the effects are kept, or none. `unfenced` (a
-    /// negative control) skips the fence check.
+    /// asks `held` last; all of it and the effects are kept, or none.
     pub(super) fn commit_run(
         &mut self,
         run: RunKey<'_>,
         at: chrono::DateTime<chrono::Utc>,
         held: impl Fn() -> bool,
         effects: &[String],
-        unfenced: bool,
     ) -> Result<(), CommitRefused> {
         let mut fences = self.fences.clone();
-        match fences.check(&fence_resource(run.scheduler, run.job), run.token) {
+        match fences.check(&fence_resource(run.scheduler, run.job), run.fence) {
             FenceCheck::Admitted => {}
-            FenceCheck::Stale { .. } if unfenced => {}
             FenceCheck::Stale { highest } => return Err(CommitRefused::Stale { highest }),
             FenceCheck::OutOfRange => return Err(CommitRefused::OutOfRange),
         }

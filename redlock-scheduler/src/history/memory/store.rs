@@ -36,29 +36,33 @@ pub trait MemoryFaults: Send + Sync + 'static {
     fn statement(&self, operation: &'static str) -> StatementFault;
 }
 
-/// The tables, the faults, and the switch of a negative control.
+/// The tables (shared by every view of one memory history) and the faults of this view.
 pub(crate) struct Store {
-    tables: Mutex<Tables>,
+    tables: Arc<Mutex<Tables>>,
     faults: Option<Arc<dyn MemoryFaults>>,
-    /// A negative control: commits skip the fence check.
-    pub(in super::super) unfenced: bool,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
             .field("faults", &self.faults.is_some())
-            .field("unfenced", &self.unfenced)
             .finish_non_exhaustive()
     }
 }
 
 impl Store {
-    pub(in super::super) fn new(faults: Option<Arc<dyn MemoryFaults>>, unfenced: bool) -> Self {
+    pub(in super::super) fn new(faults: Option<Arc<dyn MemoryFaults>>) -> Self {
         Self {
-            tables: Mutex::new(Tables::default()),
+            tables: Arc::new(Mutex::new(Tables::default())),
             faults,
-            unfenced,
+        }
+    }
+
+    /// A view of the same tables whose statements answer as `faults` decide.
+    pub(in super::super) fn view(&self, faults: Arc<dyn MemoryFaults>) -> Self {
+        Self {
+            tables: Arc::clone(&self.tables),
+            faults: Some(faults),
         }
     }
 

@@ -469,30 +469,14 @@ async fn sequence(seed: u64) {
                 memory.requests.prune(scheduler, cutoff);
                 assert_eq!(sql, mem, "{at}: prune({now})");
             }
-            31 => {
-                let jobs: Vec<&str> = JOBS
-                    .iter()
-                    .copied()
-                    .filter(|_| rng.random_bool(0.6))
-                    .collect();
-                let epoch = token(&mut rng);
-                let sql = fences
-                    .raise_fences(scheduler, jobs.iter().copied(), epoch)
-                    .await;
-                let mem = memory.raise_fences(scheduler, jobs.iter().copied(), epoch);
-                assert_eq!(
-                    sql.is_ok(),
-                    mem.is_ok(),
-                    "{at}: raise_fences({jobs:?}, {epoch}): {sql:?}"
-                );
-            }
-            32..=34 => {
+            31..=34 => {
                 let run = RunKey {
                     scheduler,
                     job: pick(&mut rng, &JOBS),
                     tick: tick(&mut rng),
                     instance: pick(&mut rng, &REPLICAS),
                     token: token(&mut rng),
+                    fence: token(&mut rng),
                     manual: rng.random_bool(0.2),
                     started: time(&mut rng),
                 };
@@ -523,7 +507,7 @@ async fn sequence(seed: u64) {
                     }))) => Err(CommitRefused::OutOfRange),
                     Err(other) => panic!("{at}: commit_run({run:?}): {other:?}"),
                 };
-                let mem = memory.commit_run(run, when, || held, &[what], false);
+                let mem = memory.commit_run(run, when, || held, &[what]);
                 assert_eq!(sql, mem, "{at}: commit_run({run:?}, held: {held})");
                 let sql = fences.commit_outcome(run).await.unwrap();
                 let mem = memory.committed(run);
