@@ -62,6 +62,10 @@ impl JobContext {
     /// A token strictly greater than that of every earlier leadership: pass it along with
     /// writes and have the target reject writes carrying an older one, so that a replica
     /// that lost leadership without noticing (a long pause) cannot overwrite newer work.
+    /// A run that goes on while the leadership changes hands keeps the earlier token,
+    /// which such a store refuses once the new leader's runs wrote; a run's transaction
+    /// ([`transaction`](Self::transaction)) is fenced by the run's own lock instead, and
+    /// commits.
     pub fn fencing_token(&self) -> u64 {
         self.fencing_token
     }

@@ -1,19 +1,26 @@
 //! A run's transaction: the job's own writes and the run's history row commit together,
-//! or not at all, guarded by the leadership's fencing token.
+//! or not at all, guarded by the fencing token of the run's lock on its job.
 //!
-//! Two replicas can both believe they lead for a moment: one paused (a GC pause, a
-//! `SIGSTOP`, a VM migration) past its term wakes up still running a tick while a newer
-//! leader runs the next ones. [`JobContext::transaction`](crate::JobContext::transaction) opens a transaction on the
-//! history database; write the job's effects through it (it dereferences to a sqlx
+//! Two runs of one job can both believe they hold it for a moment: one paused (a GC
+//! pause, a `SIGSTOP`, a VM migration) past its run lock's TTL wakes up still running
+//! a tick while another replica took the lock and ran the next ones.
+//! [`JobContext::transaction`](crate::JobContext::transaction) opens a transaction on
+//! the history database; write the job's effects through it (it dereferences to a sqlx
 //! connection), then [`RunTransaction::commit`]. The commit checks, in the same
 //! transaction:
 //!
-//! - the job's **fence**: the highest leadership token that committed for the job (or
-//!   took over: a new leader raises the fences of all jobs when it is elected). A lower
-//!   token is refused with [`TransactionError::StaleRun`];
+//! - the job's **fence**: the highest run token that committed for the job. Each run
+//!   takes its job's run lock with a fencing token, higher for every later run of the
+//!   job ([`RunTransaction::fencing_token`]); a lower token is refused with
+//!   [`TransactionError::StaleRun`]. A change of leader does not touch it: a run that
+//!   goes on while the leadership changes hands (a term's end, a step-down), or that
+//!   takes a tick the old leader handed over, still holds its run lock and commits;
 //! - the run's **row**: it must still be this run's `running` row (not closed as
 //!   abandoned or cancelled by another replica), and is marked `succeeded` in the same
-//!   commit. Otherwise [`TransactionError::RunEnded`].
+//!   commit. Otherwise [`TransactionError::RunEnded`];
+//! - last, right before the commit, the run's own hold of its run lock (by its validity
+//!   on this process's clock): a run that lost it is refused with
+//!   [`TransactionError::RunEnded`] even before a later run committed.
 //!
 //! Refused, everything is rolled back, so a tick's effects happen at most once even when
 //! two replicas believe they lead, and exactly once when its run succeeds: the effects

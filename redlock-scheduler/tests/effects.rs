@@ -4,7 +4,8 @@
 //! The leader is frozen mid-run (its whole runtime blocked, as `SIGSTOP` would stop a
 //! process) past its leadership's term; the other replica takes over and runs the next
 //! ticks; the frozen one wakes up and commits the run it was in. That commit is refused
-//! (a stale leadership token) and rolled back, and the history and the effects agree:
+//! (a stale run token: the other replica's run took the job's run lock and committed)
+//! and rolled back, and the history and the effects agree:
 //! each tick that succeeded has exactly one effect, and no other tick has any.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 

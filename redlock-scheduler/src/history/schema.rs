@@ -27,7 +27,7 @@ pub(crate) struct Tables {
     pub(crate) jobs: String,
     /// Operators' requests (trigger, cancel, step down) and their results.
     pub(crate) requests: String,
-    /// The highest leadership token that wrote through a run's transaction, per job.
+    /// The highest run token that wrote through a run's transaction, per job.
     pub(crate) fences: String,
     /// The replicas alive, with their capacity for runs and the runs they have going.
     pub(crate) replicas: String,

@@ -1,4 +1,4 @@
-//! The fences table in memory: each job's highest leadership token, checked and raised
+//! The fences table in memory: each job's highest run token, checked and raised
 //! as redlock-fence's `SqlFence` does in the SQL store.
 
 use std::collections::BTreeMap;
