@@ -152,9 +152,9 @@ impl Shared {
         }
     }
 
-    /// A run of `job`'s `tick`: how long it works and whether it fails, the same on any
-    /// replica.
-    fn draw(&self, job: usize, tick: i64) -> (Duration, bool) {
+    /// A run of `job`'s `tick`: how long it works, whether it fails, and whether it
+    /// fails after its commit (with a history), the same on any replica.
+    fn draw(&self, job: usize, tick: i64) -> (Duration, bool, bool) {
         let mut rng = StdRng::seed_from_u64(
             self.seed ^ (job as u64).wrapping_mul(0x9e37_79b9) ^ tick.unsigned_abs(),
         );
@@ -163,6 +163,7 @@ impl Shared {
         let work = rng.random_range(1..most.max(2));
         (
             Duration::from_millis(work.unsigned_abs()),
+            rng.random_bool(0.1),
             rng.random_bool(0.1),
         )
     }
@@ -188,7 +189,7 @@ async fn handle(
         ctx.fencing_token(),
         shared.clocks[replica].ms(),
     );
-    let (work, fails) = shared.draw(job, tick);
+    let (work, fails, fails_after) = shared.draw(job, tick);
     let worked = async {
         tokio::time::sleep(work).await;
         shared.unpaused(replica).await;
@@ -210,7 +211,12 @@ async fn handle(
         return Err("failed on purpose".into());
     }
     if shared.with_history {
-        return commit(&shared, run, &ctx).await;
+        commit(&shared, run, &ctx).await?;
+        // An error after the commit does not undo it: the row stays `succeeded`.
+        return match fails_after {
+            true => Err("failed after its commit".into()),
+            false => Ok(()),
+        };
     }
     let mut observer = shared.observer();
     if observer.write(run) {
