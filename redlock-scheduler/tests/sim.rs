@@ -45,7 +45,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use redlock_core::{BoxError, Redlock};
-use redlock_scheduler::admin::{RequestAction, RequestState, SchedulerAdmin};
+use redlock_scheduler::admin::{RequestAction, SchedulerAdmin};
 use redlock_scheduler::error::TransactionError;
 use redlock_scheduler::job::Misfire;
 use redlock_scheduler::time::{BoxFuture, Clock};
@@ -53,7 +53,7 @@ use redlock_scheduler::{History, Job, JobContext, Scheduler};
 use redlock_testkit::sim::{self, Log, Net, NodeFault, Runner, SeedOutcome};
 use tokio::time::Instant;
 
-use self::history::{Db, DbPlan, Link};
+use self::history::{Db, DbPlan, Link, ask, history_seen};
 use self::observer::{End, Observer};
 
 /// The leadership's TTL, and how often followers retry.
@@ -586,82 +586,6 @@ enum Event {
     Jump,
     /// An operator's request about a job.
     Request(RequestAction, usize),
-}
-
-/// The operator asks `action` (of job `job`): the request's id, if recorded.
-async fn ask(
-    admin: &SchedulerAdmin,
-    action: RequestAction,
-    job: usize,
-    log: &Log,
-) -> Option<String> {
-    let name = format!("job{job}");
-    let asked = match action {
-        RequestAction::Trigger => admin.trigger(&name).await,
-        RequestAction::Cancel => admin.cancel(&name).await,
-        _ => admin.step_down().await,
-    };
-    log.log(|| format!("operator asks {action:?} of {name}: {asked:?}"));
-    asked.ok()?.request_id().map(str::to_owned)
-}
-
-/// What the history holds at a seed's end.
-struct HistorySeen {
-    effects: Vec<(String, DateTime<Utc>, String)>,
-    /// (job, tick ms, instance, succeeded).
-    rows: Vec<(usize, i64, String, bool)>,
-    /// Triggers done as succeeded: (job, tick ms).
-    triggered: Vec<(usize, i64)>,
-}
-
-/// Reads the history (through the operator's link, which has no faults); the requests
-/// asked before `before` are followed up.
-async fn history_seen(
-    history: &History,
-    admin: &SchedulerAdmin,
-    asked: Vec<(Instant, String)>,
-    before: Instant,
-) -> HistorySeen {
-    let job_index = |job: &str| {
-        job.strip_prefix("job")
-            .and_then(|n| n.parse::<usize>().ok())
-    };
-    let all = history
-        .runs_between("sim", DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC)
-        .await
-        .expect("the operator's link has no faults");
-    let rows = all
-        .iter()
-        .filter_map(|run| {
-            Some((
-                job_index(&run.job)?,
-                run.tick.timestamp_millis(),
-                run.instance.clone(),
-                run.outcome == redlock_scheduler::history::Outcome::Succeeded,
-            ))
-        })
-        .collect();
-    let mut triggered = Vec::new();
-    for (at, id) in asked.into_iter().filter(|(at, _)| *at < before) {
-        let request = admin.request(&id).await.expect("a recorded request");
-        let tick = request
-            .result
-            .as_deref()
-            .and_then(|result| result.strip_prefix("ok: tick "))
-            .and_then(|tick| DateTime::parse_from_rfc3339(tick).ok());
-        if request.action == RequestAction::Trigger
-            && request.state == RequestState::Succeeded
-            && let (Some(job), Some(tick)) = (request.job.as_deref().and_then(job_index), tick)
-        {
-            let _ = at;
-            triggered.push((job, tick.timestamp_millis()));
-        }
-    }
-    HistorySeen {
-        effects: history.memory_effects("sim"),
-        rows,
-        triggered,
-    }
 }
 
 /// How this crate's seeds are run.

@@ -4,15 +4,18 @@
 //! answer is lost after it took effect, or one slower than the statement timeout (taking
 //! effect or not), and outages in which every statement fails. A paused replica's
 //! statements wait for the end of its pause; a crashed one's never arrive. The
-//! operator's link (requests) has no faults.
+//! operator's link (requests, and the reads at a seed's end) has no faults.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use redlock_scheduler::history::{MemoryFaults, StatementFault};
+use redlock_scheduler::History;
+use redlock_scheduler::admin::{RequestAction, RequestState, SchedulerAdmin};
+use redlock_scheduler::history::{MemoryFaults, Outcome, StatementFault};
 use redlock_testkit::sim::Log;
 use tokio::time::Instant;
 
@@ -156,5 +159,81 @@ impl MemoryFaults for Link {
                 .log(|| format!("r{replica} history: {operation}: {fault:?}"));
         }
         fault
+    }
+}
+
+/// The operator asks `action` (of job `job`): the request's id, if recorded.
+pub(crate) async fn ask(
+    admin: &SchedulerAdmin,
+    action: RequestAction,
+    job: usize,
+    log: &Log,
+) -> Option<String> {
+    let name = format!("job{job}");
+    let asked = match action {
+        RequestAction::Trigger => admin.trigger(&name).await,
+        RequestAction::Cancel => admin.cancel(&name).await,
+        _ => admin.step_down().await,
+    };
+    log.log(|| format!("operator asks {action:?} of {name}: {asked:?}"));
+    asked.ok()?.request_id().map(str::to_owned)
+}
+
+/// What the history holds at a seed's end.
+pub(crate) struct HistorySeen {
+    pub(crate) effects: Vec<(String, DateTime<Utc>, String)>,
+    /// (job, tick ms, instance, succeeded).
+    pub(crate) rows: Vec<(usize, i64, String, bool)>,
+    /// Triggers done as succeeded: (job, tick ms).
+    pub(crate) triggered: Vec<(usize, i64)>,
+}
+
+/// Reads the history (through the operator's link, which has no faults); the requests
+/// asked before `before` are followed up.
+pub(crate) async fn history_seen(
+    history: &History,
+    admin: &SchedulerAdmin,
+    asked: Vec<(Instant, String)>,
+    before: Instant,
+) -> HistorySeen {
+    let job_index = |job: &str| {
+        job.strip_prefix("job")
+            .and_then(|n| n.parse::<usize>().ok())
+    };
+    let all = history
+        .runs_between("sim", DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC)
+        .await
+        .expect("the operator's link has no faults");
+    let rows = all
+        .iter()
+        .filter_map(|run| {
+            Some((
+                job_index(&run.job)?,
+                run.tick.timestamp_millis(),
+                run.instance.clone(),
+                run.outcome == Outcome::Succeeded,
+            ))
+        })
+        .collect();
+    let mut triggered = Vec::new();
+    for (at, id) in asked.into_iter().filter(|(at, _)| *at < before) {
+        let request = admin.request(&id).await.expect("a recorded request");
+        let tick = request
+            .result
+            .as_deref()
+            .and_then(|result| result.strip_prefix("ok: tick "))
+            .and_then(|tick| DateTime::parse_from_rfc3339(tick).ok());
+        if request.action == RequestAction::Trigger
+            && request.state == RequestState::Succeeded
+            && let (Some(job), Some(tick)) = (request.job.as_deref().and_then(job_index), tick)
+        {
+            let _ = at;
+            triggered.push((job, tick.timestamp_millis()));
+        }
+    }
+    HistorySeen {
+        effects: history.memory_effects("sim"),
+        rows,
+        triggered,
     }
 }
