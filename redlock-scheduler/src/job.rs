@@ -93,8 +93,9 @@ impl JobContext {
     }
 
     /// Opens a transaction on the history database in which the job's writes commit
-    /// together with the run's `succeeded` row, guarded by the leadership's fencing
-    /// token ([`RunTransaction::commit`]). See [the `transaction` module](crate::transaction).
+    /// together with the run's `succeeded` row, guarded by the fencing token of the run's
+    /// lock on its job ([`RunTransaction::commit`]). See [the `transaction`
+    /// module](crate::transaction).
     ///
     /// # Errors
     ///

@@ -304,9 +304,9 @@ impl RunTransaction {
         self.run.run_token()
     }
 
-    /// Commits the job's writes together with the run's `succeeded` row, if this run's
-    /// leadership is still the latest for the job and its row is still its own;
-    /// otherwise rolls everything back.
+    /// Commits the job's writes together with the run's `succeeded` row, if no later run
+    /// of the job committed (the fence), its row is still its own and it still holds its
+    /// run lock; otherwise rolls everything back.
     ///
     /// Once committed, the run is recorded as succeeded whatever the handler does next
     /// (an error it returns afterwards is kept as a note). The commit is carried out by a
@@ -316,9 +316,10 @@ impl RunTransaction {
     ///
     /// # Errors
     ///
-    /// [`TransactionError::StaleRun`]: a later leadership took over (this replica was
-    /// paused or cut off past its term); [`TransactionError::RunEnded`]: the run was
-    /// told to stop, or its row was closed by another replica;
+    /// [`TransactionError::StaleRun`]: a later run of the job took its run lock and
+    /// committed (this replica was paused or cut off past the lock's TTL);
+    /// [`TransactionError::RunEnded`]: the run was told to stop, lost its run lock, or
+    /// its row was closed by another replica;
     /// [`TransactionError::History`]: the database failed and nothing was committed
     /// (when the commit itself failed, the run's row was read back to tell);
     /// [`TransactionError::CommitUnknown`]: the commit failed and the row could not be

@@ -66,6 +66,8 @@ const FASTEST_CLOCK: f64 = 1.04;
 const RUN_FOR: Duration = Duration::from_secs(12);
 /// Faults come within this first stretch.
 const FAULTS_WITHIN: u64 = 9_000;
+/// The history's faults start within this first stretch (its outages last up to 2 s).
+const HISTORY_FAULTS_WITHIN: u64 = 5_000;
 
 /// A change that breaks a promise on purpose: the observer must catch it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +235,7 @@ async fn commit(shared: &Shared, run: usize, ctx: &JobContext) -> Result<(), Box
     let committed = match ctx.memory_transaction().await {
         Ok(mut tx) => {
             tx.write(run.to_string());
+            shared.observer().committing(run);
             tx.commit().await
         }
         Err(err) => Err(err),
@@ -375,11 +378,16 @@ async fn simulate(seed: u64, control: Option<Control>, trace: bool, live: bool) 
     };
     let db_plan = match faultless {
         true => DbPlan::none(),
-        false => DbPlan::draw(&mut history_rng, origin, FAULTS_WITHIN - 2_000),
+        // Faults end by 7 s (outages included), so that the writes retried with the
+        // longest backoff (5 s) land before the seed's end.
+        false => DbPlan::draw(&mut history_rng, origin, HISTORY_FAULTS_WITHIN),
     };
     let db = Db::new(seed, db_plan, log.clone());
+    // Replicas that take one run at a time, in seeds with faults: without faults, every
+    // tick must run, and a tick that waits for room may be skipped by design.
     let capacities: Vec<Option<usize>> = (0..replicas)
         .map(|_| history_rng.random_bool(0.3).then_some(1))
+        .map(|capacity| capacity.filter(|_| !faultless))
         .collect();
     let mut requests: Vec<(Duration, RequestAction, usize)> = Vec::new();
     if with_history && !faultless && history_rng.random_bool(0.5) {

@@ -170,7 +170,7 @@ impl Fences<'_> {
             CommitRefused::LockLost => Refused::LockLost,
             CommitRefused::OutOfRange => {
                 Refused::Failed(Error::Fence(FenceError::TokenOutOfRange {
-                    token: run.token,
+                    token: run.fence,
                 }))
             }
         })

@@ -3,7 +3,8 @@
 //! or fails: a few ms of latency on most, now and then a statement refused, one whose
 //! answer is lost after it took effect, or one slower than the statement timeout (taking
 //! effect or not), and outages in which every statement fails. A paused replica's
-//! statements wait for the end of its pause; a crashed one's never arrive. The
+//! statements are held for its pause (one held past the statement timeout answers a
+//! timeout, having taken effect); a crashed one's never arrive. The
 //! operator's link (requests, and the reads at a seed's end) has no faults.
 
 use std::sync::atomic::Ordering;

@@ -45,7 +45,7 @@ pub(crate) enum End {
     Cancelled,
     /// Its commit's outcome was not known (with a history): either way.
     Unknown,
-    /// Its replica crashed while it ran.
+    /// Its replica crashed while it ran (before it began to commit).
     Crashed,
 }
 
@@ -57,6 +57,8 @@ struct Run {
     tick: i64,
     token: u64,
     end: Option<End>,
+    /// It began to commit its transaction (with a history).
+    committing: bool,
     /// When it started and ended, in ms of true wall time.
     from: i64,
     to: Option<i64>,
@@ -186,6 +188,7 @@ impl Observer {
             tick,
             token,
             end: None,
+            committing: false,
             from: self.now_ms(),
             to: None,
         });
@@ -323,7 +326,12 @@ impl Observer {
         *self.counts.entry(what).or_default() += u64::try_from(n).unwrap_or(u64::MAX);
     }
 
-    /// `replica` crashes: its runs end now.
+    /// Run `run` sends its commit: a crash from now on may come after it took effect.
+    pub(crate) fn committing(&mut self, run: usize) {
+        self.runs[run].committing = true;
+    }
+
+    /// `replica` crashes: its runs end now, those whose commit was sent in doubt.
     pub(crate) fn crashed(&mut self, replica: usize) {
         let now = self.now_ms();
         for run in self
@@ -331,7 +339,11 @@ impl Observer {
             .iter_mut()
             .filter(|run| run.replica == replica && run.end.is_none())
         {
-            run.end = Some(End::Crashed);
+            run.end = Some(if run.committing {
+                End::Unknown
+            } else {
+                End::Crashed
+            });
             run.to = Some(now);
         }
     }
