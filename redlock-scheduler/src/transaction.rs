@@ -378,9 +378,13 @@ impl MemoryTransaction {
             RunWrites::Memory(writes) => Ok(Self { writes, run }),
             writes @ RunWrites::Sql(_) => {
                 let _ = run.record.history.fences().rollback_run(writes).await;
-                Err(TransactionError::History(HistoryError::NoDatabase {
-                    operation: "a memory transaction on a database history",
-                }))
+                let misused = crate::error::BuildError::InvalidOption {
+                    what: "run transaction".to_owned(),
+                    reason: "a memory transaction needs a history kept in memory \
+                             (History::memory()); on a database, use JobContext::transaction"
+                        .to_owned(),
+                };
+                Err(TransactionError::History(HistoryError::Config(misused)))
             }
         }
     }
