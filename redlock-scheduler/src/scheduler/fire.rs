@@ -58,14 +58,25 @@ async fn handle_tick(
     if !handing_over && !parts.ticks.wait_for_tick(tick, Some(leadership)).await {
         return;
     }
+    // A replica chosen ahead that gets no hand-off after all.
+    let withdraw = || {
+        if let Some(Placed::There(replica)) = &placed {
+            parts.handoffs.withdraw(replica);
+        }
+    };
     let claim = match parts.ticks.claim(state, tick, deadline, leadership).await {
         Ok(claim) => claim,
         Err(NotTaken::Held) => {
             tracing::debug!(job = %state.name, %tick, "tick already claimed elsewhere");
+            withdraw();
             return;
         }
-        Err(NotTaken::Stopped) => return,
+        Err(NotTaken::Stopped) => {
+            withdraw();
+            return;
+        }
         Err(NotTaken::Failed(err)) => {
+            withdraw();
             tracing::warn!(job = %state.name, %tick, error = %err, "could not claim the tick within its grace window: not run");
             parts.ticks.record_skip(
                 state,
@@ -88,6 +99,7 @@ async fn handle_tick(
         Action::Run { late } => late,
     };
     if state.paused.load(Ordering::Acquire) {
+        withdraw();
         let paused = SkipReason::Paused;
         parts
             .ticks
@@ -96,6 +108,7 @@ async fn handle_tick(
         return;
     }
     if parts.ticks.dropped(state, tick, token) {
+        withdraw();
         claim.keep();
         return;
     }
@@ -109,6 +122,7 @@ async fn handle_tick(
             // landed all the same (its answer lost), so the claim stays.
             Ok(()) | Err(None) => {}
             Err(Some(reason)) => {
+                withdraw();
                 parts
                     .ticks
                     .record_skip(state, tick, token, SkipReason::Untaken, reason);

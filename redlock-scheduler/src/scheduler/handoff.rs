@@ -147,6 +147,12 @@ impl Handoffs {
         }
     }
 
+    /// The leader: `replica`, chosen by [`place`](Self::place), gets no hand-off after
+    /// all (see [`Placement::withdraw`]).
+    pub(super) fn withdraw(&self, replica: &str) {
+        lock(&self.placement).withdraw(replica);
+    }
+
     /// The leader: hands the claimed `tick` of `state` to `replica`, retrying a failed
     /// insert until the tick's grace window ends (the insert is idempotent: a row
     /// written by an attempt whose answer was lost is found by the next). `Err` with the

@@ -66,6 +66,21 @@ impl Placement {
         self.replicas.iter().any(|r| r.instance == name)
     }
 
+    /// Takes back the latest choice of `name` (a replica chosen by
+    /// [`choose`](Self::choose)) that was not handed over after all: the tick was
+    /// claimed elsewhere, skipped or dropped, or the hand-off could not be made. It no
+    /// longer counts towards the replica's load: a replica that gets no hand-off never
+    /// says it picked one up, so a choice left standing would count against it until it
+    /// ages out, and a replica taking one run at a time would look full all that while.
+    pub(super) fn withdraw(&mut self, name: &str) {
+        if let Some(made) = self.recent.get_mut(name) {
+            made.pop_back();
+        }
+        if let Some(given) = self.given.get_mut(name) {
+            *given = given.saturating_sub(1);
+        }
+    }
+
     /// Forgets what a past leadership gave out.
     pub(super) fn reset(&mut self) {
         self.recent.clear();
@@ -223,6 +238,27 @@ mod tests {
         );
         // Everyone full (b counts the hand-off just made): nowhere.
         assert_eq!(placement.choose("me", 4, Some(4), &["c"], at(5)), None);
+    }
+
+    #[test]
+    fn a_choice_withdrawn_no_longer_counts() {
+        let mut placement = Placement::default();
+        placement.refresh(vec![replica("b", Some(1), 0, 0)], &me(), at(0));
+        // This replica is full: b, which takes one run at a time.
+        assert_eq!(
+            placement.choose("me", 1, Some(1), &[], at(1)),
+            Some(Place::There("b".to_owned()))
+        );
+        // The tick was claimed elsewhere: b got nothing, and has room still, however
+        // long it says nothing newer.
+        placement.withdraw("b");
+        placement.refresh(vec![replica("b", Some(1), 0, 0)], &me(), at(2));
+        assert_eq!(
+            placement.choose("me", 1, Some(1), &[], at(3)),
+            Some(Place::There("b".to_owned()))
+        );
+        // A choice that stands counts: b is full until it says it picked it up.
+        assert_eq!(placement.choose("me", 1, Some(1), &[], at(4)), None);
     }
 
     #[test]
