@@ -495,9 +495,19 @@ async fn runs_spread_over_the_replicas_and_pinned_jobs_stay_on_the_leader() {
     for name in ["a", "b", "c"] {
         replicas.push(Replica::start(&cluster, name, Some(url.clone()), jobs(), |b| b).await);
     }
-    let leader = leader_of(&replicas, Duration::from_secs(5)).await;
-    let leader_name = ["a", "b", "c"][leader];
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    leader_of(&replicas, Duration::from_secs(5)).await;
+    // Who led meanwhile: on a loaded machine the leadership may change hands, and the
+    // pinned job follows it.
+    let mut leaders = std::collections::HashSet::new();
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < until {
+        for (replica, name) in replicas.iter().zip(["a", "b", "c"]) {
+            if replica.leads() {
+                leaders.insert(name.to_owned());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     for replica in &replicas {
         replica.shutdown().await;
     }
@@ -526,6 +536,9 @@ async fn runs_spread_over_the_replicas_and_pinned_jobs_stay_on_the_leader() {
     let pinned_runs = pinned_ticks.snapshot();
     assert!(pinned_runs.len() >= 3, "{pinned_runs:?}");
     for instances in pinned_runs.values() {
-        assert_eq!(instances, &vec![leader_name.to_owned()], "{pinned_runs:?}");
+        assert!(
+            instances.len() == 1 && leaders.contains(&instances[0]),
+            "pinned runs {pinned_runs:?}, leaders {leaders:?}"
+        );
     }
 }
