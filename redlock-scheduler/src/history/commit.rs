@@ -86,11 +86,12 @@ impl Fences<'_> {
     /// list of the job's writes.
     pub(crate) async fn begin_run(self) -> Result<RunWrites, Error> {
         const BEGIN: &str = "begin a run's transaction";
-        if let Some(store) = self.shared.memory.as_ref() {
-            let timeout = self.shared.statement_timeout;
-            return store
-                .call(BEGIN, timeout, |_| RunWrites::Memory(Vec::new()))
-                .await;
+        if let Some(answer) = self
+            .shared
+            .in_memory(BEGIN, |_| RunWrites::Memory(Vec::new()))
+            .await
+        {
+            return answer;
         }
         let tx = self.shared.bounded(BEGIN, self.shared.pool.begin()).await?;
         Ok(RunWrites::Sql(tx))
@@ -151,18 +152,12 @@ impl Fences<'_> {
         at: DateTime<Utc>,
         held: impl Fn() -> bool,
     ) -> Result<(), Refused> {
-        let Some(store) = self.shared.memory.as_ref() else {
-            return Err(Refused::Failed(Error::NoDatabase {
-                operation: "commit a run's transaction",
-            }));
-        };
-        let committed = store
-            .call(
-                "commit a run's transaction",
-                self.shared.statement_timeout,
-                |tables| tables.commit_run(run, at, held, effects),
-            )
+        const COMMIT: &str = "commit a run's transaction";
+        let committed = self
+            .shared
+            .in_memory(COMMIT, |tables| tables.commit_run(run, at, held, effects))
             .await
+            .ok_or(Refused::Failed(Error::NoDatabase { operation: COMMIT }))?
             .map_err(Refused::InDoubt)?;
         committed.map_err(|refused| match refused {
             CommitRefused::Stale { highest } => Refused::Stale { highest },
@@ -199,13 +194,12 @@ impl Fences<'_> {
     }
 
     async fn read_back(self, run: RunKey<'_>) -> Result<bool, Error> {
-        if let Some(store) = self.shared.memory.as_ref() {
-            let timeout = self.shared.statement_timeout;
-            return store
-                .call("read a run's row back", timeout, |tables| {
-                    tables.committed(run)
-                })
-                .await;
+        if let Some(answer) = self
+            .shared
+            .in_memory("read a run's row back", |tables| tables.committed(run))
+            .await
+        {
+            return answer;
         }
         let fence = fence(&self.shared.tables.fences);
         let resource = fence_resource(run.scheduler, run.job);
